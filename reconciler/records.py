@@ -1,0 +1,318 @@
+"""Machine and image records under `fleet-spec/`: the reconciler's memory, kept in git.
+
+One YAML file per machine (`machines/<machine_id>.yaml`) holds its benchmark history and verdicts; one
+file per suspect image (`images/<digest-hex>.yaml`) holds a tripped circuit breaker. Everything the
+planner needs (bad-machine set, perf history) is derived from these files, so a human PR that edits or
+deletes a record is the whole pardon mechanism. Pure functions plus small file helpers; git is elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from reconciler import SCHEMA_DIR
+
+MACHINES_DIR = "machines"
+IMAGES_DIR = "images"
+
+VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image")
+BLAMES = ("none", "machine", "image", "network", "unknown")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class RecordError(ValueError):
+    """A record file or id that cannot be used. Names the file, field and value."""
+
+
+def check_machine_id(machine_id: object) -> str:
+    """Return `machine_id` as a string if it is safe as a file name; raise RecordError otherwise.
+
+    Marketplace ids are numeric on vast.ai, but anything that reaches a path must not escape the
+    records directory (`../x`, `a/b`, hidden files, NUL).
+    """
+    text = str(machine_id) if isinstance(machine_id, int) and not isinstance(machine_id, bool) else machine_id
+    if not isinstance(text, str) or not _SAFE_ID.match(text) or ".." in text:
+        raise RecordError(f"machine_id {machine_id!r} is not a safe id (expected [A-Za-z0-9][A-Za-z0-9_.-]*, "
+                          "at most 64 characters, no '..')")
+    return text
+
+
+def check_image_digest(digest: object) -> str:
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise RecordError(f"image digest {digest!r} is not of the form sha256:<64 hex>")
+    return digest
+
+
+@dataclass(frozen=True)
+class BenchmarkEntry:
+    """One judged benchmark attempt of one instance on a machine, with the evidence behind the verdict."""
+
+    instance_id: str
+    at: str
+    verdict: str
+    blame: str
+    marks_bad: bool
+    reason: str
+    contract_id: str | None = None
+    pool: str | None = None
+    image_digest: str | None = None
+    signature: str | None = None
+    proofs_per_hour: float | None = None
+    seconds_per_proof: float | None = None
+    min_rate_proofs_per_hour: float | None = None
+    price_usd_per_hour: float | None = None
+    held_by: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+        if self.evidence:
+            out["evidence"] = _plain(self.evidence)
+        return out
+
+
+@dataclass(frozen=True)
+class MachineRecord:
+    machine_id: str
+    status: str = "ok"
+    host_id: str | None = None
+    gpu_name: str | None = None
+    note: str | None = None
+    benchmarks: tuple[BenchmarkEntry, ...] = ()
+
+    @property
+    def is_bad(self) -> bool:
+        return self.status == "bad"
+
+    def judged_instances(self) -> frozenset[str]:
+        return frozenset(b.instance_id for b in self.benchmarks)
+
+    def with_entry(self, entry: BenchmarkEntry, *, host_id: str | None, gpu_name: str | None) -> MachineRecord:
+        """The record after a new verdict: appended history; status follows the newest machine evidence.
+
+        A verdict that marks the machine bad makes it bad; a passing benchmark makes it ok (a pardoned
+        machine that proves again is simply ok); verdicts blamed on the image or held by a breaker leave
+        the status as humans or earlier evidence set it.
+        """
+        status = self.status
+        if entry.marks_bad:
+            status = "bad"
+        elif entry.verdict == "ok":
+            status = "ok"
+        return replace(self, status=status, host_id=host_id or self.host_id, gpu_name=gpu_name or self.gpu_name,
+                       benchmarks=(*self.benchmarks, entry))
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"machine_id": self.machine_id, "host_id": self.host_id, "gpu_name": self.gpu_name,
+                               "status": self.status}
+        if self.note:
+            out["note"] = self.note
+        out["benchmarks"] = [b.to_yaml_dict() for b in self.benchmarks]
+        return out
+
+
+@dataclass(frozen=True)
+class ImageSuspectRecord:
+    image_digest: str
+    signature: str
+    status: str
+    machines: tuple[str, ...]
+    tripped_at: str
+    pools: tuple[str, ...] = ()
+    instances: tuple[str, ...] = ()
+    reason: str = ""
+    note: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status == "suspect"
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"image_digest": self.image_digest, "signature": self.signature,
+                               "status": self.status, "pools": list(self.pools), "machines": list(self.machines),
+                               "instances": list(self.instances), "tripped_at": self.tripped_at,
+                               "reason": self.reason}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass(frozen=True)
+class MachinePerf:
+    """Measured throughput of one machine, from its passing and below-rate benchmarks."""
+
+    machine_id: str
+    gpu_name: str | None
+    samples: int
+    median_proofs_per_hour: float
+    last_proofs_per_hour: float
+
+
+@dataclass(frozen=True)
+class RecordSet:
+    """All records of a spec directory, plus the files that could not be read (never overwritten)."""
+
+    machines: Mapping[str, MachineRecord] = field(default_factory=dict)
+    images: Mapping[str, ImageSuspectRecord] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    unreadable_machine_ids: frozenset[str] = frozenset()
+
+    def bad_machine_ids(self) -> frozenset[str]:
+        """Machines no offer query may return. A record we cannot read is excluded too: when in doubt, the
+        cheap mistake is skipping one offer, not renting a machine a human may have just marked bad."""
+        return frozenset(m for m, r in self.machines.items() if r.is_bad) | self.unreadable_machine_ids
+
+    def suspect_images(self) -> Mapping[str, ImageSuspectRecord]:
+        return {d: r for d, r in self.images.items() if r.active}
+
+    def perf_history(self) -> dict[str, MachinePerf]:
+        return perf_history(self.machines.values())
+
+
+def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
+    out: dict[str, MachinePerf] = {}
+    for rec in records:
+        rates = [b.proofs_per_hour for b in rec.benchmarks
+                 if b.proofs_per_hour is not None and b.verdict in ("ok", "below-min-rate")]
+        if rates:
+            out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
+                                              statistics.median(rates), rates[-1])
+    return out
+
+
+# --- files ---------------------------------------------------------------------------------------------
+
+
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads((SCHEMA_DIR / name).read_text()))
+
+
+def _plain(value: Any) -> Any:
+    """Mappings/tuples -> dicts/lists so yaml.safe_dump can write them."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def machine_record_path(spec_dir: Path, machine_id: str) -> Path:
+    return spec_dir / MACHINES_DIR / f"{check_machine_id(machine_id)}.yaml"
+
+
+def image_record_path(spec_dir: Path, digest: str) -> Path:
+    return spec_dir / IMAGES_DIR / f"{check_image_digest(digest).removeprefix('sha256:')}.yaml"
+
+
+_HEADER = "# Written by the fleet reconciler. Pardon: set status: pardoned (or delete this file) in a PR.\n"
+
+
+def render_machine_record(record: MachineRecord) -> str:
+    return _HEADER + yaml.safe_dump(record.to_yaml_dict(), sort_keys=False, allow_unicode=True, width=120)
+
+
+def render_image_record(record: ImageSuspectRecord) -> str:
+    header = "# Written by the fleet reconciler (circuit breaker). Clear: set status: cleared in a PR.\n"
+    return header + yaml.safe_dump(record.to_yaml_dict(), sort_keys=False, allow_unicode=True, width=120)
+
+
+def _schema_errors(doc: Any, schema: str, file: Path) -> list[str]:
+    out = []
+    for err in sorted(_validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        out.append(f"{file}: {path}: {err.message}")
+    return out
+
+
+def parse_machine_record(text: str, file: Path) -> MachineRecord:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecordError(f"{file}: not valid YAML: {exc}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
+        doc["machine_id"] = str(doc["machine_id"])
+    errors = _schema_errors(doc, "machine-record.schema.json", file)
+    if errors:
+        raise RecordError("; ".join(errors))
+    if file.stem != doc["machine_id"]:
+        raise RecordError(f"{file}: $.machine_id: {doc['machine_id']!r} does not match the file name "
+                          f"{file.name!r}")
+    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
+    return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
+                         gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def parse_image_record(text: str, file: Path) -> ImageSuspectRecord:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecordError(f"{file}: not valid YAML: {exc}") from None
+    errors = _schema_errors(doc, "image-suspect.schema.json", file)
+    if errors:
+        raise RecordError("; ".join(errors))
+    return ImageSuspectRecord(
+        image_digest=doc["image_digest"], signature=doc["signature"], status=doc["status"],
+        machines=tuple(doc["machines"]), tripped_at=doc["tripped_at"], pools=tuple(doc.get("pools", ())),
+        instances=tuple(doc.get("instances", ())), reason=doc.get("reason", ""), note=doc.get("note"))
+
+
+def load_records(spec_dir: str | Path) -> RecordSet:
+    """Read every record under `spec_dir`. Unreadable files are reported in `problems`, never dropped."""
+    spec_dir = Path(spec_dir)
+    machines: dict[str, MachineRecord] = {}
+    images: dict[str, ImageSuspectRecord] = {}
+    problems: list[str] = []
+    unreadable: set[str] = set()
+    mdir = spec_dir / MACHINES_DIR
+    for file in sorted(mdir.glob("*.yaml")) if mdir.is_dir() else []:
+        try:
+            rec = parse_machine_record(file.read_text(encoding="utf-8"), file)
+        except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
+            problems.append(str(exc))
+            if _SAFE_ID.match(file.stem):
+                unreadable.add(file.stem)
+            continue
+        machines[rec.machine_id] = rec
+    idir = spec_dir / IMAGES_DIR
+    for file in sorted(idir.glob("*.yaml")) if idir.is_dir() else []:
+        try:
+            img = parse_image_record(file.read_text(encoding="utf-8"), file)
+        except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
+            problems.append(str(exc))
+            continue
+        images[img.image_digest] = img
+    return RecordSet(machines, images, tuple(problems), frozenset(unreadable))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file + fsync + rename: a crash or a full disk never leaves a partial record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,329 @@
+"""Fleet spec: load `fleet-spec/fleet.yaml`, validate it, and freeze it into dataclasses.
+
+First step of every flow (`fleet validate`, `plan`, `apply`, `reconcile`, the Pulumi program): nothing
+downstream reads YAML. Validation reports every problem at once, each naming the file, the line, the
+JSON path, the bad value and what was expected; a bad spec is a permanent error that stalls the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from reconciler import SCHEMA_DIR
+from reconciler.gpus import GPU_PRIOR_PROOFS_PER_HOUR, KNOWN_GPU_MODELS
+
+SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One thing wrong with a spec file. `severity` is "error" (spec rejected) or "warning"."""
+
+    file: str
+    json_path: str
+    message: str
+    line: int | None = None
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.severity}: {self.json_path}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "path": self.json_path,
+                "severity": self.severity, "message": self.message}
+
+
+class SpecError(Exception):
+    """The spec cannot be used. Permanent: retrying will not help until a human edits the file."""
+
+    def __init__(self, problems: list[SpecProblem]):
+        self.problems = problems
+        errors = [p for p in problems if p.severity == "error"]
+        super().__init__(f"{len(errors)} problem(s) in fleet spec:\n" + "\n".join(str(p) for p in errors))
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    proof_type: str = "porep"
+    proofs: int = 10
+    concurrency: int = 2
+    timeout_minutes: float = 120.0
+    after: str = "serve"
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self.timeout_minutes * 60.0
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    gpu_name: str
+    count: int
+    min_rate_proofs_per_hour: float
+    max_price_usd_per_hour: float
+    gpus_per_instance: int = 1
+    min_reliability: float = 0.95
+    min_inet_down_mbps: float = 200.0
+    disk_gb: int = 200
+    min_host_ram_gb: int = 128
+    min_cuda: float = 12.0
+    verified_only: bool = True
+    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+
+    def slot_names(self) -> list[str]:
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    repository: str
+    context: str = "worker-image"
+    base_image: str | None = None
+    platform: str = "linux/amd64"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    url: str
+    log_ring_lines: int = 5000
+
+
+@dataclass(frozen=True)
+class ParamsSettings:
+    sector_size: str = "32GiB"
+    base_url: str | None = None
+    fetch_timeout_minutes: float = 60.0
+
+
+@dataclass(frozen=True)
+class CircuitBreakerSettings:
+    distinct_machines: int = 2
+    window_hours: float = 24.0
+
+
+@dataclass(frozen=True)
+class KillBudgetSettings:
+    max_fraction: float = 0.2
+    min_machines: int = 1
+    window_hours: float = 24.0
+
+    def allowed(self, pool_count: int) -> int:
+        """Machines of a pool of `pool_count` slots that may be marked bad within one window."""
+        return max(self.min_machines, math.floor(self.max_fraction * pool_count))
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    image: ImageSettings
+    controller: ControllerSettings
+    pools: tuple[PoolSpec, ...]
+    params: ParamsSettings = field(default_factory=ParamsSettings)
+    circuit_breaker: CircuitBreakerSettings = field(default_factory=CircuitBreakerSettings)
+    kill_budget: KillBudgetSettings = field(default_factory=KillBudgetSettings)
+    gpu_priors: Mapping[str, float] = field(default_factory=dict)
+    source: str = "<memory>"
+    warnings: tuple[SpecProblem, ...] = ()
+
+    def pool(self, name: str) -> PoolSpec:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def prior_proofs_per_hour(self, gpu_name: str) -> float | None:
+        return self.gpu_priors.get(gpu_name, GPU_PRIOR_PROOFS_PER_HOUR.get(gpu_name))
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+
+@cache
+def _spec_validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(SPEC_SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], int]]:
+    """Map every JSON path in a composed YAML tree to its 1-based line number."""
+    yield path, node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            yield (*path, key), key_node.start_mark.line + 1
+            for sub_path, line in _line_index(value_node, (*path, key)):
+                if sub_path != (*path, key):
+                    yield sub_path, line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _line_index(item, (*path, i))
+
+
+def format_json_path(path: Iterable[Any]) -> str:
+    out = "$"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _schema_properties(error: jsonschema.ValidationError) -> set[str]:
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    return set(schema.get("properties", {}))
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """A sentence saying what was found and what is expected, without jsonschema's repr noise."""
+    v = error.validator
+    kw: Any = error.validator_value
+    instance: Any = error.instance
+    got = _short(instance)
+    if kw is None:
+        return error.message
+    if v == "required":
+        missing = [k for k in kw if isinstance(instance, dict) and k not in instance]
+        return f"missing required field(s): {', '.join(missing)}"
+    if v == "additionalProperties":
+        extra = sorted(set(instance) - _schema_properties(error))
+        allowed = ", ".join(sorted(_schema_properties(error)))
+        return f"unknown field(s) {', '.join(extra)}; allowed: {allowed}"
+    if v == "type":
+        return f"got {got}, expected a value of type {kw}"
+    if v == "enum":
+        return f"got {got}, expected one of {', '.join(map(str, kw))}"
+    if v == "const":
+        return f"got {got}, expected {kw!r}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return f"got {got}, expected a number {op} {kw}"
+    if v == "pattern":
+        return f"got {got}, expected text matching {kw}"
+    if v in ("minLength", "minItems"):
+        return f"got {got}, expected at least {kw} {'character' if v == 'minLength' else 'item'}(s)"
+    return f"got {got}: {error.message}"
+
+
+def _problem_path(error: jsonschema.ValidationError) -> tuple[Any, ...]:
+    path = tuple(error.absolute_path)
+    instance: Any = error.instance
+    # For an unknown key, point at the key itself so the line number lands on it.
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        extra = sorted(set(instance) - _schema_properties(error))
+        if extra:
+            return (*path, extra[0])
+    return path
+
+
+def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ...], int]) -> list[SpecProblem]:
+    """Checks JSON Schema cannot express. Tolerates a schema-invalid document (skips what it cannot read)
+    so that one run reports schema and semantic problems together."""
+    problems: list[SpecProblem] = []
+
+    def add(path: tuple[Any, ...], message: str, severity: str = "error") -> None:
+        problems.append(SpecProblem(file, format_json_path(path), message, lines.get(path), severity))
+
+    pools = doc.get("pools")
+    priors: dict[str, Any] = doc["gpu_priors"] if isinstance(doc.get("gpu_priors"), dict) else {}
+    seen: dict[str, int] = {}
+    for i, pool in enumerate(pools if isinstance(pools, list) else []):
+        if not isinstance(pool, dict):
+            continue
+        name = pool.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                add(("pools", i, "name"), f"duplicate pool name {name!r} (first at $.pools[{seen[name]}])")
+            else:
+                seen[name] = i
+        rate = pool.get("min_rate_proofs_per_hour")
+        if isinstance(rate, int | float) and not isinstance(rate, bool) and rate <= 0:
+            add(("pools", i, "min_rate_proofs_per_hour"),
+                f"got {rate}, expected a rate > 0 proofs/hour (0 would keep machines that never prove)")
+        gpu = pool.get("gpu_name")
+        if isinstance(gpu, str) and gpu not in KNOWN_GPU_MODELS and gpu not in priors:
+            add(("pools", i, "gpu_name"),
+                f"GPU model {gpu!r} is not known to the ranking priors; check the spelling "
+                f"against the marketplace (known: {', '.join(sorted(KNOWN_GPU_MODELS))}) or add it under "
+                "gpu_priors", "warning")
+        bench: dict[str, Any] = pool["benchmark"] if isinstance(pool.get("benchmark"), dict) else {}
+        conc, proofs = bench.get("concurrency", 2), bench.get("proofs", 10)
+        if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
+            add(("pools", i, "benchmark", "concurrency"),
+                f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
+    return problems
+
+
+def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> FleetSpec:
+    pools = tuple(
+        PoolSpec(
+            **{k: v for k, v in p.items() if k != "benchmark"},
+            benchmark=BenchmarkSettings(**p.get("benchmark", {})),
+        )
+        for p in doc["pools"]
+    )
+    return FleetSpec(
+        image=ImageSettings(**doc["image"]),
+        controller=ControllerSettings(**doc["controller"]),
+        pools=pools,
+        params=ParamsSettings(**doc.get("params", {})),
+        circuit_breaker=CircuitBreakerSettings(**doc.get("circuit_breaker", {})),
+        kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
+        gpu_priors=dict(doc.get("gpu_priors", {})),
+        source=source,
+        warnings=tuple(warnings),
+    )
+
+
+def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, list[SpecProblem]]:
+    """Validate spec text. Returns (spec or None, every problem found: errors and warnings)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        return None, [SpecProblem(file, "$", f"not valid YAML: {reason}", line)]
+    if not isinstance(doc, dict):
+        kind = "empty" if doc is None else type(doc).__name__
+        return None, [SpecProblem(file, "$", f"expected a mapping with version/image/controller/pools, got {kind}",
+                                  1)]
+    lines = dict(_line_index(root)) if root is not None else {}
+    problems = []
+    for error in sorted(_spec_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
+        path = _problem_path(error)
+        line = lines.get(path) or lines.get(tuple(error.absolute_path))
+        problems.append(SpecProblem(file, format_json_path(path), _describe(error), line))
+    problems += _semantic_problems(doc, file, lines)
+    if any(p.severity == "error" for p in problems):
+        return None, problems
+    return _build(doc, file, problems), problems
+
+
+def load_spec(path: str | Path) -> FleetSpec:
+    """Load and validate a spec file; raise SpecError with every problem if it is not usable."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([SpecProblem(str(path), "$", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([SpecProblem(str(path), "$", f"cannot read: {exc}")]) from None
+    spec, problems = check_spec_text(text, str(path))
+    if spec is None:
+        raise SpecError(problems)
+    return spec
