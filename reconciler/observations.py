@@ -1,0 +1,97 @@
+"""What the controller store knows about each worker, as plain frozen data.
+
+The contract between the controller (writer: `store.py`, fed by workers over the protocol in
+`fleet-spec/schema/worker-protocol.v1.schema.json`) and everything that reads it (the loop's `decide`,
+`verdict.py`, `fleet status`). Pure data plus time helpers; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+PHASES = ("register", "tunnel", "params", "daemon", "benchmark", "report", "serve")
+EVENT_STATUSES = ("started", "progress", "done", "failed")
+OUTCOMES = ("completed", "error", "timeout")
+
+
+def parse_time(text: str) -> datetime:
+    """RFC 3339 -> aware UTC datetime. Raises ValueError on anything else."""
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError(f"time {text!r} has no timezone")
+    return value.astimezone(UTC)
+
+
+def format_time(value: datetime) -> str:
+    """Aware datetime -> `2026-12-02T18:00:00Z` (seconds precision, UTC)."""
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    phase: str
+    status: str
+    at: datetime
+    exit_code: int | None = None
+    message: str | None = None
+    log_tail: tuple[str, ...] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    outcome: str
+    at: datetime
+    requested: int
+    completed: int
+    failed: int
+    started_at: datetime | None = None
+    exit_code: int | None = None
+    proofs_per_hour: float | None = None
+    seconds_per_proof: float | None = None
+    proof_type: str | None = None
+    concurrency: int | None = None
+    image_digest: str | None = None
+    log_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InstanceReport:
+    """Everything one worker told the controller, in arrival order."""
+
+    instance_id: str
+    registered_at: datetime
+    pool: str | None = None
+    slot: str | None = None
+    machine_id: str | None = None
+    host_id: str | None = None
+    contract_id: str | None = None
+    gpu_name: str | None = None
+    image_digest: str | None = None
+    image_version: str | None = None
+    events: tuple[PhaseEvent, ...] = ()
+    result: BenchmarkResult | None = None
+    log_tail: tuple[str, ...] = ()
+    dropped_log_lines: int = 0
+    destroyed_at: datetime | None = None
+
+    def first(self, phase: str, status: str) -> PhaseEvent | None:
+        return next((e for e in self.events if e.phase == phase and e.status == status), None)
+
+    def failure(self) -> PhaseEvent | None:
+        """The first failed phase event, if any: the worker's own account of what broke."""
+        return next((e for e in self.events if e.status == "failed"), None)
+
+    def phase_times(self) -> dict[str, datetime]:
+        """Lifecycle timeline: `<phase>-<status>` -> first time seen (registered, params-done, ...)."""
+        out: dict[str, datetime] = {"registered": self.registered_at}
+        for e in self.events:
+            out.setdefault(f"{e.phase}-{e.status}", e.at)
+        if self.result is not None:
+            out.setdefault("result", self.result.at)
+        if self.destroyed_at is not None:
+            out.setdefault("destroyed", self.destroyed_at)
+        return out
