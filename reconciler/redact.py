@@ -1,0 +1,94 @@
+"""Mask credentials in worker log lines before anything is stored, shown or committed.
+
+Applied by the controller store on ingest to every log line, log tail, event message and string in event
+details, so the SQLite store, `/api/instance-logs`, `fleet status` and the evidence committed into machine
+records never hold a secret. Redaction is a best-effort filter over text we do not control: it errs
+towards masking credential-shaped words, but keeps what evidence needs (image digests `sha256:<hex>`,
+params file names that embed a hash, aria2 progress lines, blake2b sums).
+
+Known trade-off: a bare 64-hex word is indistinguishable from a vast.ai API key, so it is masked; digests
+that matter carry the `sha256:` prefix (docker) or sit inside a file name (`...-<hex>.params`), and both
+survive. Pure functions; `redact_line(redact_line(x)) == redact_line(x)`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+MASK = "[REDACTED]"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    name: str
+    regex: re.Pattern[str]
+    replacement: str
+
+
+# Words that, as (part of) a key name followed by `=` or `:`, introduce a secret value. Deliberately not
+# "pass" or "auth" alone: `passed: 3` and `author:` are ordinary output.
+_CREDENTIAL_WORDS = (r"(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
+                r"|private[_-]?key|credentials?|session[_-]?key)")
+_KEY_NAME = rf"[A-Za-z0-9_.-]*{_CREDENTIAL_WORDS}[A-Za-z0-9_.-]*"
+
+PATTERNS: tuple[Pattern, ...] = (
+    # One-line PEM (e.g. JSON-escaped) or the opening line of a block; redact_lines masks the block body.
+    Pattern("private-key",
+            re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)"),
+            "-----BEGIN PRIVATE KEY----- " + MASK),
+    # `Authorization: Bearer x`, `Authorization: Basic x`, `Authorization: token x` (header dumps, curl -v).
+    Pattern("authorization-header",
+            re.compile(r"(?i)(\bauthorization\"?\s*[:=]\s*\"?)(?:bearer|basic|token|digest)?\s*[^\s\"',;]+"),
+            r"\1" + MASK),
+    Pattern("bearer", re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=-]{4,}"), r"\1\2" + MASK),
+    # scheme://user:password@host -> keep the user (useful when debugging a mirror), mask the password.
+    Pattern("url-userinfo", re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):[^\s/@]+@"), r"\1:" + MASK + "@"),
+    # key=value, key: value, "key": "value", KEY_TOKEN=value (env dumps); the value may be quoted.
+    Pattern("key-value",
+            re.compile(rf"(?i)(\b{_KEY_NAME}[\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s\"',;&]+)"),
+            r"\1" + MASK),
+    # --password x, --token x, -p x is too ambiguous to touch.
+    Pattern("cli-flag", re.compile(rf"(?i)(--{_KEY_NAME})(\s+)(?!-)\S+"), r"\1\2" + MASK),
+    Pattern("aws-access-key-id", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"), MASK),
+    Pattern("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b"), MASK),
+    Pattern("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), MASK),
+    # vast.ai API keys: 64 hex as a word of its own. Not after `sha256:`/`sha256=`/`@sha256:` (image
+    # digests) and not inside a longer hex run (blake2b sums) or a file name (`-<hex>.params`, `/<hex>`).
+    Pattern("hex-64-key",
+            re.compile(r"(?<![0-9A-Za-z_./:-])(?<!sha256:)[0-9a-fA-F]{64}(?![0-9A-Za-z_./-])"), MASK),
+    # The body of a PEM block that arrived without its BEGIN line (split across log batches). A line of
+    # pure hex (a blake2b sum printed alone) is not a PEM body and is kept.
+    Pattern("pem-body", re.compile(r"^\s*(?=[0-9a-fA-F]*[g-zG-Z+/])[A-Za-z0-9+/]{60,}={0,2}\s*$"), MASK),
+)
+
+_PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+
+
+def redact_line(text: str) -> str:
+    """`text` with every credential-shaped part replaced by `[REDACTED]`."""
+    for pattern in PATTERNS:
+        text = pattern.regex.sub(pattern.replacement, text)
+    return text
+
+
+def redact_lines(lines: Iterable[str]) -> list[str]:
+    """Redact each line; lines inside a multi-line `BEGIN ... PRIVATE KEY` block are masked whole."""
+    out: list[str] = []
+    in_key = False
+    for line in lines:
+        if in_key:
+            end = _PEM_END.search(line)
+            if end is None:
+                out.append(MASK)
+            else:
+                in_key = False
+                out.append("-----END PRIVATE KEY-----" + redact_line(line[end.end():]))
+            continue
+        begin = _PEM_BEGIN.search(line)
+        if begin and not _PEM_END.search(line, begin.end()):
+            in_key = True
+        out.append(redact_line(line))
+    return out

@@ -1,0 +1,99 @@
+"""Redaction: every pattern masks a realistic secret-bearing line; prover output and digests survive."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.redact import MASK, PATTERNS, redact_line, redact_lines
+
+VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
+IMAGE_DIGEST = "sha256:9b2c8a1f0e7d6c5b4a3928171605f4e3d2c1b0a99887766554433221100ffeed"
+BLAKE2B = ("8f2a61c0b0d54e21a9c7f3e4d5b6a7980123456789abcdef0fedcba9876543210"
+           "aa11bb22cc33dd44ee55ff6677889900aabbccddeeff00112233445566778899")
+
+# (pattern name, line as a worker would print it, secret that must disappear, text that must stay)
+CASES = [
+    ("private-key", '{"key": "-----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAA\\n-----END OPENSSH '
+                    'PRIVATE KEY-----"}', "b3BlbnNzaC1rZXktdjEAAAAA", '{"key": "'),
+    ("authorization-header", "> Authorization: Bearer abc.def-ghi_123", "abc.def-ghi_123", "> Authorization:"),
+    ("authorization-header", "Authorization: Basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy", "Authorization:"),
+    ("bearer", "curl -H 'X-Auth: Bearer tok_9f8e7d6c5b' http://127.0.0.1:8080/api", "tok_9f8e7d6c5b",
+     "http://127.0.0.1:8080/api"),
+    ("url-userinfo", "fetching https://fleet:s3cr3tP4ss@params.example.org/v28.params", "s3cr3tP4ss",
+     "https://fleet:[REDACTED]@params.example.org/v28.params"),
+    ("key-value", "docker login --username fleet password=hunter2 registry.local", "hunter2",
+     "registry.local"),
+    ("key-value", "export FLEET_TOKEN=0123abcd4567 FLEET_POOL=rtx4090", "0123abcd4567", "FLEET_POOL=rtx4090"),
+    ("key-value", 'config: {"api_key": "sk-live-998877", "pool": "rtx4090"}', "sk-live-998877", '"pool": "rtx4090"'),
+    ("key-value", "passwd: 'correct horse battery'", "correct horse battery", "passwd:"),
+    ("key-value", "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI", "AWS_SECRET"),
+    ("key-value", "GET /api?apikey=abc123&limit=5", "abc123", "&limit=5"),
+    ("key-value", "X-Api-Key: q1w2e3r4t5", "q1w2e3r4t5", "X-Api-Key:"),
+    ("cli-flag", "aria2c --http-passwd s3cret -x16 https://mirror/a.params", "s3cret", "-x16"),
+    ("aws-access-key-id", "using credentials AKIAIOSFODNN7EXAMPLE for s3", "AKIAIOSFODNN7EXAMPLE", "for s3"),
+    ("github-token", "git clone https://ghp_abcdefghijklmnopqrstuvwxyz0123456789@github.com/x/y",
+     "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "github.com/x/y"),
+    ("jwt", "cookie eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+     "eyJzdWIiOiIxMjM0NTY3ODkwIn0", "cookie "),
+    ("hex-64-key", f"vastai set api-key {VAST_KEY}", VAST_KEY, "vastai set api-key"),
+    ("hex-64-key", f"key loaded: {VAST_KEY}", VAST_KEY, "key loaded:"),
+    ("pem-body", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj", "MIIEvQIBADANBgkq", ""),
+]
+
+
+@pytest.mark.parametrize(("name", "line", "secret", "kept"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_pattern_masks_its_secret(name: str, line: str, secret: str, kept: str) -> None:
+    out = redact_line(line)
+    assert secret not in out
+    assert MASK in out
+    assert kept in out
+
+
+def test_every_pattern_has_a_case() -> None:
+    assert {p.name for p in PATTERNS} == {c[0] for c in CASES}
+
+
+@pytest.mark.parametrize("line", [
+    "[#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]",
+    f"pulling image ghcr.io/fleet/worker@{IMAGE_DIGEST}",
+    f"Digest: {IMAGE_DIGEST}",
+    f"image_digest={IMAGE_DIGEST}",
+    "/var/tmp/filecoin-proof-parameters/v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-"
+    "sha256_hasher-82a357d2f2ca81dc61bb45f4a762807aedee1b0a53fd6c4e77b46a01bfef7820.params: No such file",
+    f"{BLAKE2B}  v28-proof-of-spacetime-fallback.vk",
+    f"blake2b {BLAKE2B}",
+    BLAKE2B,
+    "  [3/10] ok — 38.2s",
+    "throughput:    1.571 proofs/min (38.2s/proof)",
+    "=== Batch Summary ===",
+    "completed: 10   failed: 0   passed: 10",
+    "CUDA error: an illegal memory access was encountered (Xid 79)",
+    "Traceback (most recent call last):",
+    "cuzk-daemon listening on 0.0.0.0:9820 (param_cache=/var/tmp/filecoin-proof-parameters)",
+    "commit 4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+])
+def test_prover_output_and_digests_are_not_mangled(line: str) -> None:
+    assert redact_line(line) == line
+
+
+def test_multi_line_private_key_block_is_masked_whole() -> None:
+    lines = ["writing key", "-----BEGIN RSA PRIVATE KEY-----", "MIIEpAIBAAKCAQEA7", "abc+/def==",
+             "-----END RSA PRIVATE KEY----- done", "next line password=x"]
+    out = redact_lines(lines)
+    assert out[0] == "writing key"
+    assert out[2] == MASK and out[3] == MASK
+    assert "MIIEpAIBAAKCAQEA7" not in "\n".join(out)
+    assert out[4].endswith(" done")
+    assert out[5] == f"next line password={MASK}"
+
+
+@given(st.lists(st.text(max_size=200), max_size=5))
+def test_redaction_is_idempotent(lines: list[str]) -> None:
+    once = redact_lines(lines)
+    assert len(once) == len(lines)
+    assert redact_lines(once) == once
+
+
+@given(st.from_regex(r"[0-9a-f]{64}", fullmatch=True), st.sampled_from(["", "key ", "X ", "'", "\t"]))
+def test_a_bare_64_hex_word_is_always_masked(key: str, prefix: str) -> None:
+    assert key not in redact_line(f"{prefix}{key} tail")
