@@ -152,7 +152,11 @@ class FleetSpec:
 def _spec_validator() -> jsonschema.Draft202012Validator:
     schema = json.loads(SPEC_SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    # JSON Schema counts 1.0 as an integer; a slot count of 1.0 would then break range() downstream.
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    strict = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
+    return strict(schema)
 
 
 def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], int]]:
@@ -199,7 +203,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
         missing = [k for k in kw if isinstance(instance, dict) and k not in instance]
         return f"missing required field(s): {', '.join(missing)}"
     if v == "additionalProperties":
-        extra = sorted(set(instance) - _schema_properties(error))
+        extra = sorted(map(str, set(instance) - _schema_properties(error)))
         allowed = ", ".join(sorted(_schema_properties(error)))
         return f"unknown field(s) {', '.join(extra)}; allowed: {allowed}"
     if v == "type":
@@ -223,7 +227,7 @@ def _problem_path(error: jsonschema.ValidationError) -> tuple[Any, ...]:
     instance: Any = error.instance
     # For an unknown key, point at the key itself so the line number lands on it.
     if error.validator == "additionalProperties" and isinstance(instance, dict):
-        extra = sorted(set(instance) - _schema_properties(error))
+        extra = sorted(set(instance) - _schema_properties(error), key=str)
         if extra:
             return (*path, extra[0])
     return path
@@ -236,6 +240,11 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
 
     def add(path: tuple[Any, ...], message: str, severity: str = "error") -> None:
         problems.append(SpecProblem(file, format_json_path(path), message, lines.get(path), severity))
+
+    # .nan passes every JSON Schema bound (all comparisons are false); .inf makes a rate unreachable.
+    for path, value in _leaves(doc):
+        if isinstance(value, float) and not math.isfinite(value):
+            add(path, f"got {value}, expected a finite number")
 
     pools = doc.get("pools")
     priors: dict[str, Any] = doc["gpu_priors"] if isinstance(doc.get("gpu_priors"), dict) else {}
@@ -265,6 +274,35 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
             add(("pools", i, "benchmark", "concurrency"),
                 f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
     return problems
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+    else:
+        yield path, value
+
+
+def _duplicate_keys(node: yaml.Node, file: str, path: tuple[Any, ...] = ()) -> Iterable[SpecProblem]:
+    """YAML loaders keep the last of two equal keys silently; an operator's second `count:` must not win unseen."""
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key, line = key_node.value, key_node.start_mark.line + 1
+            if key in first_line:
+                yield SpecProblem(file, format_json_path((*path, key)),
+                                  f"duplicate key {key!r} (first at line {first_line[key]}); each key may appear once",
+                                  line)
+            else:
+                first_line[key] = line
+            yield from _duplicate_keys(value_node, file, (*path, key))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _duplicate_keys(item, file, (*path, i))
 
 
 def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> FleetSpec:
@@ -309,6 +347,7 @@ def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, 
         line = lines.get(path) or lines.get(tuple(error.absolute_path))
         problems.append(SpecProblem(file, format_json_path(path), _describe(error), line))
     problems += _semantic_problems(doc, file, lines)
+    problems += _duplicate_keys(root, file) if root is not None else []
     if any(p.severity == "error" for p in problems):
         return None, problems
     return _build(doc, file, problems), problems
