@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 HUMAN_NAME = "Ada Operator"
@@ -33,7 +34,7 @@ def git(cwd: Path, *args: str) -> str:
     return proc.stdout
 
 
-def write_files(root: Path, files: dict[str, str | None]) -> None:
+def write_files(root: Path, files: Mapping[str, str | None]) -> None:
     """Write (or, for None, delete) repo-relative files."""
     for rel, text in files.items():
         path = root / rel
@@ -63,7 +64,7 @@ def clone(bare: Path, dest: Path) -> Path:
     return dest
 
 
-def human_commit(clone_dir: Path, files: dict[str, str | None], message: str = "human edit", *,
+def human_commit(clone_dir: Path, files: Mapping[str, str | None], message: str = "human edit", *,
                  push: bool = True) -> str:
     """Pull, apply `files` (None deletes), commit as the human, optionally push; returns the new sha."""
     git(clone_dir, "pull", "--quiet", "--ff-only", "origin", "main")

@@ -50,7 +50,7 @@ def repos(tmp_path: Path) -> tuple[Path, Path, Path]:
 
 
 def _store(bare: Path, bot: Path, sleeps: Sleeps | None = None, **kw: object) -> GitStore:
-    return GitStore.clone(str(bare), bot, sleep=sleeps or Sleeps(), rng=random.Random(7), **kw)  # type: ignore[arg-type]
+    return GitStore.clone(str(bare), bot, sleep=sleeps or Sleeps(), rng=random.Random(7), **kw)
 
 
 def _verdict(machine: str, instance: str, text: str) -> CommitRequest:
