@@ -1,0 +1,283 @@
+"""verdict.judge: each verdict class, its blame, its evidence, and the edges (deadline, stale image, policy).
+
+The report builders here (`spec_from_text`, `make_report`, ...) are reused by the decide, loop and seed
+incident tests so all of them speak about the same realistic worker reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from reconciler.observations import BenchmarkResult, InstanceReport, PhaseEvent
+from reconciler.spec import FleetSpec, check_spec_text
+from reconciler.verdict import PARAMS_FAILURES_BEFORE_BAD, judge
+
+T0 = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
+DIGEST = "sha256:" + "a1" * 32
+OTHER_DIGEST = "sha256:" + "b2" * 32
+
+SPEC_YAML = """\
+version: 1
+image: {repository: ghcr.io/example/cuzk-worker}
+controller: {url: http://127.0.0.1:8080}
+circuit_breaker: {distinct_machines: 2, window_hours: 24}
+kill_budget: {max_fraction: 0.2, min_machines: 1, window_hours: 24}
+pools:
+  - name: rtx-pro-4000
+    gpu_name: RTX PRO 4000
+    count: 2
+    min_rate_proofs_per_hour: 29
+    max_price_usd_per_hour: 0.6
+    benchmark: {proofs: 10, concurrency: 2, timeout_minutes: 120}
+  - name: rtx4090
+    gpu_name: RTX 4090
+    count: 10
+    min_rate_proofs_per_hour: 40
+    max_price_usd_per_hour: 0.6
+    benchmark: {proofs: 10, concurrency: 2, timeout_minutes: 90}
+"""
+
+PARAMS_OK_LOG = (
+    "fleet-worker: fetching params 32GiB into /var/tmp/filecoin-proof-parameters",
+    "[#26a862 44GiB/44GiB(100%) CN:16 DL:0B]",
+    "02/12 18:21:40 [NOTICE] Download complete: /var/tmp/filecoin-proof-parameters/v28-stacked.params",
+    "fleet-worker: params verified (blake2b) in 21m40s",
+)
+
+#: The seed's incident: params fine, the bench runs before our daemon listens, 0 proofs.
+DAEMON_REFUSED_TAIL = (
+    *PARAMS_OK_LOG,
+    "cuzk-daemon: loading SRS from /var/tmp/filecoin-proof-parameters",
+    "+ cuzk-bench batch -t porep --c1 /opt/fleet/c1.json -c 10 -j 2",
+    "Error: connection refused (os error 111) connecting to 127.0.0.1:9820",
+    "benchmark.sh: cuzk-bench exited with status 1, 0/10 proofs",
+)
+
+CUDA_ERROR_TAIL = (
+    *PARAMS_OK_LOG,
+    "cuzk-daemon: listening on 127.0.0.1:9820",
+    "  [1/10] ok — 121.4s",
+    "Error: CUDA error 999: unknown error",
+    "cuzk-bench: connection refused",
+    "benchmark.sh: cuzk-bench exited with status 1, 1/10 proofs",
+)
+
+
+def spec_from_text(text: str = SPEC_YAML) -> FleetSpec:
+    spec, problems = check_spec_text(text, "fleet.yaml")
+    assert spec is not None, problems
+    return spec
+
+
+def ev(phase: str, status: str, minutes: float, **kw: Any) -> PhaseEvent:
+    return PhaseEvent(phase=phase, status=status, at=T0 + timedelta(minutes=minutes), **kw)
+
+
+def make_report(instance_id: str, machine_id: str | None = "40213", *, pool: str = "rtx-pro-4000",
+                host_id: str | None = "7781", gpu_name: str = "RTX PRO 4000", digest: str | None = DIGEST,
+                events: Sequence[PhaseEvent] = (), result: BenchmarkResult | None = None,
+                log_tail: Sequence[str] = (), registered_min: float = 0.0,
+                destroyed_min: float | None = None) -> InstanceReport:
+    return InstanceReport(
+        instance_id=instance_id, registered_at=T0 + timedelta(minutes=registered_min), pool=pool,
+        slot=f"{pool}-0", machine_id=machine_id, host_id=host_id, contract_id=f"c-{instance_id}",
+        gpu_name=gpu_name, image_digest=digest, events=tuple(events), result=result, log_tail=tuple(log_tail),
+        destroyed_at=None if destroyed_min is None else T0 + timedelta(minutes=destroyed_min))
+
+
+def bench_events(bench_start: float = 25.0) -> list[PhaseEvent]:
+    return [ev("register", "done", 0.5), ev("params", "started", 1), ev("params", "done", 22),
+            ev("daemon", "started", 23), ev("daemon", "done", 24), ev("benchmark", "started", bench_start)]
+
+
+def completed_report(instance_id: str, machine_id: str, rate: float, **kw: Any) -> InstanceReport:
+    spp = 3600.0 / rate
+    result = BenchmarkResult(outcome="completed", at=T0 + timedelta(minutes=60), requested=10, completed=10,
+                             failed=0, started_at=T0 + timedelta(minutes=25), exit_code=0, proofs_per_hour=rate,
+                             seconds_per_proof=spp, image_digest=kw.get("digest", DIGEST),
+                             log_tail=("=== Batch Summary ===", "completed:     10", "failed:        0",
+                                       f"throughput:    {rate / 60:.3f} proofs/min ({spp:.1f}s/proof)"))
+    return make_report(instance_id, machine_id, events=[*bench_events(), ev("benchmark", "done", 60)],
+                       result=result, **kw)
+
+
+def error_report(instance_id: str, machine_id: str, tail: Sequence[str], *, exit_code: int = 1,
+                 **kw: Any) -> InstanceReport:
+    """benchmark.sh exited non-zero: the worker reports the failed phase and an error result, 0 proofs."""
+    at = T0 + timedelta(minutes=27)
+    result = BenchmarkResult(outcome="error", at=at, requested=10, completed=0, failed=0,
+                             started_at=T0 + timedelta(minutes=25), exit_code=exit_code, log_tail=tuple(tail))
+    events = [*bench_events(), ev("benchmark", "failed", 27, exit_code=exit_code, log_tail=tuple(tail),
+                                  message=f"benchmark.sh exited {exit_code}")]
+    return make_report(instance_id, machine_id, events=events, result=result, log_tail=tail, **kw)
+
+
+def params_failed_report(instance_id: str, machine_id: str, tail: Sequence[str], **kw: Any) -> InstanceReport:
+    events = [ev("register", "done", 0.5), ev("params", "started", 1),
+              ev("params", "failed", 14, exit_code=22, log_tail=tuple(tail), message="aria2c exited 22")]
+    return make_report(instance_id, machine_id, events=events, log_tail=tail, **kw)
+
+
+SPEC = spec_from_text()
+POOL = SPEC.pool("rtx-pro-4000")
+LATER = T0 + timedelta(hours=3)
+
+
+def test_completed_above_min_rate_is_ok_and_never_bad() -> None:
+    v = judge(completed_report("pro-0-a", "40213", 35.0), POOL, LATER)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("ok", "none", False)
+    assert v.reason == "ok 35.0/h >= 29/h (102.9 s/proof)"
+
+
+def test_below_min_rate_blames_the_machine_with_rate_evidence() -> None:
+    v = judge(completed_report("pro-0-b", "40213", 20.0), POOL, LATER)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("below-min-rate", "machine", True)
+    assert v.reason == "below-min-rate 20.0/h < 29/h (180.0 s/proof)"
+    assert v.evidence["proofs_per_hour"] == 20.0 and v.evidence["seconds_per_proof"] == 180.0
+    assert v.evidence["host_id"] == "7781" and v.evidence["machine_id"] == "40213"
+    assert v.evidence["phases"]["params-done"] == "2026-12-02T18:22:00Z"
+    entry = v.to_entry()
+    assert entry.proofs_per_hour == 20.0 and entry.min_rate_proofs_per_hour == 29
+
+
+def test_benchmark_error_with_software_signature_is_the_images_fault() -> None:
+    v = judge(error_report("pro-0-c", "40213", DAEMON_REFUSED_TAIL), POOL, LATER)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("benchmark-error", "image", False)
+    assert v.signature == "daemon-connection-refused"
+    assert v.exit_code == 1 and v.evidence["exit_code"] == 1
+    assert v.reason == "benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820"
+    assert v.root_cause().endswith("(blame: image)")
+    assert v.evidence["log_tail"][-1] == "benchmark.sh: cuzk-bench exited with status 1, 0/10 proofs"
+    assert v.evidence["proofs"] == {"requested": 10, "completed": 0, "failed": 0}
+
+
+def test_benchmark_error_with_gpu_signature_marks_the_machine_bad() -> None:
+    v = judge(error_report("pro-0-d", "40213", CUDA_ERROR_TAIL), POOL, LATER)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad, v.signature) == ("benchmark-error", "machine", True, "cuda-error")
+
+
+def test_unrecognised_failure_is_unknown_and_never_marks_bad() -> None:
+    v = judge(error_report("pro-0-e", "40213", ["cuzk-bench: something odd happened"], exit_code=2), POOL, LATER)
+    assert v is not None
+    assert (v.blame, v.marks_bad) == ("unknown", False)
+    assert v.signature == "benchmark-error-unrecognized-exit-2"
+    assert "something odd happened" in v.reason
+
+
+def test_completed_without_throughput_line_is_a_benchmark_error() -> None:
+    result = BenchmarkResult(outcome="completed", at=T0 + timedelta(minutes=40), requested=10, completed=10,
+                             failed=0, exit_code=0, log_tail=("=== Batch Summary ===",))
+    v = judge(make_report("pro-0-f", events=bench_events(), result=result), POOL, LATER)
+    assert v is not None
+    assert v.verdict == "benchmark-error" and "no throughput line" in v.reason and not v.marks_bad
+
+
+def test_params_failure_gets_one_network_strike_then_marks_bad() -> None:
+    tail = ["Exception: [AbstractCommand.cc:351] errorCode=1 URI=https://proofs.filecoin.io/v28-stacked.params",
+            "02/12 18:14:00 [ERROR] CUID#7 - Download aborted."]
+    first = judge(params_failed_report("pro-0-g", "40213", tail), POOL, LATER)
+    second = judge(params_failed_report("pro-0-h", "40213", tail), POOL, LATER,
+                   prior_params_failures=PARAMS_FAILURES_BEFORE_BAD - 1)
+    assert first is not None and second is not None
+    assert (first.verdict, first.blame, first.marks_bad) == ("params-failed", "network", False)
+    assert (second.blame, second.marks_bad) == ("network", True)
+    assert "strike 1 of 2" in first.reason and "strike 2 of 2" in second.reason
+    assert first.phase == "params" and first.exit_code == 22
+
+
+def test_params_failure_with_image_signature_blames_the_image() -> None:
+    v = judge(params_failed_report("pro-0-i", "40213", ["sh: 1: aria2c: not found"]), POOL, LATER,
+              prior_params_failures=5)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("params-failed", "image", False)
+
+
+def test_running_benchmark_is_not_judged_before_its_deadline() -> None:
+    report = make_report("pro-0-j", events=[*bench_events(25), ev("benchmark", "progress", 50,
+                                                                    details={"completed": 2, "requested": 10})])
+    assert judge(report, POOL, T0 + timedelta(minutes=144)) is None  # deadline = 25 + 120 min
+
+
+def test_slow_partial_benchmark_times_out_and_blames_the_machine() -> None:
+    report = make_report("pro-0-j", events=[*bench_events(25), ev("benchmark", "progress", 50,
+                                                                    details={"completed": 2, "requested": 10})])
+    v = judge(report, POOL, T0 + timedelta(minutes=146))
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("timeout", "machine", True)
+    assert v.proofs_per_hour == 1.0  # 2 proofs in 120 minutes
+    assert v.reason.startswith("timeout after 120 min: 2/10 proofs (1.0/h partial")
+
+
+def test_zero_proof_hang_without_signature_is_unknown() -> None:
+    v = judge(make_report("pro-0-k", events=bench_events(25)), POOL, T0 + timedelta(minutes=146))
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad, v.signature) == ("timeout", "unknown", False, "timeout")
+
+
+def test_worker_reported_timeout_counts_partial_proofs() -> None:
+    result = BenchmarkResult(outcome="timeout", at=T0 + timedelta(minutes=145), requested=10, completed=4,
+                             failed=0, started_at=T0 + timedelta(minutes=25), exit_code=124)
+    v = judge(make_report("pro-0-l", events=bench_events(25), result=result), POOL, T0 + timedelta(minutes=146))
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad, v.proofs_per_hour) == ("timeout", "machine", True, 2.0)
+
+
+def test_never_started_deadline_counts_from_registration_and_blames_params() -> None:
+    report = make_report("pro-0-m", events=[ev("register", "done", 0.5), ev("params", "started", 1)],
+                         log_tail=["[#26a862 2.1GiB/44GiB(4%) CN:16 DL:1.2MiB ETA:9h]"])
+    assert judge(report, POOL, T0 + timedelta(minutes=119)) is None
+    v = judge(report, POOL, T0 + timedelta(minutes=121))
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("params-failed", "network", False)
+    assert "not fetched 120 min after registration" in v.reason
+
+
+def test_failure_on_a_stale_image_is_never_the_machines_fault() -> None:
+    v = judge(error_report("pro-0-n", "40213", CUDA_ERROR_TAIL, digest=OTHER_DIGEST), POOL, LATER,
+              desired_image_digest=DIGEST)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad) == ("stale-image", "image", False)
+    assert v.reason.startswith("stale-image sha256:b2b2b2b2b2b2 (desired sha256:a1a1a1a1a1a1)")
+    passing = judge(completed_report("pro-0-o", "40213", 35.0, digest=OTHER_DIGEST), POOL, LATER,
+                    desired_image_digest=DIGEST)
+    assert passing is not None and passing.verdict == "ok"
+    unknown_digest = judge(error_report("pro-0-p", "40213", CUDA_ERROR_TAIL, digest=None), POOL, LATER,
+                           desired_image_digest=DIGEST)
+    assert unknown_digest is not None and unknown_digest.verdict == "benchmark-error"
+
+
+def test_instance_destroyed_before_its_deadline_is_not_evidence() -> None:
+    report = make_report("pro-0-q", events=bench_events(25), destroyed_min=40)
+    assert judge(report, POOL, T0 + timedelta(hours=10)) is None
+
+
+def test_tunnel_failure_alone_does_not_end_the_attempt() -> None:
+    report = make_report("pro-0-r", events=[ev("register", "done", 0.5),
+                                            ev("tunnel", "failed", 1, exit_code=255,
+                                               log_tail=("ssh: connect to host x port 22: Connection refused",))])
+    assert judge(report, POOL, T0 + timedelta(minutes=30)) is None
+
+
+def test_secrets_in_the_tail_never_reach_the_evidence() -> None:
+    tail = [*DAEMON_REFUSED_TAIL[:-1], "env: FLEET_TOKEN=3f9a1c0d2e4b5a69788766554433221100ffeeddccbbaa99",
+            DAEMON_REFUSED_TAIL[-1]]
+    v = judge(error_report("pro-0-s", "40213", tail), POOL, LATER)
+    assert v is not None
+    text = "\n".join(v.evidence["log_tail"])
+    assert "3f9a1c0d2e4b5a69" not in text and "[REDACTED]" in text
+
+
+@pytest.mark.parametrize("gpu_line", ["NVRM: Xid (PCI:0000:01:00): 79, pid=2741, GPU has fallen off the bus.",
+                                      "RuntimeError: CUDA error: out of memory"])
+def test_hardware_lines_beat_the_connection_refused_they_cause(gpu_line: str) -> None:
+    tail = [*DAEMON_REFUSED_TAIL[:-2], gpu_line, *DAEMON_REFUSED_TAIL[-2:]]
+    v = judge(error_report("pro-0-t", "40213", tail), POOL, LATER)
+    assert v is not None and v.blame == "machine" and v.marks_bad
