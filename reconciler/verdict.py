@@ -133,7 +133,8 @@ def _judge_outcome(report: InstanceReport, pool: PoolSpec, now: datetime,
             if rate is not None and result.completed > 0:
                 return _rated(report, pool, now, rate, result.seconds_per_proof, tail, exit_code)
             why = "no throughput line" if rate is None else f"0 of {result.requested} proofs completed"
-            return _errored(report, pool, now, "benchmark-error", "benchmark", exit_code, tail, why)
+            return _errored(report, pool, now, "benchmark-error", "benchmark", exit_code, tail, None,
+                            known_cause=why)
         if result.outcome == "timeout":
             started = result.started_at or _started_at(report)
             return _timed_out(report, pool, now, result.completed, result.requested, started, result.at,
@@ -149,8 +150,9 @@ def _judge_outcome(report: InstanceReport, pool: PoolSpec, now: datetime,
         return None
     if report.first("params", "done") is None:
         waited = (due - report.registered_at).total_seconds() / 60
-        return _errored(report, pool, now, "params-failed", "params", None, report.log_tail,
-                        f"params not fetched {waited:.0f} min after registration", prior_params_failures)
+        return _errored(report, pool, now, "params-failed", "params", None, report.log_tail, None,
+                        prior_params_failures,
+                        known_cause=f"params not fetched {waited:.0f} min after registration")
     progress = _last_progress(report)
     return _timed_out(report, pool, now, progress[0], progress[1] or pool.benchmark.proofs, _started_at(report),
                       due, None, report.log_tail, None)
@@ -173,13 +175,15 @@ def _rated(report: InstanceReport, pool: PoolSpec, now: datetime, rate: float, s
 
 def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, phase: str,
              exit_code: int | None, tail: Sequence[str], message: str | None,
-             prior_params_failures: int = 0) -> Verdict:
+             prior_params_failures: int = 0, *, known_cause: str | None = None) -> Verdict:
+    """`known_cause`: what we established ourselves (beats the log's last line); `message`: the worker's own
+    summary (used only when the log says nothing)."""
     match = classify(tail) or (classify(report.log_tail) if tail is not report.log_tail else None)
     if match is not None:
         blame, cause = match.blame, match.line
     else:
         blame = "network" if verdict == "params-failed" else "unknown"
-        cause = _last_line(tail) or message or "no log lines"
+        cause = known_cause or _last_line(tail) or message or "no log lines"
     cause = _clip(redact_line(cause))
     if blame == "network" and verdict == "params-failed":
         strike = prior_params_failures + 1
