@@ -15,6 +15,8 @@ from collections.abc import Sequence
 #: Order is the order `fleet --help` lists them.
 COMMAND_MODULES = (
     "validate",
+    "records",
+    "why",
 )
 
 
