@@ -4,9 +4,9 @@ Pure, used by `loop.decide` after `verdict.judge` and by `fleet status` to show 
 
 Circuit breaker: when the same image digest fails with the same signature on K distinct machines within
 the window (spec.circuit_breaker), the image - not the machines - is the suspect. From then on every
-failure with that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), an
-image-suspect record names the pools, machines and instances, and the pools using it are paused (the
-planner provisions nothing for a pool in `paused_pools`). Only failures with a log signature (or a
+failure with that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), and an
+image-suspect record names the pools, machines and instances; the planner pauses a pool while an active
+suspect for the desired digest names it (`planner.pool_pause`). Only failures with a log signature (or a
 fallback signature such as `timeout`) correlate; below-min-rate is a measurement of one machine and never
 trips it. Humans clear a suspect with `status: cleared`: the failures the record already lists are then
 forgiven, and only K NEW machines trip it again. A deleted record is forgotten: the next failure with that
@@ -107,15 +107,6 @@ def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str
                 used[entry.pool].add(rec.machine_id)
     return {p.name: KillBudget(p.name, spec.kill_budget.allowed(p.count), tuple(sorted(used[p.name])))
             for p in spec.pools}
-
-
-def paused_pools(records: RecordSet) -> dict[str, ImageSuspectRecord]:
-    """Pools whose provisioning is paused by an active image-suspect record."""
-    out: dict[str, ImageSuspectRecord] = {}
-    for rec in records.suspect_images().values():
-        for pool in rec.pools:
-            out.setdefault(pool, rec)
-    return out
 
 
 def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict], now: datetime) -> GuardOutcome:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from datetime import datetime, timedelta
 
-from reconciler.breaker import apply_guards, kill_budgets, paused_pools
+from reconciler.breaker import apply_guards, kill_budgets
 from reconciler.observations import InstanceReport
 from reconciler.records import ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.verdict import Verdict, judge
@@ -130,11 +129,3 @@ def test_kill_budget_window_slides_and_already_bad_machines_cost_nothing() -> No
     fresh = verdict_of(completed_report("p-222", "222", 20.0))  # pool allows 1 per window
     out = apply_guards(SPEC, records, [again, fresh], LATER)
     assert [v.marks_bad for v in out.verdicts] == [True, True]
-
-
-def test_paused_pools_come_from_active_suspects_only() -> None:
-    active = ImageSuspectRecord(DIGEST, "cuda-error", "suspect", ("1", "2"), "2026-12-02T00:00:00Z",
-                                pools=("rtx4090",))
-    cleared = replace(active, image_digest=OTHER_DIGEST, status="cleared", pools=("rtx-pro-4000",))
-    records = RecordSet(images={DIGEST: active, OTHER_DIGEST: cleared})
-    assert set(paused_pools(records)) == {"rtx4090"}
