@@ -20,7 +20,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -154,6 +154,16 @@ def _compare(value: Any, op: str, operand: Any) -> bool:
     }[op]
 
 
+def _sort_key(name: str) -> Callable[[Mapping[str, Any]], tuple[int, Any]]:
+    """Offers missing the field sort last (and never compare None with a number)."""
+
+    def key(offer: Mapping[str, Any]) -> tuple[int, Any]:
+        value = offer.get(name)
+        return (1, 0) if value is None else (0, value)
+
+    return key
+
+
 class QueryError(ValueError):
     pass
 
@@ -220,7 +230,9 @@ class VastFake:
         return f"{self.root_url}/api/v0"
 
     def start(self) -> VastFake:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="vast-fake", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="vast-fake", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -342,7 +354,7 @@ class VastFake:
         except QueryError as exc:
             return 400, {"success": False, "error": "invalid_args", "msg": str(exc)}
         for key, direction in reversed(body.get("order") or []):
-            found.sort(key=lambda o, k=key: (o.get(k) is None, o.get(k)), reverse=direction == "desc")
+            found.sort(key=_sort_key(str(key)), reverse=direction == "desc")
         limit = body.get("limit")
         if isinstance(limit, int) and limit >= 0:
             found = found[:limit]
