@@ -63,9 +63,11 @@ MAX_INSTANCE_PAGES = 400
 MAX_QUOTED_MESSAGE = 300
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Characters that mean the same thing to docker, a shell and vast's env handling: no quotes, spaces,
-# `$`, backslashes or separators. Our values (URLs, hex tokens, digests, numbers, names) fit in it.
-_ENV_VALUE = re.compile(r"[A-Za-z0-9_./:@%+=,~-]*")
+# Characters that mean the same thing to docker, a shell and vast's env handling: no quotes, `$`,
+# backslashes, tabs/newlines or separators. Plain spaces are allowed: GPU names have them ("RTX 4090"),
+# and a value with spaces but no quotes can always be single-quoted. Our values (URLs, hex tokens,
+# digests, numbers, names) fit in it.
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_./:@%+=,~ -]*")
 _NUMERIC_ID = re.compile(r"[0-9]{1,19}")
 
 _STATUS_MAP = {
@@ -306,18 +308,20 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
             shown = ", ".join(repr(ch) for ch in bad[:5])
             raise PermanentMarketplaceError(
                 f"env: value of {name} contains characters that are unsafe in a docker/shell env ({shown}); "
-                "allowed: letters, digits and _ . / : @ % + = , ~ -"
+                "allowed: letters, digits, spaces and _ . / : @ % + = , ~ -"
             )
         checked[name] = value
     return checked
 
 
 def docker_env_flags(env: Mapping[str, str]) -> str:
-    """The same env in vast's CLI/GUI form ("-e K=V -e K2=V2"), for templates and humans.
+    """The same env in vast's CLI/GUI form ("-e K=V -e K2='V 2'"), for templates and humans.
 
-    Values passed `check_env`, so they need no quoting.
+    Values passed `check_env` (no quotes in them), so single quotes around those with spaces suffice.
     """
-    return " ".join(f"-e {name}={value}" for name, value in check_env(env).items())
+    return " ".join(
+        f"-e {name}='{value}'" if " " in value else f"-e {name}={value}" for name, value in check_env(env).items()
+    )
 
 
 def build_create_body(request: InstanceRequest, runtype: str = DEFAULT_RUNTYPE) -> dict[str, Any]:

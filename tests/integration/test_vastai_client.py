@@ -38,6 +38,7 @@ from tests.vast_fake import Fault, VastFake, make_offer, offer_matches
 API_KEY = "vk-7f3e9a1c5b2d4e6f8091a2b3c4d5e6f7"
 SOME_ENV = {
     "FLEET_CONTROLLER_URL": "https://controller.example:8443",
+    "FLEET_GPU_NAME": "RTX 4090",
     "FLEET_INSTANCE_ID": "rtx4090-0-3f9a1c",
     "FLEET_TOKEN": "c0ffee" * 10,
     "FLEET_IMAGE_DIGEST": "registry.example/worker@sha256:" + "ab" * 32,
@@ -287,13 +288,16 @@ def test_create_400_is_permanent(fake: VastFake, client: VastAiMarketplace) -> N
 
 def test_env_is_an_object_of_checked_values() -> None:
     assert check_env(SOME_ENV) == SOME_ENV
-    assert docker_env_flags({"A": "1", "FLEET_POOL": "rtx4090"}) == "-e A=1 -e FLEET_POOL=rtx4090"
+    assert check_env({"FLEET_GPU_NAME": "RTX PRO 4000"}) == {"FLEET_GPU_NAME": "RTX PRO 4000"}
+    assert docker_env_flags({"A": "1", "FLEET_POOL": "rtx4090", "FLEET_GPU_NAME": "RTX 4090", "EMPTY": ""}) == (
+        "-e A=1 -e FLEET_POOL=rtx4090 -e FLEET_GPU_NAME='RTX 4090' -e EMPTY="
+    )
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"FLEET_TOKEN": "abc def"}, r"value of FLEET_TOKEN contains .*' '"),
+        ({"FLEET_TOKEN": "abc\tdef"}, r"value of FLEET_TOKEN contains .*'\\t'"),
         ({"FLEET_TOKEN": "abc'; rm -rf /"}, r"value of FLEET_TOKEN contains .*\"'\""),
         ({"FLEET_TOKEN": "$(reboot)"}, r"value of FLEET_TOKEN contains .*'\$'"),
         ({"FLEET_TOKEN": "line\nnext"}, r"value of FLEET_TOKEN contains .*'\\n'"),
