@@ -1,0 +1,186 @@
+"""run_pass / run against a real git origin (bare repo in a tmp dir), with a fake of the ReportSource port.
+
+Proves: verdicts land on origin as bot commits with Fleet-* trailers; a repeated pass is a no-op; a crash
+between commit and push is recovered by the next pass; an observation failure produces no verdicts; a
+bad spec stalls the pass with its reason; a human's pardon is respected until a NEW failure.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from reconciler.gitstore import BOT_NAME, GitStore
+from reconciler.loop import PassResult, run, run_pass
+from reconciler.observations import InstanceReport
+from reconciler.records import parse_machine_record
+from tests.gitrepos import clone, git, human_commit, install_rejecting_hook, make_origin, origin_file, origin_log
+from tests.unit.test_verdict import LATER, SPEC_YAML, completed_report
+
+M123 = "fleet-spec/machines/123.yaml"
+
+
+class FakeReports:
+    """The ReportSource port: a list of reports, or the error the store would raise."""
+
+    def __init__(self, reports: Sequence[InstanceReport] = (), error: Exception | None = None) -> None:
+        self.items = list(reports)
+        self.error = error
+        self.calls = 0
+
+    def reports(self) -> Sequence[InstanceReport]:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return list(self.items)
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+class ProcessDied(BaseException):
+    """Stands for the reconciler process being killed: not an Exception, nothing catches it."""
+
+
+class DiesBeforePush(GitStore):
+    def _push(self) -> None:
+        raise ProcessDied
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Path:
+    bare, _seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML, "README.md": "fleet\n"})
+    return bare
+
+
+def bot_store(origin: Path, tmp_path: Path, cls: type[GitStore] = GitStore) -> GitStore:
+    workdir = tmp_path / "bot"
+    if not workdir.exists():
+        git(tmp_path, "clone", "--quiet", str(origin), str(workdir))
+    return cls(workdir, sleep=Sleeps(), rng=random.Random(3), max_attempts=2)
+
+
+def trailers(origin: Path, key: str) -> list[str]:
+    return [v for v in git(origin, "log", f"--format=%(trailers:key={key},valueonly)", "main").split("\n") if v]
+
+
+def test_verdicts_land_as_bot_commits_with_trailers_and_a_rerun_is_a_no_op(origin: Path, tmp_path: Path) -> None:
+    store = bot_store(origin, tmp_path)
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0)])
+    result = run_pass(store, source, LATER)
+    assert result.ok and result.pushed and result.commit is not None
+    assert origin_log(origin)[0] == (f"{BOT_NAME}|fleet: 2 verdicts (1 bad: machine 123 below-min-rate 20.0/h "
+                                     "< 29/h (180.0 s/proof))")
+    assert trailers(origin, "Fleet-Instance") == ["pro-0-a", "pro-1-a"]
+    assert trailers(origin, "Fleet-Machine") == ["123", "456"]
+    record = parse_machine_record(origin_file(origin, M123) or "", Path(M123))
+    assert record.status == "bad" and record.host_id == "7781"
+    assert record.benchmarks[0].evidence["proofs_per_hour"] == 20.0
+
+    before = origin_log(origin)
+    again = run_pass(store, source, LATER + timedelta(minutes=1))
+    assert again.ok and again.commit is None and again.verdicts == ()
+    assert origin_log(origin) == before
+
+
+def test_crash_between_commit_and_push_is_recovered_by_the_next_pass(origin: Path, tmp_path: Path) -> None:
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
+    with pytest.raises(ProcessDied):
+        run_pass(bot_store(origin, tmp_path, DiesBeforePush), source, LATER)
+    bot = tmp_path / "bot"
+    assert "fleet: 1 verdict" in git(bot, "log", "-1", "--format=%s")  # committed locally...
+    assert origin_file(origin, M123) is None  # ...never pushed
+
+    restarted = bot_store(origin, tmp_path)
+    result = run_pass(restarted, source, LATER + timedelta(minutes=1))
+    assert result.pushed and [v.instance_id for v in result.verdicts] == ["pro-0-a"]
+    assert trailers(origin, "Fleet-Instance") == ["pro-0-a"]  # exactly once
+    assert run_pass(restarted, source, LATER + timedelta(minutes=2)).commit is None
+
+
+def test_rejected_push_is_a_temporary_error_and_the_next_pass_publishes(origin: Path, tmp_path: Path) -> None:
+    store = bot_store(origin, tmp_path)
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
+    hook = install_rejecting_hook(origin)
+    result = run_pass(store, source, LATER)
+    assert not result.ok and result.error is not None and "rejected" in result.error
+    assert result.stalled is None and origin_file(origin, M123) is None
+    hook.unlink()
+    assert run_pass(store, source, LATER).pushed
+    assert origin_file(origin, M123) is not None
+
+
+def test_observation_failure_produces_no_verdicts(origin: Path, tmp_path: Path) -> None:
+    store = bot_store(origin, tmp_path)
+    before = origin_log(origin)
+    result = run_pass(store, FakeReports(error=OSError("database is locked")), LATER)
+    assert result.observation_error == "OSError: database is locked"
+    assert result.verdicts == () and result.commit is None and not result.ok
+    assert origin_log(origin) == before
+
+
+def test_bad_spec_stalls_with_its_reason_and_writes_nothing(origin: Path, tmp_path: Path) -> None:
+    human = clone(origin, tmp_path / "human")
+    human_commit(human, {"fleet-spec/fleet.yaml": SPEC_YAML.replace("min_rate_proofs_per_hour: 29",
+                                                                    "min_rate_proofs_per_hour: fast")})
+    before = origin_log(origin)
+    result = run_pass(bot_store(origin, tmp_path), FakeReports([completed_report("pro-0-a", "123", 20.0)]), LATER)
+    assert result.stalled is not None
+    assert "fleet.yaml" in result.stalled and "min_rate_proofs_per_hour" in result.stalled
+    assert "fast" in result.stalled
+    assert result.verdicts == () and origin_log(origin) == before
+    assert result.headline().startswith("stalled: ")
+
+
+def test_pardon_is_respected_until_a_new_failure(origin: Path, tmp_path: Path) -> None:
+    store = bot_store(origin, tmp_path)
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
+    assert run_pass(store, source, LATER).pushed
+    human = clone(origin, tmp_path / "human")
+    human_commit(human, {M123: None}, "pardon machine 123: PSU replaced")
+
+    assert run_pass(store, source, LATER + timedelta(minutes=5)).commit is None
+    assert origin_file(origin, M123) is None
+
+    source.items.append(completed_report("pro-0-b", "123", 21.0))
+    result = run_pass(store, source, LATER + timedelta(minutes=10))
+    assert [v.instance_id for v in result.verdicts] == ["pro-0-b"]
+    record = parse_machine_record(origin_file(origin, M123) or "", Path(M123))
+    assert record.status == "bad" and [b.instance_id for b in record.benchmarks] == ["pro-0-b"]
+
+
+def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tmp_path: Path) -> None:
+    store = bot_store(origin, tmp_path)
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
+    stop = threading.Event()
+    ticks = iter(LATER + timedelta(seconds=30 * i) for i in range(100))
+    sleeps = Sleeps()
+    seen: list[PassResult] = []
+
+    def on_pass(result: PassResult) -> None:
+        seen.append(result)
+        if len(seen) == 3:
+            stop.set()
+
+    def one_pass(now: datetime) -> PassResult:
+        if len(seen) == 1:
+            raise RuntimeError("controller store vanished")  # an unexpected bug must not end the loop
+        return run_pass(store, source, now)
+
+    results = run(one_pass, interval_s=30, stop_event=stop, clock=lambda: next(ticks), sleep=sleeps,
+                  on_pass=on_pass)
+    assert len(results) == 3 and sleeps.calls == [30, 30]
+    assert results[0].pushed
+    assert results[1].error is not None and "controller store vanished" in results[1].error
+    assert results[2].ok and results[2].commit is None
+    assert [r.at for r in results] == [LATER, LATER + timedelta(seconds=30), LATER + timedelta(seconds=60)]
