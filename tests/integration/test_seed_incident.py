@@ -1,0 +1,104 @@
+"""Replay of the seed's incident, through the pure `decide` and through `run_pass` with a real git origin.
+
+The incident: an RTX PRO 4000 instance fetched params fine, then benchmark.sh exited 1 with 0 proofs
+because cuzk-bench could not reach our own daemon at 127.0.0.1:9820. The seed's dashboard called the
+machine bad ("0 proofs/hour"); it was our image. Expected now:
+- the record says benchmark-error, exit code 1, the log tail, blamed on the image (software signature),
+  and the machine is not marked bad;
+- a second machine with the same digest + signature trips the circuit breaker: an image-suspect record
+  is committed, and no further machine is marked bad for that failure;
+- a genuinely slow machine (20/h vs the pool's 29/h) IS marked bad, keyed by machine_id, host_id kept.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from pathlib import Path
+
+from reconciler.gitstore import GitStore
+from reconciler.loop import decide, run_pass
+from reconciler.records import RecordSet, load_records, parse_image_record, parse_machine_record
+from tests.gitrepos import git, make_origin, origin_file, origin_log
+from tests.integration.test_loop import FakeReports, Sleeps, trailers
+from tests.unit.test_verdict import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC, SPEC_YAML, completed_report, error_report
+
+IMAGE_RECORD = f"fleet-spec/images/{DIGEST.removeprefix('sha256:')}.yaml"
+
+FIRST = error_report("pro-4000-0-3f9a1c", "40213", DAEMON_REFUSED_TAIL, host_id="7781")
+SECOND = error_report("pro-4000-1-8be210", "51877", DAEMON_REFUSED_TAIL, host_id="9001", registered_min=5)
+SLOW = completed_report("pro-4000-0-c41d07", "62001", 20.0, host_id="7781", registered_min=40)
+THIRD = error_report("pro-4000-1-77aa01", "73002", DAEMON_REFUSED_TAIL, host_id="9002", registered_min=41)
+
+
+def _check_first_record(records: RecordSet) -> None:
+    record = records.machines["40213"]
+    assert record.status == "ok" and record.gpu_name == "RTX PRO 4000" and record.host_id == "7781"
+    (entry,) = record.benchmarks
+    assert (entry.verdict, entry.blame, entry.marks_bad) == ("benchmark-error", "image", False)
+    assert entry.signature == "daemon-connection-refused" and entry.image_digest == DIGEST
+    assert entry.evidence["exit_code"] == 1 and entry.evidence["phase"] == "benchmark"
+    assert entry.evidence["proofs"]["completed"] == 0
+    assert "Error: connection refused (os error 111) connecting to 127.0.0.1:9820" in entry.evidence["log_tail"]
+    assert entry.evidence["phases"]["params-done"] == "2026-12-02T18:22:00Z"
+    assert entry.reason.startswith("benchmark-error exit 1: Error: connection refused")
+
+
+def test_seed_incident_through_decide() -> None:
+    first = decide(SPEC, [FIRST], RecordSet(), set(), DIGEST, LATER)
+    records = RecordSet(machines=first.machine_records)
+    _check_first_record(records)
+    assert first.image_records == {}
+
+    second = decide(SPEC, [FIRST, SECOND], records, {FIRST.instance_id}, DIGEST, LATER + timedelta(minutes=10))
+    (held,) = second.recorded
+    assert held.held_by == "circuit-breaker" and not held.marks_bad
+    suspect = second.image_records[DIGEST]
+    assert suspect.active and suspect.machines == ("40213", "51877") and suspect.pools == ("rtx-pro-4000",)
+    records = RecordSet(machines={**records.machines, **second.machine_records}, images=second.image_records)
+
+    third = decide(SPEC, [FIRST, SECOND, SLOW, THIRD], records, {FIRST.instance_id, SECOND.instance_id}, DIGEST,
+                   LATER + timedelta(hours=1))
+    slow, again = third.recorded
+    assert (slow.machine_id, slow.verdict, slow.marks_bad, slow.host_id) == ("62001", "below-min-rate", True, "7781")
+    assert (again.machine_id, again.held_by, again.marks_bad) == ("73002", "circuit-breaker", False)
+    final = RecordSet(machines={**records.machines, **third.machine_records})
+    assert final.bad_machine_ids() == {"62001"}
+
+
+def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> None:
+    origin, _seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
+    git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))
+    store = GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(1))
+    source = FakeReports([FIRST])
+
+    first = run_pass(store, source, LATER, desired_image_digest=DIGEST)
+    assert first.pushed
+    _check_first_record(load_records(store.workdir / "fleet-spec"))
+    assert origin_log(origin, "%s")[0] == ("fleet: 1 verdict")
+
+    source.items.append(SECOND)
+    second = run_pass(store, source, LATER + timedelta(minutes=10), desired_image_digest=DIGEST)
+    assert second.pushed
+    summary = origin_log(origin, "%s")[0]
+    assert summary == (f"fleet: 1 verdict (1 held by circuit-breaker; image {DIGEST[:19]} suspect: "
+                       "daemon-connection-refused)")
+    assert trailers(origin, "Fleet-Image") == [DIGEST]
+    suspect = parse_image_record(origin_file(origin, IMAGE_RECORD) or "", Path(IMAGE_RECORD))
+    assert suspect.machines == ("40213", "51877") and suspect.instances == (FIRST.instance_id, SECOND.instance_id)
+    assert "circuit breaker tripped" in git(origin, "log", "-1", "--format=%b", "main")
+
+    source.items += [SLOW, THIRD]
+    third = run_pass(store, source, LATER + timedelta(hours=1), desired_image_digest=DIGEST)
+    assert third.pushed
+    assert origin_log(origin, "%s")[0].startswith("fleet: 2 verdicts (1 bad: machine 62001 below-min-rate 20.0/h "
+                                                  "< 29/h")
+    slow = parse_machine_record(origin_file(origin, "fleet-spec/machines/62001.yaml") or "",
+                                Path("fleet-spec/machines/62001.yaml"))
+    assert slow.status == "bad" and slow.host_id == "7781" and slow.machine_id == "62001"
+    on_origin = load_records(store.workdir / "fleet-spec")
+    assert on_origin.bad_machine_ids() == {"62001"}
+    assert on_origin.machines["73002"].benchmarks[0].held_by == "circuit-breaker"
+    assert set(trailers(origin, "Fleet-Instance")) == {r.instance_id for r in (FIRST, SECOND, SLOW, THIRD)}
+
+    assert run_pass(store, source, LATER + timedelta(hours=2), desired_image_digest=DIGEST).commit is None
