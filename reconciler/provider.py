@@ -49,11 +49,12 @@ from reconciler.planner import (
     REASON_MACHINE_BAD,
     STATUS_GONE,
     ObservedSlot,
+    pool_pause,
     replace_reason,
 )
 from reconciler.ranking import RankedOffer, offer_query, rank_offers
-from reconciler.records import write_text_atomic
-from reconciler.spec import BenchmarkSettings, ParamsSettings, PoolSpec
+from reconciler.records import RecordSet, write_text_atomic
+from reconciler.spec import BenchmarkSettings, FleetSpec, ParamsSettings, PoolSpec
 from reconciler.tokens import instance_token
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,23 @@ class SlotDiff:
     reason: str | None = None
     detail: str = ""
     replaces: tuple[str, ...] = ()  # input properties that force the replacement (for Pulumi's diff display)
+
+
+def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, *, image: str,
+                image_digest: str, params_dir: str | None = None) -> SlotInputs:
+    """The inputs of one slot, as both drivers build them from the spec and the records.
+
+    Measured rates are limited to machines of the pool's GPU model (or of unknown model): other machines
+    can never match the pool's query, and keeping them out keeps every slot's inputs small and stable."""
+    pause = pool_pause(pool.name, records, image_digest)
+    measured = {m: p.median_proofs_per_hour for m, p in sorted(records.perf_history().items())
+                if p.gpu_name in (None, pool.gpu_name)}
+    prior = spec.prior_proofs_per_hour(pool.gpu_name)
+    return SlotInputs(
+        slot=slot, pool=pool, image=image, image_digest=image_digest, controller_url=spec.controller.url,
+        params=spec.params, bad_machine_ids=records.bad_machine_ids(), measured=measured,
+        priors={pool.gpu_name: prior} if prior is not None else {},
+        paused_reason=pause.describe() if pause else None, params_dir=params_dir)
 
 
 # --- the worker's environment --------------------------------------------------------------------------------
