@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "validate",
     "records",
     "why",
+    "plan",
     "apply",
 )
 

@@ -190,3 +190,50 @@ def test_user_errors_are_one_line_without_traceback(fleet: Fleet, capsys: pytest
     code = main(["apply", "--spec", str(fleet.root / "x.yaml"), "--backend", "local", "--state-dir",
                  str(fleet.state)])
     assert code == 1
+
+
+# --- fleet plan ----------------------------------------------------------------------------------------------
+
+
+def run_plan(fleet: Fleet, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = main(["plan", "--spec", str(fleet.spec_dir / "fleet.yaml"), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_plan_without_state_shows_desired_vs_records_only(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet.mark_bad("m-b")
+    code, out = run_plan(fleet, capsys)
+    assert code == 0
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["POOL", "GPU", "DESIRED", "RUNNING", "BAD", "KNOWN", "PAUSED", "ACTIONS"]
+    assert row.split() == ["p4090", "RTX", "4090", "2", "?", "1", "no", "-"]
+    assert "records only" in out
+    code, out = run_plan(fleet, capsys, "--json")
+    doc = json.loads(out)
+    assert doc["records_only"] is True and doc["actions"] == [] and doc["converged"] is None
+    assert doc["pools"] == [{"pool": "p4090", "gpu": "RTX 4090", "desired": 2, "running": None,
+                             "bad_machines_known": 1, "paused": False, "actions": {}}]
+
+
+def test_plan_with_state_lists_the_actions_apply_would_take(fleet: Fleet,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    backend = ["--state-dir", str(fleet.state), "--backend", "local", "--machines", str(fleet.root / "machines.yaml")]
+    code, out = run_plan(fleet, capsys, *backend, "--json")
+    doc = json.loads(out)
+    assert [(a["kind"], a["slot"]) for a in doc["actions"]] == [("create", "p4090-0"), ("create", "p4090-1")]
+    assert fleet.apply(capsys)[0] == 0
+    code, out = run_plan(fleet, capsys, *backend)
+    assert code == 0 and "no changes: slots match the spec" in out
+    victim = fleet.slots()["p4090-1"]["machine_id"]
+    fleet.mark_bad(victim)
+    code, out = run_plan(fleet, capsys, *backend, "--json")
+    doc = json.loads(out)
+    assert [(a["kind"], a["slot"], a["reason"]) for a in doc["actions"] if a["kind"] != "keep"] == [
+        ("replace", "p4090-1", "machine-bad")]
+    assert doc["pools"][0]["running"] == 2 and doc["pools"][0]["actions"] == {"replace": 1}
+    # plan changed nothing
+    assert fleet.slots()["p4090-1"]["machine_id"] == victim
+    # without --backend: statuses from the state file, still no credentials needed
+    code, out = run_plan(fleet, capsys, "--state-dir", str(fleet.state))
+    assert code == 0 and "replace" in out and "as the last apply recorded them" in out
