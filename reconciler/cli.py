@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "why",
     "plan",
     "apply",
+    "controller",
 )
 
 

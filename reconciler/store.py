@@ -203,7 +203,8 @@ class ControllerStore:
         self.ring_lines = ring_lines
         self.max_progress_events = max_progress_events
         self.max_other_events = max_other_events
-        self._now = now or (lambda: datetime.now(UTC))
+        #: The store's clock (received_at); the controller uses it for admin actions too.
+        self.clock: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
@@ -276,7 +277,7 @@ class ControllerStore:
         values = [doc.get(name) for name in _REGISTER_FIELDS]
         gpus = _canonical(list(doc.get("gpus", [])))
         worker_at = _iso(parse_time(doc["at"]))
-        received = _iso(self._now())
+        received = _iso(self.clock())
 
         def body(conn: sqlite3.Connection) -> Literal["registered", "already-registered"]:
             row = conn.execute("SELECT destroyed_at FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
@@ -301,7 +302,7 @@ class ControllerStore:
         event = _redacted_event(doc)
         fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
         at = _iso(parse_time(event["at"]))
-        received = _iso(self._now())
+        received = _iso(self.clock())
         progress = event["status"] == "progress"
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
@@ -355,7 +356,7 @@ class ControllerStore:
     def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Store the validated benchmark `result` (redacted). Accepted once; see module docstring."""
         canonical = _canonical(_redacted_result(doc))
-        received = _iso(self._now())
+        received = _iso(self.clock())
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
             self._writable(conn, instance_id)
