@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "plan",
     "apply",
     "controller",
+    "reconcile",
+    "status",
 )
 
 

@@ -7,6 +7,7 @@ bad spec stalls the pass with its reason; a human's pardon is respected until a 
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Sequence
@@ -15,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.cli import main
 from reconciler.gitstore import BOT_NAME, GitStore
 from reconciler.loop import PassResult, run, run_pass
 from reconciler.observations import InstanceReport
 from reconciler.records import parse_machine_record
 from tests.gitrepos import clone, git, human_commit, install_rejecting_hook, make_origin, origin_file, origin_log
-from tests.unit.test_verdict import LATER, SPEC_YAML, completed_report
+from tests.unit.test_verdict import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC_YAML, T0, completed_report
 
 M123 = "fleet-spec/machines/123.yaml"
 
@@ -184,3 +186,85 @@ def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tm
     assert results[1].error is not None and "controller store vanished" in results[1].error
     assert results[2].ok and results[2].commit is None
     assert [r.at for r in results] == [LATER, LATER + timedelta(seconds=30), LATER + timedelta(seconds=60)]
+
+
+# --- the commands, against a real controller store and a real origin ---------------------------------------
+
+
+def _seed_store(db: Path, instance_id: str = "pro-4000-0-3f9a1c") -> None:
+    from reconciler.store import ControllerStore
+
+    store = ControllerStore(db, now=lambda: T0)  # the controller's clock stamps the registration
+    try:
+        store.register(instance_id, {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T18:00:00Z",
+                                     "pool": "rtx-pro-4000", "slot": "rtx-pro-4000-0", "machine_id": "40213",
+                                     "host_id": "7781", "gpu_name": "RTX PRO 4000", "image_digest": DIGEST})
+        for phase, status, at in (("params", "started", "18:01"), ("params", "done", "18:22"),
+                                  ("benchmark", "started", "18:25")):
+            store.add_event(instance_id, {"protocol": 1, "phase": phase, "status": status,
+                                          "at": f"2026-12-02T{at}:00Z"})
+        store.add_logs(instance_id, list(DAEMON_REFUSED_TAIL))
+        store.add_event(instance_id, {"protocol": 1, "phase": "benchmark", "status": "failed",
+                                      "at": "2026-12-02T18:27:00Z", "exit_code": 1,
+                                      "log_tail": list(DAEMON_REFUSED_TAIL)})
+        store.set_result(instance_id, {"protocol": 1, "outcome": "error", "at": "2026-12-02T18:27:00Z",
+                                       "requested": 10, "completed": 0, "failed": 0, "exit_code": 1,
+                                       "image_digest": DIGEST, "log_tail": list(DAEMON_REFUSED_TAIL)})
+    finally:
+        store.close()
+
+
+def test_fleet_reconcile_once_then_status_show_the_root_cause(origin: Path, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "controller.db"
+    _seed_store(db)
+    workdir = tmp_path / "reconciler"
+    argv = ["reconcile", "--repo", str(origin), "--workdir", str(workdir), "--controller-db", str(db), "--once",
+            "--image-digest", DIGEST]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "committed" in out and "benchmark-error exit 1: Error: connection refused" in out
+    record = parse_machine_record(origin_file(origin, "fleet-spec/machines/40213.yaml") or "",
+                                  Path("fleet-spec/machines/40213.yaml"))
+    assert record.benchmarks[0].blame == "image" and record.status == "ok"
+    assert main(argv) == 0
+    assert "nothing new" in capsys.readouterr().out
+
+    assert main(["status", "--workdir", str(workdir), "--controller-db", str(db)]) == 0
+    status = capsys.readouterr().out
+    assert "reconciler: last pass" in status and "nothing new" in status
+    assert ("registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started "
+            "+25m00s -> bench-failed +27m00s -> result +27m00s") in status
+    assert ("benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820 "
+            "(blame: image)") in status
+    assert main(["status", "--workdir", str(workdir), "--controller-db", str(db), "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    (pool,) = [p for p in view["pools"] if p["name"] == "rtx-pro-4000"]
+    assert (pool["desired"], pool["running"], pool["bad"]) == (2, 1, 0)
+    assert view["instances"][0]["verdict"] == "benchmark-error" and view["instances"][0]["recorded"]
+
+
+def test_fleet_reconcile_refuses_bad_input_without_a_traceback(origin: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "controller.db"
+    base = ["reconcile", "--repo", str(origin), "--workdir", str(tmp_path / "w"), "--once"]
+    assert main([*base, "--controller-db", str(db)]) == 1
+    assert "no controller store there" in capsys.readouterr().err
+    _seed_store(db)
+    assert main([*base, "--controller-db", str(db), "--image-digest", "latest"]) == 2
+    assert "sha256:<64 hex>" in capsys.readouterr().err
+
+
+def test_fleet_reconcile_listen_serves_the_controller_api_on_the_same_store(
+        origin: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_CONTROLLER_SECRET", "s" * 40)
+    monkeypatch.delenv("FLEET_ADMIN_TOKEN", raising=False)
+    db = tmp_path / "new.db"
+    argv = ["reconcile", "--repo", str(origin), "--workdir", str(tmp_path / "w"), "--controller-db", str(db),
+            "--once", "--listen", "127.0.0.1:0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "controller listening on http://127.0.0.1:" in out and "nothing new" in out
+    monkeypatch.delenv("FLEET_CONTROLLER_SECRET")
+    assert main(argv) == 2
+    assert "no controller secret" in capsys.readouterr().err
