@@ -102,3 +102,34 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
     assert set(trailers(origin, "Fleet-Instance")) == {r.instance_id for r in (FIRST, SECOND, SLOW, THIRD)}
 
     assert run_pass(store, source, LATER + timedelta(hours=2), desired_image_digest=DIGEST).commit is None
+
+
+def test_status_after_the_incident_shows_pause_budget_timelines_and_root_causes() -> None:
+    from reconciler.commands.status import render_text, status_view
+    from tests.unit.test_verdict import ev, make_report
+
+    now = LATER + timedelta(hours=1)
+    first = decide(SPEC, [FIRST, SECOND, SLOW], RecordSet(), set(), DIGEST, now)
+    records = RecordSet(machines=first.machine_records, images=first.image_records)
+    running = make_report("pro-4000-0-9d0e11", "80808", registered_min=200,
+                          events=[ev("params", "done", 215), ev("benchmark", "started", 220)])
+    view = status_view(SPEC, records, [FIRST, SECOND, SLOW, running], now, desired_image_digest=DIGEST)
+
+    (pool,) = [p for p in view.pools if p.name == "rtx-pro-4000"]
+    assert (pool.desired, pool.running, pool.benchmarking, pool.bad) == (2, 4, 1, 1)
+    assert (pool.kill_budget_used, pool.kill_budget_allowed) == (1, 1)
+    assert pool.state == f"paused: image {DIGEST[:19]} suspect (daemon-connection-refused)"
+    by_id = {i.instance_id: i for i in view.instances}
+    assert by_id[FIRST.instance_id].root_cause == (
+        "benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820 "
+        "(blame: image)")
+    assert by_id[SECOND.instance_id].root_cause is not None
+    assert by_id[SECOND.instance_id].root_cause.endswith("(blame: image, held by circuit-breaker)")
+    assert by_id[SLOW.instance_id].root_cause == ("below-min-rate 20.0/h < 29/h (180.0 s/proof) (blame: machine)")
+    assert by_id[running.instance_id].state == "benchmarking" and by_id[running.instance_id].root_cause is None
+    assert [label for label, _ in by_id[FIRST.instance_id].timeline] == [
+        "registered", "params-done", "bench-started", "bench-failed", "result"]
+
+    text = render_text(view)
+    assert "image suspects (circuit breaker):" in text and "machines 40213, 51877" in text
+    assert "registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started +25m00s" in text
