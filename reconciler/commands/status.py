@@ -22,7 +22,7 @@ from typing import Any
 from reconciler.breaker import kill_budgets
 from reconciler.observations import InstanceReport, format_time, parse_time
 from reconciler.planner import pool_pause
-from reconciler.records import BenchmarkEntry, RecordSet, load_records
+from reconciler.records import BenchmarkEntry, RecordError, RecordSet, load_records
 from reconciler.spec import FleetSpec, SpecError, load_spec
 from reconciler.verdict import judge
 
@@ -248,6 +248,11 @@ def run(args: argparse.Namespace) -> int:
 
     spec_dir: Path = args.workdir / "fleet-spec" if args.workdir else (args.spec_dir or Path("fleet-spec"))
     try:
+        desired = desired_digest_arg(args.image_digest)
+    except RecordError as exc:
+        print(f"fleet status: --image-digest / $FLEET_IMAGE_DIGEST: {exc}", file=sys.stderr)
+        return 2
+    try:
         spec = load_spec(spec_dir / "fleet.yaml")
     except SpecError as exc:
         print(f"fleet status: stalled: {exc}", file=sys.stderr)
@@ -275,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError):
             last_pass = None
     view = status_view(spec, load_records(spec_dir), reports, datetime.now(UTC),
-                       desired_image_digest=desired_digest_arg(args.image_digest), last_pass=last_pass)
+                       desired_image_digest=desired, last_pass=last_pass)
     if args.json:
         json.dump(view.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
