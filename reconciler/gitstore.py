@@ -134,6 +134,8 @@ class GitStore:
         self._sleep = sleep
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
         self.record_dirs = record_dirs
+        # (key, ref) -> (commit sha, values up to it): a pass only reads the commits added since the last one.
+        self._trailer_cache: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
 
     @classmethod
     def clone(cls, url: str, workdir: Path, **kw: Any) -> GitStore:
@@ -186,7 +188,10 @@ class GitStore:
 
     def _refuse_to_lose_human_work(self, tip: str) -> None:
         dirty = []
-        tokens = iter(self._repo.git.status("--porcelain", "-z", "--untracked-files=all").split("\x00"))
+        # Record dirs are excluded by pathspec: with thousands of records, scanning them dominates a pass.
+        excluded = [f":(exclude){d}" for d in self.record_dirs]
+        tokens = iter(self._repo.git.status("--porcelain", "-z", "--untracked-files=all", "--", ".",
+                                            *excluded).split("\x00"))
         for token in tokens:
             if len(token) < 4:
                 continue
@@ -277,8 +282,26 @@ class GitStore:
         """Every value of trailer `key` in the history of `ref` (default: the remote branch, as last fetched)."""
         if not _TRAILER_KEY.match(key):
             raise GitStoreError(f"trailer key {key!r} is not a token")
-        out = self._log(f"--format=%(trailers:key={key},valueonly,unfold)", ref or self.remote_ref)
-        return {line.strip() for line in out.splitlines() if line.strip()}
+        ref = ref or self.remote_ref
+        try:
+            tip = self._repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
+        except git.GitCommandError:
+            raise GitStoreError(f"{ref} does not exist in {self._workdir} (sync first)") from None
+        known_sha, known = self._trailer_cache.get((key, ref), (None, frozenset()))
+        if known_sha is not None and known_sha != tip and not self._is_ancestor(known_sha, tip):
+            known_sha, known = None, frozenset()  # history was rewritten: read it all again
+        walk = tip if known_sha is None else f"{known_sha}..{tip}"
+        out = self._log(f"--format=%(trailers:key={key},valueonly,unfold)", walk)
+        values = known | {line.strip() for line in out.splitlines() if line.strip()}
+        self._trailer_cache[(key, ref)] = (tip, values)
+        return set(values)
+
+    def _is_ancestor(self, older: str, newer: str) -> bool:
+        try:
+            self._repo.git.merge_base("--is-ancestor", older, newer)
+        except git.GitCommandError:
+            return False
+        return True
 
     def history_for_machine(self, machine_id: str, *, ref: str = "HEAD",
                             spec_dir: str = "fleet-spec") -> list[VerdictCommit]:

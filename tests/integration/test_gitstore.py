@@ -265,3 +265,20 @@ def test_history_for_machine_lists_verdict_commits_newest_first_with_record(
     assert history[0].author == f"{BOT_NAME} <{BOT_EMAIL}>"
     assert history[0].summary == "verdict: machine 222 below-min-rate"
     assert store.history_for_machine("nope") == []
+
+
+def test_trailer_values_reads_new_commits_and_survives_rewritten_history(repos: tuple[Path, Path, Path]) -> None:
+    bare, bot, human = repos
+    store = _store(bare, bot)
+    seed = origin_log(bare, "%H")[0]
+    store.publish(lambda wd: _verdict("222", "i-1", "a\n"))
+    assert store.trailer_values("Fleet-Instance") == {"i-1"}
+    store.publish(lambda wd: _verdict("222", "i-2", "b\n"))
+    assert store.trailer_values("Fleet-Instance") == {"i-1", "i-2"}  # incremental read since the cached tip
+
+    git(human, "push", "--quiet", "--force", "origin", f"{seed}:refs/heads/main")  # an admin rewinds main
+    store.sync()
+    assert store.trailer_values("Fleet-Instance") == set()
+    assert store.trailer_values("Fleet-Instance", ref="HEAD") == set()
+    with pytest.raises(GitStoreError, match="does not exist"):
+        store.trailer_values("Fleet-Instance", ref="refs/remotes/origin/nope")
