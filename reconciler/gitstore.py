@@ -201,7 +201,7 @@ class GitStore:
             if path.startswith(self.record_dirs):
                 continue
             # Untracked files are left alone by the checkout unless the tip would put a file on them.
-            if code != "??" or self.file_at(tip, path) is not None:
+            if code != "??" or self._blob_text(tip, path) is not None:
                 dirty.append(path)
         if dirty:
             raise GitStoreError(f"{self._workdir} has uncommitted changes outside the record directories "
@@ -249,8 +249,11 @@ class GitStore:
     def _commit(self, request: CommitRequest) -> str | None:
         _check_request(request)
         with self._repo.git.custom_environment(GIT_LITERAL_PATHSPECS="1"):
+            root = self._workdir.resolve()
             for change in request.changes:
                 target = self._workdir / change.path
+                if not target.parent.resolve().is_relative_to(root):  # a committed symlink must not lead out
+                    raise GitStoreError(f"file path {change.path!r} leads outside the repository via a symlink")
                 if change.content is None:
                     target.unlink(missing_ok=True)
                     self._repo.git.rm("--cached", "--quiet", "--ignore-unmatch", "--", change.path)
@@ -323,7 +326,9 @@ class GitStore:
 
     def file_at(self, ref: str, path: str) -> str | None:
         """Text of `path` in commit `ref`, or None if it does not exist there."""
-        check_repo_path(path)
+        return self._blob_text(ref, check_repo_path(path))
+
+    def _blob_text(self, ref: str, path: str) -> str | None:
         try:
             blob = self._repo.commit(ref).tree / path
         except (KeyError, ValueError, git.BadName):

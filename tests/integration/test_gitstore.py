@@ -282,3 +282,16 @@ def test_trailer_values_reads_new_commits_and_survives_rewritten_history(repos: 
     assert store.trailer_values("Fleet-Instance", ref="HEAD") == set()
     with pytest.raises(GitStoreError, match="does not exist"):
         store.trailer_values("Fleet-Instance", ref="refs/remotes/origin/nope")
+
+
+def test_symlinked_directory_leading_out_of_the_repo_is_refused(repos: tuple[Path, Path, Path],
+                                                                tmp_path: Path) -> None:
+    bare, bot, human = repos
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (human / "fleet-spec" / "images").symlink_to(outside, target_is_directory=True)
+    human_commit(human, {}, "images dir is a symlink")
+    store = _store(bare, bot)
+    with pytest.raises(GitStoreError, match="outside the repository via a symlink"):
+        store.publish(lambda wd: CommitRequest("img", "", (), (FileChange("fleet-spec/images/x.yaml", "x\n"),)))
+    assert list(outside.iterdir()) == []
