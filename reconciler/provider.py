@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 #: Pulumi's placeholder for a value not known during preview (pulumi.runtime.rpc.UNKNOWN).
 PULUMI_UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 
-#: Offers tried per create: the best one may have been rented by someone else a moment ago.
-CREATE_ATTEMPTS = 3
+#: Offers tried per create: the best one may have been rented a moment ago - by someone else, or by a
+#: sibling slot that Pulumi creates in parallel from the same ranking.
+CREATE_ATTEMPTS = 8
 
 CONTROLLER_SECRET_ENV = "FLEET_CONTROLLER_SECRET"  # noqa: S105 - a variable name, not a secret
 VAST_API_KEY_ENV = "VAST_API_KEY"
