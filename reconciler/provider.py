@@ -249,8 +249,10 @@ class SlotProvider:
 
     def __init__(self, marketplace: Marketplace, controller_secret: bytes, *,
                  nonce: Callable[[], str] = new_nonce, clock: Callable[[], float] = time.time,
-                 on_destroyed: Callable[[SlotOutputs], None] | None = None):
+                 on_destroyed: Callable[[SlotOutputs], None] | None = None, image_login: str | None = None):
+        """`image_login`: registry credentials for pulling a private image (vast's `-u USER -p PASS SERVER`)."""
         self.marketplace = marketplace
+        self._image_login = image_login
         self._secret = controller_secret
         self._nonce = nonce
         self._clock = clock
@@ -271,7 +273,8 @@ class SlotProvider:
         errors: list[str] = []
         for candidate in ranked[:CREATE_ATTEMPTS]:
             request = InstanceRequest(image=inputs.image, disk_gb=inputs.pool.disk_gb, label=instance_id,
-                                      env=worker_env(inputs, instance_id, token, candidate))
+                                      env=worker_env(inputs, instance_id, token, candidate),
+                                      image_login=self._image_login)
             try:
                 contract_id = self.marketplace.create_instance(candidate.offer.offer_id, request)
             except PermanentMarketplaceError as exc:
@@ -425,6 +428,15 @@ def build_marketplace(backend: Mapping[str, Any], secret_values: Mapping[str, st
     raise PermanentMarketplaceError(f"unknown marketplace backend {kind!r} (expected local or vastai)")
 
 
+def image_login_from(secret_values: Mapping[str, str]) -> str | None:
+    """The market's pull credentials for the pushed image (the push credentials serve: same registry)."""
+    parts = [secret_values.get(k) for k in ("registry_username", "registry_password", "registry_server")]
+    if not all(parts):
+        return None
+    user, password, server = parts
+    return f"-u {user} -p {password} {server}"
+
+
 def controller_secret_from(secret_values: Mapping[str, str]) -> bytes:
     value = secret_values.get("controller_secret") or os.environ.get(CONTROLLER_SECRET_ENV)
     if not value:
@@ -452,7 +464,9 @@ class SlotResourceProvider(ResourceProvider):
         return {"backend": self.backend, "_secrets": {}, "_slot_provider": None}
 
     def configure(self, req: Any) -> None:
-        for key, name in (("vastaiApiKey", "vast_api_key"), ("controllerSecret", "controller_secret")):
+        for key, name in (("vastaiApiKey", "vast_api_key"), ("controllerSecret", "controller_secret"),
+                          ("registryServer", "registry_server"), ("registryUsername", "registry_username"),
+                          ("registryPassword", "registry_password")):
             value = req.config.get(key)
             if value:
                 self._secrets[name] = str(value)
@@ -460,7 +474,8 @@ class SlotResourceProvider(ResourceProvider):
     def slot_provider(self) -> SlotProvider:
         if self._slot_provider is None:
             self._slot_provider = SlotProvider(build_marketplace(self.backend, self._secrets),
-                                               controller_secret_from(self._secrets))
+                                               controller_secret_from(self._secrets),
+                                               image_login=image_login_from(self._secrets))
         return self._slot_provider
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:

@@ -237,3 +237,67 @@ def test_plan_with_state_lists_the_actions_apply_would_take(fleet: Fleet,
     # without --backend: statuses from the state file, still no credentials needed
     code, out = run_plan(fleet, capsys, "--state-dir", str(fleet.state))
     assert code == 0 and "replace" in out and "as the last apply recorded them" in out
+
+
+# --- fleet apply against the vast.ai API (a local fake of it on 127.0.0.1) ------------------------------
+
+
+VAST_SPEC = """\
+version: 1
+image:
+  repository: registry.example/worker
+controller:
+  url: https://controller.example
+pools:
+  - name: rtx4090
+    gpu_name: RTX 4090
+    count: 2
+    min_rate_proofs_per_hour: 40
+    max_price_usd_per_hour: 0.60
+    min_reliability: 0.95
+    min_inet_down_mbps: 500
+"""
+
+
+def test_apply_with_vastai_backend_rents_by_digest_and_replaces_bad(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.vast_fake import VastFake
+
+    spec_dir = tmp_path / "fleet-spec"
+    spec_dir.mkdir()
+    (spec_dir / "fleet.yaml").write_text(VAST_SPEC)
+    digest = "sha256:" + "e" * 64
+    monkeypatch.setenv("VAST_API_KEY", "test-vast-key")
+    monkeypatch.setenv("FLEET_CONTROLLER_SECRET", "vast-test-controller-secret")
+    with VastFake(api_key="test-vast-key") as fake:
+        argv = ["apply", "--spec", str(spec_dir / "fleet.yaml"), "--backend", "vastai", "--state-dir",
+                str(tmp_path / "state"), "--vast-base-url", fake.base_url,
+                "--image", f"registry.example/worker@{digest}"]
+        assert main(argv) == 0, capsys.readouterr()
+        slots = json.loads((tmp_path / "state" / "slots.json").read_text())["slots"]
+        # default market: best prior per $ among fitting offers: 41002 ($0.38), 41001 ($0.45); 41003 ($0.52)
+        # fits too; the others are unreliable, unverified or short of host RAM
+        assert {s["machine_id"] for s in slots.values()} == {"41001", "41002"}
+        creates = fake.requests_to("PUT", "/api/v0/asks/")
+        assert len(creates) == 2
+        for req in creates:
+            assert req.body["image"] == f"registry.example/worker@{digest}"
+            assert req.body["label"] in {s["instance_id"] for s in slots.values()}
+            assert req.body["env"]["FLEET_IMAGE_DIGEST"] == digest
+
+        capsys.readouterr()
+        assert main(argv) == 0 and "no changes" in capsys.readouterr().out
+
+        victim = slots["rtx4090-0"]
+        bad = MachineRecord(machine_id=victim["machine_id"], status="bad", gpu_name="RTX 4090")
+        write_text_atomic(machine_record_path(spec_dir, victim["machine_id"]), render_machine_record(bad))
+        code = main(argv)
+        out = capsys.readouterr().out
+        assert code == 0 and "machine-bad" in out, out
+        assert fake.requests_to("DELETE", f"/api/v0/instances/{victim['contract_id']}/")
+        after = json.loads((tmp_path / "state" / "slots.json").read_text())["slots"]
+        assert after["rtx4090-0"]["machine_id"] == "41003"
+        assert after["rtx4090-1"]["instance_id"] == slots["rtx4090-1"]["instance_id"]  # untouched
+        searches = fake.requests_to("POST", "/api/v0/bundles/")
+        assert int(victim["machine_id"]) in searches[-1].body["machine_id"]["notin"]  # excluded in the query

@@ -29,6 +29,7 @@ from reconciler.provider import (
     SlotResourceProvider,
     digest_of_image_ref,
     directory_digest,
+    image_login_from,
     load_slot_state,
     save_slot_state,
 )
@@ -290,6 +291,21 @@ def test_dynamic_provider_crud_against_local_marketplace(local_backend: dict[str
     gone = provider.read(created.id, state)
     assert gone.id is None
     provider.delete(created.id, state)  # idempotent
+
+
+def test_registry_credentials_become_the_pull_login() -> None:
+    creds = {"registry_username": "bot", "registry_password": "pw", "registry_server": "ghcr.io"}
+    assert image_login_from(creds) == "-u bot -p pw ghcr.io"
+    assert image_login_from({"registry_server": "ghcr.io"}) is None  # public image: no login
+    market = FakeMarket([offer("good", 0.3)])
+    SlotProvider(market, SECRET, image_login=image_login_from(creds)).create(inputs())
+    assert market.created["1000"][1].image_login == "-u bot -p pw ghcr.io"
+    # the Pulumi adapter takes them from the stack config (the same keys the image push uses)
+    provider = SlotResourceProvider({"kind": "vastai", "base_url": "http://127.0.0.1:9/api/v0"})
+    provider.configure(ConfigureRequest(Config({
+        "fleet:controllerSecret": SECRET.decode(), "fleet:vastaiApiKey": "k", "fleet:registryServer": "ghcr.io",
+        "fleet:registryUsername": "bot", "fleet:registryPassword": "pw"}, "fleet")))
+    assert provider.slot_provider()._image_login == "-u bot -p pw ghcr.io"
 
 
 def test_dynamic_provider_check_reports_bad_inputs() -> None:
