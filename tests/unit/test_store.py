@@ -273,3 +273,31 @@ def test_store_file_is_wal_with_schema_version(tmp_path: Path, store: Controller
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
     conn.close()
+
+
+def test_group_commit_isolates_a_broken_write(store: ControllerStore) -> None:
+    from reconciler.store import _PendingWrite
+
+    store.register("p-0-a", register_doc("p-0-a"))
+
+    def good(line: str) -> _PendingWrite:
+        return _PendingWrite(lambda conn: store._writable(conn, "p-0-a") and conn.execute(
+            "INSERT INTO log_lines (instance_id, seq, line) VALUES ('p-0-a', ?, ?)", (hash(line) % 10**9, line))
+            .rowcount)
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE instances SET pool = 'corrupted' WHERE instance_id = 'p-0-a'")
+        raise RuntimeError("bug after a modification")
+
+    def refused(conn: sqlite3.Connection) -> None:
+        store._writable(conn, "ghost")
+
+    batch = [good("one"), _PendingWrite(broken), _PendingWrite(refused), good("two")]
+    with store._lock:
+        store._commit_batch(batch)
+    assert all(item.done for item in batch)
+    assert (batch[0].result, batch[0].error, batch[3].result, batch[3].error) == (1, None, 1, None)
+    assert isinstance(batch[1].error, RuntimeError) and isinstance(batch[2].error, UnknownInstance)
+    report = store.report("p-0-a")
+    assert report is not None and report.pool == "rtx4090"  # the broken write's change was rolled back
+    assert sorted(store.tail("p-0-a", 10)) == ["one", "two"]
