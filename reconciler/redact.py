@@ -25,6 +25,9 @@ class Pattern:
     name: str
     regex: re.Pattern[str]
     replacement: str
+    #: Lowercase substrings one of which any match must contain; the regex only runs if the line has one.
+    #: Empty = always run. Purely a speed-up (ingest redacts every log line); results are identical.
+    triggers: tuple[str, ...] = ()
 
 
 # Words that, as (part of) a key name followed by `=` or `:`, introduce a secret value. Deliberately not
@@ -32,6 +35,8 @@ class Pattern:
 _CREDENTIAL_WORDS = (r"(?:password|passwd|passphrase|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
                 r"|private[_-]?key|credentials?|session[_-]?key)")
 _KEY_NAME = rf"[A-Za-z0-9_.-]*{_CREDENTIAL_WORDS}[A-Za-z0-9_.-]*"
+#: Every word of _CREDENTIAL_WORDS contains one of these (lowercase).
+_KEY_TRIGGERS = ("pass", "pwd", "secret", "token", "key", "credential")
 
 PATTERNS: tuple[Pattern, ...] = (
     # One-line PEM (e.g. JSON-escaped) or the opening line of a block; redact_lines masks the block body.
@@ -41,16 +46,17 @@ PATTERNS: tuple[Pattern, ...] = (
     # `Authorization: Bearer x`, `Authorization: Basic x`, `Authorization: token x` (header dumps, curl -v).
     Pattern("authorization-header",
             re.compile(r"(?i)(\bauthorization\"?\s*[:=]\s*\"?)(?:bearer|basic|token|digest)?\s*[^\s\"',;]+"),
-            r"\1" + MASK),
-    Pattern("bearer", re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=-]{4,}"), r"\1\2" + MASK),
+            r"\1" + MASK, ("authorization",)),
+    Pattern("bearer", re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=-]{4,}"), r"\1\2" + MASK, ("bearer",)),
     # scheme://user:password@host -> keep the user (useful when debugging a mirror), mask the password.
-    Pattern("url-userinfo", re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):[^\s/@]+@"), r"\1:" + MASK + "@"),
+    Pattern("url-userinfo", re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*):[^\s/@]+@"), r"\1:" + MASK + "@",
+            ("://",)),
     # key=value, key: value, "key": "value", KEY_TOKEN=value (env dumps); the value may be quoted.
     Pattern("key-value",
             re.compile(rf"(?i)(\b{_KEY_NAME}[\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s\"',;&]+)"),
-            r"\1" + MASK),
+            r"\1" + MASK, _KEY_TRIGGERS),
     # --password x, --token x, -p x is too ambiguous to touch.
-    Pattern("cli-flag", re.compile(rf"(?i)(--{_KEY_NAME})(\s+)(?!-)\S+"), r"\1\2" + MASK),
+    Pattern("cli-flag", re.compile(rf"(?i)(--{_KEY_NAME})(\s+)(?!-)\S+"), r"\1\2" + MASK, ("--",)),
     Pattern("aws-access-key-id", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"), MASK),
     Pattern("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b"), MASK),
     Pattern("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), MASK),
@@ -69,8 +75,12 @@ _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
 
 def redact_line(text: str) -> str:
     """`text` with every credential-shaped part replaced by `[REDACTED]`."""
+    # Triggers are checked on the original line: replacements only add "[REDACTED]" and keep prefixes
+    # that were already there, so they never create a trigger a later pattern would need.
+    lower = text.lower()
     for pattern in PATTERNS:
-        text = pattern.regex.sub(pattern.replacement, text)
+        if not pattern.triggers or any(t in lower for t in pattern.triggers):
+            text = pattern.regex.sub(pattern.replacement, text)
     return text
 
 

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller import MAX_BODY_BYTES, ControllerServer, _protocol_validator
+from reconciler.controller import MAX_BODY_BYTES, ControllerServer, _protocol_validator, fast_valid
 from reconciler.observations import BenchmarkResult, PhaseEvent
 from reconciler.store import ControllerStore
 from reconciler.tokens import instance_token
@@ -553,3 +553,22 @@ def test_fuzzed_paths_never_5xx_and_store_nothing(fuzz: Harness, method: str, se
     r = fuzz.client.request(method, path + "?" + quote(query, safe="=&"), content=body, headers=headers)
     assert r.status_code < 500, (path, r.text)
     assert fuzz.store.stats() == before
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_hot_path_check_accepts_only_schema_valid_documents(data: st.DataObject) -> None:
+    action = data.draw(st.sampled_from(["events", "logs"]))
+    doc = data.draw(near_valid[action] | json_values | st.fixed_dictionaries(
+        {"protocol": st.sampled_from([1, True, 1.0]), "lines": st.lists(st.text(max_size=5), max_size=3)},
+        optional={"dropped": st.sampled_from([0, 3, -1, True, 2.0])}))
+    if fast_valid(KIND[action], doc):
+        assert _protocol_validator(KIND[action]).is_valid(doc), doc
+
+
+def test_hot_path_check_recognises_ordinary_reports() -> None:
+    assert fast_valid("log_batch", {"protocol": 1, "lines": ["a", "b"], "dropped": 3})
+    assert fast_valid("event", {"protocol": 1, "phase": "params", "status": "progress", "at": "2026-12-02T18:00:00Z",
+                                "exit_code": None, "message": "ok", "log_tail": ["x"], "details": {"n": 1}})
+    assert not fast_valid("log_batch", {"protocol": True, "lines": []})
+    assert not fast_valid("event", {"protocol": 1, "phase": "params", "status": "done", "at": "now"})

@@ -97,3 +97,19 @@ def test_redaction_is_idempotent(lines: list[str]) -> None:
 @given(st.from_regex(r"[0-9a-f]{64}", fullmatch=True), st.sampled_from(["", "key ", "X ", "'", "\t"]))
 def test_a_bare_64_hex_word_is_always_masked(key: str, prefix: str) -> None:
     assert key not in redact_line(f"{prefix}{key} tail")
+
+
+def _reference(text: str) -> str:
+    for pattern in PATTERNS:
+        text = pattern.regex.sub(pattern.replacement, text)
+    return text
+
+
+FRAGMENTS = ["Authorization: ", "Bearer ", "bearer abcd1234", "https://", "u:p@", "password", "=", ": ", "--token ",
+             "API_KEY", "secret", "\"", "'", "AKIAIOSFODNN7EXAMPLE", "eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl",
+             VAST_KEY, "sha256:", "-----BEGIN RSA PRIVATE KEY-----", "[REDACTED]", " ", "x", "ghp_" + "a" * 36]
+
+
+@given(st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=8), max_size=12).map("".join))
+def test_trigger_prefilter_never_changes_the_result(line: str) -> None:
+    assert redact_line(line) == _reference(line)
