@@ -276,6 +276,9 @@ class LocalMarketplace:
             workdir = self.state_dir / "instances" / contract_id
             workdir.mkdir(parents=True, exist_ok=True)
             env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+            # Each instance gets its own worker state dir, as a container has its own filesystem: workers
+            # sharing one (the image default /var/lib/fleet-worker) would overwrite each other's tokens.
+            env["FLEET_STATE_DIR"] = str(workdir / "worker-state")
             env.update(request.env)
             env.update(machine.env)
             path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
