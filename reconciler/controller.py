@@ -383,8 +383,7 @@ class ControllerApi:
             return self._ingest(match["action"], instance_id, doc)
         if path == "/healthz":
             self._require_method(request, "GET")
-            stats = self.store.stats()
-            return Response(200, {"status": "ok", "instances": stats["instances"]})
+            return Response(200, {"status": "ok", "instances": self.store.instance_count()})
         if path == "/api/instances":
             self._require_method(request, "GET")
             self._require_reader(request)

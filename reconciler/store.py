@@ -508,14 +508,9 @@ class ControllerStore:
             events.setdefault(row[0], []).append((event, datetime.fromisoformat(row[4])))
         results = {row[0]: (json.loads(row[2]), datetime.fromisoformat(row[1])) for row in conn.execute(
             f"SELECT instance_id, received_at, body FROM results {where}", args)}  # noqa: S608
-        tails: dict[str, list[str]] = {}
-        for row in conn.execute(
-                "SELECT instance_id, line FROM (SELECT instance_id, seq, line, ROW_NUMBER() OVER "  # noqa: S608
-                f"(PARTITION BY instance_id ORDER BY seq DESC) AS back FROM log_lines {where}) "
-                "WHERE back <= ? ORDER BY instance_id, seq", (*args, REPORT_TAIL_LINES)):
-            tails.setdefault(row[0], []).append(row[1])
-        counts = dict(conn.execute(
-            f"SELECT instance_id, COUNT(*) FROM log_lines {where} GROUP BY instance_id", args).fetchall())  # noqa: S608
+        # One index-backed query per instance (last N by primary key) rather than a window over every
+        # stored line: the loop reads all reports each pass, and rings hold thousands of lines each.
+        tails = {row[0]: self._tail(conn, row[0], REPORT_TAIL_LINES) for row in instances}
         out = []
         for row in instances:
             iid = row[0]
@@ -529,11 +524,15 @@ class ControllerStore:
                 log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]))
             meta = InstanceMeta(
                 worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
-                gpus=tuple(json.loads(row[12])), stored_log_lines=counts.get(iid, 0), ring_dropped=row[15],
+                gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],
                 worker_dropped=row[16], event_received_at=tuple(r for _, r in evs),
                 result_received_at=result_received)
             out.append((report, meta))
         return out
+
+    def instance_count(self) -> int:
+        """Cheap liveness probe for /healthz (stats() counts every log line)."""
+        return int(self._snapshot(lambda conn: conn.execute("SELECT COUNT(*) FROM instances").fetchone()[0]))
 
     def stats(self) -> dict[str, int]:
         """Row counts per table: cheap health figures, and how tests prove a rejection stored nothing."""

@@ -168,6 +168,8 @@ def test_ring_buffer_keeps_last_lines_and_counts_evictions(tmp_path: Path) -> No
     assert store.stats()["log_lines"] == 10
     report = store.report("p-0-a")
     assert report is not None and report.dropped_log_lines == 4 + 25 + 2
+    detail = store.detail("p-0-a")
+    assert detail is not None and (detail[1].stored_log_lines, detail[1].ring_dropped) == (10, 29)
     assert store.add_logs("p-0-a", ["d0"]) == 1
     assert store.tail("p-0-a", 2) == ["c24", "d0"]
     store.close()
