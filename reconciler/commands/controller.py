@@ -101,6 +101,10 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "no admin token ($%s): the read API %s and POST .../destroyed is disabled", ADMIN_TOKEN_ENV,
             "is open (--allow-open-reads)" if args.allow_open_reads else "is disabled")
+    if args.allow_open_reads and args.host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger(__name__).warning(
+            "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
+            "logs and reports", args.host)
     server = ControllerServer(store, secret, admin_token, args.host, args.port, allow_open_reads=args.allow_open_reads)
     stop = threading.Event()
 
