@@ -3,9 +3,9 @@
 one line, plus the reconcile loop's last pass.
 
 `status_view` (pure: spec, records, reports, now -> FleetStatus) assembles the data; the text and JSON
-renderers only format it, so an HTML dashboard can reuse the view. Verdicts shown are the recorded ones
-(authoritative: they include breaker holds); a finished instance the loop has not recorded yet is judged
-on the fly and marked "not yet recorded".
+renderers here and the HTML page (`reconciler/status_html.py`, `--html`) only format it. Verdicts shown
+are the recorded ones (authoritative: they include breaker holds); a finished instance the loop has not
+recorded yet is judged on the fly and marked "not yet recorded".
 """
 
 from __future__ import annotations
@@ -85,6 +85,34 @@ class SuspectStatus:
 
 
 @dataclass(frozen=True)
+class RatePoint:
+    """One judged benchmark of a machine in a pool; `proofs_per_hour` is None when it measured no rate."""
+
+    pool: str
+    machine_id: str
+    instance_id: str
+    at: str
+    verdict: str
+    blame: str
+    proofs_per_hour: float | None
+    recorded: bool
+
+
+@dataclass(frozen=True)
+class BadMachineStatus:
+    """A machine recorded bad, with the verdict that made it bad (the newest one that marked it)."""
+
+    machine_id: str
+    host_id: str | None
+    gpu_name: str | None
+    pool: str | None
+    verdict: str | None  # None: set bad by a human edit, no verdict marked it
+    blame: str | None
+    reason: str
+    at: str | None
+
+
+@dataclass(frozen=True)
 class FleetStatus:
     at: str
     pools: tuple[PoolStatus, ...]
@@ -92,7 +120,10 @@ class FleetStatus:
     suspects: tuple[SuspectStatus, ...]
     record_problems: tuple[str, ...] = ()
     last_pass: Mapping[str, Any] | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)  # problems met while observing (spec, store)
+    rates: tuple[RatePoint, ...] = ()
+    bad_machines: tuple[BadMachineStatus, ...] = ()
+    desired_image_digest: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -113,11 +144,32 @@ def _root_cause(reason: str, blame: str, held_by: str | None) -> str:
     return f"{reason} (blame: {blame}{held})"
 
 
+def _recorded_rates(records: RecordSet) -> list[RatePoint]:
+    return [RatePoint(entry.pool, rec.machine_id, entry.instance_id, entry.at, entry.verdict, entry.blame,
+                      entry.proofs_per_hour, True)
+            for rec in records.machines.values() for entry in rec.benchmarks if entry.pool is not None]
+
+
+def _bad_machines(records: RecordSet) -> tuple[BadMachineStatus, ...]:
+    out = []
+    for rec in sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id):
+        marking = next((b for b in reversed(rec.benchmarks) if b.marks_bad), None)
+        if marking is None:
+            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, None, None, None,
+                                        rec.note or "marked bad by hand (no verdict marked it)", None))
+        else:
+            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, marking.pool, marking.verdict,
+                                        marking.blame, marking.reason, marking.at))
+    return tuple(out)
+
+
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
-                desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None) -> FleetStatus:
+                desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
+                notes: Sequence[str] = ()) -> FleetStatus:
     recorded = _recorded_entries(records)
     pools_by_name = {p.name: p for p in spec.pools}
     instances: list[InstanceStatus] = []
+    rates = _recorded_rates(records)
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
         times = report.phase_times()
         # Lifecycle order, not time order: registration is stamped by the controller's clock, phases by
@@ -135,6 +187,10 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             if judged is not None:
                 verdict, blame, marks_bad = judged.verdict, judged.blame, judged.marks_bad
                 cause = judged.root_cause() + " [not yet recorded]"
+                if report.machine_id is not None:
+                    rates.append(RatePoint(report.pool, report.machine_id, report.instance_id,
+                                           format_time(judged.at), judged.verdict, judged.blame,
+                                           judged.proofs_per_hour, False))
         if report.destroyed_at is not None:
             state = "destroyed"
         elif verdict is None:
@@ -174,7 +230,9 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     suspect_rows = tuple(SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason)
                          for s in sorted(suspects.values(), key=lambda s: s.tripped_at))
     return FleetStatus(at=format_time(now), pools=tuple(pools), instances=tuple(instances), suspects=suspect_rows,
-                       record_problems=records.problems, last_pass=last_pass)
+                       record_problems=records.problems, last_pass=last_pass, notes=tuple(notes),
+                       rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
+                       bad_machines=_bad_machines(records), desired_image_digest=desired_image_digest)
 
 
 # --- rendering ---------------------------------------------------------------------------------------------
@@ -239,7 +297,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
     p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    output = p.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_argument("--html", type=Path, metavar="FILE",
+                        help="write a self-contained static HTML status page to FILE (also written, with the "
+                             "problem shown, when the spec is stalled or the controller store is unreadable)")
     p.set_defaults(func=run)
 
 
@@ -247,43 +309,74 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.commands.reconcile import desired_digest_arg, last_pass_path
 
     spec_dir: Path = args.workdir / "fleet-spec" if args.workdir else (args.spec_dir or Path("fleet-spec"))
+    html_out: Path | None = args.html
     try:
         desired = desired_digest_arg(args.image_digest)
     except RecordError as exc:
         print(f"fleet status: --image-digest / $FLEET_IMAGE_DIGEST: {exc}", file=sys.stderr)
         return 2
-    try:
-        spec = load_spec(spec_dir / "fleet.yaml")
-    except SpecError as exc:
-        print(f"fleet status: stalled: {exc}", file=sys.stderr)
-        return 1
-    reports: list[InstanceReport] = []
-    if args.controller_db is not None:
-        from reconciler.store import ControllerStore, StoreError
-
-        if not args.controller_db.is_file():
-            print(f"fleet status: {args.controller_db}: no controller store there", file=sys.stderr)
-            return 1
-        try:
-            store = ControllerStore(args.controller_db)
-            try:
-                reports = store.reports()
-            finally:
-                store.close()
-        except StoreError as exc:
-            print(f"fleet status: {exc}", file=sys.stderr)
-            return 1
     last_pass = None
     if args.workdir is not None:
         try:
             last_pass = json.loads(last_pass_path(args.workdir).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             last_pass = None
-    view = status_view(spec, load_records(spec_dir), reports, datetime.now(UTC),
-                       desired_image_digest=desired, last_pass=last_pass)
+    now = datetime.now(UTC)
+    try:
+        spec = load_spec(spec_dir / "fleet.yaml")
+    except SpecError as exc:
+        print(f"fleet status: stalled: {exc}", file=sys.stderr)
+        if html_out is not None:
+            # A page that vanishes when the spec breaks hides the one thing the reader must know.
+            stalled = FleetStatus(at=format_time(now), pools=(), instances=(), suspects=(),
+                                  record_problems=load_records(spec_dir).problems, last_pass=last_pass,
+                                  notes=(f"spec stalled: {exc}",), desired_image_digest=desired)
+            _write_html(html_out, stalled, spec_dir / "fleet.yaml")
+        return 1
+    reports: list[InstanceReport] = []
+    observation_error: str | None = None
+    if args.controller_db is not None:
+        from reconciler.store import ControllerStore, StoreError
+
+        if not args.controller_db.is_file():
+            observation_error = f"{args.controller_db}: no controller store there"
+        else:
+            try:
+                store = ControllerStore(args.controller_db)
+                try:
+                    reports = store.reports()
+                finally:
+                    store.close()
+            except StoreError as exc:
+                observation_error = str(exc)
+    if observation_error is not None:
+        print(f"fleet status: {observation_error}", file=sys.stderr)
+        if html_out is None:
+            return 1
+    notes = () if observation_error is None else (f"observation failed, instances not shown: {observation_error}",)
+    view = status_view(spec, load_records(spec_dir), reports, now,
+                       desired_image_digest=desired, last_pass=last_pass, notes=notes)
+    if html_out is not None:
+        written = _write_html(html_out, view, spec_dir / "fleet.yaml")
+        return 1 if observation_error is not None or not written else 0
     if args.json:
         json.dump(view.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(view))
     return 0
+
+
+def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:
+    from reconciler.records import write_text_atomic
+    from reconciler.status_html import render_html
+
+    try:
+        # Atomic: a web server serving the file never sends a half-written page.
+        write_text_atomic(path, render_html(view, spec_source=str(spec_source)))
+    except OSError as exc:
+        print(f"fleet status: --html {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    print(f"fleet status: wrote {path} ({len(view.pools)} pools, {len(view.instances)} instances, "
+          f"{len(view.bad_machines)} bad machines)")
+    return True
