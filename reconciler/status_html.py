@@ -58,7 +58,7 @@ tr.alert td { background: #fff3f0; }
 .banner { background: #fdecea; border: 1px solid #f5c2bd; color: #8a1c12; padding: 8px 12px; border-radius: 6px;
           margin: 16px 0 0; font-weight: 600; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
-figure { margin: 0; }
+figure { margin: 0; max-width: 100%; overflow-x: auto; }
 figcaption { font-size: 12px; color: #4a5663; max-width: 640px; }
 .instance { border-top: 1px solid #e6ebf0; padding: 8px 0; }
 .instance:first-of-type { border-top: none; }
@@ -143,6 +143,8 @@ def _pools_section(pools: Sequence[PoolStatus]) -> str:
         alert = p.state != "ok"
         state = f'<span class="{"state-alert" if alert else "state-ok"}">{_e(p.state)}</span>'
         budget = f"{p.kill_budget_used}/{p.kill_budget_allowed}"
+        if p.kill_budget_used >= p.kill_budget_allowed:
+            budget = f'<span class="state-alert" title="no more machines may be marked bad now">{budget}</span>'
         rows.append(("alert" if alert else "", [
             f"<b>{_e(p.name)}</b>", _e(p.gpu_name), str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),
             str(p.bad), _e(_num(p.min_rate_proofs_per_hour)), budget, state]))
