@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "controller",
     "reconcile",
     "status",
+    "demo",
 )
 
 

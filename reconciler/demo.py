@@ -35,8 +35,9 @@ from reconciler.marketplace.local import LocalMachine, LocalMachinesError, Local
 from reconciler.observations import InstanceReport
 from reconciler.params_mirror import ParamsMirrorServer, write_manifest
 from reconciler.provider import SLOT_STATE_FILE, SlotOutputs, SlotProvider, directory_digest, load_slot_state
-from reconciler.records import RecordSet, load_records
+from reconciler.records import RecordSet, load_records, write_text_atomic
 from reconciler.spec import load_spec
+from reconciler.status_html import render_html
 from reconciler.store import ControllerStore
 
 ASSETS = Path(__file__).resolve().parent / "demo_assets"
@@ -125,7 +126,7 @@ def prepare_workspace(workdir: Path) -> None:
 def make_params(directory: Path, file_bytes: int) -> None:
     """Small stand-in params (random bytes under the real v28 names) plus the c1.json bench input."""
     directory.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(32)  # the same files every run, so a kept workspace resumes them
+    rng = random.Random(32)  # noqa: S311 - filler bytes, not secrets: the same files every run
     names = [
         "v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_hasher-"
         "82a357d2f2ca81dc61bb45f4a762807aedee1b0a53fd6c4e77b46a01bfef7820.params",
@@ -320,9 +321,12 @@ def _final_report(settings: DemoSettings, outcome: DemoOutcome, ci: GitStore, st
     spec = load_spec(ci.workdir / SPEC_PATH)
     records = load_records(ci.workdir / "fleet-spec")
     view = status_view(spec, records, store.reports(), datetime.now(UTC), desired_image_digest=image.digest)
+    page = settings.workdir.resolve() / "status.html"
+    write_text_atomic(page, render_html(view, spec_source=f"origin:{SPEC_PATH}"))
     echo("")
     echo("=== fleet status ===")
     echo(render_text(view).rstrip())
+    echo(f"(the same as a page with rate plots and timelines: {page})")
     echo("")
     echo("=== audit trail: git log of origin (reconciler commits) ===")
     echo(_git("log", "--format=%h %an: %s%n%(trailers:key=Fleet-Machine,key=Fleet-Verdict,key=Fleet-Instance)",
