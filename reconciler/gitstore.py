@@ -258,7 +258,10 @@ class GitStore:
                     target.unlink(missing_ok=True)
                     self._repo.git.rm("--cached", "--quiet", "--ignore-unmatch", "--", change.path)
                 else:
-                    write_text_atomic(target, change.content)
+                    try:
+                        write_text_atomic(target, change.content)
+                    except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
+                        raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
                     self._repo.git.add("--", change.path)
             if not self._repo.git.diff("--cached", "--name-only"):
                 return None
