@@ -142,9 +142,33 @@ class SignatureMatch:
         return self.signature.blame
 
 
+_CHAIN_CONTINUATION = re.compile(r"^\s*Caused by:\s*$|^\s+\d+: ")
+
+
+def logical_lines(lines: Iterable[str]) -> list[str]:
+    """Join Rust error chains into their head line.
+
+    cuzk-bench reports errors anyhow-style over several lines (`Error: failed to connect to daemon at
+    http://127.0.0.1:9820`, blank, `Caused by:`, `    1: tcp connect error: Connection refused`). Judged
+    line by line, the last line alone looks like a remote server refusing us; joined, it is our own daemon.
+    """
+    out: list[str] = []
+    last_text = -1  # index in `out` of the last non-blank line
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if last_text >= 0 and _CHAIN_CONTINUATION.match(line):
+            out[last_text] += " | " + line.strip()
+            del out[last_text + 1:]  # blank lines inside the chain
+            continue
+        out.append(line)
+        if line.strip():
+            last_text = len(out) - 1
+    return out
+
+
 def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES) -> SignatureMatch | None:
-    """The highest-precedence signature found in `lines`, with the first line it matched."""
-    lines = [line.rstrip("\r\n") for line in lines]
+    """The highest-precedence signature found in `lines`, with the first (logical) line it matched."""
+    lines = logical_lines(lines)
     for sig in table:
         for line in lines:
             if sig.pattern.search(line):

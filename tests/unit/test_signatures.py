@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.signatures import SIGNATURES, classify
+from reconciler.signatures import SIGNATURES, classify, logical_lines
 
 #: Realistic lines (dmesg, nvidia-smi, cuzk, aria2c, bash, jq, Python) for every signature in the table.
 EXAMPLES: dict[str, list[str]] = {
@@ -197,3 +197,27 @@ def test_pci_bus_number_is_not_read_as_an_xid_code() -> None:
 
 def test_a_404_page_text_is_not_command_not_found() -> None:
     assert classify(["Error: resource not found in manifest"]) is None
+
+
+def test_cuzk_bench_multiline_error_chain_is_our_daemon_not_the_network() -> None:
+    # What cuzk-bench prints (anyhow error chain) when our own daemon is not listening: the refusal is on
+    # a continuation line without the address, which alone would read as a remote server refusing.
+    tail = [
+        "=== Batch Benchmark ===",
+        "Error: failed to connect to daemon at http://127.0.0.1:9820",
+        "",
+        "Caused by:",
+        "    0: transport error",
+        "    1: tcp connect error: Connection refused (os error 111)",
+    ]
+    match = classify(tail)
+    assert match is not None
+    assert (match.name, match.blame) == ("daemon-connection-refused", "image")
+    assert match.line.startswith("Error: failed to connect to daemon") and "Connection refused" in match.line
+
+
+def test_error_chain_joining_leaves_unrelated_lines_alone() -> None:
+    joined = logical_lines(["Error: x", "", "Caused by:", "    0: y", "next"])
+    assert joined == ["Error: x | Caused by: | 0: y", "next"]
+    assert logical_lines(["  [1/4] ok — 70.3s", "", "=== Batch Summary ==="]) == \
+        ["  [1/4] ok — 70.3s", "", "=== Batch Summary ==="]
