@@ -244,6 +244,10 @@ def parse_machine_record(text: str, file: Path) -> MachineRecord:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RecordError(f"{file}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise RecordError(f"{file}: not valid YAML: nested too deeply") from None
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as exc:  # bad explicit tags
+        raise RecordError(f"{file}: not valid YAML: {type(exc).__name__}: {exc}") from None
     if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
         doc["machine_id"] = str(doc["machine_id"])
     errors = _schema_errors(doc, "machine-record.schema.json", file)
@@ -266,6 +270,10 @@ def parse_image_record(text: str, file: Path) -> ImageSuspectRecord:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RecordError(f"{file}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise RecordError(f"{file}: not valid YAML: nested too deeply") from None
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as exc:  # bad explicit tags
+        raise RecordError(f"{file}: not valid YAML: {type(exc).__name__}: {exc}") from None
     errors = _schema_errors(doc, "image-suspect.schema.json", file)
     if errors:
         raise RecordError("; ".join(errors))
@@ -287,7 +295,7 @@ def load_records(spec_dir: str | Path) -> RecordSet:
         try:
             rec = parse_machine_record(file.read_text(encoding="utf-8"), file)
         except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
-            problems.append(str(exc))
+            problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
             if _SAFE_ID.match(file.stem):
                 unreadable.add(file.stem)
             continue
@@ -297,7 +305,7 @@ def load_records(spec_dir: str | Path) -> RecordSet:
         try:
             img = parse_image_record(file.read_text(encoding="utf-8"), file)
         except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
-            problems.append(str(exc))
+            problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
             continue
         images[img.image_digest] = img
     return RecordSet(machines, images, tuple(problems), frozenset(unreadable))

@@ -336,6 +336,11 @@ def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, 
         line = mark.line + 1 if mark is not None else None
         reason = getattr(exc, "problem", None) or str(exc)
         return None, [SpecProblem(file, "$", f"not valid YAML: {reason}", line)]
+    except RecursionError:
+        return None, [SpecProblem(file, "$", "not valid YAML: nested too deeply")]
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as exc:
+        # PyYAML raises these, not YAMLError, for some explicit tags on bad values (`!!int `, `!!float x`).
+        return None, [SpecProblem(file, "$", f"not valid YAML: {type(exc).__name__}: {exc}")]
     if not isinstance(doc, dict):
         kind = "empty" if doc is None else type(doc).__name__
         return None, [SpecProblem(file, "$", f"expected a mapping with version/image/controller/pools, got {kind}",
