@@ -202,13 +202,14 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
     state_path = workdir / "state" / SLOT_STATE_FILE
     try:
         controller.start()
-        with _started(ParamsMirrorServer(workdir / "params-mirror")) as mirror:
+        with contextlib.ExitStack() as stack:
+            mirror = stack.enter_context(_started(ParamsMirrorServer(workdir / "params-mirror")))
             echo(f"controller API on {controller.url}; params mirror on {mirror.url}")
             spec_text = demo_spec(controller.url, mirror.url, settings.proofs, settings.time_scale)
             origin = init_origin(workdir, spec_text)
             echo(f"git origin {origin}: operator committed {SPEC_PATH}")
-            bot = GitStore.clone(str(origin), workdir / "reconciler")
-            ci = GitStore.clone(str(origin), workdir / "ci")
+            bot = stack.enter_context(GitStore.clone(str(origin), workdir / "reconciler"))
+            ci = stack.enter_context(GitStore.clone(str(origin), workdir / "ci"))
             market = LocalMarketplace(workdir / "state" / "market", local_machines(settings, workdir))
 
             def destroyed(out: SlotOutputs) -> None:

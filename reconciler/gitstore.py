@@ -169,6 +169,16 @@ class GitStore:
     def head(self) -> str:
         return self._repo.git.rev_parse("HEAD")
 
+    def close(self) -> None:
+        """End gitpython's long-lived `git cat-file` helpers (they would outlive a short-lived caller)."""
+        self._repo.close()
+
+    def __enter__(self) -> GitStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- writing ---------------------------------------------------------------------------------------
 
     def sync(self) -> str:
