@@ -90,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
     spec_dir = PurePosixPath(args.spec_dir).as_posix()
     record_path = f"{spec_dir}/machines/{machine_id}.yaml"
     try:
-        store = GitStore.discover(args.repo or Path.cwd())
-        commits = store.history_for_machine(machine_id, ref="HEAD", spec_dir=spec_dir)
-        current = store.file_at("HEAD", record_path)
-        last = store.last_change(record_path, ref="HEAD")
+        with GitStore.discover(args.repo or Path.cwd()) as store:
+            commits = store.history_for_machine(machine_id, ref="HEAD", spec_dir=spec_dir)
+            current = store.file_at("HEAD", record_path)
+            last = store.last_change(record_path, ref="HEAD")
     except GitStoreError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
         return 2
