@@ -326,9 +326,22 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
     )
 
 
+def _first_alias(text: str) -> yaml.AliasEvent | None:
+    """The first alias in the text, found by the event parser (linear: nothing is expanded)."""
+    return next((event for event in yaml.parse(text, Loader=yaml.SafeLoader) if isinstance(event, yaml.AliasEvent)),
+                None)
+
+
 def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, list[SpecProblem]]:
     """Validate spec text. Returns (spec or None, every problem found: errors and warnings)."""
     try:
+        alias = _first_alias(text)
+        if alias is not None:
+            # Aliases let a few hundred bytes expand into gigabytes (an "alias bomb") in every consumer of
+            # the spec; a fleet spec has no need for them, so they are refused before anything expands.
+            return None, [SpecProblem(file, "$", f"YAML aliases are not allowed in a fleet spec (found *{alias.anchor}"
+                                      "); write the values out",
+                                      alias.start_mark.line + 1 if alias.start_mark else None)]
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
