@@ -61,15 +61,21 @@ def load_stack_config(cfg: pulumi.Config | None = None) -> StackConfig:
     )
 
 
-def backend_settings(conf: StackConfig) -> dict[str, Any]:
-    """Plain settings the pickled slot provider carries (no secrets)."""
+def backend_settings(conf: StackConfig, controller_url: str | None = None) -> dict[str, Any]:
+    """Plain settings the pickled slot provider carries (no secrets). `controller_url`: where the provider
+    reports destroyed instances (only when the stack has a controllerAdminToken)."""
+    settings: dict[str, Any]
     if conf.backend == "local":
         if conf.local_machines_file is None:
             raise ValueError("stack config localMachinesFile is required when backend is local")
-        return {"kind": "local", "state_dir": str(conf.local_state_dir), "machines_file": str(conf.local_machines_file)}
-    settings: dict[str, Any] = {"kind": "vastai"}
-    if conf.vast_base_url:
-        settings["base_url"] = conf.vast_base_url
+        settings = {"kind": "local", "state_dir": str(conf.local_state_dir),
+                    "machines_file": str(conf.local_machines_file)}
+    else:
+        settings = {"kind": "vastai"}
+        if conf.vast_base_url:
+            settings["base_url"] = conf.vast_base_url
+    if controller_url:
+        settings["controller_url"] = controller_url
     return settings
 
 
@@ -87,7 +93,7 @@ def main(conf: StackConfig | None = None) -> dict[str, Any]:
         base_image=spec.image.base_image, registry_server=conf.registry_server,
         registry_username=conf.registry_username, registry_password=conf.registry_password))
 
-    backend = backend_settings(conf)
+    backend = backend_settings(conf, spec.controller.url)
     params_dir = str(conf.local_state_dir / "params") if conf.local_state_dir else None
     pools = {pool.name: GpuPool(pool.name, GpuPoolArgs(spec=spec, pool=pool, records=records,
                                                        image_ref=image.repo_digest, backend=backend,

@@ -37,6 +37,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from reconciler.controller_client import admin_client_from
 from reconciler.marketplace.base import (
     InstanceRequest,
     Marketplace,
@@ -465,6 +466,7 @@ class SlotResourceProvider(ResourceProvider):
 
     def configure(self, req: Any) -> None:
         for key, name in (("vastaiApiKey", "vast_api_key"), ("controllerSecret", "controller_secret"),
+                          ("controllerAdminToken", "controller_admin_token"),
                           ("registryServer", "registry_server"), ("registryUsername", "registry_username"),
                           ("registryPassword", "registry_password")):
             value = req.config.get(key)
@@ -473,9 +475,12 @@ class SlotResourceProvider(ResourceProvider):
 
     def slot_provider(self) -> SlotProvider:
         if self._slot_provider is None:
-            self._slot_provider = SlotProvider(build_marketplace(self.backend, self._secrets),
-                                               controller_secret_from(self._secrets),
-                                               image_login=image_login_from(self._secrets))
+            notifier = admin_client_from(self.backend.get("controller_url"),
+                                         self._secrets.get("controller_admin_token"))
+            self._slot_provider = SlotProvider(
+                build_marketplace(self.backend, self._secrets), controller_secret_from(self._secrets),
+                image_login=image_login_from(self._secrets),
+                on_destroyed=(lambda out: notifier.mark_destroyed(out.instance_id)) if notifier else None)
         return self._slot_provider
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:

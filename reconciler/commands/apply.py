@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from reconciler.controller_client import admin_client_from
 from reconciler.marketplace.base import Marketplace, MarketplaceError
 from reconciler.planner import (
     STATUS_GONE,
@@ -245,7 +246,11 @@ def run(args: argparse.Namespace) -> int:
         state_dir: Path = args.state_dir
         image = resolve_image(args.backend, args.image, args.image_digest, spec, state_dir)
         secret = read_controller_secret(args.controller_secret_file)
-        provider = SlotProvider(make_marketplace(args, state_dir), secret)
+        # With $FLEET_ADMIN_TOKEN set, destroyed instances are reported to the spec's controller.
+        notifier = admin_client_from(spec.controller.url)
+        provider = SlotProvider(make_marketplace(args, state_dir), secret,
+                                on_destroyed=(lambda out: notifier.mark_destroyed(out.instance_id)) if notifier
+                                else None)
         report = apply_fleet(spec, records, provider, state_dir / SLOT_STATE_FILE, image, datetime.now(UTC),
                              echo=lambda line: print(line, file=out))
     except ApplyError as exc:

@@ -230,7 +230,8 @@ def test_registry_password_and_controller_secret_stay_out_of_slot_inputs(repo: R
             raw = base64.b64decode(blob["value"])
             assert b"hunter2-registry" not in raw and SECRET not in raw
             provider = dill.loads(raw)  # noqa: S301 - our own blob, as Pulumi's provider process loads it
-            assert isinstance(provider, SlotResourceProvider) and provider.backend == {"kind": "vastai"}
+            assert isinstance(provider, SlotResourceProvider) and provider.backend == {
+                "kind": "vastai", "controller_url": "https://controller.example"}
 
 
 def test_bad_machines_are_excluded_from_every_query(repo: Repo) -> None:
