@@ -11,10 +11,13 @@ stand-ins in worker-image/standin.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -392,15 +395,45 @@ def worker_env(tmp: Path, controller_url: str, params_url: str | None, **overrid
     return env
 
 
-def run_entrypoint(env: Mapping[str, str], timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(WORKER_IMAGE / "entrypoint.sh")],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+class WorkerProcess:
+    """entrypoint.sh as a child in its own session, output to files (never a pipe: a stray grandchild
+    holding a pipe open would hang the test). `finish` kills whatever is left of its process group."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.out_path = log_dir / "worker.out"
+        self.err_path = log_dir / "worker.err"
+        with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
+            self.popen = subprocess.Popen(
+                ["bash", str(WORKER_IMAGE / "entrypoint.sh")],
+                env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+            )
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def finish(self, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+        return subprocess.CompletedProcess(
+            self.popen.args,
+            self.popen.returncode,
+            self.out_path.read_text(errors="replace"),
+            self.err_path.read_text(errors="replace"),
+        )
+
+
+def run_entrypoint(env: Mapping[str, str], log_dir: Path, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+    return WorkerProcess(env, log_dir).finish(timeout_s)
 
 
 @dataclass
@@ -410,12 +443,18 @@ class WorkerBench:
     tmp: Path
     receiver: ControllerReceiver
     mirror: ParamsMirror
+    runs: int = 0
 
     def env(self, **overrides: str) -> dict[str, str]:
         return worker_env(self.tmp, self.receiver.url, self.mirror.url, **overrides)
 
     def run(self, **overrides: str) -> subprocess.CompletedProcess[str]:
-        return run_entrypoint(self.env(**overrides))
+        self.runs += 1
+        return run_entrypoint(self.env(**overrides), self.tmp / f"run{self.runs}")
+
+    def start(self, **overrides: str) -> WorkerProcess:
+        self.runs += 1
+        return WorkerProcess(self.env(**overrides), self.tmp / f"run{self.runs}")
 
 
 def bench_world(tmp: Path, policy: OutagePolicy | None = None, aria2c: bool = True) -> Iterator[WorkerBench]:

@@ -158,7 +158,7 @@ jq -n --arg at "$(fleet_now)" --arg id "$FLEET_INSTANCE_ID" --arg pool "${FLEET_
    hostname: ($hostname | opt(255)),
    gpus: ($gpus | rtrimstr("\n") | if . == "" then [] else split("\n") | map(.[:512]) | .[:16] end)}' \
   >"$FLEET_TMP_DIR/register.json"
-if ! fleet_post register "$FLEET_TMP_DIR/register.json"; then
+if ! fleet_post register "$FLEET_TMP_DIR/register.json" "${FLEET_REGISTER_ATTEMPTS:-8}"; then
   fleet_log "not registered with the controller; continuing (reports will keep retrying)"
 fi
 
@@ -174,25 +174,26 @@ start_tunnel() {
     child=""
     trap '[[ -n $child ]] && kill "$child" 2>/dev/null; exit 0' TERM
     while :; do
+      # shellcheck disable=SC2029  # the target is user@host, not a remote command
       ssh "${args[@]}" "$FLEET_TUNNEL_SSH" > >(fleet_prefix "tunnel: ") 2>&1 &
       child=$!
       rc=0
       wait "$child" || rc=$?
       fleet_log "tunnel: ssh to $FLEET_TUNNEL_SSH exited with code $rc; restarting in ${FLEET_TUNNEL_RETRY_S:-15}s"
-      sleep "${FLEET_TUNNEL_RETRY_S:-15}" &
+      sleep "${FLEET_TUNNEL_RETRY_S:-15}" >/dev/null 2>&1 &
       child=$!
       wait "$child" || true
     done
   ) &
   TUNNEL_PID=$!
-  fleet_event tunnel done --message "ssh tunnel supervisor started (-L $forwards via $FLEET_TUNNEL_SSH); the benchmark does not depend on it" \
+  fleet_event tunnel "done" --message "ssh tunnel supervisor started (-L $forwards via $FLEET_TUNNEL_SSH); the benchmark does not depend on it" \
     --details "$(jq -cn --arg f "$forwards" '{up: true, forwards: ($f | split(" "))}')"
 }
 if [[ -z ${FLEET_TUNNEL_SSH:-} ]]; then
-  fleet_event tunnel done --message "no tunnel configured (FLEET_TUNNEL_SSH unset)" --details '{"up": false}'
+  fleet_event tunnel "done" --message "no tunnel configured (FLEET_TUNNEL_SSH unset)" --details '{"up": false}'
 elif ! command -v ssh >/dev/null 2>&1; then
   fleet_log "tunnel: ssh is not installed; no tunnel (the benchmark does not need it)"
-  fleet_event tunnel done --message "tunnel not started: ssh is not installed; the benchmark does not depend on it" \
+  fleet_event tunnel "done" --message "tunnel not started: ssh is not installed; the benchmark does not depend on it" \
     --details '{"up": false}'
 else
   start_tunnel
@@ -203,7 +204,7 @@ PHASE=params
 fleet_event params started --details "$(jq -cn --arg dir "$FLEET_PARAMS_DIR" \
   --arg src "$([[ -n ${FLEET_PARAMS_BASE_URL:-} ]] && echo mirror || echo curio)" '{dir: $dir, source: $src}')"
 run_child "$HERE/fetch-params.sh"
-fleet_event params done --message "params present and verified in $FLEET_PARAMS_DIR"
+fleet_event params "done" --message "params present and verified in $FLEET_PARAMS_DIR"
 
 # --- daemon ---------------------------------------------------------------------------------------
 PHASE=daemon
@@ -247,7 +248,7 @@ while :; do
   sleep "$FLEET_DAEMON_POLL_S"
 done
 fleet_prefix "cuzk-bench status: " <"$probe"
-fleet_event daemon done --message "cuzk-daemon answers at $FLEET_DAEMON_ADDR" \
+fleet_event daemon "done" --message "cuzk-daemon answers at $FLEET_DAEMON_ADDR" \
   --details "{\"waited_s\": $((EPOCHSECONDS - waited_from))}"
 
 # --- benchmark ------------------------------------------------------------------------------------
@@ -256,14 +257,14 @@ fleet_event benchmark started --details "$(jq -cn --arg t "${FLEET_BENCH_PROOF_T
   --arg n "${FLEET_BENCH_PROOFS:-10}" --arg j "${FLEET_BENCH_CONCURRENCY:-1}" --arg d "${FLEET_BENCH_TIMEOUT_S:-3600}" \
   'def num: (tonumber? // .); {proof_type: $t, requested: ($n | num), concurrency: ($j | num), timeout_s: ($d | num)}')"
 run_child "$HERE/benchmark.sh"
-fleet_event benchmark done --message "benchmark completed" \
+fleet_event benchmark "done" --message "benchmark completed" \
   --details "$(jq -c '{completed, failed, requested, proofs_per_hour, seconds_per_proof}' "$FLEET_STATE_DIR/result.json")"
 
 # --- report ---------------------------------------------------------------------------------------
 PHASE=report
 fleet_event report started
 if fleet_post result "$FLEET_STATE_DIR/result.json" "$FLEET_RESULT_ATTEMPTS"; then
-  fleet_event report done --message "result delivered"
+  fleet_event report "done" --message "result delivered"
 else
   fleet_log "benchmark result NOT delivered to the controller (see above); continuing"
 fi
@@ -281,7 +282,7 @@ while :; do
   wait "$DAEMON_PID" || rc=$?
   if [[ -n $STOP_SIGNAL ]]; then
     fleet_log "received SIG$STOP_SIGNAL while serving: stopping"
-    fleet_event serve done --message "stopped by SIG$STOP_SIGNAL"
+    fleet_event serve "done" --message "stopped by SIG$STOP_SIGNAL"
     PHASE=""
     exit 0
   fi

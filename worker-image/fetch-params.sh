@@ -83,7 +83,7 @@ progress_event() { # file file_bytes_done file_bytes_total force (bytes_done: fi
   if (($4 == 0 && now - last_progress < FLEET_PROGRESS_INTERVAL_S)); then return 0; fi
   last_progress=$now
   fleet_event params progress --details "$(jq -cn --arg file "$1" --argjson fd "$2" --argjson ft "$3" \
-    --argjson done "$((bytes_done + $2))" --argjson total "$total_bytes" \
+    --argjson "done" "$((bytes_done + $2))" --argjson total "$total_bytes" \
     '{file: $file, bytes_done: $done, bytes_total: $total, file_bytes_done: $fd, file_bytes_total: $ft}')" \
     --attempts 2
 }

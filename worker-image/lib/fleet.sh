@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # exit codes and paths here are used by the scripts sourcing this file
 # Shared helpers for the worker scripts (entrypoint.sh, fetch-params.sh, benchmark.sh, log-shipper.sh).
 #
 # Place in the flow: every worker script sources this file. It knows the worker side of the report
@@ -239,6 +239,7 @@ fleet_prefix() {
 fleet_kill_tree() {
   local pid=$1 sig=${2:-TERM} child
   [[ -n $pid ]] || return 0
+  # shellcheck disable=SC2013  # the file is one line of space-separated pids
   for child in $(cat "/proc/$pid/task/$pid/children" 2>/dev/null); do
     fleet_kill_tree "$child" "$sig"
   done
