@@ -19,6 +19,7 @@ from typing import Any
 
 import git
 
+from reconciler.backoff import backoff_delay
 from reconciler.records import write_text_atomic
 
 BOT_NAME = "fleet-reconciler"
@@ -252,9 +253,7 @@ class GitStore:
                            f"last: {last_error}; the next pass recomputes and retries")
 
     def _backoff(self, retry: int) -> float:
-        """Equal jitter: uniform in [cap/2, cap], cap = min(max, base * 2^(retry-1)): bounded, desynchronised."""
-        cap = min(self.max_delay_s, self.base_delay_s * 2 ** (retry - 1))
-        return self._rng.uniform(cap / 2, cap)
+        return backoff_delay(retry, self.base_delay_s, self.max_delay_s, self._rng.random())
 
     def _commit(self, request: CommitRequest) -> str | None:
         _check_request(request)

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from reconciler.backoff import backoff_delay
 from reconciler.marketplace.base import (
     Instance,
     InstanceRequest,
@@ -397,8 +398,7 @@ def retry_delay(attempt: int, policy: RetryPolicy, retry_after: float | None, ji
     """Pause before attempt `attempt + 1`. `jitter` in [0, 1) spreads clients that failed together."""
     if retry_after is not None:
         return min(retry_after, policy.max_retry_after_s)
-    ceiling = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1))
-    return ceiling * (0.5 + 0.5 * jitter)
+    return backoff_delay(attempt, policy.base_delay_s, policy.max_delay_s, jitter)
 
 
 def _api_message(payload: Any) -> str | None:
