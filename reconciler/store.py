@@ -135,8 +135,12 @@ class LogView:
     destroyed_at: datetime | None
 
 
+#: One encoder for every canonical dump: json.dumps with options builds a new JSONEncoder per call.
+_canonical_encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _canonical(doc: Any) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _canonical_encoder.encode(doc)
 
 
 def _iso(value: datetime) -> str:
