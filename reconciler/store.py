@@ -12,7 +12,8 @@ it with its own `now` for deadlines; a worker's clock may be wrong); the worker'
 registration, event and result is kept as sent.
 
 Replay and retry semantics (v1 has no nonces): registration is idempotent; an event identical to one
-already stored is a no-op (a worker retrying after a lost response must not duplicate it); the result is
+already stored is a no-op (a worker retrying after a lost response must not duplicate it), also inside
+an event batch, which is stored all or nothing (`add_events`); the result is
 accepted once, an identical resend is a no-op and a different one is a conflict; log batches are appended
 as sent (at-least-once: a retried batch can appear twice, which is harmless in a log tail). Once an
 instance is marked destroyed its token no longer writes anything, so a captured token cannot be replayed
@@ -188,6 +189,25 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         log_tail=tuple(doc.get("log_tail", ())))
 
 
+@dataclass(frozen=True)
+class _StoredEvent:
+    """An event as written: redacted, its identity (fingerprint of the redacted document) and its row."""
+
+    progress: bool
+    fingerprint: str
+    #: phase, status, at, received_at, exit_code, message, log_tail, details, fingerprint
+    row: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], received_at: str) -> _StoredEvent:
+        event = _redacted_event(doc)
+        fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
+        return cls(event["status"] == "progress", fingerprint,
+                   (event["phase"], event["status"], _iso(parse_time(event["at"])), received_at,
+                    event.get("exit_code"), event.get("message"), _canonical(event["log_tail"]),
+                    _canonical(event["details"]), fingerprint))
+
+
 _REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu_name", "image_digest",
                     "image_version", "hostname")
 
@@ -361,40 +381,70 @@ class ControllerStore:
 
     def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Append a validated `event` document (redacted). An identical resend is a no-op."""
-        event = _redacted_event(doc)
-        fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
-        at = _iso(parse_time(event["at"]))
-        received = _iso(self.clock())
-        progress = event["status"] == "progress"
+        event = _StoredEvent.of(doc, _iso(self.clock()))
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
             # Refusals first (nothing modified yet), then at most three statements: this is the hot path.
             state = self._writable(conn, instance_id)
-            if not progress and state[2] >= self.max_other_events:
-                if conn.execute("SELECT 1 FROM events WHERE instance_id = ? AND fingerprint = ?",
-                                (instance_id, fingerprint)).fetchone():
-                    return "duplicate"
-                raise EventLimitExceeded(f"instance {instance_id!r} already sent {state[2]} non-progress events "
-                                         f"(limit {self.max_other_events})")
-            inserted = conn.execute(
-                "INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
-                "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (instance_id, fingerprint) DO NOTHING",
-                (instance_id, event["phase"], event["status"], at, received, event.get("exit_code"),
-                 event.get("message"), _canonical(event["log_tail"]), _canonical(event["details"]), fingerprint))
-            if inserted.rowcount == 0:
-                return "duplicate"
-            if progress and state[1] >= self.max_progress_events:
-                # Progress events are a ring: the newest says where the worker is, old ones add nothing.
-                conn.execute("DELETE FROM events WHERE id = (SELECT MIN(id) FROM events WHERE instance_id = ? "
-                             "AND status = 'progress')", (instance_id,))
-            else:
-                column = "progress_events" if progress else "other_events"
+            counts = [state[1], state[2]]
+            status = self._insert_event(conn, instance_id, event, counts)
+            if counts != [state[1], state[2]]:
+                column = "progress_events" if event.progress else "other_events"
                 conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
                              (instance_id,))
-            return "stored"
+            return status
 
         return self._transaction(body)
+
+    def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]) -> list[Literal["stored", "duplicate"]]:
+        """Append validated `event` documents in order, all in one transaction and all or nothing: if one is
+        refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
+        earlier in the same batch, so a retried batch stores nothing twice. One status per event."""
+        received = _iso(self.clock())  # they arrived together
+        events = [_StoredEvent.of(doc, received) for doc in docs]
+
+        def body(conn: sqlite3.Connection) -> list[Literal["stored", "duplicate"]]:
+            state = self._writable(conn, instance_id)
+            counts = [state[1], state[2]]
+            # A refusal after some events of the batch are inserted must leave nothing behind (the group
+            # commit runs other writers' bodies in this same transaction), hence the savepoint.
+            conn.execute("SAVEPOINT event_batch")
+            try:
+                statuses = [self._insert_event(conn, instance_id, event, counts) for event in events]
+            except BaseException:
+                conn.execute("ROLLBACK TO event_batch")
+                conn.execute("RELEASE event_batch")
+                raise
+            conn.execute("RELEASE event_batch")
+            if counts != [state[1], state[2]]:
+                conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
+                             (*counts, instance_id))
+            return statuses
+
+        return self._transaction(body)
+
+    def _insert_event(self, conn: sqlite3.Connection, instance_id: str, event: _StoredEvent,
+                      counts: list[int]) -> Literal["stored", "duplicate"]:
+        """Insert one event unless already stored; `counts` = [progress, other] events, updated in place."""
+        if not event.progress and counts[1] >= self.max_other_events:
+            if conn.execute("SELECT 1 FROM events WHERE instance_id = ? AND fingerprint = ?",
+                            (instance_id, event.fingerprint)).fetchone():
+                return "duplicate"
+            raise EventLimitExceeded(f"instance {instance_id!r} already sent {counts[1]} non-progress events "
+                                     f"(limit {self.max_other_events})")
+        inserted = conn.execute(
+            "INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
+            "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (instance_id, fingerprint) DO NOTHING", (instance_id, *event.row))
+        if inserted.rowcount == 0:
+            return "duplicate"
+        if event.progress and counts[0] >= self.max_progress_events:
+            # Progress events are a ring: the newest says where the worker is, old ones add nothing.
+            conn.execute("DELETE FROM events WHERE id = (SELECT MIN(id) FROM events WHERE instance_id = ? "
+                         "AND status = 'progress')", (instance_id,))
+        else:
+            counts[0 if event.progress else 1] += 1
+        return "stored"
 
     def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int:
         """Append redacted log lines to the instance's ring; returns how many older lines it evicted."""

@@ -1,0 +1,136 @@
+"""Controller store event batches (`add_events`): one transaction, all or nothing, the same deduplication,
+rings and limits as one `add_event` per event, and a refused batch leaves nothing behind even when it
+shares a group commit with other writers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from reconciler.store import ControllerStore, EventLimitExceeded, InstanceDestroyed, UnknownInstance, _PendingWrite
+
+T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
+VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.value = T0
+
+    def __call__(self) -> datetime:
+        self.value += timedelta(seconds=1)
+        return self.value
+
+
+def event_doc(phase: str, status: str, at: str = "2026-12-02T18:01:00Z", **extra: object) -> dict[str, object]:
+    return {"protocol": 1, "phase": phase, "status": status, "at": at, **extra}
+
+
+def open_store(path: Path, **options: int) -> ControllerStore:
+    store = ControllerStore(path, now=StepClock(), **options)
+    store.register("p-0-a", {"protocol": 1, "instance_id": "p-0-a", "at": "2026-12-02T17:59:00Z"})
+    return store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ControllerStore]:
+    s = open_store(tmp_path / "c.db")
+    yield s
+    s.close()
+
+
+def progress(i: int) -> dict[str, object]:
+    return event_doc("params", "progress", details={"bytes_done": i})
+
+
+def test_batch_is_stored_in_order_like_single_events(tmp_path: Path) -> None:
+    docs = [event_doc("params", "started"), progress(1), progress(2),
+            event_doc("params", "failed", exit_code=3, message=f"key {VAST_KEY}", log_tail=["boom"])]
+    batched, single = open_store(tmp_path / "batched.db"), open_store(tmp_path / "single.db")
+    assert batched.add_events("p-0-a", docs) == ["stored"] * 4
+    for doc in docs:
+        single.add_event("p-0-a", doc)
+    got, want = batched.report("p-0-a"), single.report("p-0-a")
+    assert got is not None and want is not None
+    assert got.events == want.events  # same rows, same redaction, same order
+    assert got.events[-1].message == "key [REDACTED]"
+    detail = batched.detail("p-0-a")
+    assert detail is not None and len(set(detail[1].event_received_at)) == 1  # one arrival time for the batch
+    batched.close()
+    single.close()
+
+
+def test_replayed_batch_and_repeats_inside_a_batch_are_duplicates(store: ControllerStore) -> None:
+    store.add_event("p-0-a", progress(0))
+    docs = [progress(0), progress(1), progress(1), progress(2)]
+    assert store.add_events("p-0-a", docs) == ["duplicate", "stored", "duplicate", "stored"]
+    assert store.add_events("p-0-a", docs) == ["duplicate"] * 4
+    assert store.add_event("p-0-a", progress(2)) == "duplicate"
+    assert store.stats()["events"] == 3
+
+
+def test_batch_keeps_the_progress_ring_and_counters(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "c.db", max_progress_events=3)
+    assert store.add_events("p-0-a", [event_doc("params", "started"), *[progress(i) for i in range(5)]]) == [
+        "stored"] * 6
+    store.add_event("p-0-a", progress(5))  # the counter the batch left behind drives the ring
+    report = store.report("p-0-a")
+    assert report is not None
+    assert [e.details.get("bytes_done") for e in report.events] == [None, 3, 4, 5]
+    store.close()
+
+
+def test_batch_over_the_event_limit_stores_nothing(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "c.db", max_other_events=3)
+    store.add_event("p-0-a", event_doc("register", "done"))
+    before = store.stats()
+    with pytest.raises(EventLimitExceeded, match="limit 3"):
+        store.add_events("p-0-a", [progress(1), event_doc("params", "started"), event_doc("params", "done"),
+                                   event_doc("daemon", "started")])
+    assert store.stats() == before
+    # The counters were not advanced either: two more non-progress events still fit.
+    assert store.add_events("p-0-a", [event_doc("params", "started"), event_doc("params", "done")]) == [
+        "stored", "stored"]
+    store.close()
+
+
+def test_refused_batch_in_a_shared_group_commit_leaves_the_others_alone(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "c.db", max_other_events=1)
+    store.register("p-1-b", {"protocol": 1, "instance_id": "p-1-b", "at": "2026-12-02T17:59:00Z"})
+
+    def batch_body(instance_id: str, docs: list[dict[str, object]]) -> _PendingWrite:
+        captured: list[_PendingWrite] = []
+
+        def capture(body: object) -> None:
+            captured.append(_PendingWrite(body))  # type: ignore[arg-type]
+
+        original, store._transaction = store._transaction, capture  # type: ignore[assignment, method-assign]
+        try:
+            store.add_events(instance_id, docs)
+        finally:
+            store._transaction = original  # type: ignore[method-assign]
+        return captured[0]
+
+    ok_before = batch_body("p-1-b", [progress(1)])
+    refused = batch_body("p-0-a", [progress(7), event_doc("params", "started"), event_doc("params", "done")])
+    ok_after = batch_body("p-1-b", [progress(2)])
+    with store._lock:
+        store._commit_batch([ok_before, refused, ok_after])
+    assert isinstance(refused.error, EventLimitExceeded)
+    assert ok_before.result == ["stored"] and ok_after.result == ["stored"]
+    a, b = store.report("p-0-a"), store.report("p-1-b")
+    assert a is not None and b is not None
+    assert a.events == () and [e.details["bytes_done"] for e in b.events] == [1, 2]
+    store.close()
+
+
+def test_batch_for_unknown_or_destroyed_instances_is_refused(store: ControllerStore) -> None:
+    with pytest.raises(UnknownInstance):
+        store.add_events("ghost", [progress(1)])
+    store.mark_destroyed("p-0-a", T0)
+    with pytest.raises(InstanceDestroyed):
+        store.add_events("p-0-a", [progress(1)])
+    assert store.stats()["events"] == 0
