@@ -35,6 +35,7 @@ from reconciler.records import (
     MACHINES_DIR,
     ImageSuspectRecord,
     MachineRecord,
+    RecordCache,
     RecordError,
     RecordSet,
     check_machine_id,
@@ -259,8 +260,12 @@ class PassResult:
 
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
-             desired_image_digest: str | None = None, spec_file: str = SPEC_FILE) -> PassResult:
-    """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch."""
+             desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
+             record_cache: RecordCache | None = None) -> PassResult:
+    """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
+
+    `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
+    that changed since the last one (10,000 files: minutes to parse, milliseconds to stat)."""
     try:
         reports = tuple(source.reports())
     except Exception as exc:  # any failure to observe must never become a verdict
@@ -275,7 +280,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         except SpecError as exc:
             outcome["stalled"] = str(exc)
             return None
-        records = load_records(workdir / Path(spec_file).parent)
+        records = load_records(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
         decision = decide(spec, reports, records, judged, desired_image_digest, now)
         outcome["decision"] = decision

@@ -23,7 +23,7 @@ from typing import Any
 
 from reconciler.gitstore import GitStore, GitStoreError, TemporaryGitError
 from reconciler.loop import PassResult, run, run_pass
-from reconciler.records import RecordError, check_image_digest, write_text_atomic
+from reconciler.records import RecordCache, RecordError, check_image_digest, write_text_atomic
 
 IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
 
@@ -116,9 +116,11 @@ def run_command(args: argparse.Namespace) -> int:
             if server is None:
                 return 2
         status_file = last_pass_path(git.workdir)
+        # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
+        record_cache = None if args.once else RecordCache()
 
         def one_pass(now: datetime) -> PassResult:
-            return run_pass(git, store, now, desired_image_digest=desired)
+            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache)
 
         def on_pass(result: PassResult) -> None:
             write_text_atomic(status_file, json.dumps(result.to_json(), indent=2) + "\n")

@@ -1,0 +1,218 @@
+"""RecordCache: between passes only changed record files are parsed, and the result is always what a load
+without a cache returns (changed, rewritten, deleted, unreadable, racy files; anchors and aliases refused).
+Last, the cache in the loop: a human's edit merged between two cached passes is what the next pass builds on.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.gitstore import GitStore
+from reconciler.loop import run_pass
+from reconciler.records import (
+    BenchmarkEntry,
+    ImageSuspectRecord,
+    MachineRecord,
+    RecordCache,
+    RecordSet,
+    image_record_path,
+    load_records,
+    machine_record_path,
+    parse_machine_record,
+    render_image_record,
+    render_machine_record,
+    write_text_atomic,
+)
+from tests.gitrepos import clone, git, human_commit, make_origin, origin_file
+from tests.integration.test_loop import FakeReports, Sleeps
+from tests.unit.test_verdict import LATER, SPEC_YAML, completed_report
+
+DIGEST = "sha256:" + "c3" * 32
+
+
+def _entry(instance: str, rate: float, marks_bad: bool = False) -> BenchmarkEntry:
+    verdict = "below-min-rate" if marks_bad else "ok"
+    return BenchmarkEntry(instance_id=instance, at="2026-12-02T10:00:00Z", verdict=verdict,
+                          blame="machine" if marks_bad else "none", marks_bad=marks_bad,
+                          reason=f"{verdict} {rate}/h", proofs_per_hour=rate,
+                          evidence={"log_tail": ["throughput:    0.7 proofs/min"], "exit_code": 0})
+
+
+def _record(machine_id: str, *rates: float, bad: bool = False) -> MachineRecord:
+    rec = MachineRecord(machine_id)
+    for i, rate in enumerate(rates):
+        rec = rec.with_entry(_entry(f"p-{machine_id}-{i}", rate, bad and i == len(rates) - 1), host_id="7",
+                             gpu_name="RTX 4090")
+    return rec
+
+
+def _write(spec_dir: Path, rec: MachineRecord) -> Path:
+    path = machine_record_path(spec_dir, rec.machine_id)
+    write_text_atomic(path, render_machine_record(rec))
+    return path
+
+
+def ahead() -> int:
+    """A clock for the cache by which every file on disk was written long ago (none is "racy")."""
+    return time.time_ns() + 10 * RecordCache.RACY_NS
+
+
+@pytest.fixture
+def spec_dir(tmp_path: Path) -> Path:
+    for rec in (_record("111", 45.0, 41.0), _record("222", 20.0, bad=True), _record("333", 50.0)):
+        _write(tmp_path, rec)
+    image = ImageSuspectRecord(image_digest=DIGEST, signature="cuda-999", status="suspect", machines=("1", "2", "3"),
+                               tripped_at="2026-12-02T11:00:00Z", reason="3 machines")
+    write_text_atomic(image_record_path(tmp_path, DIGEST), render_image_record(image))
+    return tmp_path
+
+
+def _load(spec_dir: Path, cache: RecordCache) -> RecordSet:
+    """A cached load, checked against a load without a cache (the contract: the same result)."""
+    records = load_records(spec_dir, cache)
+    assert records == load_records(spec_dir)
+    return records
+
+
+def test_unchanged_files_are_served_from_the_cache_as_the_same_objects(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=ahead)
+    first = _load(spec_dir, cache)
+    assert (cache.parsed, cache.reused) == (4, 0) and len(cache) == 4
+    second = _load(spec_dir, cache)
+    assert (cache.parsed, cache.reused, cache.read) == (0, 4, 0)  # stat only: nothing read, nothing parsed
+    assert all(second.machines[m] is first.machines[m] for m in ("111", "222", "333"))
+    assert second.images[DIGEST] is first.images[DIGEST]
+    assert second.bad_machine_ids() == {"222"}
+
+
+def test_a_changed_file_is_parsed_again_and_only_it(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=ahead)
+    first = _load(spec_dir, cache)
+    changed = _record("111", 45.0, 41.0, 12.0, bad=True)
+    _write(spec_dir, changed)  # as git checkout does: a new file in place of the old one
+    second = _load(spec_dir, cache)
+    assert (cache.parsed, cache.reused) == (1, 3)
+    assert second.machines["111"] == changed and second.bad_machine_ids() == {"111", "222"}
+    assert second.machines["333"] is first.machines["333"]
+
+
+def test_a_file_rewritten_in_place_with_the_same_size_is_parsed_again(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=ahead)
+    _load(spec_dir, cache)
+    path = machine_record_path(spec_dir, "333")
+    text = path.read_text(encoding="utf-8")
+    assert "status: ok" in text
+    with open(path, "r+", encoding="utf-8") as fh:  # same inode, same size: only the timestamps differ
+        fh.write(text.replace("status: ok", "status: no"))
+    records = load_records(spec_dir, cache)
+    assert cache.parsed == 1 and "333" not in records.machines
+    assert any("333.yaml" in p and "status" in p for p in records.problems)
+
+
+def test_a_rewrite_with_the_same_bytes_is_read_but_not_parsed(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=ahead)
+    first = _load(spec_dir, cache)
+    path = machine_record_path(spec_dir, "111")
+    write_text_atomic(path, path.read_text(encoding="utf-8"))  # new inode and times, same content
+    second = _load(spec_dir, cache)
+    assert (cache.parsed, cache.read) == (0, 1)
+    assert second.machines["111"] is first.machines["111"]
+
+
+def test_a_deleted_record_disappears(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=ahead)
+    assert "222" in _load(spec_dir, cache).bad_machine_ids()
+    machine_record_path(spec_dir, "222").unlink()  # the pardon by deletion
+    image_record_path(spec_dir, DIGEST).unlink()
+    records = _load(spec_dir, cache)
+    assert "222" not in records.machines and records.bad_machine_ids() == frozenset()
+    assert records.images == {} and len(cache) == 2
+
+
+def test_an_unreadable_file_is_reported_every_pass_and_never_served_from_the_cache(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=ahead)
+    path = machine_record_path(spec_dir, "333")
+    good_text = path.read_text(encoding="utf-8")
+    good = _load(spec_dir, cache).machines["333"]
+    path.write_text("machine_id: '333'\nstatus: maybe\nbenchmarks: []\n", encoding="utf-8")
+    for _ in range(3):
+        records = _load(spec_dir, cache)
+        assert cache.parsed == 1  # a bad file is parsed, and reported, on every pass
+        assert "333" not in records.machines and "333" in records.bad_machine_ids()
+        assert any("333.yaml" in p and "maybe" in p for p in records.problems)
+    path.write_bytes(b"\xff\xfe not utf-8")
+    records = _load(spec_dir, cache)
+    assert any("333.yaml: cannot read" in p for p in records.problems) and "333" in records.bad_machine_ids()
+    path.write_text(good_text, encoding="utf-8")  # the very bytes that were cached once
+    records = _load(spec_dir, cache)
+    assert cache.parsed == 1 and records.machines["333"] == good and records.problems == ()
+
+
+def test_a_file_that_changed_just_before_it_was_read_is_compared_by_content_next_time(spec_dir: Path) -> None:
+    cache = RecordCache(clock_ns=time.time_ns)  # the files were written a moment ago: "racy"
+    first = _load(spec_dir, cache)
+    second = _load(spec_dir, cache)
+    assert (cache.read, cache.parsed) == (4, 0)  # stat alone is not trusted yet; the bytes are compared
+    assert second.machines["111"] is first.machines["111"]
+    settled = RecordCache(clock_ns=ahead)
+    _load(spec_dir, settled)
+    _load(spec_dir, settled)
+    assert settled.read == 0
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("machine_id: '444'\nstatus: &s ok\nbenchmarks: []\n", "&s"),
+    ("machine_id: '444'\nstatus: ok\nnote: *n\nbenchmarks: []\n", "*n"),
+    ("machine_id: '444'\nstatus: ok\nbenchmarks: []\nx0: &x0 [a, a, a, a, a, a, a, a, a]\n"
+     + "".join(f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9)}]\n" for i in range(1, 10)), "&x0"),
+])
+def test_anchors_and_aliases_are_refused_as_record_problems(spec_dir: Path, text: str, found: str) -> None:
+    path = spec_dir / "machines" / "444.yaml"
+    path.write_text(text, encoding="utf-8")
+    records = _load(spec_dir, RecordCache())
+    assert "444" not in records.machines and "444" in records.bad_machine_ids()
+    (problem,) = [p for p in records.problems if "444.yaml" in p]
+    assert "anchors and aliases are not allowed" in problem and found in problem
+
+
+def test_stars_and_ampersands_in_values_are_not_aliases(spec_dir: Path) -> None:
+    rec = MachineRecord("555", note="checked *all* fans & PSU; see *ticket 12* &x").with_entry(
+        _entry("p-555-0", 44.0), host_id="7", gpu_name="RTX 4090")
+    _write(spec_dir, rec)
+    assert _load(spec_dir, RecordCache()).machines["555"] == rec
+
+
+def test_derived_views_are_computed_once_and_perf_history_is_the_callers_copy() -> None:
+    records = RecordSet(machines={"1": _record("1", 40.0, 44.0), "2": _record("2", 10.0, bad=True)})
+    assert records.bad_machine_ids() is records.bad_machine_ids() == {"2"}
+    perf = records.perf_history()
+    perf.clear()
+    assert records.perf_history()["1"].median_proofs_per_hour == 42.0
+
+
+def test_the_loop_with_a_cache_builds_on_a_human_edit_merged_between_passes(tmp_path: Path) -> None:
+    origin, _seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
+    git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))
+    store = GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(3), max_attempts=2)
+    cache = RecordCache(clock_ns=ahead)
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0)])
+    assert run_pass(store, source, LATER, record_cache=cache).pushed
+    assert run_pass(store, source, LATER, record_cache=cache).commit is None
+    assert (cache.parsed, cache.reused) == (2, 0)  # written by pass 1 after its load: new to the cache
+
+    human = clone(origin, tmp_path / "human")
+    path = "fleet-spec/machines/123.yaml"
+    edited = (origin_file(origin, path) or "").replace("status: bad", "status: pardoned\nnote: PSU replaced")
+    human_commit(human, {path: edited}, "pardon machine 123: PSU replaced")
+    source.items.append(completed_report("pro-0-b", "123", 21.0))
+    result = run_pass(store, source, LATER, record_cache=cache)
+    assert [v.instance_id for v in result.verdicts] == ["pro-0-b"]
+    assert (cache.parsed, cache.reused) == (1, 1)  # only the human's edit was parsed again
+    record = parse_machine_record(origin_file(origin, path) or "", Path(path))
+    assert record.note == "PSU replaced" and record.status == "bad"  # built on the edit, not a stale copy
+    assert [b.instance_id for b in record.benchmarks] == ["pro-0-a", "pro-0-b"]
+    store.close()
