@@ -189,6 +189,11 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         log_tail=tuple(doc.get("log_tail", ())))
 
 
+_INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
+                 "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                 "ON CONFLICT (instance_id, fingerprint) DO NOTHING")
+
+
 @dataclass(frozen=True)
 class _StoredEvent:
     """An event as written: redacted, its identity (fingerprint of the redacted document) and its row."""
@@ -397,31 +402,67 @@ class ControllerStore:
         return self._transaction(body)
 
     def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]) -> list[Literal["stored", "duplicate"]]:
-        """Append validated `event` documents in order, all in one transaction and all or nothing: if one is
-        refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
+        """Append validated `event` documents in order, in one transaction and all or nothing: if the batch
+        is refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
         earlier in the same batch, so a retried batch stores nothing twice. One status per event."""
         received = _iso(self.clock())  # they arrived together
         events = [_StoredEvent.of(doc, received) for doc in docs]
 
         def body(conn: sqlite3.Connection) -> list[Literal["stored", "duplicate"]]:
+            # Set-wise rather than one add_event per event (same outcome, a third of the statements):
+            # find what is already stored, refuse before modifying anything, insert the rest with one
+            # executemany, then trim the progress ring once.
             state = self._writable(conn, instance_id)
-            counts = [state[1], state[2]]
-            # A refusal after some events of the batch are inserted must leave nothing behind (the group
-            # commit runs other writers' bodies in this same transaction), hence the savepoint.
-            conn.execute("SAVEPOINT event_batch")
-            try:
+            progress_count, other_count = state[1], state[2]
+            known = self._stored_fingerprints(conn, instance_id, [event.fingerprint for event in events])
+            statuses: list[Literal["stored", "duplicate"]] = []
+            new: list[_StoredEvent] = []
+            for event in events:
+                if event.fingerprint in known:
+                    statuses.append("duplicate")
+                else:
+                    known.add(event.fingerprint)
+                    new.append(event)
+                    statuses.append("stored")
+            new_other = sum(1 for event in new if not event.progress)
+            if new_other and other_count + new_other > self.max_other_events:
+                raise EventLimitExceeded(f"instance {instance_id!r} already sent {other_count} non-progress events "
+                                         f"and this batch has {new_other} more (limit {self.max_other_events})")
+            if not new:
+                return statuses
+            new_progress = len(new) - new_other
+            repeats_progress = any(status == "duplicate" and event.progress
+                                   for status, event in zip(statuses, events, strict=True))
+            if repeats_progress and progress_count + new_progress > self.max_progress_events:
+                # The batch evicts progress events from the ring and also repeats one: if the repeat comes after
+                # that event's eviction, one add_event per event would store it again. Rare: one by one.
+                counts = [progress_count, other_count]
                 statuses = [self._insert_event(conn, instance_id, event, counts) for event in events]
-            except BaseException:
-                conn.execute("ROLLBACK TO event_batch")
-                conn.execute("RELEASE event_batch")
-                raise
-            conn.execute("RELEASE event_batch")
-            if counts != [state[1], state[2]]:
-                conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
-                             (*counts, instance_id))
+                progress_count, other_count = counts
+            else:
+                conn.executemany(_INSERT_EVENT, [(instance_id, *event.row) for event in new])
+                # As one add_event per event would: at the limit, each new progress event evicts the oldest.
+                evicted = min(new_progress, max(0, progress_count + new_progress - self.max_progress_events))
+                if evicted:
+                    conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE instance_id = ? "
+                                 "AND status = 'progress' ORDER BY id LIMIT ?)", (instance_id, evicted))
+                progress_count, other_count = progress_count + new_progress - evicted, other_count + new_other
+            conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
+                         (progress_count, other_count, instance_id))
             return statuses
 
         return self._transaction(body)
+
+    @staticmethod
+    def _stored_fingerprints(conn: sqlite3.Connection, instance_id: str, fingerprints: list[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(fingerprints), 500):  # far below SQLite's limit on bound parameters
+            chunk = fingerprints[start:start + 500]
+            marks = ", ".join("?" * len(chunk))
+            found.update(row[0] for row in conn.execute(
+                f"SELECT fingerprint FROM events WHERE instance_id = ? AND fingerprint IN ({marks})",  # noqa: S608
+                (instance_id, *chunk)))
+        return found
 
     def _insert_event(self, conn: sqlite3.Connection, instance_id: str, event: _StoredEvent,
                       counts: list[int]) -> Literal["stored", "duplicate"]:
@@ -432,10 +473,7 @@ class ControllerStore:
                 return "duplicate"
             raise EventLimitExceeded(f"instance {instance_id!r} already sent {counts[1]} non-progress events "
                                      f"(limit {self.max_other_events})")
-        inserted = conn.execute(
-            "INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
-            "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT (instance_id, fingerprint) DO NOTHING", (instance_id, *event.row))
+        inserted = conn.execute(_INSERT_EVENT, (instance_id, *event.row))
         if inserted.rowcount == 0:
             return "duplicate"
         if event.progress and counts[0] >= self.max_progress_events:

@@ -4,11 +4,14 @@ shares a group commit with other writers."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reconciler.store import ControllerStore, EventLimitExceeded, InstanceDestroyed, UnknownInstance, _PendingWrite
 
@@ -134,3 +137,42 @@ def test_batch_for_unknown_or_destroyed_instances_is_refused(store: ControllerSt
     with pytest.raises(InstanceDestroyed):
         store.add_events("p-0-a", [progress(1)])
     assert store.stats()["events"] == 0
+
+
+# Events from a small pool, so batches repeat each other and themselves; two limits small enough to hit.
+pool_events = st.sampled_from([progress(i) for i in range(6)] + [
+    event_doc(phase, status) for phase in ("params", "daemon") for status in ("started", "done")])
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.lists(pool_events, min_size=1, max_size=6), min_size=1, max_size=5))
+def test_a_batch_does_what_one_add_event_per_event_would(chunks: list[list[dict[str, object]]]) -> None:
+    """Same statuses and stored events as one add_event per event; refused exactly when one of those
+    would have been refused, and then nothing of it is stored."""
+    limits = {"max_progress_events": 3, "max_other_events": 3}
+    accepted: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        batched = open_store(Path(tmp) / "batched.db", **limits)
+        for n, chunk in enumerate(chunks):
+            single = open_store(Path(tmp) / f"single-{n}.db", **limits)
+            for doc in accepted:
+                single.add_event("p-0-a", doc)
+            expected: list[str] = []
+            try:
+                for doc in chunk:
+                    expected.append(single.add_event("p-0-a", doc))
+            except EventLimitExceeded:
+                expected = []
+            before = batched.report("p-0-a")
+            try:
+                got: list[str] = list(batched.add_events("p-0-a", chunk))
+            except EventLimitExceeded:
+                got = []
+                assert batched.report("p-0-a") == before
+            assert got == expected
+            if got:
+                accepted += chunk
+                want, have = single.report("p-0-a"), batched.report("p-0-a")
+                assert want is not None and have is not None and have.events == want.events
+            single.close()
+        batched.close()
