@@ -5,11 +5,15 @@ Last, the cache in the loop: a human's edit merged between two cached passes is 
 
 from __future__ import annotations
 
+import os
 import random
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from reconciler.gitstore import GitStore
 from reconciler.loop import run_pass
@@ -216,3 +220,50 @@ def test_the_loop_with_a_cache_builds_on_a_human_edit_merged_between_passes(tmp_
     assert record.note == "PSU replaced" and record.status == "bad"  # built on the edit, not a stale copy
     assert [b.instance_id for b in record.benchmarks] == ["pro-0-a", "pro-0-b"]
     store.close()
+
+
+class _Tree:
+    """Record files edited as git and humans do, each write stamped with a distinct mtime (as on a file
+    system with fine timestamps), so the cache's stat path, not only its content check, is exercised."""
+
+    def __init__(self, spec_dir: Path) -> None:
+        self.spec_dir = spec_dir
+        self.stamp = 1_700_000_000 * 10**9
+
+    def apply(self, op: str, machine_id: str, rate: float) -> None:
+        path = self.spec_dir / "machines" / f"{machine_id}.yaml"
+        if op == "delete":
+            path.unlink(missing_ok=True)
+            return
+        if op in ("same-bytes", "in-place") and not path.exists():
+            return
+        if op == "record":
+            write_text_atomic(path, render_machine_record(_record(machine_id, rate, bad=rate < 30)))
+        elif op == "broken":
+            write_text_atomic(path, f"machine_id: '{machine_id}'\nstatus: {rate}\nbenchmarks: []\n")
+        elif op == "alias":
+            write_text_atomic(path, f"machine_id: '{machine_id}'\nstatus: &s ok\nnote: *s\nbenchmarks: []\n")
+        elif op == "same-bytes":
+            write_text_atomic(path, path.read_text(encoding="utf-8"))
+        elif op == "in-place":
+            raw = path.read_bytes()
+            swapped = raw.replace(b"status: ok", b"status: no") if b"status: ok" in raw else \
+                raw.replace(b"status: no", b"status: ok").replace(b"status: bad", b"status: ok ")
+            with open(path, "r+b") as fh:
+                fh.write(swapped)
+        self.stamp += 10**9
+        os.utime(path, ns=(self.stamp, self.stamp))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["record", "broken", "alias", "delete", "same-bytes", "in-place"]),
+                          st.sampled_from(["1", "2", "3"]), st.sampled_from([12.0, 45.0])), max_size=25))
+def test_a_cached_load_always_equals_a_load_without_a_cache(ops: list[tuple[str, str, float]]) -> None:
+    with tempfile.TemporaryDirectory(prefix="record-cache-") as tmp:
+        tree = _Tree(Path(tmp))
+        (tree.spec_dir / "machines").mkdir()
+        cache = RecordCache(clock_ns=ahead)
+        for op, machine_id, rate in ops:
+            tree.apply(op, machine_id, rate)
+            assert load_records(tree.spec_dir, cache) == load_records(tree.spec_dir), (op, machine_id)
+            assert len(cache) <= 3
