@@ -1,6 +1,7 @@
 """`make bench` = `python -m bench`: run every benchmark, print the figures, write bench/results.md.
 
-`python -m bench pass git ingest ranking` runs a subset (results.md is only written for a full run).
+`python -m bench pass git ingest ranking` runs a subset and rewrites only those sections of results.md
+(one section per benchmark, each with its own date and load average; the others are kept as they were).
 Figures are medians of several repetitions on whatever machine runs them; the load average at start and
 end is printed with them, because other work on the machine moves every number.
 """
@@ -39,38 +40,59 @@ def table(figures: list[Figure]) -> list[str]:
     return rows
 
 
+def sections_of(text: str) -> dict[str, list[str]]:
+    """The `## <benchmark>` sections of an earlier results.md (heading line included), by benchmark name."""
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            name = line[3:].strip()
+            current = out.setdefault(name, []) if name in BENCHES else None
+        if current is not None:
+            current.append(line)
+    for lines in out.values():
+        while lines and not lines[-1].strip():
+            lines.pop()
+    return out
+
+
 def main(argv: list[str]) -> int:
     chosen = argv or list(BENCHES)
     unknown = [name for name in chosen if name not in BENCHES]
     if unknown:
         print(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHES)}", file=sys.stderr)
         return 2
-    started, load_before = time.perf_counter(), _load()
-    print(f"bench: {os.cpu_count()} CPUs, load average {load_before}", flush=True)
-    figures: list[Figure] = []
+    print(f"bench: {os.cpu_count()} CPUs, load average {_load()}", flush=True)
+    started = time.perf_counter()
+    sections: dict[str, list[str]] = {}
     for name in chosen:
         print(f"== {name}", flush=True)
-        t0 = time.perf_counter()
+        t0, load_before, at = time.perf_counter(), _load(), datetime.now(UTC)
+        figures: list[Figure] = []
         for figure in BENCHES[name]():
             figures.append(figure)
             target = f"  [target {figure.target}: {figure.verdict()}]" if figure.target else ""
             print(f"  {figure.name}: {figure.shown()}{target}\n      {figure.detail}", flush=True)
-        print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
-    total, load_after = time.perf_counter() - started, _load()
-    print(f"bench: done in {total:.0f} s; load average now {load_after}")
-    if argv:
-        return 0
+        seconds = time.perf_counter() - t0
+        print(f"   ({seconds:.0f} s)", flush=True)
+        sections[name] = [f"## {name}", "", f"Run {at:%Y-%m-%d %H:%M} UTC in {seconds:.0f} s; load average "
+                          f"{load_before} at start, {_load()} at the end.", "", *table(figures)]
+    print(f"bench: done in {time.perf_counter() - started:.0f} s; load average now {_load()}")
+    kept = sections_of(RESULTS.read_text(encoding="utf-8")) if argv and RESULTS.exists() else {}
     lines = [
         "# Benchmark results", "",
-        f"Written by `make bench` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} CPUs "
-        f"({platform.machine()}, Python {platform.python_version()}); load average {load_before} at start, "
-        f"{load_after} at the end (the machine is shared: figures move with the load); total {total:.0f} s.", "",
-        *table(figures), "",
+        f"Written by `make bench` (every section) or `python -m bench <name>...` (those sections only); "
+        f"{os.cpu_count()} CPUs ({platform.machine()}, Python {platform.python_version()}). The machine is "
+        "shared: figures move with the load average given for each section.", "",
     ]
+    for name in BENCHES:
+        section = sections.get(name) or kept.get(name)
+        if section:
+            lines += [*section, ""]
     if NOTES.exists():
         lines += [NOTES.read_text(encoding="utf-8").rstrip(), ""]
     RESULTS.write_text("\n".join(lines), encoding="utf-8")
-    print(f"bench: wrote {RESULTS}")
+    print(f"bench: wrote {RESULTS}" + (f" (sections {', '.join(chosen)})" if argv else ""))
     return 0
 
 
