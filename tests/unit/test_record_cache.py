@@ -5,8 +5,12 @@ Last, the cache in the loop: a human's edit merged between two cached passes is 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +35,7 @@ from reconciler.records import (
     render_machine_record,
     write_text_atomic,
 )
+from reconciler.store import ControllerStore
 from tests.gitrepos import clone, git, human_commit, make_origin, origin_file
 from tests.integration.test_loop import FakeReports, Sleeps
 from tests.unit.test_verdict import LATER, SPEC_YAML, completed_report
@@ -267,3 +272,22 @@ def test_a_cached_load_always_equals_a_load_without_a_cache(ops: list[tuple[str,
             tree.apply(op, machine_id, rate)
             assert load_records(tree.spec_dir, cache) == load_records(tree.spec_dir), (op, machine_id)
             assert len(cache) <= 3
+
+
+def test_fleet_reconcile_loop_mode_passes_over_its_records_with_a_cache_until_sigterm(tmp_path: Path) -> None:
+    origin, _seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML,
+                                           "fleet-spec/machines/123.yaml": render_machine_record(_record("123", 45.0))})
+    db = tmp_path / "controller.db"
+    ControllerStore(db).close()
+    argv = [sys.executable, "-m", "reconciler.cli", "reconcile", "--repo", str(origin), "--workdir",
+            str(tmp_path / "bot"), "--controller-db", str(db), "--interval", "0.05", "--json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        passes = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert [p["headline"] for p in passes] == ["nothing new; 0 pending"] * 3 and all(p["ok"] for p in passes)
+    assert proc.returncode == 0 and "Traceback" not in err
