@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,66 +23,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller import MAX_BODY_BYTES, ControllerServer, _protocol_validator, fast_valid
+from reconciler.controller import MAX_BODY_BYTES, _protocol_validator, fast_valid
 from reconciler.observations import BenchmarkResult, PhaseEvent
 from reconciler.store import ControllerStore
 from reconciler.tokens import instance_token
+from tests.controller_support import (
+    ADMIN,
+    ADMIN_AUTH,
+    DIGEST,
+    SECRET,
+    T0,
+    Harness,
+    auth,
+    raw_exchange,
+    register_doc,
+)
 
-SECRET = b"test-controller-secret-0123456789"
-ADMIN = "test-admin-token-abcdefghijklmnop"
-T0 = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
-DIGEST = "sha256:" + "ab" * 32
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.value = T0
-
-    def __call__(self) -> datetime:
-        self.value += timedelta(seconds=1)
-        return self.value
-
-
-def auth(instance_id: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {instance_token(SECRET, instance_id)}"}
-
-
-ADMIN_AUTH = {"Authorization": f"Bearer {ADMIN}"}
-
-
-def register_doc(instance_id: str) -> dict[str, Any]:
-    return {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T17:59:30Z", "pool": "rtx4090",
-            "slot": "rtx4090-0", "machine_id": "4242", "host_id": "77", "contract_id": "9001",
-            "gpu_name": "RTX 4090", "image_digest": DIGEST, "image_version": "v1", "hostname": "c.9001",
-            "gpus": ["NVIDIA GeForce RTX 4090, 24564 MiB"]}
-
-
 RESULT = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T18:40:00Z", "started_at": "2026-12-02T18:20:00Z",
           "exit_code": 0, "requested": 10, "completed": 10, "failed": 0, "proofs_per_hour": 94.7,
           "seconds_per_proof": 38.0, "proof_type": "porep", "concurrency": 2, "image_digest": DIGEST,
           "log_tail": ["=== Batch Summary ===", "throughput:    1.579 proofs/min (38.0s/proof)"]}
-
-
-class Harness:
-    def __init__(self, path: Path, *, allow_open_reads: bool = False, ring_lines: int = 5000):
-        self.path = path
-        self.store = ControllerStore(path, ring_lines=ring_lines, now=StepClock())
-        self.server = ControllerServer(self.store, SECRET, ADMIN, "127.0.0.1", 0,
-                                       allow_open_reads=allow_open_reads).start()
-        self.client = httpx.Client(base_url=self.server.url, timeout=10.0)
-
-    def post(self, instance_id: str, action: str, doc: Any, headers: dict[str, str] | None = None) -> httpx.Response:
-        return self.client.post(f"/api/v1/instances/{instance_id}/{action}", json=doc,
-                                headers=auth(instance_id) if headers is None else headers)
-
-    def register(self, instance_id: str) -> None:
-        assert self.post(instance_id, "register", register_doc(instance_id)).status_code == 200
-
-    def close(self) -> None:
-        self.client.close()
-        self.server.stop()
-        self.store.close()
 
 
 @pytest.fixture
@@ -314,17 +274,6 @@ def test_bad_paths_and_methods(h: Harness) -> None:
     assert_error(h.client.put("/api/instances"), 405, "method not allowed")
     assert_error(h.client.post("/api/v1/instances/..%2Fx/events", json={}), 400, "invalid instance id")
     assert h.client.head("/healthz").status_code == 405
-
-
-def raw_exchange(url: str, payload: bytes) -> bytes:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(h: Harness) -> None:

@@ -5,55 +5,17 @@ replaced the email package (same answers to bad heads, stricter on malformed hea
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller import ControllerServer, _protocol_validator
-from reconciler.store import ControllerStore
+from reconciler.controller import _protocol_validator
 from reconciler.tokens import instance_token
-
-SECRET = b"test-controller-secret-0123456789"
-T0 = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.value = T0
-
-    def __call__(self) -> datetime:
-        self.value += timedelta(seconds=1)
-        return self.value
-
-
-def auth(instance_id: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {instance_token(SECRET, instance_id)}"}
-
-
-class Harness:
-    def __init__(self, path: Path, **store_options: Any):
-        self.store = ControllerStore(path, now=StepClock(), **store_options)
-        self.server = ControllerServer(self.store, SECRET, None, "127.0.0.1", 0).start()
-        self.client = httpx.Client(base_url=self.server.url, timeout=10.0)
-
-    def post(self, instance_id: str, action: str, doc: Any) -> httpx.Response:
-        return self.client.post(f"/api/v1/instances/{instance_id}/{action}", json=doc, headers=auth(instance_id))
-
-    def register(self, instance_id: str) -> None:
-        doc = {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T17:59:30Z", "pool": "rtx4090"}
-        assert self.post(instance_id, "register", doc).status_code == 200
-
-    def close(self) -> None:
-        self.client.close()
-        self.server.stop()
-        self.store.close()
+from tests.controller_support import SECRET, Harness, auth, raw_exchange, status_of
 
 
 @pytest.fixture
@@ -61,21 +23,6 @@ def h(tmp_path: Path) -> Iterator[Harness]:
     harness = Harness(tmp_path / "controller.db")
     yield harness
     harness.close()
-
-
-def raw_exchange(url: str, payload: bytes) -> bytes:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def status_of(reply: bytes) -> int:
-    return int(reply.split(b" ", 2)[1])
 
 
 def json_of(reply: bytes) -> Any:

@@ -19,20 +19,10 @@ from reconciler.store import (
     StoreError,
     UnknownInstance,
 )
+from tests.controller_support import StepClock
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
-
-
-class StepClock:
-    """Each call returns a time one second later than the previous one."""
-
-    def __init__(self, start: datetime = T0):
-        self.value = start
-
-    def __call__(self) -> datetime:
-        self.value += timedelta(seconds=1)
-        return self.value
 
 
 def register_doc(instance_id: str, **extra: object) -> dict[str, object]:

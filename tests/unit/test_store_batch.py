@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,18 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.store import ControllerStore, EventLimitExceeded, InstanceDestroyed, UnknownInstance, _PendingWrite
+from tests.controller_support import StepClock
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.value = T0
-
-    def __call__(self) -> datetime:
-        self.value += timedelta(seconds=1)
-        return self.value
 
 
 def event_doc(phase: str, status: str, at: str = "2026-12-02T18:01:00Z", **extra: object) -> dict[str, object]:
