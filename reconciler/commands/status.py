@@ -276,7 +276,7 @@ def render_text(view: FleetStatus) -> str:
         lines += ["", "instances:"]
     for i in view.instances:
         where = f"machine {i.machine_id or '?'}" + (f" (host {i.host_id})" if i.host_id else "")
-        verdict = f" {i.verdict}" if i.verdict else ""
+        verdict = f" {i.verdict}" if i.verdict and i.verdict != i.state else ""
         lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}")
         lines.append(f"      {render_timeline(i.timeline)}")
         if i.root_cause:
