@@ -44,7 +44,8 @@ def test_worker_image_builds_pushes_pulls_by_digest_and_reports(
     tag = f"{repo}:build"
     docker_engine.docker(
         "build", "--network", "host", "--build-arg", f"BASE_IMAGE={minimal_base_image}",
-        "--build-arg", f"IMAGE_VERSION={IMAGE_VERSION}", "-t", tag, str(WORKER_IMAGE),
+        "--build-arg", f"IMAGE_VERSION={IMAGE_VERSION}",
+        "--build-arg", "REQUIRE_CUZK=0", "-t", tag, str(WORKER_IMAGE),
     )
     labels = json.loads(docker_engine.text("image", "inspect", "--format", "{{json .Config.Labels}}", tag))
     assert labels["org.opencontainers.image.version"] == IMAGE_VERSION
@@ -115,3 +116,18 @@ def test_docker_support_base_rootfs_runs_the_tools(
     assert lines[1] == subprocess.run(["sh", "-c", "printf x | b2sum | cut -c1-16"], capture_output=True,
                                       text=True, check=True).stdout.strip()
     assert lines[2].startswith("curl ")
+
+
+def test_production_build_refuses_a_base_without_cuzk(
+    docker_engine: DockerEngine,  # noqa: F811
+    minimal_base_image: str,  # noqa: F811
+) -> None:
+    # The default (REQUIRE_CUZK=1) is the production build: a base image without a cuzk build must fail
+    # here, once, rather than on every machine the fleet rents.
+    proc = docker_engine.docker(
+        "build", "--network", "host", "--build-arg", f"BASE_IMAGE={minimal_base_image}",
+        "-t", "fleet/worker:no-cuzk", str(WORKER_IMAGE), check=False,
+    )
+    output = (proc.stdout + proc.stderr).decode(errors="replace")
+    assert proc.returncode != 0, output
+    assert "base image lacks: cuzk-daemon cuzk-bench" in output
