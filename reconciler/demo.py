@@ -186,8 +186,20 @@ def _started(server: ParamsMirrorServer) -> Iterator[ParamsMirrorServer]:
         server.stop()
 
 
+#: What the worker scripts and the demo run on this host (the worker image installs them in production).
+DEMO_TOOLS = {"git": "git", "bash": "bash", "curl": "curl", "jq": "jq", "b2sum": "coreutils", "timeout": "coreutils"}
+
+
+def check_tools(which: Callable[[str], str | None] = shutil.which) -> None:
+    missing = sorted({package for tool, package in DEMO_TOOLS.items() if which(tool) is None})
+    if missing:
+        raise DemoError(f"the demo runs the real worker scripts, which need: {', '.join(missing)} "
+                        f"(apt-get install {' '.join(missing)})")
+
+
 def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> DemoOutcome:
+    check_tools()
     workdir = settings.workdir.resolve()
     prepare_workspace(workdir)
     echo(f"demo workspace: {workdir}")

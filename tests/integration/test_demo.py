@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.demo import DemoError, DemoSettings, prepare_workspace, run_demo
+from reconciler.demo import DemoError, DemoSettings, check_tools, prepare_workspace, run_demo
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +82,9 @@ def test_demo_refuses_to_wipe_a_directory_it_did_not_make(tmp_path: Path) -> Non
     with pytest.raises(DemoError, match="not a fleet demo workspace"):
         prepare_workspace(precious)
     assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_missing_worker_tools_are_named_with_the_package_to_install() -> None:
+    with pytest.raises(DemoError, match=r"need: coreutils, jq \(apt-get install coreutils jq\)"):
+        check_tools(lambda tool: None if tool in ("jq", "b2sum") else f"/usr/bin/{tool}")
+    check_tools(lambda tool: f"/usr/bin/{tool}")
