@@ -44,7 +44,8 @@ class WorkerImage(pulumi.ComponentResource):
                 context=args.context,
                 dockerfile=args.dockerfile or f"{args.context}/Dockerfile",
                 platform=args.platform,
-                args={"BASE_IMAGE": args.base_image} if args.base_image else None,
+                # The content tag doubles as the image's version label (worker reports it at register).
+                args={"IMAGE_VERSION": tag, **({"BASE_IMAGE": args.base_image} if args.base_image else {})},
             ),
             image_name=f"{args.repository}:{tag}",
             registry=registry,

@@ -195,7 +195,8 @@ def test_image_built_from_worker_image_and_slots_pinned_by_digest(repo: Repo) ->
     build = image.inputs["build"]
     assert build["context"] == str(repo.context) and build["dockerfile"] == f"{repo.context}/Dockerfile"
     assert build["platform"] == "linux/amd64"
-    assert build["args"] == {"BASE_IMAGE": "nvidia/cuda:12.4.1-runtime-ubuntu22.04"}
+    assert build["args"]["BASE_IMAGE"] == "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
+    assert build["args"]["IMAGE_VERSION"] == image.inputs["imageName"].rsplit(":", 1)[1]  # the content tag
     assert image.inputs["imageName"].startswith("registry.example/fleet/worker:")
     assert not image.inputs["imageName"].endswith(":latest")
     # the registry block carries the password from a config secret, so the engine sees it as a secret
