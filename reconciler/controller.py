@@ -60,7 +60,14 @@ from reconciler.store import (
     ResultConflict,
     UnknownInstance,
 )
-from reconciler.tokens import bearer_token, check_secret, instance_token, is_well_formed_token, same_secret
+from reconciler.tokens import (
+    bearer_token,
+    check_secret,
+    instance_token,
+    is_well_formed_token,
+    machine_claim,
+    same_secret,
+)
 
 log = logging.getLogger(__name__)
 
@@ -406,11 +413,12 @@ class ControllerApi:
 
     def __init__(self, store: ControllerStore, secret: bytes, admin_token: str | None, *,
                  allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-                 now: Callable[[], datetime] | None = None):
+                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False):
         self.store = store
         self.secret = check_secret(secret)
         self.admin_token = admin_token or None
         self.allow_open_reads = allow_open_reads
+        self.require_machine_claim = require_machine_claim
         self.max_body_bytes = max_body_bytes
         self.now = now or store.clock
         # The token an instance must present, computed once per instance rather than once per request
@@ -534,6 +542,20 @@ class ControllerApi:
 
     # --- effects ---
 
+    def _check_machine_claim(self, instance_id: str, doc: Mapping[str, Any]) -> None:
+        """A machine_id is believed only with the provisioner's claim for this instance (see tokens.py)."""
+        machine, claim = doc.get("machine_id"), doc.get("machine_claim")
+        if machine is None:
+            return
+        if claim is None:
+            if self.require_machine_claim:
+                raise ApiError(403, "forbidden", "machine_id without machine_claim: this controller only accepts "
+                                                 "machine ids vouched for by the provisioner (FLEET_MACHINE_CLAIM)")
+            return
+        if not same_secret(machine_claim(self.secret, instance_id, machine), claim):
+            raise ApiError(403, "forbidden", f"machine_claim does not match machine_id {machine!r} for instance "
+                                             f"{instance_id!r}")
+
     def _ingest(self, action: str, instance_id: str, doc: Any) -> Response:
         if action == "events" and is_event_batch(doc):
             return self._ingest_event_batch(instance_id, validate_event_batch(doc))
@@ -543,6 +565,7 @@ class ControllerApi:
                 if doc["instance_id"] != instance_id:
                     raise ApiError(400, "schema violation", [{"path": "$.instance_id", "message":
                                    f"{doc['instance_id']!r} does not match the instance in the path {instance_id!r}"}])
+                self._check_machine_claim(instance_id, doc)
                 return Response(200, {"status": self.store.register(instance_id, doc)})
             if action == "events":
                 return Response(200, {"status": self.store.add_event(instance_id, doc)})
@@ -850,9 +873,9 @@ class ControllerServer:
     def __init__(self, store: ControllerStore, secret: bytes, admin_token: str | None, host: str = "127.0.0.1",
                  port: int = 0, *, allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
                  request_timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-                 now: Callable[[], datetime] | None = None):
+                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False):
         self.api = ControllerApi(store, secret, admin_token, allow_open_reads=allow_open_reads,
-                                 max_body_bytes=max_body_bytes, now=now)
+                                 max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim)
         self.host, self.port = host, port
         self.request_timeout = request_timeout
         self.max_connections = max_connections

@@ -208,7 +208,8 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
     secret = secrets.token_bytes(32)
     from reconciler.controller import ControllerServer  # imported here: the HTTP layer is only needed live
 
-    controller = ControllerServer(store, secret, admin_token=secrets.token_hex(16), allow_open_reads=True)
+    controller = ControllerServer(store, secret, admin_token=secrets.token_hex(16), allow_open_reads=True,
+                                  require_machine_claim=True)
     market: LocalMarketplace | None = None
     provider: SlotProvider | None = None
     state_path = workdir / "state" / SLOT_STATE_FILE

@@ -56,7 +56,7 @@ from reconciler.planner import (
 from reconciler.ranking import RankedOffer, offer_query, rank_offers
 from reconciler.records import RecordSet, write_text_atomic
 from reconciler.spec import BenchmarkSettings, FleetSpec, ParamsSettings, PoolSpec
-from reconciler.tokens import instance_token
+from reconciler.tokens import instance_token, machine_claim
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
 # --- the worker's environment --------------------------------------------------------------------------------
 
 
-def worker_env(inputs: SlotInputs, instance_id: str, token: str, offer: RankedOffer) -> dict[str, str]:
+def worker_env(inputs: SlotInputs, instance_id: str, token: str, offer: RankedOffer, claim: str) -> dict[str, str]:
     """The FLEET_* variables the worker entrypoint reads (see HELPERS.md, worker protocol)."""
     bench = inputs.pool.benchmark
     env = {
@@ -220,6 +220,7 @@ def worker_env(inputs: SlotInputs, instance_id: str, token: str, offer: RankedOf
         "FLEET_POOL": inputs.pool.name,
         "FLEET_SLOT": inputs.slot,
         "FLEET_MACHINE_ID": offer.offer.machine_id,
+        "FLEET_MACHINE_CLAIM": claim,
         "FLEET_HOST_ID": offer.offer.host_id,
         "FLEET_GPU_NAME": offer.offer.gpu_name,
         "FLEET_IMAGE_DIGEST": inputs.image_digest,
@@ -274,7 +275,9 @@ class SlotProvider:
         errors: list[str] = []
         for candidate in ranked[:CREATE_ATTEMPTS]:
             request = InstanceRequest(image=inputs.image, disk_gb=inputs.pool.disk_gb, label=instance_id,
-                                      env=worker_env(inputs, instance_id, token, candidate),
+                                      env=worker_env(inputs, instance_id, token, candidate,
+                                                     machine_claim(self._secret, instance_id,
+                                                                   candidate.offer.machine_id)),
                                       image_login=self._image_login)
             try:
                 contract_id = self.marketplace.create_instance(candidate.offer.offer_id, request)

@@ -34,6 +34,14 @@ def instance_token(secret: bytes, instance_id: str) -> str:
     return hmac.new(secret, instance_id.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
+def machine_claim(secret: bytes, instance_id: str, machine_id: str) -> str:
+    """Proof, minted by the provisioner that rented `machine_id` for `instance_id`, that the pair belongs
+    together. The token alone binds only the instance id; without this a worker (or a host with root on it)
+    could report another machine's id and get that machine recorded bad."""
+    message = b"machine-claim\x00" + instance_id.encode("utf-8") + b"\x00" + machine_id.encode("utf-8")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
 def verify_instance_token(secret: bytes, instance_id: str, presented: str) -> bool:
     """Constant-time check that `presented` is the token for `instance_id`."""
     expected = instance_token(secret, instance_id)

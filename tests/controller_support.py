@@ -12,7 +12,7 @@ import httpx
 
 from reconciler.controller import ControllerServer
 from reconciler.store import ControllerStore
-from reconciler.tokens import instance_token
+from reconciler.tokens import instance_token, machine_claim
 
 SECRET = b"test-controller-secret-0123456789"
 ADMIN = "test-admin-token-abcdefghijklmnop"
@@ -38,7 +38,8 @@ def auth(instance_id: str) -> dict[str, str]:
 
 def register_doc(instance_id: str) -> dict[str, Any]:
     return {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T17:59:30Z", "pool": "rtx4090",
-            "slot": "rtx4090-0", "machine_id": "4242", "host_id": "77", "contract_id": "9001",
+            "slot": "rtx4090-0", "machine_id": "4242", "machine_claim": machine_claim(SECRET, instance_id, "4242"),
+            "host_id": "77", "contract_id": "9001",
             "gpu_name": "RTX 4090", "image_digest": DIGEST, "image_version": "v1", "hostname": "c.9001",
             "gpus": ["NVIDIA GeForce RTX 4090, 24564 MiB"]}
 

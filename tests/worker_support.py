@@ -29,6 +29,8 @@ from typing import Any
 
 import jsonschema
 
+from reconciler.tokens import machine_claim
+
 REPO = Path(__file__).resolve().parents[1]
 WORKER_IMAGE = REPO / "worker-image"
 STANDIN_DIR = WORKER_IMAGE / "standin"
@@ -358,6 +360,7 @@ def worker_env(tmp: Path, controller_url: str, params_url: str | None, **overrid
         "FLEET_POOL": "rtx4090",
         "FLEET_SLOT": "rtx4090-0",
         "FLEET_MACHINE_ID": "m-10452",
+        "FLEET_MACHINE_CLAIM": machine_claim(SECRET, INSTANCE_ID, "m-10452"),
         "FLEET_HOST_ID": "h-771",
         "FLEET_GPU_NAME": "RTX 4090",
         "FLEET_IMAGE_DIGEST": "sha256:" + "ab" * 32,

@@ -146,13 +146,15 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   cat "$gpus_file"
 fi
 jq -n --arg at "$(fleet_now)" --arg id "$FLEET_INSTANCE_ID" --arg pool "${FLEET_POOL:-}" \
-  --arg slot "${FLEET_SLOT:-}" --arg machine "${FLEET_MACHINE_ID:-}" --arg host "${FLEET_HOST_ID:-}" \
+  --arg slot "${FLEET_SLOT:-}" --arg machine "${FLEET_MACHINE_ID:-}" --arg claim "${FLEET_MACHINE_CLAIM:-}" \
+  --arg host "${FLEET_HOST_ID:-}" \
   --arg contract "${FLEET_CONTRACT_ID:-${CONTAINER_ID:-}}" --arg gpu "${FLEET_GPU_NAME:-}" \
   --arg digest "${FLEET_IMAGE_DIGEST:-}" --arg version "${FLEET_IMAGE_VERSION:-}" \
   --arg hostname "${HOSTNAME:-}" --rawfile gpus "$gpus_file" '
   def opt($n): if . == "" then null else .[:$n] end;
   {protocol: 1, instance_id: $id, at: $at,
    pool: ($pool | opt(64)), slot: ($slot | opt(128)), machine_id: ($machine | opt(64)),
+   machine_claim: ($claim | opt(64)),
    host_id: ($host | opt(64)), contract_id: ($contract | opt(64)), gpu_name: ($gpu | opt(128)),
    image_digest: ($digest | opt(128)), image_version: ($version | opt(128)),
    hostname: ($hostname | opt(255)),

@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--admin-token-file", type=Path, help=f"file holding the admin token (else ${ADMIN_TOKEN_ENV})")
     serve.add_argument("--allow-open-reads", action="store_true",
                        help="serve GET /api/... without the admin token (local demo on loopback only)")
+    serve.add_argument("--allow-unclaimed-machine-ids", action="store_true",
+                       help="accept a machine_id without the provisioner's machine_claim (workers of a "
+                            "provisioner older than this controller); default: refuse, so a worker cannot "
+                            "get another machine recorded bad")
     serve.add_argument("--ring-lines", type=int, default=5000,
                        help="log lines kept per instance (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -105,7 +109,8 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
             "logs and reports", args.host)
-    server = ControllerServer(store, secret, admin_token, args.host, args.port, allow_open_reads=args.allow_open_reads)
+    server = ControllerServer(store, secret, admin_token, args.host, args.port, allow_open_reads=args.allow_open_reads,
+                              require_machine_claim=not args.allow_unclaimed_machine_ids)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

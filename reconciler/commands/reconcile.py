@@ -156,7 +156,7 @@ def _start_controller(store: Any, address: tuple[str, int]) -> Any:
     except ConfigError as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
-    server = ControllerServer(store, secret, admin_token, address[0], address[1])
+    server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True)
     try:
         server.start()
     except OSError as exc:

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller import _protocol_validator
-from reconciler.tokens import instance_token
+from reconciler.controller import ControllerServer, _protocol_validator
+from reconciler.tokens import instance_token, machine_claim
 from tests.controller_support import SECRET, Harness, auth, raw_exchange, status_of
 
 
@@ -256,3 +257,40 @@ def test_fuzzed_batches_are_stored_whole_or_not_at_all(fuzz: Harness, doc: dict[
         for index in bad - {None}:
             event = events[index]
             assert not _protocol_validator("event").is_valid(event) or event["at"] == "2026-02-30T00:00:00Z"
+
+
+def test_machine_id_is_believed_only_with_the_provisioners_claim(tmp_path: Path) -> None:
+    harness = Harness(tmp_path / "claims.db")
+    strict = ControllerServer(harness.store, SECRET, None, "127.0.0.1", 0, require_machine_claim=True).start()
+    try:
+        client = httpx.Client(base_url=strict.url, timeout=10.0)
+
+        def register(iid: str, **fields: Any) -> httpx.Response:
+            doc = {"protocol": 1, "instance_id": iid, "at": "2026-12-02T17:59:30Z", **fields}
+            return client.post(f"/api/v1/instances/{iid}/register", json=doc, headers=auth(iid))
+
+        # A worker on machine 5 claiming to be machine 4242 (whose claim it does not have) is refused.
+        forged = register("p-0-forged", machine_id="4242", machine_claim=machine_claim(SECRET, "p-0-forged", "5"))
+        assert forged.status_code == 403 and "does not match machine_id '4242'" in forged.json()["detail"]
+        # Another instance's genuine claim for that machine does not transfer.
+        stolen = register("p-0-stolen", machine_id="4242", machine_claim=machine_claim(SECRET, "p-0-other", "4242"))
+        assert stolen.status_code == 403
+        unclaimed = register("p-0-unclaimed", machine_id="4242")
+        assert unclaimed.status_code == 403 and "without machine_claim" in unclaimed.json()["detail"]
+        assert harness.store.reports() == []
+
+        assert register("p-0-noid").status_code == 200  # no machine id: nothing to vouch for, never judged
+        good = register("p-0-good", machine_id="4242", machine_claim=machine_claim(SECRET, "p-0-good", "4242"))
+        assert good.status_code == 200
+        assert {r.instance_id: r.machine_id for r in harness.store.reports()} == {"p-0-noid": None, "p-0-good": "4242"}
+        client.close()
+    finally:
+        strict.stop()
+        harness.close()
+
+
+def test_a_wrong_claim_is_refused_even_where_claims_are_optional(h: Harness) -> None:
+    doc = {"protocol": 1, "instance_id": "p-1-x", "at": "2026-12-02T17:59:30Z", "machine_id": "4242",
+           "machine_claim": "0" * 64}
+    assert h.post("p-1-x", "register", doc).status_code == 403
+    assert h.store.reports() == []

@@ -34,7 +34,7 @@ from reconciler.provider import (
     save_slot_state,
 )
 from reconciler.spec import BenchmarkSettings, ParamsSettings, PoolSpec
-from reconciler.tokens import instance_token
+from reconciler.tokens import instance_token, machine_claim
 
 SECRET = b"controller-secret-0123456789"
 DIGEST = "sha256:" + "1" * 64
@@ -112,6 +112,7 @@ def test_create_rents_best_ranked_offer_with_label_token_and_env() -> None:
     env = request.env
     assert env["FLEET_TOKEN"] == instance_token(SECRET, "rtx4090-1-a1b2c3")
     assert env["FLEET_INSTANCE_ID"] == "rtx4090-1-a1b2c3"
+    assert env["FLEET_MACHINE_CLAIM"] == machine_claim(SECRET, "rtx4090-1-a1b2c3", "good")  # vouches for the machine
     assert (env["FLEET_POOL"], env["FLEET_SLOT"], env["FLEET_MACHINE_ID"], env["FLEET_HOST_ID"]) == (
         "rtx4090", "rtx4090-1", "good", "host-good")
     assert env["FLEET_GPU_NAME"] == "RTX 4090" and env["FLEET_IMAGE_DIGEST"] == DIGEST

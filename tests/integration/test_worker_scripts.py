@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
+from reconciler.tokens import machine_claim
 from tests.worker_support import (
     INSTANCE_ID,
+    SECRET,
     WORKER_IMAGE,
     ControllerReceiver,
     OutagePolicy,
@@ -86,6 +88,7 @@ def test_success_reports_every_phase_then_a_completed_result(world: WorkerBench)
     assert (register["pool"], register["slot"], register["machine_id"], register["host_id"]) == (
         "rtx4090", "rtx4090-0", "m-10452", "h-771")
     assert register["gpu_name"] == "RTX 4090"
+    assert register["machine_claim"] == machine_claim(SECRET, INSTANCE_ID, "m-10452")
     assert register["image_digest"] == "sha256:" + "ab" * 32
 
     steps = [s for s in rx.phase_statuses() if s[1] != "progress"]

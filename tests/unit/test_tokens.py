@@ -67,3 +67,19 @@ def test_admin_token_comparison() -> None:
     assert same_secret("admin-token", "admin-token")
     assert not same_secret("admin-token", "admin-tokeN")
     assert not same_secret("admin-token", "\udc80")
+
+
+def test_machine_claim_binds_instance_machine_and_secret() -> None:
+    from reconciler.tokens import machine_claim
+
+    base = machine_claim(b"k" * 32, "rtx4090-0-abc123", "41001")
+    assert len(base) == 64 and int(base, 16) >= 0
+    assert base == machine_claim(b"k" * 32, "rtx4090-0-abc123", "41001")
+    assert base != machine_claim(b"k" * 32, "rtx4090-0-abc123", "41002")
+    assert base != machine_claim(b"k" * 32, "rtx4090-0-abc124", "41001")
+    assert base != machine_claim(b"j" * 32, "rtx4090-0-abc123", "41001")
+    # not the instance token: one cannot stand in for the other
+    from reconciler.tokens import instance_token
+    assert base != instance_token(b"k" * 32, "rtx4090-0-abc123")
+    # the NUL separators keep ("a", "bc") and ("ab", "c") apart
+    assert machine_claim(b"k" * 32, "a", "bc") != machine_claim(b"k" * 32, "ab", "c")
