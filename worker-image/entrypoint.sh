@@ -280,8 +280,6 @@ fi
 PHASE=serve
 fleet_event serve started --message "cuzk-daemon keeps serving at $FLEET_DAEMON_ADDR"
 while :; do
-  rc=0
-  wait "$DAEMON_PID" || rc=$?
   if [[ -n $STOP_SIGNAL ]]; then
     fleet_log "received SIG$STOP_SIGNAL while serving: stopping"
     fleet_event serve "done" --message "stopped by SIG$STOP_SIGNAL"
@@ -289,9 +287,14 @@ while :; do
     exit 0
   fi
   if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+    rc=0
+    wait "$DAEMON_PID" || rc=$?
     DAEMON_PID=""
-    sleep 0.2
     ((rc != 0)) || rc=$FLEET_EXIT_SOFTWARE
     fleet_fail "$rc" "cuzk-daemon exited (code $rc) while serving"
   fi
+  # Poll instead of one long `wait` on the daemon: a TERM handled just before such a wait began (e.g.
+  # while the "serve started" event was being sent) would go unnoticed until the daemon exited.
+  sleep 1 &
+  wait "$!" || true
 done
