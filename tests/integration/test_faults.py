@@ -54,6 +54,8 @@ from reconciler.records import (
 from reconciler.spec import check_spec_text
 from reconciler.store import ControllerStore
 from reconciler.tokens import instance_token
+from tests.controller_support import StepClock
+from tests.fakes import Sleeps
 from tests.gitrepos import git, install_rejecting_hook, make_origin, origin_file, origin_log
 from tests.unit.test_verdict import SPEC_YAML
 from tests.vast_fake import Fault, VastFake
@@ -67,15 +69,6 @@ VAST_KEY = "fault-test-vast-key"
 # --- helpers shared with test_secrets.py ------------------------------------------------------------------
 
 
-class StepClock:
-    """The controller store's clock: one second per call, from T0."""
-
-    def __init__(self, start: datetime = T0) -> None:
-        self.value = start
-
-    def __call__(self) -> datetime:
-        self.value += timedelta(seconds=1)
-        return self.value
 
 
 def register_doc(instance_id: str, machine_id: str, pool: str = "rtx-pro-4000") -> dict[str, Any]:
@@ -104,12 +97,6 @@ def report_finished(store: ControllerStore, instance_id: str, machine_id: str, r
     store.set_result(instance_id, result_doc(rate, log_tail))
 
 
-class Sleeps:
-    def __init__(self) -> None:
-        self.calls: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.calls.append(seconds)
 
 
 def machine_file(machine_id: str) -> str:

@@ -17,6 +17,7 @@ from reconciler.gitstore import (
     GitStoreError,
     PushRejected,
 )
+from tests.fakes import Sleeps
 from tests.gitrepos import (
     clone,
     git,
@@ -33,12 +34,6 @@ M111 = "fleet-spec/machines/111.yaml"
 M222 = "fleet-spec/machines/222.yaml"
 
 
-class Sleeps:
-    def __init__(self) -> None:
-        self.calls: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.calls.append(seconds)
 
 
 @pytest.fixture

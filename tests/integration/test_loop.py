@@ -21,6 +21,7 @@ from reconciler.gitstore import BOT_NAME, GitStore
 from reconciler.loop import PassResult, run, run_pass
 from reconciler.observations import InstanceReport
 from reconciler.records import parse_machine_record
+from tests.fakes import Sleeps
 from tests.gitrepos import clone, git, human_commit, install_rejecting_hook, make_origin, origin_file, origin_log
 from tests.unit.test_verdict import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC_YAML, T0, completed_report
 
@@ -42,12 +43,6 @@ class FakeReports:
         return list(self.items)
 
 
-class Sleeps:
-    def __init__(self) -> None:
-        self.calls: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.calls.append(seconds)
 
 
 class ProcessDied(BaseException):

@@ -33,6 +33,7 @@ from reconciler.marketplace.vastai import (
     parse_offers,
     retry_delay,
 )
+from tests.fakes import Sleeps
 from tests.vast_fake import Fault, VastFake, make_offer, offer_matches
 
 API_KEY = "vk-7f3e9a1c5b2d4e6f8091a2b3c4d5e6f7"
@@ -45,14 +46,6 @@ SOME_ENV = {
 }
 
 
-class Sleeps:
-    """The injected sleep: records what the client asked for and never waits."""
-
-    def __init__(self) -> None:
-        self.calls: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.calls.append(seconds)
 
 
 @pytest.fixture
