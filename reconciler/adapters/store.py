@@ -22,11 +22,12 @@ into a finished record, while its logs stay readable.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -253,6 +254,7 @@ class ControllerStore:
         self._lock = threading.Lock()  # guards the connection
         self._queue_lock = threading.Lock()  # guards the group-commit queue
         self._queue: list[_PendingWrite] = []
+        self._group_thread: int | None = None
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         except sqlite3.Error as exc:
@@ -296,14 +298,56 @@ class ControllerStore:
 
     # --- writes ------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Writes made by this thread inside the block share one transaction, committed when it ends.
+
+        For a single-threaded caller that answers many requests at once (the asyncio HTTP edge): each write
+        still runs alone (a savepoint: one that fails leaves the others intact) and its result is returned
+        at once, but nothing is durable until the block exits, so the caller must answer only after that.
+        If the final COMMIT fails the block raises and none of the writes happened.
+        """
+        with self._lock:
+            self._group_thread = threading.get_ident()
+            try:
+                yield
+                if self._conn.in_transaction:
+                    self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._group_thread = None
+
+    def _in_group(self) -> bool:
+        return self._group_thread is not None and self._group_thread == threading.get_ident()
+
+    def _grouped_write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._conn
+        if not conn.in_transaction:
+            conn.execute("BEGIN IMMEDIATE")
+        conn.execute("SAVEPOINT grouped_write")
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK TO grouped_write")
+            conn.execute("RELEASE grouped_write")
+            raise
+        conn.execute("RELEASE grouped_write")
+        return result
+
     def _transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `body` in a committed transaction; return only once it is committed.
+        """Run `body` in a committed transaction; return only once it is committed (or, inside `group`,
+        once it ran: the group commits).
 
         Group commit: a write queues itself, and whichever thread gets the connection runs every queued
         write in one transaction and commits once for all. Under concurrent workers this turns N commits
         (each a WAL append) into one; alone, a write is still its own transaction. A write's caller is
         answered only after the COMMIT that contains it.
         """
+        if self._in_group():
+            return self._grouped_write(body)
         pending = _PendingWrite(body)
         with self._queue_lock:
             self._queue.append(pending)
@@ -542,6 +586,8 @@ class ControllerStore:
 
     def _snapshot(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run the SELECTs of one read in a single transaction: a consistent view across tables."""
+        if self._in_group():
+            return body(self._conn)  # inside the group's transaction: it sees the group's own writes
         with self._lock:
             self._conn.execute("BEGIN")
             try:

@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also serve the controller HTTP API on the same store (secrets from "
                         "$FLEET_CONTROLLER_SECRET / $FLEET_ADMIN_TOKEN)")
     p.add_argument("--json", action="store_true", help="print each pass result as one JSON line")
+    from reconciler.cli.controller import add_tls_arguments
+
+    add_tls_arguments(p)
     p.set_defaults(func=run_command)
 
 
@@ -98,6 +101,9 @@ def run_command(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print(f"fleet reconcile: --interval must be > 0 seconds, got {args.interval:g}", file=sys.stderr)
         return 2
+    if args.listen is None and (args.tls_cert is not None or args.tls_key is not None):
+        print("fleet reconcile: --tls-cert/--tls-key secure the controller API, which needs --listen", file=sys.stderr)
+        return 2
     if args.listen is None and not args.controller_db.is_file():
         print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
@@ -113,7 +119,7 @@ def run_command(args: argparse.Namespace) -> int:
     previous: dict[int, Any] = {}
     try:
         if args.listen is not None:
-            server = _start_controller(store, args.listen)
+            server = _start_controller(store, args.listen, args)
             if server is None:
                 return 2
         status_file = last_pass_path(git.workdir)
@@ -146,18 +152,21 @@ def run_command(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def _start_controller(store: Any, address: tuple[str, int]) -> Any:
+def _start_controller(store: Any, address: tuple[str, int], args: argparse.Namespace) -> Any:
     """The controller API on `address`, sharing `store`; None (after saying why) if it cannot start."""
     from reconciler.adapters.controller.server import ControllerServer
-    from reconciler.cli.controller import ConfigError, load_admin_token, load_secret
+    from reconciler.cli.controller import ConfigError, controller_routes, load_admin_token, load_secret, tls_files
 
     try:
         secret = load_secret(None)
         admin_token = load_admin_token(None)
+        tls = tls_files(args)
     except ConfigError as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
-    server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True)
+    server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True,
+                              tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
+                              extra_routes=controller_routes(store))
     try:
         server.start()
     except OSError as exc:
