@@ -182,7 +182,7 @@ def run_token(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"fleet controller token: {exc}", file=sys.stderr)
         return 2
-    if not INSTANCE_ID.match(args.instance_id):
+    if not INSTANCE_ID.fullmatch(args.instance_id):
         print(f"fleet controller token: instance id {args.instance_id!r} is not valid "
               "(expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 characters)", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ from reconciler.adapters.store import (
     ResultConflict,
     UnknownInstance,
 )
+from reconciler.domain.identifiers import identifier_problems
 from reconciler.domain.tokens import (
     bearer_token,
     check_secret,
@@ -197,7 +198,7 @@ class ControllerApi:
             raise ApiError(405, "method not allowed", f"use {allowed}", close=self.has_body(request))
 
     def _instance_id(self, raw: str) -> str:
-        if not INSTANCE_ID.match(raw):
+        if not INSTANCE_ID.fullmatch(raw):
             raise ApiError(400, "invalid instance id",
                            f"{_clip(raw, 140)!r} does not match [A-Za-z0-9][A-Za-z0-9_.-]{{0,127}}", close=True)
         return raw
@@ -275,6 +276,8 @@ class ControllerApi:
         if action == "events" and is_event_batch(doc):
             return self._ingest_event_batch(instance_id, validate_event_batch(doc))
         validate_report(_KIND_BY_ACTION[action], doc)
+        if action in ("register", "result") and (problems := identifier_problems(doc)):
+            raise ApiError(400, "schema violation", problems)
         try:
             if action == "register":
                 if doc["instance_id"] != instance_id:

@@ -47,7 +47,7 @@ from typing import Any
 import httptools
 import uvicorn
 from starlette.applications import Starlette
-from starlette.routing import BaseRoute, Mount
+from starlette.routing import BaseRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, Request, Response
@@ -557,9 +557,14 @@ def _no_sync_body(length: int) -> bytes:
 
 def build_app(api: ControllerApi, extra_routes: Sequence[BaseRoute] = (), *,
               body_timeout_s: float = EdgeLimits.body_timeout_s) -> Starlette:
-    """The controller's Starlette app: `extra_routes` first (e.g. the live page at `/`, `/metrics`), then
-    the controller API, which answers every other path (its own JSON 404/405)."""
-    return Starlette(routes=[*extra_routes, Mount("", app=controller_asgi(api, body_timeout_s))])
+    """The controller's Starlette app: `extra_routes` first (e.g. the live page at `/`, `/metrics`); every
+    request no route matches goes to the controller API, which answers its own JSON 404/405."""
+    app = Starlette(routes=list(extra_routes))
+    # The API is the router's default, not a catch-all route: a route pattern would not match every path
+    # (`.` stops at a newline in `/api/v1/instances/x%0A/register`), and the API answers its own 404/405.
+    app.router.default = controller_asgi(api, body_timeout_s)
+    app.router.redirect_slashes = False
+    return app
 
 
 # --- the server -----------------------------------------------------------------------------------------
