@@ -223,8 +223,8 @@ def image_login_from(secret_values: Mapping[str, str]) -> str | None:
 def controller_secret_from(secret_values: Mapping[str, str]) -> bytes:
     value = secret_values.get("controller_secret") or os.environ.get(CONTROLLER_SECRET_ENV)
     if not value:
-        raise SlotInputError(f"no controller secret: set the stack config secret fleet:controllerSecret or "
-                             f"{CONTROLLER_SECRET_ENV}")
+        raise SlotInputError("no controller secret: set the stack config secret gpu-fleet:controllerSecret "
+                             f"(pulumi config set --secret controllerSecret ...) or {CONTROLLER_SECRET_ENV}")
     return value.encode("utf-8")
 
 
