@@ -122,7 +122,12 @@ def run_command(args: argparse.Namespace) -> int:
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache)
 
         def on_pass(result: PassResult) -> None:
-            write_text_atomic(status_file, json.dumps(result.to_json(), indent=2) + "\n")
+            try:
+                previous = json.loads(status_file.read_text(encoding="utf-8")).get("condition")
+            except (OSError, ValueError, AttributeError):
+                previous = None
+            doc = result.to_json(previous if isinstance(previous, dict) else None)
+            write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             _report(result, args.json)
 
         if args.once:
