@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import httpx
 
 from reconciler.domain.events import EVENT_KINDS, FleetEvent
-from reconciler.redact import redact_line
+from reconciler.domain.redact import redact_line
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from reconciler.observations import format_time
-from reconciler.redact import redact_line
+from reconciler.domain.observations import format_time
+from reconciler.domain.redact import redact_line
 
 VERDICT = "verdict"
 BREAKER_TRIP = "breaker-trip"

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from reconciler.commands.status import FleetStatus, InstanceStatus
-from reconciler.records import RecordSet
-from reconciler.spec import FleetSpec
+from reconciler.domain.records import RecordSet
+from reconciler.domain.spec import FleetSpec
+from reconciler.domain.status import FleetStatus, InstanceStatus
 
 ALIVE_STATES = frozenset({"benchmarking", "ok", "failed", "serving", "degraded"})
 PRODUCING_STATES = frozenset({"ok", "serving"})

@@ -19,7 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from reconciler.commands.status import FleetStatus, status_view
+from reconciler.adapters.record_files import RecordCache, load_records
+from reconciler.adapters.spec_files import load_spec
+from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.spec import SpecError
+from reconciler.domain.status import FleetStatus, status_view
 from reconciler.domain.surfaces import (
     CommitLine,
     LiveSnapshot,
@@ -29,9 +33,6 @@ from reconciler.domain.surfaces import (
     pool_economics,
     recorded_verdict_counts,
 )
-from reconciler.observations import InstanceReport, format_time
-from reconciler.records import RecordCache, load_records
-from reconciler.spec import SpecError, load_spec
 
 
 class StatusStore(Protocol):

@@ -27,10 +27,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from reconciler.domain.redact import redact_line
 from reconciler.domain.surfaces import LiveSnapshot
-from reconciler.redact import redact_line
+from reconciler.render.html import LivePage, render_fragment, render_login, render_page
 from reconciler.render.metrics import CONTENT_TYPE, FleetMetrics
-from reconciler.render.page import LivePage, render_fragment, render_login, render_page
 
 COOKIE_NAME = "fleet_status_session"
 FRAGMENT_PATH = "/status/fragment"

@@ -26,8 +26,8 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from reconciler.domain.observations import parse_time
 from reconciler.domain.surfaces import MetricsState, total_usd_per_hour
-from reconciler.observations import parse_time
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "fleet"
