@@ -70,6 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print each pass result as one JSON line")
     p.add_argument("--status-refresh", type=float, default=5.0, metavar="SECONDS",
                    help="with --listen: how often the live status page at / refreshes itself (default: %(default)s)")
+    p.add_argument("--slot-state-dir", type=Path, default=None, metavar="DIR",
+                   help="with --listen: the provisioner's state dir (`fleet apply --state-dir`), for $/h per pool")
     p.add_argument("--metrics-open", action="store_true",
                    help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
     p.set_defaults(func=run_command)
@@ -168,13 +170,21 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
     from reconciler.adapters.webhooks import WebhookConfigError
     from reconciler.cli.controller import ConfigError, load_admin_token
-    from reconciler.cli.surfaces import SurfacesConfigError, build_surfaces, status_token, webhook_targets
+    from reconciler.cli.surfaces import (
+        SurfacesConfigError,
+        build_surfaces,
+        slot_prices,
+        status_token,
+        webhook_targets,
+    )
 
     try:
         return build_surfaces(
             spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
             read_token=status_token(os.environ), desired_image_digest=desired, last_pass_file=status_file,
-            commits=lambda: git.recent_commits(15), refresh_s=args.status_refresh, metrics_open=args.metrics_open,
+            commits=lambda: git.recent_commits(15),
+            prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
+            refresh_s=args.status_refresh, metrics_open=args.metrics_open,
             webhook_targets=webhook_targets())
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)

@@ -75,6 +75,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
                    desired_image_digest: str | None, last_pass_file: Path | None,
                    commits: Callable[[], Sequence[CommitLine]] | None = None,
                    orphans: Callable[[], Sequence[Orphan]] | None = None,
+                   prices: Callable[[], Mapping[str, float]] | None = None,
                    refresh_s: float = 5.0, metrics_open: bool = False, open_reads: bool = False,
                    webhook_targets: Sequence[WebhookTarget] = (), secure_cookie: bool = False,
                    notifier_options: Mapping[str, Any] | None = None) -> Surfaces:
@@ -85,7 +86,8 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
         raise SurfacesConfigError(f"the status page needs ${STATUS_TOKEN_ENV} or the admin token "
                                   "($FLEET_ADMIN_TOKEN) to let anyone read it")
     source = LiveStatusSource(spec_dir, store, desired_image_digest=desired_image_digest,
-                              last_pass_file=last_pass_file, commits=commits, orphans=orphans)
+                              last_pass_file=last_pass_file, commits=commits, orphans=orphans,
+                              prices=prices)
     metrics = fleet_metrics(source.metrics_state)
     routes = StatusRoutes(source.snapshot, ReadAccess(tokens, open_reads=open_reads, secure_cookie=secure_cookie),
                           metrics=metrics, refresh_s=refresh_s, metrics_open=metrics_open)
@@ -98,3 +100,16 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
 
 def webhook_targets(environ: Mapping[str, str] | None = None) -> list[WebhookTarget]:
     return targets_from_env(os.environ if environ is None else environ)
+
+
+def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:
+    """Instance -> $/h from the provisioner's slot state (`fleet apply --state-dir`), read on each call."""
+    from reconciler.adapters.slot_provider import SLOT_STATE_FILE, load_slot_state
+
+    def read() -> Mapping[str, float]:
+        path = state_dir / SLOT_STATE_FILE
+        if not path.is_file():
+            return {}
+        return {o.instance_id: o.price_usd_per_hour for o in load_slot_state(path).values()}
+
+    return read

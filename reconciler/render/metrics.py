@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -201,6 +201,8 @@ class FleetMetrics:
 
 
 def fleet_metrics(snapshot: Callable[[], MetricsState | None]) -> FleetMetrics:
+    # `*_created` series (process start times per counter) only double the exposition; dashboards use rate().
+    disable_created_metrics()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(snapshot))
     return FleetMetrics(registry, LoopMetrics(registry))
