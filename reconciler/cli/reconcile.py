@@ -179,7 +179,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     )
 
     try:
-        return build_surfaces(
+        surfaces = build_surfaces(
             spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
             read_token=status_token(os.environ), desired_image_digest=desired, last_pass_file=status_file,
             commits=lambda: git.recent_commits(15),
@@ -189,6 +189,9 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
+    if surfaces.note:
+        print(f"fleet reconcile --listen: {surfaces.note}", file=sys.stderr)
+    return surfaces
 
 
 def _start_controller(store: Any, address: tuple[str, int], routes: Sequence[Any] = ()) -> Any:

@@ -50,6 +50,7 @@ class Surfaces:
     source: LiveStatusSource
     notifier: WebhookNotifier | None = None
     notified: list[FleetEvent] = field(default_factory=list)  # what this process queued (tests, the demo)
+    note: str | None = None  # why the page is off, when it is
 
     def on_pass(self, result: PassResult) -> None:
         """After every reconcile pass: count it, and tell the webhooks what reached origin."""
@@ -82,20 +83,24 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
     if refresh_s <= 0:
         raise SurfacesConfigError(f"--status-refresh must be > 0 seconds, got {refresh_s:g}")
     tokens = tuple(t for t in (read_token, admin_token) if t)
-    if not tokens and not open_reads:
-        raise SurfacesConfigError(f"the status page needs ${STATUS_TOKEN_ENV} or the admin token "
-                                  "($FLEET_ADMIN_TOKEN) to let anyone read it")
     source = LiveStatusSource(spec_dir, store, desired_image_digest=desired_image_digest,
                               last_pass_file=last_pass_file, commits=commits, orphans=orphans,
                               prices=prices)
     metrics = fleet_metrics(source.metrics_state)
-    routes = StatusRoutes(source.snapshot, ReadAccess(tokens, open_reads=open_reads, secure_cookie=secure_cookie),
-                          metrics=metrics, refresh_s=refresh_s, metrics_open=metrics_open)
-    install_access_log_redaction()
+    routes: list[BaseRoute] = []
+    note = None
+    if tokens or open_reads:
+        access = ReadAccess(tokens, open_reads=open_reads, secure_cookie=secure_cookie)
+        routes = list(StatusRoutes(source.snapshot, access, metrics=metrics, refresh_s=refresh_s,
+                                   metrics_open=metrics_open).routes())
+        install_access_log_redaction()
+    else:
+        note = (f"status page and /metrics off: set ${STATUS_TOKEN_ENV} (read-only) or $FLEET_ADMIN_TOKEN "
+                "to let someone read them")
     notifier = None
     if webhook_targets:
         notifier = WebhookNotifier(webhook_targets, **dict(notifier_options or {})).start()
-    return Surfaces(list(routes.routes()), metrics, source, notifier)
+    return Surfaces(routes, metrics, source, notifier, note=note)
 
 
 def webhook_targets(environ: Mapping[str, str] | None = None) -> list[WebhookTarget]:
