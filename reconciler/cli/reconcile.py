@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import signal
 import sys
 import threading
@@ -25,13 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
+from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.domain.records import RecordError, check_image_digest
 from reconciler.flows.judge import PassResult, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
-
-IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
 
 
 def last_pass_path(workdir: Path) -> Path:
@@ -42,7 +40,7 @@ def last_pass_path(workdir: Path) -> Path:
 
 def desired_digest_arg(value: str | None) -> str | None:
     """--image-digest, else $FLEET_IMAGE_DIGEST, else None (stale-image checks off)."""
-    value = value if value is not None else os.environ.get(IMAGE_DIGEST_ENV) or None
+    value = value if value is not None else settings().image_digest
     return check_image_digest(value) if value else None
 
 
@@ -139,7 +137,12 @@ def run_command(args: argparse.Namespace) -> int:
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache)
 
         def on_pass(result: PassResult) -> None:
-            write_text_atomic(status_file, json.dumps(result.to_json(), indent=2) + "\n")
+            try:
+                previous = json.loads(status_file.read_text(encoding="utf-8")).get("condition")
+            except (OSError, ValueError, AttributeError):
+                previous = None
+            doc = result.to_json(previous if isinstance(previous, dict) else None)
+            write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             _report(result, args.json)
             if surfaces is not None:
                 surfaces.on_pass(result)
@@ -174,14 +177,13 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
         SurfacesConfigError,
         build_surfaces,
         slot_prices,
-        status_token,
         webhook_targets,
     )
 
     try:
         surfaces = build_surfaces(
             spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
-            read_token=status_token(os.environ), desired_image_digest=desired, last_pass_file=status_file,
+            read_token=_read_token(), desired_image_digest=desired, last_pass_file=status_file,
             commits=lambda: git.recent_commits(15),
             prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
             refresh_s=args.status_refresh, metrics_open=args.metrics_open,
@@ -192,6 +194,11 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     if surfaces.note:
         print(f"fleet reconcile --listen: {surfaces.note}", file=sys.stderr)
     return surfaces
+
+
+def _read_token() -> str | None:
+    token = settings().read_token
+    return token.reveal() if token is not None else None
 
 
 def _start_controller(store: Any, address: tuple[str, int], routes: Sequence[Any] = ()) -> Any:

@@ -2,14 +2,13 @@
 the live status page at `/` and `/metrics` as extra routes of the controller's app, the loop's metrics and the
 webhooks fed after every pass.
 
-Settings (environment; tokens and URLs are secrets and never printed):
-  FLEET_STATUS_TOKEN   read-only token for the page and /metrics (optional; the admin token works too)
+Settings (environment, through reconciler.adapters.settings; tokens and URLs are secrets, never printed):
+  FLEET_READ_TOKEN     read-only token for the page and /metrics (optional; the admin token works too)
   FLEET_WEBHOOK_URL, FLEET_WEBHOOK_<NAME>_URL (+ _FORMAT, _EVENTS): see reconciler/adapters/webhooks.py
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,30 +16,18 @@ from typing import Any
 
 from starlette.routing import BaseRoute
 
+from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, webhook_environment
 from reconciler.adapters.webhooks import WebhookNotifier, WebhookTarget, targets_from_env
 from reconciler.domain.events import FleetEvent, breaker_event, verdict_event
 from reconciler.domain.surfaces import CommitLine, Orphan
-from reconciler.domain.tokens import SecretError, check_secret
 from reconciler.flows.judge import PassResult
 from reconciler.flows.live_status import LiveStatusSource, StatusStore
 from reconciler.render.live import ReadAccess, StatusRoutes, install_access_log_redaction
 from reconciler.render.metrics import FleetMetrics, fleet_metrics
 
-STATUS_TOKEN_ENV = "FLEET_STATUS_TOKEN"  # noqa: S105 - the name of the variable, not a token
-
 
 class SurfacesConfigError(ValueError):
     pass
-
-
-def status_token(environ: Mapping[str, str]) -> str | None:
-    value = environ.get(STATUS_TOKEN_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        return check_secret(value.encode("utf-8"), "status token").decode("utf-8")
-    except (SecretError, UnicodeDecodeError) as exc:
-        raise SurfacesConfigError(f"${STATUS_TOKEN_ENV}: {exc}") from None
 
 
 @dataclass
@@ -95,7 +82,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
                                    metrics_open=metrics_open).routes())
         install_access_log_redaction()
     else:
-        note = (f"status page and /metrics off: set ${STATUS_TOKEN_ENV} (read-only) or $FLEET_ADMIN_TOKEN "
+        note = (f"status page and /metrics off: set ${READ_TOKEN_ENV} (read-only) or ${ADMIN_TOKEN_ENV} "
                 "to let someone read them")
     notifier = None
     if webhook_targets:
@@ -104,7 +91,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
 
 
 def webhook_targets(environ: Mapping[str, str] | None = None) -> list[WebhookTarget]:
-    return targets_from_env(os.environ if environ is None else environ)
+    return targets_from_env(webhook_environment(environ))
 
 
 def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:

@@ -25,6 +25,7 @@ import jinja2
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.status import FleetStatus, InstanceStatus, PoolStatus, RatePoint
 from reconciler.domain.surfaces import PageExtras, total_usd_per_hour
+from reconciler.domain.verdicts import RATE_VERDICTS
 from reconciler.render.text import render_timeline
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -73,7 +74,7 @@ def _nice_ceiling(value: float) -> float:
 
 
 def _point_color(point: RatePoint, min_rate: float) -> str:
-    if point.proofs_per_hour is not None and point.verdict in ("ok", "below-min-rate"):
+    if point.proofs_per_hour is not None and point.verdict in RATE_VERDICTS:
         return OK_COLOR if point.proofs_per_hour >= min_rate else BAD_COLOR
     return IMAGE_COLOR if point.blame == "image" else (BAD_COLOR if point.blame == "machine" else NEUTRAL_COLOR)
 
