@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reconciler.cli import main
 from reconciler.render.markdown import PLAN_MARKER
@@ -52,3 +53,13 @@ def test_json_carries_the_same_forecast(capsys: pytest.CaptureFixture[str]) -> N
     assert forecast["rtx-pro-4000"]["expected_proofs_per_hour"] == 31 + 25
     assert forecast["rtx-pro-4000"]["meets_slo"] is False and len(forecast["rtx-pro-4000"]["warnings"]) == 3
     assert plan(capsys, "--json") == json.dumps(doc, indent=2) + "\n"
+
+
+def test_the_pr_workflow_finds_its_comment_by_the_same_marker() -> None:
+    workflow = yaml.safe_load((Path(__file__).resolve().parents[2] / ".github/workflows/pr.yml").read_text())
+    steps = {s.get("name"): s for s in workflow["jobs"]["validate-and-plan"]["steps"]}
+    assert "--format markdown > fleet-plan.md" in steps["fleet plan"]["run"]
+    script = steps["Post or update the plan comment"]["with"]["script"]
+    assert f'const marker = "{PLAN_MARKER}";' in script
+    assert "updateComment" in script and "createComment" in script  # find-and-update, else create: one comment
+    assert workflow["permissions"]["pull-requests"] == "write"
