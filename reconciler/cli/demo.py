@@ -596,12 +596,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def should_wait(flag: bool | None, stdin_is_tty: bool, ci: str | None) -> bool:
+def should_wait(flag: bool | None, stdin_is_tty: bool, ci: bool) -> bool:
     """Keep the page up only for a person at a terminal: never in CI or when run without a terminal (tests,
     `make demo` in a pipeline), unless asked explicitly."""
     if flag is not None:
         return flag
-    return stdin_is_tty and (ci or "").lower() not in ("true", "1")
+    return stdin_is_tty and not ci
 
 
 def _wait_forever() -> None:
@@ -611,7 +611,9 @@ def _wait_forever() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    wait = should_wait(args.wait, sys.stdin.isatty(), os.environ.get("CI"))
+    from reconciler.adapters.settings import settings as read_settings
+
+    wait = should_wait(args.wait, sys.stdin.isatty(), read_settings().ci)
     settings = DemoSettings(workdir=args.workdir, deadline_s=args.deadline, time_scale=args.time_scale,
                             proofs=args.proofs, image_story=not args.no_image_story, wait=wait)
     try:

@@ -149,7 +149,7 @@ def check_image_story(outcome: object, workdir: Path, lines: list[str]) -> None:
 
 
 def test_the_demo_waits_for_a_person_only() -> None:
-    assert should_wait(None, stdin_is_tty=True, ci=None)
-    assert not should_wait(None, stdin_is_tty=False, ci=None)  # make demo in a pipeline or a test terminates
-    assert not should_wait(None, stdin_is_tty=True, ci="true")
-    assert should_wait(True, stdin_is_tty=False, ci="true") and not should_wait(False, stdin_is_tty=True, ci=None)
+    assert should_wait(None, stdin_is_tty=True, ci=False)
+    assert not should_wait(None, stdin_is_tty=False, ci=False)  # make demo in a pipeline or a test terminates
+    assert not should_wait(None, stdin_is_tty=True, ci=True)
+    assert should_wait(True, stdin_is_tty=False, ci=True) and not should_wait(False, stdin_is_tty=True, ci=False)
