@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 from reconciler.domain import errors
+from reconciler.domain.kinds import BLAMES as BLAMES  # the registry owns them; re-exported
+from reconciler.domain.kinds import VERDICTS as VERDICTS
 
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
 
-VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image")
-BLAMES = ("none", "machine", "image", "network", "unknown")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
