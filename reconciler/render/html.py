@@ -346,7 +346,7 @@ def _instance_block(instance: InstanceStatus, now: str) -> str:
         cause = f'<div class="{css}">{_e(instance.root_cause)}</div>'
     steps = f'<div class="steps">{_e(render_timeline(instance.timeline))}</div>'
     return (f'<div class="instance" data-instance="{_e(instance.instance_id)}" data-state="{_e(instance.state)}">'
-            f'<div class="head">{"".join(facts)}</div>{timeline_svg(instance, now)}{cause}{steps}</div>')
+            f'<div class="head">{"".join(facts)}</div>{cause}{timeline_svg(instance, now)}{steps}</div>')
 
 
 def _timelines_section(view: FleetStatus) -> str:
