@@ -7,7 +7,7 @@ window (spec.circuit_breaker), the image - not the machines - is the suspect. Fr
 that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), and an image-suspect
 record names the pools, machines and instances; the planner pauses a pool while an active suspect for the
 desired digest names it (`planner.pool_pause`). Only image-class evidence counts against an image (issue 14
-item 5; `kinds.counts_against_image`): a failure whose blame is `image` (our software: application Xids,
+item 5; `verdicts.counts_against_image`): a failure whose blame is `image` (our software: application Xids,
 illegal address, missing kernels, our scripts, our daemon not answering). Machine-class failures (hardware
 Xids, ECC, GPU lost, CUDA device errors), network and params failures, configuration faults (pool sized
 wrong), marketplace stops and unexplained failures never do, and neither does below-min-rate (a measurement of
@@ -27,14 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from reconciler.domain.kinds import VERDICT_KINDS, counts_against_image
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet, check_image_digest
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
+from reconciler.domain.verdicts import CORRELATED_VERDICTS as CORRELATED_VERDICTS  # re-exported
+from reconciler.domain.verdicts import counts_against_image
 
-#: Verdicts that say "this attempt broke" (the registry's `correlates`); below-min-rate and stale-image never do.
-CORRELATED_VERDICTS = frozenset(k.name for k in VERDICT_KINDS.values() if k.correlates)
+#: Verdicts that say "this attempt broke" (CORRELATED_VERDICTS, from the registry); below-min-rate and
+#: stale-image never correlate, and only image-class blame counts (`counts_against_image`).
 _SIG_SEPARATOR = ", "
 
 

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 from reconciler.domain import errors
-from reconciler.domain.kinds import BLAMES as BLAMES  # the registry owns them; re-exported
-from reconciler.domain.kinds import VERDICTS as VERDICTS
+from reconciler.domain.verdicts import RATE_VERDICTS
 
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
@@ -192,7 +191,7 @@ def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
     out: dict[str, MachinePerf] = {}
     for rec in records:
         rates = [b.proofs_per_hour for b in rec.benchmarks
-                 if b.proofs_per_hour is not None and b.verdict in ("ok", "below-min-rate")]
+                 if b.proofs_per_hour is not None and b.verdict in RATE_VERDICTS]
         if rates:
             out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
                                               statistics.median(rates), rates[-1])

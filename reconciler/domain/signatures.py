@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from reconciler.domain.kinds import BLAMES
+from reconciler.domain.verdicts import BLAMES
 
 
 @dataclass(frozen=True)

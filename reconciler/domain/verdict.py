@@ -2,7 +2,7 @@
 
 The pure heart of the reconcile pass (`judging.decide` calls `judge` per unjudged report, then lets
 `breaker.py` hold machine-blamed verdicts). No I/O, no clock: `now` is an argument. What each verdict kind
-and blame class means lives in the registry (`kinds.py`); which log line explains a failure in
+and blame class means lives in the registry (`verdicts.py`); which log line explains a failure in
 `signatures.py`.
 
 Judged from proof results, not exit codes (cuzk-bench exits 0 with FAILED proofs):
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.domain.kinds import blame_class
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import SignatureMatch, classify, clean_line, error_line, read_tail
 from reconciler.domain.spec import PoolSpec
+from reconciler.domain.verdicts import blame_class
 
 #: Log lines kept as evidence in a record (the store keeps more; git history should stay readable).
 EVIDENCE_LOG_LINES = 30

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.domain.kinds import BLAMES
 from reconciler.domain.signatures import (
     CUDA_ERRORS,
     SIGNATURES,
@@ -23,6 +22,7 @@ from reconciler.domain.signatures import (
     logical_lines,
     read_tail,
 )
+from reconciler.domain.verdicts import BLAMES
 
 PANIC = "thread 'tokio-runtime-worker' panicked at /build/curio/extern/supraseal-c2/src/lib.rs:316:9:"
 

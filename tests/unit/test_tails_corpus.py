@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from reconciler.domain.breaker import verdict_failure
-from reconciler.domain.kinds import BLAMES, VERDICTS
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent
 from reconciler.domain.verdict import judge
+from reconciler.domain.verdicts import BLAMES, VERDICTS
 from tests.scenarios import DIGEST, SPEC, T0
 
 TAILS = Path(__file__).resolve().parents[1] / "fixtures" / "tails"
