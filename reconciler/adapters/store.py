@@ -33,9 +33,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from reconciler.adapters.settings import known_secret_values
 from reconciler.domain import errors
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, parse_time
-from reconciler.domain.redact import redact_line, redact_lines
+from reconciler.domain.redact import Redactor
 
 SCHEMA_VERSION = 1
 #: Lines of the ring buffer copied into InstanceReport.log_tail (evidence for verdicts).
@@ -156,29 +157,18 @@ def _dt(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-def _redact_strings(value: Any) -> Any:
-    """Redact every string inside a JSON value (event details may carry URLs with credentials)."""
-    if isinstance(value, str):
-        return redact_line(value)
-    if isinstance(value, list):
-        return [_redact_strings(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _redact_strings(v) for k, v in value.items()}
-    return value
-
-
-def _redacted_event(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _redacted_event(doc: Mapping[str, Any], redactor: Redactor) -> dict[str, Any]:
     out = dict(doc)
     if out.get("message") is not None:
-        out["message"] = redact_line(out["message"])
-    out["log_tail"] = redact_lines(out.get("log_tail", []))
-    out["details"] = _redact_strings(out.get("details", {}))
+        out["message"] = redactor.line(out["message"])
+    out["log_tail"] = redactor.lines(out.get("log_tail", []))
+    out["details"] = redactor.value(out.get("details", {}))
     return out
 
 
-def _redacted_result(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _redacted_result(doc: Mapping[str, Any], redactor: Redactor) -> dict[str, Any]:
     out = dict(doc)
-    out["log_tail"] = redact_lines(out.get("log_tail", []))
+    out["log_tail"] = redactor.lines(out.get("log_tail", []))
     return out
 
 
@@ -208,8 +198,8 @@ class _StoredEvent:
     row: tuple[Any, ...]
 
     @classmethod
-    def of(cls, doc: Mapping[str, Any], received_at: str) -> _StoredEvent:
-        event = _redacted_event(doc)
+    def of(cls, doc: Mapping[str, Any], received_at: str, redactor: Redactor) -> _StoredEvent:
+        event = _redacted_event(doc, redactor)
         fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
         return cls(event["status"] == "progress", fingerprint,
                    (event["phase"], event["status"], _iso(parse_time(event["at"])), received_at,
@@ -242,13 +232,16 @@ class ControllerStore:
     """
 
     def __init__(self, path: str | Path, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
-                 max_progress_events: int = 1000, max_other_events: int = 1000):
+                 max_progress_events: int = 1000, max_other_events: int = 1000, redactor: Redactor | None = None):
         if ring_lines < 1:
             raise ValueError(f"ring_lines must be >= 1, got {ring_lines}")
         self.path = Path(path)
         self.ring_lines = ring_lines
         self.max_progress_events = max_progress_events
         self.max_other_events = max_other_events
+        #: Applied to everything a worker sends before it is stored: the patterns plus the secrets this
+        #: deployment knows by value (settings: vast.ai key, registry password, controller tokens).
+        self.redactor = redactor or Redactor.with_secrets(known_secret_values())
         #: The store's clock (received_at); the controller uses it for admin actions too.
         self.clock: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()  # guards the connection
@@ -408,8 +401,10 @@ class ControllerStore:
     def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]:
         """Record a validated `register` document. Re-registering is a no-op apart from a counter and
         filling fields the first registration left empty."""
-        values = [doc.get(name) for name in _REGISTER_FIELDS]
-        gpus = _canonical(list(doc.get("gpus", [])))
+        # Free text from the worker (GPU names, hostnames, versions) is redacted like its logs: it is shown and
+        # may reach a commit message. An id that redaction changes is stored changed (never judged).
+        values = [self.redactor.value(doc.get(name)) for name in _REGISTER_FIELDS]
+        gpus = _canonical(self.redactor.value(list(doc.get("gpus", []))))
         worker_at = _iso(parse_time(doc["at"]))
         received = _iso(self.clock())
 
@@ -433,7 +428,7 @@ class ControllerStore:
 
     def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Append a validated `event` document (redacted). An identical resend is a no-op."""
-        event = _StoredEvent.of(doc, _iso(self.clock()))
+        event = _StoredEvent.of(doc, _iso(self.clock()), self.redactor)
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
             # Refusals first (nothing modified yet), then at most three statements: this is the hot path.
@@ -453,7 +448,7 @@ class ControllerStore:
         is refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
         earlier in the same batch, so a retried batch stores nothing twice. One status per event."""
         received = _iso(self.clock())  # they arrived together
-        events = [_StoredEvent.of(doc, received) for doc in docs]
+        events = [_StoredEvent.of(doc, received, self.redactor) for doc in docs]
 
         def body(conn: sqlite3.Connection) -> list[Literal["stored", "duplicate"]]:
             # Set-wise rather than one add_event per event (same outcome, a third of the statements):
@@ -533,7 +528,7 @@ class ControllerStore:
 
     def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int:
         """Append redacted log lines to the instance's ring; returns how many older lines it evicted."""
-        clean = redact_lines(lines)
+        clean = self.redactor.lines(lines)
         # Lines that would be evicted by this very batch are never written.
         skipped = max(0, len(clean) - self.ring_lines)
         clean = clean[skipped:]
@@ -555,7 +550,7 @@ class ControllerStore:
 
     def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Store the validated benchmark `result` (redacted). Accepted once; see module docstring."""
-        canonical = _canonical(_redacted_result(doc))
+        canonical = _canonical(_redacted_result(doc, self.redactor))
         received = _iso(self.clock())
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
