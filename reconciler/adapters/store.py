@@ -28,7 +28,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -641,10 +641,13 @@ class ControllerStore:
         unreadable: dict[str, str] = {}
         for row in conn.execute(event_sql, args):
             try:
-                event = PhaseEvent(phase=row[1], status=row[2], at=datetime.fromisoformat(row[3]),
+                # One clock: the event is placed at its arrival on the controller's clock; the worker's
+                # timestamp stays as evidence (a worker with a skewed clock cannot reorder the timeline).
+                received = datetime.fromisoformat(row[4])
+                event = PhaseEvent(phase=row[1], status=row[2], at=received, worker_at=datetime.fromisoformat(row[3]),
                                    exit_code=row[5], message=row[6], log_tail=tuple(json.loads(row[7])),
                                    details=json.loads(row[8]))
-                events.setdefault(row[0], []).append((event, datetime.fromisoformat(row[4])))
+                events.setdefault(row[0], []).append((event, received))
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"an event is unreadable: {type(exc).__name__}: {exc}")
         results: dict[str, tuple[Any, datetime]] = {}
@@ -688,12 +691,24 @@ class ControllerStore:
         iid = row[0]
         evs = events.get(iid, [])
         result_doc, result_received = results.get(iid, (None, None))
+        registered, worker_registered = datetime.fromisoformat(row[1]), datetime.fromisoformat(row[2])
+        skew = (worker_registered - registered).total_seconds()
+        for event, received in evs:
+            if event.worker_at is not None:
+                skew = (event.worker_at - received).total_seconds()
+        result = None
+        if result_doc is not None and result_received is not None:
+            sent = _result_from_doc(result_doc)
+            shift = sent.at - result_received  # the worker's clock minus ours when it sent the result
+            skew = shift.total_seconds()
+            result = replace(sent, at=result_received, worker_at=sent.at,
+                             started_at=None if sent.started_at is None else sent.started_at - shift)
         report = InstanceReport(
-            instance_id=iid, registered_at=datetime.fromisoformat(row[1]), pool=row[3], slot=row[4],
+            instance_id=iid, registered_at=registered, pool=row[3], slot=row[4],
             machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
-            image_version=row[10], events=tuple(e for e, _ in evs),
-            result=None if result_doc is None else _result_from_doc(result_doc),
-            log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]))
+            image_version=row[10], events=tuple(e for e, _ in evs), result=result,
+            log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]),
+            clock_skew_s=round(skew, 3))
         meta = InstanceMeta(
             worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
             gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],

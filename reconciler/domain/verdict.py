@@ -389,6 +389,8 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
         labels = proof_results(report.result)
         if labels and any(p.label != "COMPLETED" for p in labels):
             evidence["proofs"]["labels"] = [p.label for p in labels]
+    if report.clock_skew_s is not None:  # phases are on the controller's clock; the worker's differed by this
+        evidence["worker_clock_skew_s"] = report.clock_skew_s
     if extra:
         evidence.update(extra)
     if match is not None:
