@@ -84,7 +84,7 @@ def test_unknowns_only_in_preview_and_never_truthy() -> None:
         assert inputs.image_digest is UNKNOWN and inputs.paused_reason is UNKNOWN
         with pytest.raises(TypeError):
             bool(inputs.paused_reason)
-    with pytest.raises(SlotInputError, match="pool.count: value is unknown"):
+    with pytest.raises(SlotInputError, match=r"pool\.count: value is unknown"):
         decode_slot_inputs(props(pool={**POOL, "count": UNKNOWN}), allow_unknown=True)
 
 
@@ -105,7 +105,7 @@ def test_pool_data_by_digest_and_a_tampered_file_is_refused() -> None:
     inputs = decode_slot_inputs(props(pool_data=data.ref()), resolve_pool_data=store.__getitem__)
     assert inputs.bad_machine_ids == {"m1", "m2"} and inputs.measured == {"m3": 41.5}
     other = PoolData(bad_machine_ids=frozenset({"m1"}))
-    with pytest.raises(SlotInputError, match="pool_data.digest"):
+    with pytest.raises(SlotInputError, match=r"pool_data\.digest"):
         decode_slot_inputs(props(pool_data=data.ref()), resolve_pool_data=lambda _d: other)
 
 
