@@ -14,7 +14,7 @@ import yaml
 
 from reconciler.adapters.git import GitStore
 from reconciler.flows.judge import run_pass
-from tests.controller_support import ADMIN_AUTH, Harness, register_doc
+from tests.controller_support import ADMIN_AUTH, Harness
 from tests.fakes import Sleeps
 from tests.gitrepos import git, make_origin, origin_file
 from tests.scenarios import SPEC_YAML, T0

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.domain.observations import PhaseEvent
 from reconciler.adapters.store import (
     ControllerStore,
     EventLimitExceeded,
@@ -22,6 +21,7 @@ from reconciler.adapters.store import (
     UnknownInstance,
     _PendingWrite,
 )
+from reconciler.domain.observations import PhaseEvent
 from tests.controller_support import StepClock
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
