@@ -63,7 +63,7 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
         assert record["status"] == "bad" and entry["verdict"] == verdict and entry["marks_bad"]
         assert entry["evidence"]["log_tail"], entry  # evidence travels with the verdict
     broken = yaml.safe_load(_git(origin, "show", "main:fleet-spec/machines/41002.yaml"))["benchmarks"][-1]
-    assert broken["blame"] == "machine" and "CUDA error 700" in broken["reason"]
+    assert broken["blame"] == "machine" and "GPU has fallen off the bus" in broken["reason"]
     assert broken["evidence"]["exit_code"] == 1
 
     # The printed report: status, audit trail and `fleet why` of each bad machine.
@@ -71,7 +71,7 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     assert "below-min-rate 19." in text  # the PRO 4000 at ~20/h vs 29/h
     assert "cleaned up:" in lines[-1]
     page = (workdir / "status.html").read_text()
-    assert "41002" in page and "CUDA error 700" in page
+    assert "41002" in page and "GPU has fallen off the bus" in page
     assert _processes_in(workdir) == []
 
 
