@@ -57,7 +57,8 @@ SIGNATURE_INTERMITTENT_SELF_CHECK = "proof-self-check-intermittent"
 
 #: Failed phases that end the benchmark attempt by themselves. A failed tunnel (Lotus API, not needed by
 #: the standalone benchmark) or report/serve step does not: the result or the deadline decides.
-_VERDICT_PHASES = {"params": "params-failed", "daemon": "benchmark-error", "benchmark": "benchmark-error"}
+_VERDICT_PHASES = {"params": "params-failed", "daemon": "benchmark-error", "warmup": "benchmark-error",
+                   "benchmark": "benchmark-error"}
 
 #: `  [3/10] FAILED — 41.3s (prove=0 ms, queue=12 ms)` (cuzk-bench main.rs:561-569 / 597-605).
 _PROOF_LINE = re.compile(r"^\s*\[(\d+)/(\d+)\]\s+(COMPLETED|FAILED|CANCELLED|TIMEOUT|UNKNOWN)\b(?:\s+\S+\s+([\d.]+)s)?")
@@ -232,7 +233,9 @@ def _attempt(report: InstanceReport, phase: str, exit_code: int | None, complete
     ring = _ring_since_phase(report, phase)
     extra = tuple(failure.log_tail) if failure is not None and tuple(failure.log_tail) != tuple(tail) else ()
     daemon = report.result.daemon_log if report.result is not None else ()
-    evidence = (*ring, *extra, *tail, *daemon)
+    # The daemon's reason for each failed proof (protocol additions): cuzk-bench never prints it.
+    reasons = tuple(p.reason for p in report.result.proofs if p.reason) if report.result is not None else ()
+    evidence = (*ring, *extra, *tail, *daemon, *reasons)
     return _Attempt(phase, exit_code, completed, requested, tuple(tail), evidence,
                     include_tunnel=phase == "tunnel")
 
@@ -274,8 +277,7 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
                    proofs: Sequence[ProofResult], rate: float | None, spp: float | None) -> Verdict:
     """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
     labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
-    reasons = [p.reason for p in proofs if p.reason]
-    match = classify([*attempt.evidence, *reasons])
+    match = classify(attempt.evidence)
     signature = match.name if match else None
     blame = match.blame if match else "unknown"
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
