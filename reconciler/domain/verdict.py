@@ -240,21 +240,25 @@ def _attempt(report: InstanceReport, phase: str, exit_code: int | None, complete
                     include_tunnel=phase == "tunnel")
 
 
-_RING_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) ")
+#: The worker's line when it starts the daemon (worker-image/entrypoint.sh): the benchmark's part of the ring.
+_DAEMON_START = re.compile(r"\bfleet: starting cuzk-daemon\b")
+#: Lines of the params fetch (aria2c, curl, the worker's params lines) before the daemon started.
+_FETCH_LINE = re.compile(r"\b(?:aria2c|curl|errorCode=|Download|params: |manifest|checksum|resolve)|^\s*-> \[",
+                         re.IGNORECASE)
 
 
 def _ring_since_phase(report: InstanceReport, phase: str) -> tuple[str, ...]:
-    """The instance's log ring from the failing phase's start: an earlier phase's recovered hiccup (a DNS
-    retry while fetching params) must not explain a later benchmark failure. Lines without a ring
-    timestamp are kept."""
+    """The instance's log ring as evidence for `phase`: for the daemon/benchmark phases, what the params fetch
+    logged before the daemon started is dropped (a DNS retry that recovered must not explain a later benchmark
+    failure), while everything else of the set-up stays (nvidia-smi at start, kernel lines). By content, not by
+    timestamp: the worker's clock may be skewed."""
+    lines = report.log_tail
     if phase == "params":
-        return report.log_tail
-    done = report.first("params", "done")
-    if done is None:
-        return report.log_tail
-    since = format_time(done.at - timedelta(seconds=5))
-    return tuple(line for line in report.log_tail
-                 if not (m := _RING_TIME.match(line)) or m.group(1) >= since)
+        return lines
+    start = next((i for i in range(len(lines) - 1, -1, -1) if _DAEMON_START.search(lines[i])), None)
+    if start is None:
+        return lines
+    return (*(line for line in lines[:start] if not _FETCH_LINE.search(line)), *lines[start:])
 
 
 def _rated(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt, rate: float,

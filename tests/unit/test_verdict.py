@@ -229,3 +229,18 @@ def test_a_failed_warmup_is_a_benchmark_error_of_phase_warmup() -> None:
     assert v is not None
     assert (v.verdict, v.blame, v.signature) == ("benchmark-error", "params", "srs-param-file-missing")
     assert v.reason.startswith("benchmark-error: warmup exit 1, 0/10 proofs: Error: PreloadSRS RPC failed")
+
+
+def test_a_recovered_params_hiccup_never_explains_a_later_benchmark_failure() -> None:
+    ring = ("2026-12-02T18:05:00Z curl: (6) Could not resolve host: params.example.com",
+            "2026-12-02T18:05:01Z fleet: params: resuming v28.params at 1 of 2 bytes (curl)",
+            "2026-12-02T18:01:00Z fleet: nvidia-smi failed: No devices were found",  # skewed clock, kept
+            "2026-12-02T18:22:00Z fleet: starting cuzk-daemon --config /var/lib/fleet/cuzk.toml",
+            "2026-12-02T18:25:00Z Error: empty response")
+    v = judge(make_report("pro-0-h", events=[*bench_events(), ev("benchmark", "failed", 27, exit_code=1,
+                                                                 log_tail=ring[-1:])], log_tail=ring), POOL, LATER)
+    assert v is not None and (v.blame, v.signature) == ("machine", "nvidia-no-device")
+    v2 = judge(make_report("pro-0-i", events=[*bench_events(), ev("benchmark", "failed", 27, exit_code=1,
+                                                                  log_tail=ring[-1:])],
+                           log_tail=ring[:2] + ring[3:]), POOL, LATER)
+    assert v2 is not None and (v2.blame, v2.signature) == ("unknown", "benchmark-error-unrecognized-exit-1")
