@@ -22,6 +22,7 @@ import jsonschema
 import yaml
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters import record_codec
 from reconciler.domain.records import (
     _SAFE_ID,
     IMAGES_DIR,
@@ -49,6 +50,12 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(json.loads((SCHEMA_DIR / name).read_text()))
 
 
+@cache
+def _fast_check(name: str) -> Callable[[Any], bool] | None:
+    """The schema compiled once into a plain check (None if it uses a keyword the compiler lacks)."""
+    return record_codec.compile_schema(json.loads((SCHEMA_DIR / name).read_text()))
+
+
 
 
 def machine_record_path(spec_dir: Path, machine_id: str) -> Path:
@@ -67,7 +74,8 @@ def _dump(doc: dict[str, Any]) -> str:
 
 
 def render_machine_record(record: MachineRecord) -> str:
-    return _HEADER + _dump(record.to_yaml_dict())
+    """The record file: its own fields as block YAML, then one benchmark entry per line (record_codec)."""
+    return record_codec.render_record(_HEADER, record.to_yaml_dict())
 
 
 def render_image_record(record: ImageSuspectRecord) -> str:
@@ -76,6 +84,9 @@ def render_image_record(record: ImageSuspectRecord) -> str:
 
 
 def _schema_errors(doc: Any, schema: str, file: Path) -> list[str]:
+    fast = _fast_check(schema)
+    if fast is not None and fast(doc):  # equal to jsonschema's is_valid (tests/unit/test_record_codec.py)
+        return []
     out = []
     for err in sorted(_validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
@@ -85,6 +96,10 @@ def _schema_errors(doc: Any, schema: str, file: Path) -> list[str]:
 
 def _load_yaml(text: str, file: Path) -> Any:
     """The YAML document in `text`, or RecordError naming the file (never another exception)."""
+    try:
+        return record_codec.parse_fast(text)
+    except record_codec.NotFast:
+        pass
     try:
         _refuse_aliases(text, file)
         return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (CSafeLoader or SafeLoader)
