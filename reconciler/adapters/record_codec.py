@@ -253,62 +253,66 @@ def compile_schema(schema: Mapping[str, Any]) -> Check | None:
 
 
 def _compile(node: Mapping[str, Any], root: Mapping[str, Any]) -> Check:
-    checks: list[Check] = []
-    for key, value in node.items():
-        if key in _ANNOTATIONS or key in ("$defs", "definitions"):
-            continue
-        if key == "$ref":
-            if not isinstance(value, str) or not value.startswith("#/"):
-                raise _Unsupported(key)
-            target: Any = root
-            for part in value[2:].split("/"):
-                target = target[part]
-            checks.append(_compile(target, root))
-        elif key == "type":
-            names = [value] if isinstance(value, str) else list(value)
-            if any(n not in _TYPES for n in names):
-                raise _Unsupported(value)
-            fns = [_TYPES[n] for n in names]
-            checks.append(fns[0] if len(fns) == 1 else (lambda v, fns=fns: any(f(v) for f in fns)))
-        elif key == "enum":
-            options = list(value)
-            checks.append(lambda v, options=options: any(_same_json(v, o) for o in options))
-        elif key == "required":
-            names = list(value)
-            checks.append(lambda v, names=names: not isinstance(v, dict) or all(n in v for n in names))
-        elif key == "properties":
-            props = {name: _compile(sub, root) for name, sub in value.items()}
-            checks.append(lambda v, props=props: not isinstance(v, dict)
-                          or all(props[k](x) for k, x in v.items() if k in props))
-        elif key == "additionalProperties":
-            if value is not False:
-                raise _Unsupported(key)
-            allowed = frozenset(node.get("properties", {}))
-            if "patternProperties" in node:
-                raise _Unsupported("patternProperties")
-            checks.append(lambda v, allowed=allowed: not isinstance(v, dict) or v.keys() <= allowed)
-        elif key == "items":
-            if not isinstance(value, Mapping):
-                raise _Unsupported(key)
-            item = _compile(value, root)
-            checks.append(lambda v, item=item: not isinstance(v, list) or all(item(x) for x in v))
-        elif key == "pattern":
-            rx = re.compile(value)
-            checks.append(lambda v, rx=rx: not isinstance(v, str) or rx.search(v) is not None)
-        elif key == "minLength":
-            n = int(value)
-            checks.append(lambda v, n=n: not isinstance(v, str) or len(v) >= n)
-        elif key == "maxLength":
-            n = int(value)
-            checks.append(lambda v, n=n: not isinstance(v, str) or len(v) <= n)
-        elif key == "minimum":
-            checks.append(lambda v, m=value: not _TYPES["number"](v) or v >= m)
-        elif key == "maximum":
-            checks.append(lambda v, m=value: not _TYPES["number"](v) or v <= m)
-        else:
-            raise _Unsupported(key)
+    checks = [_keyword(key, value, node, root) for key, value in node.items()
+              if key not in _ANNOTATIONS and key not in ("$defs", "definitions")]
     if not checks:
         return lambda v: True
     if len(checks) == 1:
         return checks[0]
     return lambda v: all(c(v) for c in checks)
+
+
+def _keyword(key: str, value: Any, node: Mapping[str, Any], root: Mapping[str, Any]) -> Check:
+    """The check for one keyword of a schema node (JSON Schema 2020-12 semantics: a keyword about one type
+    passes values of other types)."""
+    if key == "$ref":
+        if not isinstance(value, str) or not value.startswith("#/"):
+            raise _Unsupported(key)
+        target: Any = root
+        for part in value[2:].split("/"):
+            target = target[part]
+        return _compile(target, root)
+    if key == "type":
+        names = [value] if isinstance(value, str) else list(value)
+        if any(n not in _TYPES for n in names):
+            raise _Unsupported(str(value))
+        fns = [_TYPES[n] for n in names]
+        return fns[0] if len(fns) == 1 else _any_of(fns)
+    if key == "enum":
+        options = list(value)
+        return lambda v: any(_same_json(v, o) for o in options)
+    if key == "required":
+        names = list(value)
+        return lambda v: not isinstance(v, dict) or all(n in v for n in names)
+    if key == "properties":
+        props = {name: _compile(sub, root) for name, sub in value.items()}
+        return lambda v: not isinstance(v, dict) or all(props[k](x) for k, x in v.items() if k in props)
+    if key == "additionalProperties":
+        if value is not False or "patternProperties" in node:
+            raise _Unsupported(key)
+        allowed = frozenset(node.get("properties", {}))
+        return lambda v: not isinstance(v, dict) or v.keys() <= allowed
+    if key == "items":
+        if not isinstance(value, Mapping):
+            raise _Unsupported(key)
+        item = _compile(value, root)
+        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
+    if key == "pattern":
+        rx = re.compile(value)
+        return lambda v: not isinstance(v, str) or rx.search(v) is not None
+    if key in ("minLength", "maxLength"):
+        n = int(value)
+        if key == "minLength":
+            return lambda v: not isinstance(v, str) or len(v) >= n
+        return lambda v: not isinstance(v, str) or len(v) <= n
+    if key in ("minimum", "maximum"):
+        bound = value
+        number = _TYPES["number"]
+        if key == "minimum":
+            return lambda v: not number(v) or v >= bound
+        return lambda v: not number(v) or v <= bound
+    raise _Unsupported(key)
+
+
+def _any_of(fns: list[Check]) -> Check:
+    return lambda v: any(f(v) for f in fns)

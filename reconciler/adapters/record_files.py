@@ -135,19 +135,25 @@ def _refuse_aliases(text: str, file: Path) -> None:
                           "write the values out")
 
 
-def parse_machine_record(text: str, file: Path) -> MachineRecord:
+def parse_machine_record(text: str, file: Path, *, check_name: bool = True) -> MachineRecord:
+    """The record in `text` (read from `file`). `check_name=False`: the caller checks the file name itself
+    (`check_record_name`), as the record index does (it parses a blob once for whatever name it has)."""
     doc = _load_yaml(text, file)
     if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
         doc["machine_id"] = str(doc["machine_id"])
     errors = _schema_errors(doc, "machine-record.schema.json", file)
     if errors:
         raise RecordError("; ".join(errors))
-    if file.stem != doc["machine_id"]:
-        raise RecordError(f"{file}: $.machine_id: {doc['machine_id']!r} does not match the file name "
-                          f"{file.name!r}")
+    if check_name:
+        check_record_name(doc["machine_id"], file)
     entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
     return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
                          gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+
+
+def check_record_name(machine_id: str, file: Path) -> None:
+    if file.stem != machine_id:
+        raise RecordError(f"{file}: $.machine_id: {machine_id!r} does not match the file name {file.name!r}")
 
 
 def _str_or_none(v: Any) -> str | None:

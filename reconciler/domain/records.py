@@ -170,6 +170,18 @@ class RecordSet:
     unreadable_machine_ids: frozenset[str] = frozenset()
     _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    @classmethod
+    def with_views(cls, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord],
+                   problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
+                   bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf]) -> RecordSet:
+        """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
+        indexed columns without building every record. They must equal what the methods would compute
+        (tests/unit/test_record_index.py compares them)."""
+        out = cls(machines, images, problems, unreadable_machine_ids)
+        out._derived["bad"] = frozenset(bad_machine_ids) | unreadable_machine_ids
+        out._derived["perf"] = dict(perf)
+        return out
+
     def bad_machine_ids(self) -> frozenset[str]:
         """Machines no offer query may return. A record we cannot read is excluded too: when in doubt, the
         cheap mistake is skipping one offer, not renting a machine a human may have just marked bad."""
