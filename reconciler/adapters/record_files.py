@@ -16,9 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import jsonschema
 import yaml
 
 from reconciler import SCHEMA_DIR
@@ -36,6 +35,9 @@ from reconciler.domain.records import (
     check_machine_id,
 )
 
+if TYPE_CHECKING:
+    import jsonschema
+
 # --- files ---------------------------------------------------------------------------------------------
 
 # libyaml parses and emits a 17 KB record ~8x faster than pure-Python PyYAML; the results are the same
@@ -47,6 +49,8 @@ _YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDump
 
 @cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
+    import jsonschema  # ~0.1 s to import: only when a record fails the compiled check (for the messages)
+
     return jsonschema.Draft202012Validator(json.loads((SCHEMA_DIR / name).read_text()))
 
 
@@ -138,17 +142,23 @@ def _refuse_aliases(text: str, file: Path) -> None:
 def parse_machine_record(text: str, file: Path, *, check_name: bool = True) -> MachineRecord:
     """The record in `text` (read from `file`). `check_name=False`: the caller checks the file name itself
     (`check_record_name`), as the record index does (it parses a blob once for whatever name it has)."""
+    doc = parse_machine_doc(text, file)
+    if check_name:
+        check_record_name(doc["machine_id"], file)
+    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
+    return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
+                         gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+
+
+def parse_machine_doc(text: str, file: Path) -> dict[str, Any]:
+    """The schema-checked document of a machine record (machine_id as a string), or RecordError."""
     doc = _load_yaml(text, file)
     if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
         doc["machine_id"] = str(doc["machine_id"])
     errors = _schema_errors(doc, "machine-record.schema.json", file)
     if errors:
         raise RecordError("; ".join(errors))
-    if check_name:
-        check_record_name(doc["machine_id"], file)
-    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
-    return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
-                         gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+    return cast(dict[str, Any], doc)
 
 
 def check_record_name(machine_id: str, file: Path) -> None:

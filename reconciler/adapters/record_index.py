@@ -41,6 +41,7 @@ from reconciler.adapters.record_files import (
     _decode,
     check_record_name,
     parse_image_record,
+    parse_machine_doc,
     parse_machine_record,
 )
 from reconciler.domain.records import (
@@ -60,6 +61,7 @@ INDEX_NAME = "records.sqlite"
 FORMAT = 1
 _PLACEHOLDER = "\x00record-file\x00"
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
+_EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
 _PERF_VERDICTS = ("ok", "below-min-rate")
 
 _SCHEMA = """
@@ -105,10 +107,10 @@ def _version() -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Listed:
     path: str  # absolute
-    file: Path  # as the caller named it (problem texts name it so, like load_records)
+    file: str  # as the caller named it (problem texts name it so, like load_records)
     kind: str  # "m" | "i"
     stat: tuple[int, int, int, int, int]
 
@@ -166,13 +168,13 @@ class _EvidenceSource:
     """Re-reads a record file for its entries' evidence; keeps the last few parsed blobs."""
 
     def __init__(self) -> None:
-        self.files: dict[str, Path] = {}  # blob -> a file that had this content when the index was read
+        self.files: dict[str, str] = {}  # blob -> a file that had this content when the index was read
         self._docs: dict[str, list[Any]] = {}
 
     def evidence(self, blob: str, index: int) -> Mapping[str, Any]:
         entries = self._docs.get(blob)
         if entries is None:
-            file = self.files[blob]
+            file = Path(self.files[blob])
             raw = file.read_bytes()
             if git_blob_id(raw) != blob:
                 raise RecordError(f"{file}: changed while it was being read (the record was indexed as blob "
@@ -223,6 +225,16 @@ class LazyMachines(Mapping[str, MachineRecord]):
             return
         built = self._index._build_machines({b for m, b in self._blobs.items() if m not in self._built})
         self._built = {m: self._built.get(m) or built[b] for m, b in self._blobs.items()}
+
+    def many(self, machine_ids: list[str]) -> list[MachineRecord]:
+        """The records of these machines, the missing ones built in one go."""
+        missing = {self._blobs[m] for m in machine_ids if m not in self._built}
+        if missing:
+            built = self._index._build_machines(missing)
+            for m in machine_ids:
+                if m not in self._built:
+                    self._built[m] = built[self._blobs[m]]
+        return [self._built[m] for m in machine_ids]
 
     def values(self) -> Any:
         self._build_all()
@@ -317,35 +329,42 @@ class RecordIndex:
         problems: list[str] = []
         listed = self._list(spec_dir, problems)
         dir_key = os.path.abspath(spec_dir)
+        # One query: what the index knows of each file (stat, blob) and of its blob (summary columns).
         known = {row[0]: row[1:] for row in self._db.execute(
-            "SELECT path, dev, ino, size, mtime_ns, ctime_ns, settled, blob FROM files WHERE dir = ?", (dir_key,))}
+            "SELECT f.path, f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns, f.settled, f.blob, b.blob, b.problem, "
+            "b.key, b.status, b.gpu_name, b.perf_samples, b.perf_median, b.perf_last FROM files f "
+            "LEFT JOIN blobs b ON b.blob = f.blob AND b.kind = f.kind WHERE f.dir = ?", (dir_key,))}
         blob_of: dict[str, str] = {}
         raw_of: dict[str, bytes] = {}
+        stored: dict[tuple[str, str], tuple[Any, ...]] = {}
         file_rows: list[tuple[Any, ...]] = []
         read_problems: dict[str, str] = {}
         for item in listed:
-            row = known.get(item.path)
-            if row is not None and row[5] and tuple(row[:5]) == item.stat:
-                blob_of[item.path] = row[6]
+            path = item.path
+            row = known.get(path)
+            if row is not None and row[5] and row[:5] == item.stat:
+                blob_of[path] = row[6]
+                if row[7] is not None:
+                    stored[(row[6], item.kind)] = row[8:]
                 self.reused += 1
                 continue
             read_at = self._clock_ns()
             try:
-                with open(item.file, "rb") as fh:
+                with open(path, "rb") as fh:
                     st = os.fstat(fh.fileno())
                     raw = fh.read()
             except OSError as exc:
-                read_problems[item.path] = f"{item.file}: cannot read: {exc}"
+                read_problems[path] = f"{item.file}: cannot read: {exc}"
                 continue
             self.hashed += 1
             blob = git_blob_id(raw)
-            blob_of[item.path] = blob
-            raw_of[item.path] = raw
+            blob_of[path] = blob
+            raw_of[path] = raw
             settled = int(max(st.st_mtime_ns, st.st_ctime_ns) < read_at - self.RACY_NS)
-            file_rows.append((item.path, dir_key, item.kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+            file_rows.append((path, dir_key, item.kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                               st.st_ctime_ns, settled, blob))
-        wanted = {(blob_of[i.path], i.kind) for i in listed if i.path in blob_of}
-        stored = self._summaries(wanted)
+        wanted = {(blob_of[i.path], i.kind) for i in listed if i.path in blob_of} - stored.keys()
+        stored.update(self._summaries(wanted))
         new: dict[tuple[str, str], _Parsed] = {}
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a bulk parse allocates millions of objects that all live: cyclic GC passes are waste
@@ -359,7 +378,8 @@ class RecordIndex:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        self._store(dir_key, file_rows, {p for p in known if p not in {i.path for i in listed}}, new)
+        listed_paths = {i.path for i in listed}
+        self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
         for key, parsed in new.items():
             stored[key] = (parsed.problem, parsed.key, parsed.status, parsed.gpu_name, *(parsed.perf or (0, 0.0, 0.0)))
         return self._assemble(listed, blob_of, stored, read_problems, problems)
@@ -368,6 +388,8 @@ class RecordIndex:
         out = []
         for sub, kind in ((MACHINES_DIR, "m"), (IMAGES_DIR, "i")):
             directory = spec_dir / sub
+            shown = str(directory)  # problem texts name files as load_records does: spec_dir / sub / name
+            absolute = os.path.abspath(directory)
             try:
                 with os.scandir(directory) as entries:
                     names = sorted(e.name for e in entries if e.name.endswith(".yaml"))
@@ -376,15 +398,15 @@ class RecordIndex:
             except OSError as exc:
                 problems.append(f"{directory}: cannot list records: {exc}")
                 continue
+            stat = os.stat
             for name in names:
-                file = directory / name
-                path = os.path.abspath(file)
+                path = f"{absolute}/{name}"
                 try:
-                    st = os.stat(path)
+                    st = stat(path)
+                    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 except OSError:
-                    st = None
-                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st else (0, 0, -1, 0, 0)
-                out.append(_Listed(path, file, kind, key))
+                    key = (0, 0, -1, 0, 0)
+                out.append(_Listed(path, f"{shown}/{name}", kind, key))
         return out
 
     def _summaries(self, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[Any, ...]]:
@@ -406,18 +428,24 @@ class RecordIndex:
             if kind == "i":
                 img = parse_image_record(text, placeholder)
                 return _Parsed(None, key=img.image_digest, status=img.status, data=pickle.dumps(img, protocol=5))
-            rec = parse_machine_record(text, placeholder, check_name=False)
+            doc = parse_machine_doc(text, placeholder)
         except (RecordError, UnicodeDecodeError, TypeError) as exc:
             message = str(exc) if isinstance(exc, RecordError) else f"{placeholder}: cannot read: {exc}"
             return _Parsed(message)
-        rates = [b.proofs_per_hour for b in rec.benchmarks
-                 if b.proofs_per_hour is not None and b.verdict in _PERF_VERDICTS]
+        # The entries as tuples in field order straight from the checked document: what parse_machine_record
+        # builds BenchmarkEntry objects from (absent optional fields are None, their default).
+        entries = tuple(tuple(map(b.get, _ENTRY_FIELDS)) for b in doc["benchmarks"])
+        pph = _ENTRY_FIELDS.index("proofs_per_hour")
+        verdict = _ENTRY_FIELDS.index("verdict")
+        rates = [e[pph] for e in entries if e[pph] is not None and e[verdict] in _PERF_VERDICTS]
         perf = (len(rates), statistics.median(rates), rates[-1]) if rates else None
-        entries = tuple(tuple(getattr(b, f) for f in _ENTRY_FIELDS) for b in rec.benchmarks)
-        data = marshal.dumps((rec.machine_id, rec.status, rec.host_id, rec.gpu_name, rec.note, entries))
-        return _Parsed(None, key=rec.machine_id, status=rec.status, gpu_name=rec.gpu_name, perf=perf, data=data)
+        host_id = doc.get("host_id")
+        mid, status, gpu_name = doc["machine_id"], doc["status"], doc.get("gpu_name")
+        data = marshal.dumps((mid, status, None if host_id is None else str(host_id), gpu_name, doc.get("note"),
+                              entries))
+        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data)
 
-    def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: set[str],
+    def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> None:
         if not file_rows and not gone and not new:
             return
@@ -448,28 +476,31 @@ class RecordIndex:
         unreadable: set[str] = set()
         bad: set[str] = set()
         perf: dict[str, MachinePerf] = {}
+        counts: dict[str, int] = {}
         for item in listed:
             is_machine = item.kind == "m"
+            stem = item.file.rsplit("/", 1)[-1][:-5]
             if item.path in read_problems:
                 problems.append(read_problems[item.path])
-                if is_machine and _SAFE_ID.match(item.file.stem):
-                    unreadable.add(item.file.stem)
+                if is_machine and _SAFE_ID.match(stem):
+                    unreadable.add(stem)
                 continue
             blob = blob_of[item.path]
             problem, key, status, gpu_name, samples, median, last = stored[(blob, item.kind)]
-            if problem is None and is_machine:
+            if problem is None and is_machine and key != stem:
                 try:
-                    check_record_name(key, item.file)
+                    check_record_name(key, Path(item.file))
                 except RecordError as exc:
                     problem = str(exc)
             if problem is not None:
-                problems.append(problem.replace(_PLACEHOLDER + ".yaml", str(item.file)))
-                if is_machine and _SAFE_ID.match(item.file.stem):
-                    unreadable.add(item.file.stem)
+                problems.append(problem.replace(_PLACEHOLDER + ".yaml", item.file))
+                if is_machine and _SAFE_ID.match(stem):
+                    unreadable.add(stem)
                 continue
             if is_machine:
                 machines[key] = blob
                 self._evidence.files[blob] = item.file
+                counts[status] = counts.get(status, 0) + 1
                 if status == "bad":
                     bad.add(key)
                 if samples:
@@ -485,7 +516,7 @@ class RecordIndex:
                 images[img.image_digest] = img
         frozen_unreadable = frozenset(unreadable)
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
-                                    bad_machine_ids=frozenset(bad), perf=perf)
+                                    bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts)
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
         out: dict[str, MachineRecord] = {}
@@ -499,9 +530,13 @@ class RecordIndex:
                                     chunk).fetchall()
             for blob, data in rows:
                 mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
-                benchmarks = tuple(BenchmarkEntry(**dict(zip(entry_fields, e, strict=True)),
-                                                  evidence=StoredEvidence(source, blob, i))
-                                   for i, e in enumerate(entries))
+                if _EVIDENCE_LAST:
+                    benchmarks = tuple(BenchmarkEntry(*e, StoredEvidence(source, blob, i))  # type: ignore[call-arg]
+                                       for i, e in enumerate(entries))
+                else:
+                    benchmarks = tuple(BenchmarkEntry(**dict(zip(entry_fields, e, strict=True)),
+                                                      evidence=StoredEvidence(source, blob, i))
+                                       for i, e in enumerate(entries))
                 out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
                                           benchmarks=benchmarks)
         return out

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler.adapters.record_files import load_records
+from reconciler.adapters.record_index import load_indexed
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 
 REASON_WIDTH = 100
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if not spec_dir.is_dir():
         print(f"fleet records: {spec_dir} is not a directory (use --spec-dir)", file=sys.stderr)
         return 1
-    records = load_records(spec_dir)
+    records = load_indexed(spec_dir)
     if args.json:
         json.dump(to_json(records), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -96,7 +96,7 @@ def render_text(records: RecordSet, spec_dir: Path) -> str:
 
 
 def _bad(records: RecordSet) -> list[MachineRecord]:
-    return sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id)
+    return records.bad_records()
 
 
 def _perf(records: RecordSet) -> list[Any]:
@@ -104,10 +104,8 @@ def _perf(records: RecordSet) -> list[Any]:
 
 
 def _counts(records: RecordSet) -> dict[str, Any]:
-    by_status: dict[str, int] = {}
-    for rec in records.machines.values():
-        by_status[rec.status] = by_status.get(rec.status, 0) + 1
-    return {"machines": len(records.machines), "machines_by_status": dict(sorted(by_status.items())),
+    by_status = records.status_counts()
+    return {"machines": len(records.machines), "machines_by_status": by_status,
             "image_suspects_active": len(records.suspect_images()), "unreadable": len(records.problems)}
 
 

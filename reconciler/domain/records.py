@@ -173,13 +173,15 @@ class RecordSet:
     @classmethod
     def with_views(cls, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord],
                    problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
-                   bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf]) -> RecordSet:
+                   bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf],
+                   status_counts: Mapping[str, int]) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
         (tests/unit/test_record_index.py compares them)."""
         out = cls(machines, images, problems, unreadable_machine_ids)
         out._derived["bad"] = frozenset(bad_machine_ids) | unreadable_machine_ids
         out._derived["perf"] = dict(perf)
+        out._derived["counts"] = dict(sorted(status_counts.items()))
         return out
 
     def bad_machine_ids(self) -> frozenset[str]:
@@ -189,6 +191,26 @@ class RecordSet:
             self._derived["bad"] = (frozenset(m for m, r in self.machines.items() if r.is_bad)
                                     | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived["bad"])
+
+    def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
+        """The records of these machines (those that have one), in the order given. An indexed RecordSet
+        builds them in one go instead of one look-up each."""
+        wanted = [m for m in machine_ids if m in self.machines]
+        many = getattr(self.machines, "many", None)
+        return list(many(wanted)) if many is not None else [self.machines[m] for m in wanted]
+
+    def bad_records(self) -> list[MachineRecord]:
+        """The records with status bad, by machine id (not the unreadable ones: they have no record)."""
+        return self.records_of(sorted(self.bad_machine_ids() - self.unreadable_machine_ids))
+
+    def status_counts(self) -> dict[str, int]:
+        """Machines per record status, by status name."""
+        if "counts" not in self._derived:
+            counts: dict[str, int] = {}
+            for rec in self.machines.values():
+                counts[rec.status] = counts.get(rec.status, 0) + 1
+            self._derived["counts"] = dict(sorted(counts.items()))
+        return dict(self._derived["counts"])
 
     def suspect_images(self) -> Mapping[str, ImageSuspectRecord]:
         return {d: r for d, r in self.images.items() if r.active}
