@@ -51,6 +51,8 @@ _YAML_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?$")
 # JSON escapes YAML reads differently: "\/" is not a YAML 1.1 escape everywhere, and a surrogate pair written
 # as two \u escapes is one character to JSON but two to PyYAML.
 _DIVERGENT_ESCAPE = re.compile(r"\\(?:/|u[dD][89abAB])")
+_EXPONENT = re.compile(r"[0-9]e[-+][0-9]")
+_SURROGATE_ESCAPE = re.compile(r"\\ud[89ab]", re.IGNORECASE)
 _NON_ASCII_BMP = re.compile("[\x7f-\uffff]")
 _HEADER_LINE = re.compile(r"^([a-z_]+): (.*)$")
 _PLAIN_SAFE = re.compile(r"^[A-Za-z][A-Za-z0-9 ._()/+-]*[A-Za-z0-9._()/+-]$|^[A-Za-z]$")
@@ -85,14 +87,17 @@ def _json_safe(value: Any) -> bool:
 
 def entry_line(entry: Mapping[str, Any]) -> str | None:
     """One benchmark entry as `- {json}` (no newline), or None if it cannot be written that way."""
-    if not _json_safe(entry):
+    try:
+        # ASCII only (the C encoder escapes the rest as \uXXXX), so a reader checks a line in a microsecond.
+        text = json.dumps(entry, allow_nan=False)
+    except (ValueError, TypeError):  # inf/nan, or a value JSON has no form for
         return None
-    text = json.dumps(entry, ensure_ascii=False)
-    if not text.isascii():
-        # \uXXXX for every non-ASCII character of the BMP (DEL included) keeps the line ASCII, so a reader
-        # checks it in a microsecond; characters beyond the BMP stay as they are (JSON's escape for them, a
-        # surrogate pair, reads as two characters in PyYAML).
-        text = _NON_ASCII_BMP.sub(_escape_divergent, text)
+    if ("e-" in text or "e+" in text) and _EXPONENT.search(text) and not _json_safe(entry):
+        return None  # a float printed with an exponent and no fraction is a string to YAML 1.1
+    if "\\ud" in text and _SURROGATE_ESCAPE.search(text):
+        # JSON writes a character beyond the BMP as a surrogate pair, which PyYAML reads as two characters:
+        # write those raw instead, and the rest of the non-ASCII as \uXXXX.
+        text = _NON_ASCII_BMP.sub(_escape_divergent, json.dumps(entry, ensure_ascii=False, allow_nan=False))
     return "- " + text
 
 

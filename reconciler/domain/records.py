@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, cast
 
 from reconciler.domain import errors
@@ -73,7 +73,14 @@ class BenchmarkEntry:
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+        # Field by field rather than asdict(): asdict deep-copies the evidence only to have it replaced below
+        # (that copy was most of the cost of rendering a record).
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "evidence" or value is None or value == {}:
+                continue
+            out[f.name] = _plain(value) if isinstance(value, Mapping | list | tuple) else value
         if self.evidence:
             out["evidence"] = _plain(self.evidence)
         return out
@@ -232,8 +239,19 @@ def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
                                               statistics.median(rates), rates[-1])
     return out
 
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _plain(value: Any) -> Any:
     """Mappings/tuples -> dicts/lists so yaml.safe_dump can write them."""
+    kind = type(value)
+    if kind in _SCALARS:  # exact types first: the abc checks below cost more than the rest of a render
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
