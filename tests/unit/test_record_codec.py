@@ -31,8 +31,8 @@ IMAGE_SCHEMA = json.loads((SCHEMA_DIR / "image-suspect.schema.json").read_text()
 # Text that hits every divergence: YAML line breaks (NEL, LS, PS), C1 controls, DEL, BOM, tabs, quotes,
 # backslashes, '#', ': ', non-BMP characters.
 tricky_text = st.text(alphabet=st.sampled_from(
-    list("ab 09:#'\"\\/{}[],-|>&*!%@`") + ["\t", "\n", "\x85", "\u2028", "\u2029", "\x7f", "\x9f", "\ufeff",
-                                            "\u00e9", "\U0001f600", "\x01", "\ufffe"]), max_size=12)
+    [*"ab 09:#'\"\\/{}[],-|>&*!%@`", "\t", "\n", "\x85", "\u2028", "\u2029", "\x7f", "\x9f", "\ufeff",
+     "\u00e9", "\U0001f600", "\x01", "\ufffe"]), max_size=12)
 floats = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e-7, 1e16, 0.5, -0.0]),
                    st.floats())
 json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), floats, tricky_text),
@@ -80,7 +80,7 @@ def _same(a: Any, b: Any) -> bool:
 def test_a_rendered_record_reads_back_as_its_document_through_yaml_and_the_fast_reader(record: MachineRecord) -> None:
     text = render_machine_record(record)
     doc = record.to_yaml_dict()
-    assert _same(yaml.load(text, Loader=LOADER), doc)
+    assert _same(yaml.load(text, Loader=LOADER), doc)  # noqa: S506 (CSafeLoader)
     try:
         fast = record_codec.parse_fast(text)
     except record_codec.NotFast:
@@ -121,7 +121,8 @@ def _mutations(text: str) -> st.SearchStrategy[str]:
     return mutate()
 
 
-BASE = render_machine_record(MachineRecord("7", status="bad", host_id="70", gpu_name="RTX 4090", note="PSU: replaced", benchmarks=(
+BASE = render_machine_record(MachineRecord("7", status="bad", host_id="70", gpu_name="RTX 4090",
+                                          note="PSU: replaced", benchmarks=(
     BenchmarkEntry("i-1", "2026-12-02T18:00:00Z", "below-min-rate", "machine", True, "slow: 21.0/h < 40/h",
                    proofs_per_hour=21.0, seconds_per_proof=171.4, evidence={"n": 1, "x": [0.5, None, True]}),)))
 
@@ -134,7 +135,7 @@ def test_whenever_the_fast_reader_accepts_a_text_yaml_reads_the_same_document(da
         fast = record_codec.parse_fast(text)
     except record_codec.NotFast:
         return
-    assert _same(yaml.load(text, Loader=LOADER), fast)
+    assert _same(yaml.load(text, Loader=LOADER), fast)  # noqa: S506 (CSafeLoader)
 
 
 @pytest.mark.parametrize("text", [
