@@ -266,28 +266,49 @@ class GitStore:
         return backoff_delay(retry, self.base_delay_s, self.max_delay_s, self._rng.random())
 
     def _commit(self, request: CommitRequest) -> str | None:
+        """Write the changed files, then commit them with plumbing: one `git update-index` for exactly the
+        changed paths, `write-tree` (the index's cache-tree: only the changed directories are rehashed),
+        `commit-tree` and `update-ref` against the parent we built on. Porcelain `git add` per file plus
+        `git commit` re-examined the whole work tree on every pass, a cost that grew with the fleet."""
         _check_request(request)
-        with self._repo.git.custom_environment(GIT_LITERAL_PATHSPECS="1"):
-            root = self._workdir.resolve()
-            for change in request.changes:
-                target = self._workdir / change.path
-                if not target.parent.resolve().is_relative_to(root):  # a committed symlink must not lead out
-                    raise GitStoreError(f"file path {change.path!r} leads outside the repository via a symlink")
-                if change.content is None:
-                    target.unlink(missing_ok=True)
-                    self._repo.git.rm("--cached", "--quiet", "--ignore-unmatch", "--", change.path)
-                else:
-                    try:
-                        write_text_atomic(target, change.content)
-                    except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
-                        raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
-                    self._repo.git.add("--", change.path)
-            if not self._repo.git.diff("--cached", "--name-only"):
-                return None
-            with self._repo.git.custom_environment(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL,
-                                                   GIT_COMMITTER_NAME=BOT_NAME, GIT_COMMITTER_EMAIL=BOT_EMAIL):
-                self._repo.git.commit("--quiet", "--no-verify", "--cleanup=whitespace", "-m", request.message())
-        return self.head()
+        root = self._workdir.resolve()
+        for change in request.changes:
+            target = self._workdir / change.path
+            if not target.parent.resolve().is_relative_to(root):  # a committed symlink must not lead out
+                raise GitStoreError(f"file path {change.path!r} leads outside the repository via a symlink")
+            if change.content is None:
+                target.unlink(missing_ok=True)
+            else:
+                try:
+                    write_text_atomic(target, change.content)
+                except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
+                    raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
+        if request.changes:  # --remove: a path whose file is gone leaves the index
+            self._plumbing(["update-index", "--add", "--remove", "-z", "--stdin"],
+                           "".join(f"{c.path}\0" for c in request.changes))
+        tree = self._plumbing(["write-tree"]).strip()
+        parent = self._plumbing(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], check=False).strip()
+        if parent and tree == self._plumbing(["rev-parse", f"{parent}^{{tree}}"]).strip():
+            return None  # nothing changed: no empty commits
+        identity = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+                    "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
+        sha = self._plumbing(["commit-tree", tree, *(["-p", parent] if parent else [])],
+                             _clean_message(request.message()), env=identity).strip()
+        # Against the parent we built on: if HEAD moved meanwhile, fail rather than drop a commit.
+        self._plumbing(["update-ref", "-m", f"commit: {request.summary.strip()}", "HEAD", sha,
+                        parent or "0" * 40])
+        return sha
+
+    def _plumbing(self, args: list[str], stdin: str | None = None, *, env: Mapping[str, str] | None = None,
+                  check: bool = True) -> str:
+        """One git plumbing command in the work tree (literal pathspecs, no prompts); GitStoreError on failure."""
+        proc = subprocess.run(["git", *args], cwd=self._workdir, input=stdin, capture_output=True, text=True,
+                              check=False, env={**os.environ, "GIT_LITERAL_PATHSPECS": "1", "GIT_TERMINAL_PROMPT": "0",
+                                                **(env or {})})
+        if check and proc.returncode != 0:
+            raise GitStoreError(f"git {args[0]} failed in {self._workdir}: "
+                                f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+        return proc.stdout
 
     def _push(self) -> None:
         refspec = f"refs/heads/{self.branch}:refs/heads/{self.branch}"
@@ -386,6 +407,19 @@ class GitStore:
         except git.GitCommandError as exc:
             raise GitStoreError(f"git log {' '.join(args[-1:])} failed in {self._workdir}: {_git_error(exc)}") \
                 from None
+
+
+def _clean_message(text: str) -> str:
+    """What `git commit --cleanup=whitespace` makes of a message: trailing spaces and leading, trailing and
+    repeated blank lines removed, one final newline."""
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if line or (out and out[-1]):
+            out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n"
 
 
 def parse_trailers(text: str) -> dict[str, tuple[str, ...]]:
