@@ -58,7 +58,7 @@ from reconciler.domain.records import (
 
 INDEX_NAME = "records.sqlite"
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 1
+FORMAT = 2
 _PLACEHOLDER = "\x00record-file\x00"
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
@@ -72,7 +72,7 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
 CREATE TABLE IF NOT EXISTS blobs (
   blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
-  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB,
+  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB,
   PRIMARY KEY (blob, kind));
 """
 
@@ -125,6 +125,7 @@ class _Parsed:
     gpu_name: str | None = None
     perf: tuple[int, float, float] | None = None
     data: bytes | None = None
+    marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
 
 
 class StoredEvidence(Mapping[str, Any]):
@@ -443,7 +444,9 @@ class RecordIndex:
         mid, status, gpu_name = doc["machine_id"], doc["status"], doc.get("gpu_name")
         data = marshal.dumps((mid, status, None if host_id is None else str(host_id), gpu_name, doc.get("note"),
                               entries))
-        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data)
+        marks_bad, pool, at = (_ENTRY_FIELDS.index(f) for f in ("marks_bad", "pool", "at"))
+        marks = marshal.dumps([(e[pool], e[at]) for e in entries if e[marks_bad]])
+        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> None:
@@ -455,8 +458,8 @@ class RecordIndex:
             return
         try:
             self._db.executemany(
-                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data)
+                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks)
                  for (blob, kind), p in new.items()])
             self._db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
             self._db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
@@ -516,7 +519,20 @@ class RecordIndex:
                 images[img.image_digest] = img
         frozen_unreadable = frozenset(unreadable)
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
-                                    bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts)
+                                    bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
+                                    bad_marks=lambda: self._bad_marks(machines))
+
+    def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
+        """RecordSet.bad_marks from the marks column: no record is built."""
+        by_blob: dict[str, list[tuple[str | None, str]]] = {}
+        blobs = list(dict.fromkeys(machines.values()))
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, marks FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            for blob, data in self._db.execute(query, chunk):
+                by_blob[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
+        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in by_blob[blob]]
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
         out: dict[str, MachineRecord] = {}

@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     notes = () if observation_error is None else (f"observation failed, instances not shown: {observation_error}",)
     view = status_view(spec, load_indexed(spec_dir), reports, now,
-                       desired_image_digest=desired, last_pass=last_pass, notes=notes)
+                       desired_image_digest=desired, last_pass=last_pass, notes=notes,
+                       include_rates=html_out is not None or args.json)
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, cast
 
@@ -180,7 +180,8 @@ class RecordSet:
     def with_views(cls, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord],
                    problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
                    bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf],
-                   status_counts: Mapping[str, int]) -> RecordSet:
+                   status_counts: Mapping[str, int],
+                   bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
         (tests/unit/test_record_index.py compares them)."""
@@ -188,6 +189,8 @@ class RecordSet:
         out._derived["bad"] = frozenset(bad_machine_ids) | unreadable_machine_ids
         out._derived["perf"] = dict(perf)
         out._derived["counts"] = dict(sorted(status_counts.items()))
+        if bad_marks is not None:
+            out._derived["marks_from"] = bad_marks
         return out
 
     def bad_machine_ids(self) -> frozenset[str]:
@@ -208,6 +211,16 @@ class RecordSet:
     def bad_records(self) -> list[MachineRecord]:
         """The records with status bad, by machine id (not the unreadable ones: they have no record)."""
         return self.records_of(sorted(self.bad_machine_ids() - self.unreadable_machine_ids))
+
+    def bad_marks(self) -> list[tuple[str, str | None, str]]:
+        """(machine id, pool, at) of every recorded verdict that marked its machine bad (the kill budget's
+        input), in record order."""
+        if "marks" not in self._derived:
+            source = self._derived.get("marks_from")
+            self._derived["marks"] = source() if source is not None else [
+                (rec.machine_id, e.pool, e.at) for rec in self.machines.values() for e in rec.benchmarks
+                if e.marks_bad]
+        return list(self._derived["marks"])
 
     def status_counts(self) -> dict[str, int]:
         """Machines per record status, by status name."""

@@ -63,6 +63,9 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     """The contract: the same RecordSet, views included, as parsing every file."""
     plain = load_records(spec_dir)
     assert indexed.bad_machine_ids() == plain.bad_machine_ids()
+    assert indexed.bad_marks() == plain.bad_marks()
+    assert indexed.status_counts() == plain.status_counts()
+    assert indexed.bad_records() == plain.bad_records()
     assert indexed.perf_history() == plain.perf_history()
     assert indexed.problems == plain.problems
     assert indexed.unreadable_machine_ids == plain.unreadable_machine_ids
