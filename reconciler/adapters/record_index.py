@@ -48,6 +48,7 @@ from reconciler.domain.records import (
     _SAFE_ID,
     IMAGES_DIR,
     MACHINES_DIR,
+    BadMachine,
     BenchmarkEntry,
     ImageSuspectRecord,
     MachinePerf,
@@ -58,7 +59,7 @@ from reconciler.domain.records import (
 
 INDEX_NAME = "records.sqlite"
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 2
+FORMAT = 3
 _PLACEHOLDER = "\x00record-file\x00"
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
@@ -72,7 +73,7 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
 CREATE TABLE IF NOT EXISTS blobs (
   blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
-  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB,
+  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB,
   PRIMARY KEY (blob, kind));
 """
 
@@ -126,6 +127,7 @@ class _Parsed:
     perf: tuple[int, float, float] | None = None
     data: bytes | None = None
     marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
+    bad_view: bytes | None = None  # marshal (host, note, marking index, marking entry, last index, last entry)
 
 
 class StoredEvidence(Mapping[str, Any]):
@@ -446,7 +448,13 @@ class RecordIndex:
                               entries))
         marks_bad, pool, at = (_ENTRY_FIELDS.index(f) for f in ("marks_bad", "pool", "at"))
         marks = marshal.dumps([(e[pool], e[at]) for e in entries if e[marks_bad]])
-        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks)
+        marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][marks_bad]), None)
+        last = len(entries) - 1 if entries else None
+        bad_view = marshal.dumps((None if host_id is None else str(host_id), doc.get("note"), marking,
+                                  None if marking is None else entries[marking], last,
+                                  None if last is None else entries[last]))
+        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
+                       bad_view=bad_view)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> None:
@@ -458,8 +466,9 @@ class RecordIndex:
             return
         try:
             self._db.executemany(
-                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks)
+                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
+                  p.bad_view)
                  for (blob, kind), p in new.items()])
             self._db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
             self._db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
@@ -479,6 +488,7 @@ class RecordIndex:
         unreadable: set[str] = set()
         bad: set[str] = set()
         perf: dict[str, MachinePerf] = {}
+        gpu_of: dict[str, str | None] = {}
         counts: dict[str, int] = {}
         for item in listed:
             is_machine = item.kind == "m"
@@ -506,6 +516,7 @@ class RecordIndex:
                 counts[status] = counts.get(status, 0) + 1
                 if status == "bad":
                     bad.add(key)
+                    gpu_of[key] = gpu_name
                 if samples:
                     perf[key] = MachinePerf(key, gpu_name, samples, median, last)
             else:
@@ -520,7 +531,28 @@ class RecordIndex:
         frozen_unreadable = frozenset(unreadable)
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
                                     bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
-                                    bad_marks=lambda: self._bad_marks(machines))
+                                    bad_marks=lambda: self._bad_marks(machines),
+                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of))
+
+    def _bad_machines(self, machines: dict[str, str], bad: set[str],
+                      gpu_of: dict[str, str | None]) -> list[BadMachine]:
+        """RecordSet.bad_machines from the bad_view column: two entries per bad machine, not its record."""
+        views: dict[str, Any] = {}
+        blobs = sorted({machines[m] for m in bad})
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            for blob, data in self._db.execute(query, chunk):
+                views[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
+        source = self._evidence
+        out = []
+        for mid in sorted(bad):
+            blob = machines[mid]
+            host_id, note, marking_i, marking, last_i, last = views[blob]
+            out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
+                                  _entry(last, source, blob, last_i)))
+        return out
 
     def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
         """RecordSet.bad_marks from the marks column: no record is built."""
@@ -556,6 +588,12 @@ class RecordIndex:
                 out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
                                           benchmarks=benchmarks)
         return out
+
+
+def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, index: int | None) -> BenchmarkEntry | None:
+    if row is None or index is None:
+        return None
+    return BenchmarkEntry(**dict(zip(_ENTRY_FIELDS, row, strict=True)), evidence=StoredEvidence(source, blob, index))
 
 
 def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> RecordSet:

@@ -54,8 +54,8 @@ def deciding_entry(record: MachineRecord) -> BenchmarkEntry | None:
 
 def to_json(records: RecordSet) -> dict[str, Any]:
     bad = []
-    for rec in _bad(records):
-        entry = deciding_entry(rec)
+    for rec in records.bad_machines():
+        entry = rec.marking or rec.last  # what deciding_entry picks for a bad record
         bad.append({"machine_id": rec.machine_id, "host_id": rec.host_id, "gpu_name": rec.gpu_name,
                     "verdict": entry.verdict if entry else None, "reason": entry.reason if entry else rec.note,
                     "at": entry.at if entry else None, "instance_id": entry.instance_id if entry else None})
@@ -74,8 +74,8 @@ def render_text(records: RecordSet, spec_dir: Path) -> str:
     out = [f"{spec_dir}: {counts['machines']} machine record(s)" + (f" ({by_status})" if by_status else "")
            + f", {counts['image_suspects_active']} active image suspect(s), {len(records.problems)} unreadable"]
     bad_rows = []
-    for rec in _bad(records):
-        e = deciding_entry(rec)
+    for rec in records.bad_machines():
+        e = rec.marking or rec.last
         bad_rows.append([rec.machine_id, rec.host_id or "-", rec.gpu_name or "-", e.verdict if e else "-",
                          e.at if e else "-", _clip((e.reason if e else rec.note) or "set bad by hand")])
     out += ["", f"Bad machines ({len(bad_rows)}): excluded from every offer query"]
@@ -93,10 +93,6 @@ def render_text(records: RecordSet, spec_dir: Path) -> str:
         out += ["", f"Unreadable records ({len(records.problems)}): excluded from offers until fixed"]
         out += [f"  {p}" for p in records.problems]
     return "\n".join(out) + "\n"
-
-
-def _bad(records: RecordSet) -> list[MachineRecord]:
-    return records.bad_records()
 
 
 def _perf(records: RecordSet) -> list[Any]:

@@ -51,7 +51,7 @@ def _instant(text: str) -> datetime:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.cli.reconcile import desired_digest_arg, last_pass_path
+    from reconciler.cli._shared import desired_digest_arg, last_pass_path
 
     spec_dir: Path = args.workdir / "fleet-spec" if args.workdir else (args.spec_dir or Path("fleet-spec"))
     html_out: Path | None = args.html

@@ -163,6 +163,25 @@ class MachinePerf:
 
 
 @dataclass(frozen=True)
+class BadMachine:
+    """A machine its record says is bad, with the two entries the views show: the newest entry that marked it
+    bad (None: set bad by hand) and its newest entry (the pool it counts against)."""
+
+    machine_id: str
+    host_id: str | None
+    gpu_name: str | None
+    note: str | None
+    marking: BenchmarkEntry | None
+    last: BenchmarkEntry | None
+
+    @classmethod
+    def of(cls, record: MachineRecord) -> BadMachine:
+        marking = next((b for b in reversed(record.benchmarks) if b.marks_bad), None)
+        last = record.benchmarks[-1] if record.benchmarks else None
+        return cls(record.machine_id, record.host_id, record.gpu_name, record.note, marking, last)
+
+
+@dataclass(frozen=True)
 class RecordSet:
     """All records of a spec directory, plus the files that could not be read (never overwritten).
 
@@ -181,7 +200,8 @@ class RecordSet:
                    problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
                    bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf],
                    status_counts: Mapping[str, int],
-                   bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None) -> RecordSet:
+                   bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
+                   bad_machines: Callable[[], list[BadMachine]] | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
         (tests/unit/test_record_index.py compares them)."""
@@ -191,6 +211,8 @@ class RecordSet:
         out._derived["counts"] = dict(sorted(status_counts.items()))
         if bad_marks is not None:
             out._derived["marks_from"] = bad_marks
+        if bad_machines is not None:
+            out._derived["bad_view_from"] = bad_machines
         return out
 
     def bad_machine_ids(self) -> frozenset[str]:
@@ -211,6 +233,14 @@ class RecordSet:
     def bad_records(self) -> list[MachineRecord]:
         """The records with status bad, by machine id (not the unreadable ones: they have no record)."""
         return self.records_of(sorted(self.bad_machine_ids() - self.unreadable_machine_ids))
+
+    def bad_machines(self) -> list[BadMachine]:
+        """The bad machines by id, each with its marking and newest entries (not the unreadable ones)."""
+        if "bad_view" not in self._derived:
+            source = self._derived.get("bad_view_from")
+            self._derived["bad_view"] = source() if source is not None else [
+                BadMachine.of(rec) for rec in self.bad_records()]
+        return list(self._derived["bad_view"])
 
     def bad_marks(self) -> list[tuple[str, str | None, str]]:
         """(machine id, pool, at) of every recorded verdict that marked its machine bad (the kill budget's

@@ -149,13 +149,13 @@ def _recorded_rates(records: RecordSet) -> list[RatePoint]:
 
 def _bad_machines(records: RecordSet) -> tuple[BadMachineStatus, ...]:
     out = []
-    for rec in records.bad_records():
-        marking = next((b for b in reversed(rec.benchmarks) if b.marks_bad), None)
+    for bad in records.bad_machines():
+        marking = bad.marking
         if marking is None:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, None, None, None,
-                                        rec.note or "marked bad by hand (no verdict marked it)", None))
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
+                                        bad.note or "marked bad by hand (no verdict marked it)", None))
         else:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, marking.pool, marking.verdict,
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, marking.pool, marking.verdict,
                                         marking.blame, marking.reason, marking.at))
     return tuple(out)
 
@@ -207,9 +207,9 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     suspects = records.suspect_images()
     pools = []
     bad_by_pool: dict[str | None, set[str]] = {}  # a bad machine counts for the pool of its last benchmark
-    for rec in records.bad_records():
-        if rec.benchmarks:
-            bad_by_pool.setdefault(rec.benchmarks[-1].pool, set()).add(rec.machine_id)
+    for bad in records.bad_machines():
+        if bad.last is not None:
+            bad_by_pool.setdefault(bad.last.pool, set()).add(bad.machine_id)
     for pool in spec.pools:
         alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]
         bad_machines = bad_by_pool.get(pool.name, set())

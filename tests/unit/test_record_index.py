@@ -66,6 +66,7 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert indexed.bad_marks() == plain.bad_marks()
     assert indexed.status_counts() == plain.status_counts()
     assert indexed.bad_records() == plain.bad_records()
+    assert indexed.bad_machines() == plain.bad_machines()
     assert indexed.perf_history() == plain.perf_history()
     assert indexed.problems == plain.problems
     assert indexed.unreadable_machine_ids == plain.unreadable_machine_ids
