@@ -593,6 +593,8 @@ class RecordIndex:
 def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, index: int | None) -> BenchmarkEntry | None:
     if row is None or index is None:
         return None
+    if _EVIDENCE_LAST:
+        return BenchmarkEntry(*row, StoredEvidence(source, blob, index))  # type: ignore[call-arg]
     return BenchmarkEntry(**dict(zip(_ENTRY_FIELDS, row, strict=True)), evidence=StoredEvidence(source, blob, index))
 
 

@@ -48,6 +48,14 @@ def test_fleet_validate_imports_nothing_heavy(tmp_path: Path) -> None:
     assert result["code"] in (0, 1)
 
 
+@pytest.mark.parametrize("args", [["records", "--spec-dir", "fleet-spec"], ["plan", "--spec", "fleet-spec/fleet.yaml"],
+                                  ["status", "--spec-dir", "fleet-spec"]])
+def test_read_only_commands_import_no_git_or_http_stack(args: list[str]) -> None:
+    result = _run(*args)
+    assert result["heavy"] == []
+    assert result["code"] in (0, 1)
+
+
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_the_static_help_of_each_command_is_what_its_module_registers(name: str) -> None:
     parser = argparse.ArgumentParser()
