@@ -7,6 +7,7 @@ atomically. Git is elsewhere (`reconciler.adapters.git`).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -297,6 +298,24 @@ def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> Reco
     unreadable: set[str] = set()
     if cache is not None:
         cache.begin()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a bulk parse allocates millions of objects that all stay alive: cyclic GC passes are waste
+    try:
+        _load_into(spec_dir, cache, machines, images, problems, unreadable)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    if cache is not None:
+        cache.end()
+        if cache.parsed > 1000:
+            # The loop keeps these records for its lifetime: out of the collector's generations, later
+            # collections do not walk them again (objects still go when nothing refers to them).
+            gc.freeze()
+    return RecordSet(machines, images, tuple(problems), frozenset(unreadable))
+
+
+def _load_into(spec_dir: Path, cache: RecordCache | None, machines: dict[str, MachineRecord],
+               images: dict[str, ImageSuspectRecord], problems: list[str], unreadable: set[str]) -> None:
     for file in _yaml_files(spec_dir / MACHINES_DIR, problems):
         try:
             rec = _read_record(file, parse_machine_record, cache)
@@ -313,9 +332,6 @@ def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> Reco
             problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
             continue
         images[img.image_digest] = img
-    if cache is not None:
-        cache.end()
-    return RecordSet(machines, images, tuple(problems), frozenset(unreadable))
 
 
 def write_text_atomic(path: Path, text: str) -> None:
