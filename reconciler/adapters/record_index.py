@@ -345,10 +345,10 @@ class RecordIndex:
         for item in listed:
             path = item.path
             row = known.get(path)
-            if row is not None and row[5] and row[:5] == item.stat:
+            # Unchanged and settled, and its blob still indexed (a pruned or unstored blob is read again).
+            if row is not None and row[5] and row[:5] == item.stat and row[7] is not None:
                 blob_of[path] = row[6]
-                if row[7] is not None:
-                    stored[(row[6], item.kind)] = row[8:]
+                stored[(row[6], item.kind)] = row[8:]
                 self.reused += 1
                 continue
             read_at = self._clock_ns()

@@ -175,6 +175,16 @@ def test_a_corrupt_index_is_rebuilt(repo: Path) -> None:
         assert db.execute("SELECT count(*) FROM files").fetchone()[0] == 4
 
 
+def test_a_file_whose_blob_left_the_index_is_read_again(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    _index(repo).load(spec)
+    with sqlite3.connect(default_index_path(spec)) as db:  # as pruning leaves it: the file row, no blob row
+        db.execute("DELETE FROM blobs WHERE kind = 'm'")
+    index = _index(repo)
+    assert_same(index.load(spec), spec)
+    assert index.parsed == 3
+
+
 def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
     spec = repo / "fleet-spec"
     records = _index(repo).load(spec)
