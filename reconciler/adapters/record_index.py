@@ -44,6 +44,7 @@ from reconciler.adapters.record_files import (
     parse_machine_doc,
     parse_machine_record,
 )
+from reconciler.adapters.settings import settings
 from reconciler.domain.records import (
     _SAFE_ID,
     IMAGES_DIR,
@@ -85,7 +86,8 @@ def git_blob_id(raw: bytes) -> str:
 
 def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
     """`<git dir>/fleet/records.sqlite` of the checkout holding `spec_dir` (a worktree's own git dir), else
-    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (cache_home: $XDG_CACHE_HOME or ~/.cache)."""
+    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (cache_home: $XDG_CACHE_HOME, read by
+    the settings adapter, or ~/.cache)."""
     start = spec_dir.resolve()
     for folder in (start, *start.parents):
         dot_git = folder / ".git"
@@ -96,7 +98,7 @@ def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
             if text.startswith("gitdir:"):
                 git_dir = Path(text.removeprefix("gitdir:").strip())
                 return (folder / git_dir if not git_dir.is_absolute() else git_dir) / "fleet" / INDEX_NAME
-    base = cache_home or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    base = cache_home or settings().cache_home or Path.home() / ".cache"
     tag = hashlib.sha256(str(start).encode()).hexdigest()[:16]
     return base / "gpu-fleet" / f"records-{tag}.sqlite"
 
