@@ -47,7 +47,7 @@ from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs
 from reconciler.domain.status import status_view
-from reconciler.domain.surfaces import CommitLine
+from reconciler.domain.surfaces import CommitLine, LiveSnapshot
 from reconciler.flows.judge import PassResult, run_pass
 from reconciler.flows.provision import ApplyReport, Image, apply_fleet
 from reconciler.render.html import render_html
@@ -287,7 +287,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
                 outcome.passes, outcome.commits = loop.passes, list(loop.commits)
                 outcome.elapsed_s = loop.clock() - loop.start
             outcome.page_url = page_url
-            _final_report(settings, outcome, ci, store, image, echo)
+            _final_report(settings, outcome, ci, store, image, echo, surfaces.source.snapshot)
             if wait_for_interrupt is not None and settings.wait and page_url:
                 echo(f"live status page stays up at {page_url} - press Ctrl-C to stop the demo")
                 with contextlib.suppress(KeyboardInterrupt):
@@ -501,13 +501,14 @@ def _print_pass(result: PassResult, echo: Callable[[str], None]) -> None:
 
 
 def _final_report(settings: DemoSettings, outcome: DemoOutcome, ci: GitStore, store: ControllerStore, image: Image,
-                  echo: Callable[[str], None]) -> None:
+                  echo: Callable[[str], None], snapshot: Callable[[], LiveSnapshot]) -> None:
     ci.sync()
     spec = load_spec(ci.workdir / SPEC_PATH)
     records = load_records(ci.workdir / "fleet-spec")
     view = status_view(spec, records, store.reports(), datetime.now(UTC), desired_image_digest=image.digest)
     page = settings.workdir.resolve() / "status.html"
-    write_text_atomic(page, render_html(view, spec_source=f"origin:{SPEC_PATH}"))
+    # The static export of the live page (same templates), with spend, SLO and the recent commits.
+    write_text_atomic(page, render_html(view, spec_source=f"origin:{SPEC_PATH}", extras=snapshot().extras))
     story = outcome.story
     echo("")
     if story is not None and story.root_cause:
