@@ -91,6 +91,7 @@ class ImageStory:
     root_cause: str | None = None  # the one line that says what broke (printed first)
     held: list[str] = field(default_factory=list)  # machines whose failure the breaker held (not marked bad)
     paused: list[str] = field(default_factory=list)  # apply lines that held a pool back
+    rented_after_trip: list[str] = field(default_factory=list)  # must stay empty: a paused pool rents nothing
     recovered: bool = False
 
 
@@ -398,6 +399,8 @@ def _image_story(settings: DemoSettings, loop: _Loop, good: Image, before: DemoO
     def on_apply(line: str) -> None:
         if "paused" in line or "hold" in line.lower():
             story.paused.append(line)
+        if story.tripped and "rented machine" in line:
+            story.rented_after_trip.append(line)
 
     def judged_everything(result: PassResult, applied: bool) -> bool:
         for v in result.verdicts:
