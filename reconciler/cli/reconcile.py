@@ -24,23 +24,12 @@ from typing import TYPE_CHECKING, Any
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
 from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
-from reconciler.domain.records import RecordError, check_image_digest
+from reconciler.cli._shared import desired_digest_arg, last_pass_path
+from reconciler.domain.records import RecordError
 from reconciler.flows.judge import PassResult, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
-
-
-def last_pass_path(workdir: Path) -> Path:
-    """Beside the clone, not in it: the bot's work tree holds only what git tracks."""
-    workdir = Path(workdir)
-    return workdir.parent / f"{workdir.name}.last-pass.json"
-
-
-def desired_digest_arg(value: str | None) -> str | None:
-    """--image-digest, else $FLEET_IMAGE_DIGEST, else None (stale-image checks off)."""
-    value = value if value is not None else settings().image_digest
-    return check_image_digest(value) if value else None
 
 
 def _listen_address(text: str) -> tuple[str, int]:
