@@ -29,6 +29,7 @@ CI_ENV = "CI"
 REGISTRY_PASSWORD_ENV = "FLEET_REGISTRY_PASSWORD"  # noqa: S105
 TEST_PAUSE_AT_ENV = "FLEET_TEST_PAUSE_AT"
 TEST_PAUSE_FIFO_ENV = "FLEET_TEST_PAUSE_FIFO"
+CACHE_HOME_ENV = "XDG_CACHE_HOME"
 
 #: Every variable the package reads, with what it is for (README and `fleet --help` list these).
 ENVIRONMENT = {
@@ -43,6 +44,7 @@ ENVIRONMENT = {
                            "a worker log line printing it is redacted",
     TEST_PAUSE_AT_ENV: "crash tests only: stop the process at this step of publishing (write, push)",
     TEST_PAUSE_FIFO_ENV: "crash tests only: FIFO on which the paused step is announced",
+    CACHE_HOME_ENV: "where the record index of a spec directory outside git is kept (default ~/.cache)",
 }
 
 
@@ -85,6 +87,7 @@ class Settings:
     image_digest: str | None = None
     webhook_url: Secret | None = None
     ci: bool = False
+    cache_home: Path | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -95,9 +98,11 @@ class Settings:
             return Secret(value, f"${name}") if value else None
 
         digest = env.get(IMAGE_DIGEST_ENV, "").strip() or None
+        cache_home = env.get(CACHE_HOME_ENV, "").strip()
         return cls(controller_secret=secret(CONTROLLER_SECRET_ENV), admin_token=secret(ADMIN_TOKEN_ENV),
                    read_token=secret(READ_TOKEN_ENV), vast_api_key=secret(VAST_API_KEY_ENV), image_digest=digest,
-                   webhook_url=secret(WEBHOOK_URL_ENV), ci=env.get(CI_ENV, "").strip().lower() in ("true", "1"))
+                   webhook_url=secret(WEBHOOK_URL_ENV), ci=env.get(CI_ENV, "").strip().lower() in ("true", "1"),
+                   cache_home=Path(cache_home) if cache_home else None)
 
 
 WEBHOOK_ENV_PREFIX = "FLEET_WEBHOOK_"
@@ -108,6 +113,13 @@ def webhook_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
     `reconciler.adapters.webhooks.targets_from_env`. The URLs are secrets: never print this mapping."""
     env = os.environ if environ is None else environ
     return {k: v for k, v in env.items() if k.startswith(WEBHOOK_ENV_PREFIX)}
+
+
+def named_secret(name: str, environ: Mapping[str, str] | None = None) -> Secret | None:
+    """A secret held in an environment variable the spec names (e.g. a webhook's `url_env`)."""
+    env = os.environ if environ is None else environ
+    value = env.get(name, "").strip()
+    return Secret(value, f"${name}") if value else None
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
