@@ -371,18 +371,13 @@ class RecordIndex:
         wanted = {(blob_of[i.path], i.kind) for i in listed if i.path in blob_of} - stored.keys()
         stored.update(self._summaries(wanted))
         new: dict[tuple[str, str], _Parsed] = {}
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # a bulk parse allocates millions of objects that all live: cyclic GC passes are waste
-        try:
-            for item in listed:
-                found = blob_of.get(item.path)
-                if found is None or (found, item.kind) in stored or (found, item.kind) in new:
-                    continue
-                new[(found, item.kind)] = self._parse(raw_of[item.path], item.kind)
-                self.parsed += 1
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        todo: dict[tuple[str, str], bytes] = {}
+        for item in listed:
+            found = blob_of.get(item.path)
+            if found is not None and (found, item.kind) not in stored:
+                todo.setdefault((found, item.kind), raw_of[item.path])
+        new = self._parse_all(todo)
+        self.parsed = len(new)
         listed_paths = {i.path for i in listed}
         self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
         for key, parsed in new.items():
@@ -424,6 +419,57 @@ class RecordIndex:
                                         f"perf_median, perf_last FROM blobs WHERE blob IN ({marks})", chunk):
                 if (row[0], row[1]) in wanted:
                     out[(row[0], row[1])] = row[2:]
+        return out
+
+    #: A cold build parses this many blobs or more in two processes (the machine's second core).
+    PARALLEL_FROM = 2000
+
+    def _parse_all(self, todo: dict[tuple[str, str], bytes]) -> dict[tuple[str, str], _Parsed]:
+        """Parse the new blobs with the cyclic GC paused (a bulk parse allocates millions of objects that all
+        stay alive: collector passes over them are waste). A large batch (a cold build) is split with a forked
+        child parsing half: parsing is pure CPU, and the child hands back only the marshalled rows."""
+        keys = list(todo)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            if len(keys) >= self.PARALLEL_FROM and hasattr(os, "fork"):
+                return self._parse_forked(keys, todo)
+            return {key: self._parse(todo[key], key[1]) for key in keys}
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _parse_forked(self, keys: list[tuple[str, str]], todo: dict[tuple[str, str], bytes]
+                      ) -> dict[tuple[str, str], _Parsed]:
+        half = len(keys) // 2
+        theirs, mine = keys[:half], keys[half:]
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: parse its half, send the rows, leave without running any cleanup
+            code = 1
+            try:
+                os.close(read_end)
+                sent = [(key, *vars(self._parse(todo[key], key[1])).values()) for key in theirs]
+                with os.fdopen(write_end, "wb") as sink:
+                    sink.write(marshal.dumps(sent))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        out = {key: self._parse(todo[key], key[1]) for key in mine}
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        rows: list[Any] | None
+        try:
+            rows = marshal.loads(data) if os.waitstatus_to_exitcode(status) == 0 else None  # noqa: S302 - our child
+        except (EOFError, ValueError, TypeError):
+            rows = None
+        if rows is None:  # the child failed: parse its half here
+            out.update({key: self._parse(todo[key], key[1]) for key in theirs})
+        else:
+            for key, *values in rows:
+                out[tuple(key)] = _Parsed(*values)
         return out
 
     def _parse(self, raw: bytes, kind: str) -> _Parsed:

@@ -196,6 +196,18 @@ def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
         dict(later.machines["111"].benchmarks[0].evidence)
 
 
+def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path: Path) -> None:
+    spec = tmp_path / "spec"
+    for i in range(9):
+        _write(spec, _record(f"{i}00", 40.0 + i, 10.0, bad=i % 3 == 0))
+    (spec / "machines" / "broken.yaml").write_text("machine_id: 'broken'\nstatus: maybe\nbenchmarks: []\n")
+    index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index.PARALLEL_FROM = 2  # the child parses half of the 10 new blobs
+    assert_same(index.load(spec), spec)
+    assert index.parsed == 10
+    assert_same(RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec), spec)  # what was stored
+
+
 def test_git_blob_ids_match_git(repo: Path) -> None:
     path = machine_record_path(repo / "fleet-spec", "111")
     assert git_blob_id(path.read_bytes()) == git(repo, "hash-object", str(path)).strip()
