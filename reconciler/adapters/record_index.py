@@ -57,14 +57,15 @@ from reconciler.domain.records import (
     RecordError,
     RecordSet,
 )
+from reconciler.domain.verdicts import RATE_VERDICTS
 
 INDEX_NAME = "records.sqlite"
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 3
+FORMAT = 4
 _PLACEHOLDER = "\x00record-file\x00"
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
-_PERF_VERDICTS = ("ok", "below-min-rate")
+_PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -74,7 +75,7 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
 CREATE TABLE IF NOT EXISTS blobs (
   blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
-  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB,
+  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB, last_price REAL,
   PRIMARY KEY (blob, kind));
 """
 
@@ -104,7 +105,7 @@ def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
 
 
 def _version() -> str:
-    h = hashlib.sha256(f"{FORMAT}:{_ENTRY_FIELDS}".encode())
+    h = hashlib.sha256(f"{FORMAT}:{_ENTRY_FIELDS}:{sorted(RATE_VERDICTS)}".encode())
     for name in ("machine-record.schema.json", "image-suspect.schema.json"):
         h.update((SCHEMA_DIR / name).read_bytes())
     return h.hexdigest()
@@ -130,6 +131,7 @@ class _Parsed:
     data: bytes | None = None
     marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
     bad_view: bytes | None = None  # marshal (host, note, marking index, marking entry, last index, last entry)
+    last_price: float | None = None  # the newest entry's price that has one
 
 
 class StoredEvidence(Mapping[str, Any]):
@@ -501,8 +503,10 @@ class RecordIndex:
         bad_view = marshal.dumps((None if host_id is None else str(host_id), doc.get("note"), marking,
                                   None if marking is None else entries[marking], last,
                                   None if last is None else entries[last]))
+        price = _ENTRY_FIELDS.index("price_usd_per_hour")
+        last_price = next((e[price] for e in reversed(entries) if e[price] is not None), None)
         return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
-                       bad_view=bad_view)
+                       bad_view=bad_view, last_price=last_price)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> None:
@@ -514,9 +518,9 @@ class RecordIndex:
             return
         try:
             self._db.executemany(
-                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
-                  p.bad_view)
+                  p.bad_view, p.last_price)
                  for (blob, kind), p in new.items()])
             self._db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
             self._db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
@@ -580,7 +584,8 @@ class RecordIndex:
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
                                     bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
                                     bad_marks=lambda: self._bad_marks(machines),
-                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of))
+                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of),
+                                    last_prices=lambda: self._last_prices(machines))
 
     def _bad_machines(self, machines: dict[str, str], bad: set[str],
                       gpu_of: dict[str, str | None]) -> list[BadMachine]:
@@ -601,6 +606,17 @@ class RecordIndex:
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
                                   _entry(last, source, blob, last_i)))
         return out
+
+    def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:
+        """RecordSet.last_prices from the last_price column."""
+        by_blob: dict[str, float | None] = {}
+        blobs = list(dict.fromkeys(machines.values()))
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, last_price FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            by_blob.update(self._db.execute(query, chunk).fetchall())
+        return {mid: by_blob[blob] for mid, blob in machines.items()}
 
     def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
         """RecordSet.bad_marks from the marks column: no record is built."""
