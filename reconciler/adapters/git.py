@@ -19,15 +19,29 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
-
-import git
+from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.record_files import write_text_atomic
 from reconciler.adapters.settings import test_pause_point
 from reconciler.domain import errors
 from reconciler.domain.backoff import backoff_delay
-from reconciler.domain.surfaces import CommitLine
+
+if TYPE_CHECKING:
+    import git
+
+    from reconciler.domain.surfaces import CommitLine
+else:
+    class _LazyGitPython:
+        """gitpython, imported on first use: `fleet why` reads through GitReader (plain git) and should not pay
+        for importing gitpython (and its regexes) on every start."""
+
+        def __getattr__(self, name: str) -> Any:
+            import git as module
+
+            globals()["git"] = module
+            return getattr(module, name)
+
+    git = _LazyGitPython()
 
 BOT_NAME = "fleet-reconciler"
 BOT_EMAIL = "fleet-reconciler@users.noreply.invalid"
@@ -488,6 +502,8 @@ class GitStore:
     def recent_commits(self, n: int = 15, ref: str | None = None) -> list[CommitLine]:
         """The newest `n` commits of `ref` (default: the remote branch, what everyone sees), newest first.
         Read through `git log` of the bot's clone; the live status page lists them."""
+        from reconciler.domain.surfaces import CommitLine
+
         out = self._log(f"--max-count={max(n, 1)}", f"--format=%H{_FS}%cI{_FS}%an{_FS}%s", ref or self.remote_ref)
         lines = []
         for line in out.splitlines():
