@@ -108,6 +108,13 @@ def webhook_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
     return {k: v for k, v in env.items() if k.startswith(WEBHOOK_ENV_PREFIX)}
 
 
+def named_secret(name: str, environ: Mapping[str, str] | None = None) -> Secret | None:
+    """A secret held in an environment variable the spec names (e.g. a webhook's `url_env`)."""
+    env = os.environ if environ is None else environ
+    value = env.get(name, "").strip()
+    return Secret(value, f"${name}") if value else None
+
+
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The process's settings. Read on each call (cheap): a long-running process sees a rotated secret on
     its next operation, and tests pass their own `environ` instead of patching the process's."""
