@@ -44,21 +44,28 @@ class PassDecision:
         return tuple(v for v in self.verdicts if v.machine_id in self.machine_records)
 
     def summary(self) -> str:
+        """The commit subject: the root cause of the pass's most important verdict FIRST (issue 14), then counts.
+
+        `fleet: machine 40213 benchmark-error: benchmark exit 1, 0/10 proofs: Error: ... (blame: image) [2 verdicts;
+        1 held by circuit-breaker; image sha256:a1a1 suspect: daemon-connection-refused]`."""
         recorded = self.recorded
         bad = [v for v in recorded if v.marks_bad]
         held = [v for v in recorded if v.held_by]
-        parts = []
-        if len(bad) == 1:
-            parts.append(f"1 bad: machine {bad[0].machine_id} {bad[0].reason}")
-        elif bad:
+        noun = "verdict" if len(recorded) == 1 else "verdicts"
+        parts = [f"{len(recorded)} {noun}"]
+        if len(bad) > 1:
             parts.append(f"{len(bad)} bad: machines {', '.join(sorted({str(v.machine_id) for v in bad}))}")
+        elif bad:
+            parts.append(f"1 bad: machine {bad[0].machine_id}")
         if held:
             parts.append(f"{len(held)} held by {'/'.join(sorted({str(v.held_by) for v in held}))}")
         for digest, rec in sorted(self.image_records.items()):
             parts.append(f"image {digest[:19]} {rec.status}: {rec.signature}")
-        noun = "verdict" if len(recorded) == 1 else "verdicts"
-        detail = f" ({'; '.join(parts)})" if parts else ""
-        return f"fleet: {len(recorded)} {noun}{detail}"
+        first = next(iter(bad), None) or next((v for v in recorded if v.is_failure), None) or \
+            next(iter(recorded), None)
+        if first is None:
+            return f"fleet: {'; '.join(parts)}"
+        return f"fleet: machine {first.machine_id} {first.root_cause()} [{'; '.join(parts)}]"
 
     def body(self) -> str:
         lines = []
