@@ -37,6 +37,8 @@ class PassDecision:
     pending: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     kill_budgets: Mapping[str, KillBudget] = field(default_factory=dict)
+    #: (instance id, reason) of reports that cannot be judged; the others were judged regardless.
+    quarantined: tuple[tuple[str, str], ...] = ()
 
     @property
     def recorded(self) -> tuple[Verdict, ...]:
@@ -99,8 +101,13 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     pending: list[str] = []
     candidates: list[Verdict] = []
     unrecordable: list[Verdict] = []
+    quarantined: list[tuple[str, str]] = []
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
         if report.instance_id in judged:
+            continue
+        if report.quarantine is not None:
+            quarantined.append((report.instance_id, report.quarantine))
+            notes.append(f"instance {report.instance_id}: quarantined, not judged: {report.quarantine}")
             continue
         pool = _pool(spec, report.pool)
         if pool is None:
@@ -109,14 +116,29 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
         prior = _params_strikes(history, candidates, machine_id)
-        verdict = judge(report, pool, now, desired_image_digest=desired_image_digest, prior_params_failures=prior)
+        try:
+            verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
+                            prior_params_failures=prior)
+        except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as exc:
+            # A report the judge cannot read must not stop the others: quarantined with its reason.
+            reason = f"cannot be judged: {type(exc).__name__}: {exc}"
+            quarantined.append((report.instance_id, reason))
+            notes.append(f"instance {report.instance_id}: quarantined, not judged: {reason}")
+            continue
         if verdict is None:
             pending.append(report.instance_id)
             continue
         if machine_id is None:
-            notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
-                         f"{report.machine_id!r} is missing or unsafe")
             unrecordable.append(verdict)
+            if report.machine_id is None:
+                notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
+                             "None is missing or unsafe")
+            else:
+                reason = (f"machine id {report.machine_id!r} is missing or unsafe: not a valid id (full match of "
+                          "[A-Za-z0-9][A-Za-z0-9_.-]*, no '..')")
+                quarantined.append((report.instance_id, reason))
+                notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded, quarantined: "
+                             f"{reason}")
         elif machine_id in records.unreadable_machine_ids:
             notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: the record of "
                          f"machine {machine_id} is unreadable (fix it; it is never overwritten)")
@@ -132,7 +154,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         changed[v.machine_id] = current.with_entry(v.to_entry(), host_id=v.host_id, gpu_name=v.gpu_name)
     return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
                         image_records=guarded.image_records,
-                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets)
+                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,
+                        quarantined=tuple(quarantined))
 
 
 def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:

@@ -97,6 +97,9 @@ class InstanceReport:
     log_tail: tuple[str, ...] = ()
     dropped_log_lines: int = 0
     destroyed_at: datetime | None = None
+    #: Why this report cannot be judged (unreadable stored data, an identifier that is not valid): it is
+    #: quarantined, shown with this reason, and never stops the judging of the others.
+    quarantine: str | None = None
 
     def first(self, phase: str, status: str) -> PhaseEvent | None:
         return next((e for e in self.events if e.phase == phase and e.status == status), None)
