@@ -396,6 +396,9 @@ def worker_env(tmp: Path, controller_url: str, params_url: str | None, **overrid
         "FLEET_DAEMON_WAIT_S": "20",
         "FLEET_LOG_FINAL_FLUSH_S": "10",
         "FLEET_CGROUP_DIR": str(cgroup),
+        # The host's kernel log is not the worker's (and dmesg is host state): a file the test controls.
+        "FLEET_KERNEL_LOG_FILE": str(tmp / "kmsg"),
+        "STANDIN_KMSG_FILE": str(tmp / "kmsg"),
         "STANDIN_CGROUP_DIR": str(cgroup),
         "STANDIN_STATE_DIR": str(tmp / "standin"),
         "STANDIN_SECONDS_PER_PROOF": "0.05",

@@ -79,37 +79,46 @@ export FLEET_SECTOR_NUM FLEET_MINER_ID
 # Copies cuzk-bench output to the log and bench.log; sends progress events at a bounded rate, at most one
 # in flight (a slow controller must not stall the benchmark's output pipe). Counts come from the daemon's
 # log as well as cuzk-bench's lines: with -j > 1 the latter appear only at the end.
+# details.proofs: every per-proof line so far ({index, label, seconds}), for early verdicts (serving).
 progress_event() { # REPORTED_OK REPORTED_BAD
   local dc dbad
   read -r dc dbad < <(daemon_counts)
   fleet_event benchmark progress --attempts 2 --details "$(jq -cn --argjson ok "$1" --argjson bad "$2" \
-    --argjson dc "$dc" --argjson dbad "$dbad" --argjson n "$FLEET_BENCH_PROOFS" \
-    '{completed: ([$ok, $dc] | max), failed: ([$bad, $dbad] | max), requested: $n, reported: ($ok + $bad)}')"
+    --argjson dc "$dc" --argjson dbad "$dbad" --argjson n "$FLEET_BENCH_PROOFS" --rawfile seen "$SEEN_TSV" '
+    {completed: ([$ok, $dc] | max), failed: ([$bad, $dbad] | max), requested: $n, reported: ($ok + $bad),
+     proofs: [$seen | split("\n")[] | select(. != "") | split("\t")
+              | {index: (.[0] | tonumber), "label": .[1], seconds: (.[2] | tonumber? // null)}][-200:]}')"
 }
+SEEN_TSV="$FLEET_TMP_DIR/bench.seen.tsv"
+: >"$SEEN_TSV"
 follow_bench() {
-  local line ok=0 bad=0 last_sent=$EPOCHSECONDS poster=""
+  local line ok=0 bad=0 last_sent=$EPOCHSECONDS poster="" label unsent=0
   while :; do
     if IFS= read -r -t 1 line; then
       line=${line//$'\r'/}
       [[ -n ${FLEET_TOKEN:-} ]] && line=${line//"$FLEET_TOKEN"/[redacted]}
       printf '%s\n' "$line"
       printf '%s\n' "${line:0:4000}" >>"$BENCH_LOG"
-      if [[ $line =~ ^[[:space:]]*\[[0-9]+/[0-9]+\][[:space:]]+([A-Za-z]+)[[:space:]] ]]; then
-        case ${BASH_REMATCH[1]} in
-          ok | OK | COMPLETED) ok=$((ok + 1)) ;;
+      if [[ $line =~ ^[[:space:]]*\[([0-9]+)/[0-9]+\][[:space:]]+([A-Za-z]+)[[:space:]]+[^[:space:]]+[[:space:]]+([0-9.]+)s ]]; then
+        label=${BASH_REMATCH[2]}
+        case $label in
+          ok | OK | COMPLETED) ok=$((ok + 1)) label=COMPLETED ;;
           *) bad=$((bad + 1)) ;;
         esac
+        printf '%s\t%s\t%s\n' "${BASH_REMATCH[1]}" "$label" "${BASH_REMATCH[3]}" >>"$SEEN_TSV"
+        unsent=1
       fi
     else
       (($? > 128)) || break # EOF (a timeout of read -t is > 128)
     fi
     if ((EPOCHSECONDS - last_sent >= FLEET_PROGRESS_INTERVAL_S)) && ! { [[ -n $poster ]] && kill -0 "$poster" 2>/dev/null; }; then
-      last_sent=$EPOCHSECONDS
+      last_sent=$EPOCHSECONDS unsent=0
       progress_event "$ok" "$bad" &
       poster=$!
     fi
   done
   if [[ -n $poster ]]; then wait "$poster" || true; fi
+  if ((unsent)); then progress_event "$ok" "$bad"; fi # the last lines (with -j > 1: all of them) arrive at once
 }
 
 args=(batch -t "$FLEET_BENCH_PROOF_TYPE" --c1 "$c1" -c "$FLEET_BENCH_PROOFS" -j "$FLEET_BENCH_CONCURRENCY"
@@ -122,6 +131,9 @@ set -e
 elapsed=$(awk -v a="$t0" -v b="$(fleet_epoch)" 'BEGIN { printf "%.3f", b - a }')
 sleep 0.2 # the daemon's last lines reach daemon.log
 fleet_daemon_epitaph | tee -a "$BENCH_LOG"
+if ((rc != 0)) || ! grep -q '^failed: *0$' "$BENCH_LOG"; then
+  fleet_kernel_xids | tee -a "$BENCH_LOG"
+fi
 
 # Parse bench.log: the one record of what cuzk-bench said.
 ok_lines=0 bad_lines=0 in_summary=0 sum_completed="" sum_failed="" ppm="" spp=""

@@ -44,6 +44,7 @@ fail_warmup() { # CODE MESSAGE
   shift
   printf 'fleet: %s\n' "$*" >>"$WLOG"
   fleet_daemon_epitaph >>"$WLOG"
+  fleet_kernel_xids | tee -a "$WLOG"
   fleet_write_result error "$code" 0 0 null null "$WLOG"
   fleet_fail "$code" "warm-up failed: $*"
 }

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from reconciler.domain import errors
-from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, parse_time
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, parse_time
 from reconciler.domain.redact import redact_line, redact_lines
 
 SCHEMA_VERSION = 1
@@ -179,6 +179,13 @@ def _redacted_event(doc: Mapping[str, Any]) -> dict[str, Any]:
 def _redacted_result(doc: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(doc)
     out["log_tail"] = redact_lines(out.get("log_tail", []))
+    # Protocol v1 additions (issue 13): the daemon's log and the per-proof reasons are evidence too.
+    if "daemon_log_tail" in out:
+        out["daemon_log_tail"] = redact_lines(out.get("daemon_log_tail") or [])
+    if isinstance(out.get("proofs"), list):
+        out["proofs"] = _redact_strings(out["proofs"])
+    if isinstance(out.get("warmup"), dict):
+        out["warmup"] = _redact_strings(out["warmup"])
     return out
 
 
@@ -190,7 +197,10 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         exit_code=doc.get("exit_code"), proofs_per_hour=doc.get("proofs_per_hour"),
         seconds_per_proof=doc.get("seconds_per_proof"), proof_type=doc.get("proof_type"),
         concurrency=doc.get("concurrency"), image_digest=doc.get("image_digest"),
-        log_tail=tuple(doc.get("log_tail", ())))
+        log_tail=tuple(doc.get("log_tail", ())),
+        proofs=tuple(ProofResult(index=p["index"], label=p["label"], seconds=p.get("seconds"), reason=p.get("reason"))
+                     for p in doc.get("proofs") or ()),
+        daemon_log=tuple(doc.get("daemon_log_tail") or ()))
 
 
 _INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "

@@ -107,6 +107,9 @@ def test_success_reports_every_phase_then_a_completed_result(world: WorkerBench)
         len(b) for b in world.mirror.files.values())
     bench_progress = [e["details"] for e in rx.events() if e["phase"] == "benchmark" and e["status"] == "progress"]
     assert bench_progress and all(d["requested"] == 6 for d in bench_progress)
+    # Per-proof streaming (early verdicts): the last progress event lists every proof line seen so far.
+    assert bench_progress[-1]["reported"] == 6
+    assert [(p["index"], p["label"]) for p in bench_progress[-1]["proofs"]] == [(i, "COMPLETED") for i in range(1, 7)]
 
     [result] = rx.results()
     assert result["outcome"] == "completed"
@@ -402,3 +405,17 @@ def test_missing_required_environment_fails_before_anything_starts(tmp_path: Pat
     assert proc.returncode == 64
     assert "missing required environment: FLEET_TOKEN" in proc.stderr
     assert receiver.all() == []
+
+
+def test_deadline_with_j_above_1_counts_what_the_daemon_finished(world: WorkerBench) -> None:
+    # With -j 3 cuzk-bench prints no per-proof line until all 8 proofs were submitted; at the deadline the
+    # worker counts the proofs from the daemon's log instead of reporting 0.
+    proc = world.run(FLEET_BENCH_PROOFS="8", FLEET_BENCH_CONCURRENCY="3", FLEET_BENCH_TIMEOUT_S="4",
+                     STANDIN_SECONDS_PER_PROOF="1", STANDIN_SRS_LOAD_S="0.1", STANDIN_FIRST_PROOF_EXTRA_S="0")
+    rx = world.receiver
+    assert proc.returncode == 124, explain(proc, rx)
+    [result] = rx.results()
+    assert result["outcome"] == "timeout" and result["concurrency"] == 3
+    assert not any("[1/8]" in line for line in result["log_tail"])  # cuzk-bench printed nothing per proof
+    assert 2 <= result["completed"] <= 5 and result["proofs_per_hour"] > 0
+    assert f"{result['completed']} of 8 proofs completed" in the_failure(world)["message"]

@@ -71,7 +71,7 @@ def test_every_printed_cuzk_line_cites_its_source() -> None:
             code = text.split(" #")[0].strip()
             prints = code.startswith(("standin_trace ", "echo ", "printf ")) and not code.startswith("printf -v")
             to_file = re.search(r">>?\s*\"?\$", code) is not None
-            if prints and not to_file and "[gpu-fleet stand-in]" not in code:
-                if not (CITATION.search(text) or CITATION.search(previous)):
-                    missing.append(f"{name}:{number}: {code[:100]}")
+            cited = CITATION.search(text) or CITATION.search(previous)
+            if prints and not to_file and "[gpu-fleet stand-in]" not in code and not cited:
+                missing.append(f"{name}:{number}: {code[:100]}")
     assert missing == []

@@ -475,3 +475,17 @@ fleet_write_result() {
   mv -f "$out.tmp" "$out"
   rm -f "$tail" "$dtail"
 }
+
+# NVIDIA Xid lines from the kernel log, as evidence next to a GPU failure (a container sees only the CUDA
+# error an Xid causes; the Xid number says whose fault it is). FLEET_KERNEL_LOG_FILE if set, else dmesg when
+# the container may read it (often it may not: then nothing).
+fleet_kernel_xids() {
+  local src=${FLEET_KERNEL_LOG_FILE:-}
+  {
+    if [[ -n $src ]]; then
+      [[ -r $src ]] && grep -a 'NVRM: Xid' "$src"
+    else
+      timeout 5 dmesg 2>/dev/null | grep -a 'NVRM: Xid'
+    fi
+  } 2>/dev/null | tail -n 5 | sed 's/^/kernel: /' || true
+}
