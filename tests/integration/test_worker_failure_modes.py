@@ -129,8 +129,7 @@ MODES: dict[str, Mode] = {
     "self-check-intermittent": Mode(
         {"STANDIN_FAIL": "self-check", "STANDIN_FAIL_PROOFS": "3 6"}, 0, None,
         "Phase 7: PoRep proof self-check FAILED — proof will NOT be returned to caller",
-        "benchmark-error", "machine",
-        main_wrong="main judges the rate of a completed batch and ignores FAILED proofs"),
+        "benchmark-error", "machine"),
     "gpu-oom": Mode(
         {"STANDIN_FAIL": "gpu-oom"}, 75, "warmup",
         'cudaMallocAsync(&d_ptr, sz, stream)@sppark-0.1.14/util/gpu_t.cuh:73 failed: \\"out of memory\\"',
@@ -146,13 +145,17 @@ MODES: dict[str, Mode] = {
         "uncorrectable ECC error encountered", "benchmark-error", "machine"),
     "no-cuda": Mode(
         {"STANDIN_FAIL": "no-cuda"}, 1, "warmup",
-        "nvidia-smi not available, defaulting to single GPU (ordinal 0)", "benchmark-error", "machine"),
+        "nvidia-smi not available, defaulting to single GPU (ordinal 0)", "benchmark-error", "machine",
+        main_wrong="reads `failed to load SRS from` as host memory (configuration); the daemon's `nvidia-smi not "
+                   "available` warning, the only sign that no GPU is visible, is not a signature"),
     "srs-missing": Mode(
         {"STANDIN_FAIL": "srs-missing"}, 1, "warmup",
         "SRS param file not found for Porep32G: ", "benchmark-error", "params"),
     "srs-budget-too-small": Mode(
         {"STANDIN_SRS_GIB": "200"}, 78, "warmup",
-        "acquire request exceeds total budget — will block until possible", "benchmark-error", "configuration"),
+        "acquire request exceeds total budget — will block until possible", "benchmark-error", "configuration",
+        main_wrong="no signature for the daemon's blocking budget warning (memory.rs:188-192) nor the worker's "
+                   "exit 78; blame comes out unknown"),
     "daemon-oom-killed": Mode(
         {"STANDIN_FAIL": "daemon-oom-killed", "STANDIN_FAIL_PROOFS": "2"}, 1, "benchmark",
         "oom_kill 0 -> 1: the kernel OOM killer ended it", "benchmark-error", "configuration"),
