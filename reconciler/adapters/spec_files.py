@@ -167,7 +167,9 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         # Plan-time refusal: a pool whose machines cannot hold its own workload (cuzk would block on its
         # memory budget or be OOM-killed on every machine rented, and the verdicts would blame them).
         ram, proof_type = pool.get("min_host_ram_gb", 128), bench.get("proof_type", "porep")
-        if isinstance(ram, int) and isinstance(conc, int) and isinstance(proof_type, str):
+        # (Not while concurrency itself is refused above: one problem, one line.)
+        if isinstance(ram, int) and isinstance(conc, int) and isinstance(proof_type, str) and not (
+                isinstance(proofs, int) and conc > proofs):
             why = ram_shortfall(ram, proof_type, conc)
             if why is not None:
                 add(("pools", i, "min_host_ram_gb"), f"got {ram}: {why}")

@@ -150,7 +150,7 @@ MODES: dict[str, Mode] = {
                    "available` warning, the only sign that no GPU is visible, is not a signature"),
     "srs-missing": Mode(
         {"STANDIN_FAIL": "srs-missing"}, 1, "warmup",
-        "SRS param file not found for Porep32G: ", "benchmark-error", "params"),
+        '    status: Internal, message: "SRS param file not found for Porep32G: ', "benchmark-error", "params"),
     "srs-budget-too-small": Mode(
         {"STANDIN_SRS_GIB": "200"}, 78, "warmup",
         "acquire request exceeds total budget — will block until possible", "benchmark-error", "configuration",
