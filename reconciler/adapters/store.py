@@ -179,13 +179,13 @@ def _redacted_event(doc: Mapping[str, Any]) -> dict[str, Any]:
 def _redacted_result(doc: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(doc)
     out["log_tail"] = redact_lines(out.get("log_tail", []))
-    # Protocol v1 additions (issue 13): the daemon's log and the per-proof reasons are evidence too.
-    if "daemon_log_tail" in out:
-        out["daemon_log_tail"] = redact_lines(out.get("daemon_log_tail") or [])
-    if isinstance(out.get("proofs"), list):
-        out["proofs"] = _redact_strings(out["proofs"])
-    if isinstance(out.get("warmup"), dict):
-        out["warmup"] = _redact_strings(out["warmup"])
+    if out.get("daemon_log_tail"):
+        out["daemon_log_tail"] = redact_lines(out["daemon_log_tail"])
+    if out.get("proofs"):
+        out["proofs"] = [{**p, "reason": redact_line(p["reason"])} if isinstance(p, Mapping) and p.get("reason")
+                         else p for p in out["proofs"]]
+    if isinstance(out.get("warmup"), dict) and out["warmup"].get("reason"):
+        out["warmup"] = {**out["warmup"], "reason": redact_line(out["warmup"]["reason"])}
     return out
 
 
@@ -198,8 +198,9 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         seconds_per_proof=doc.get("seconds_per_proof"), proof_type=doc.get("proof_type"),
         concurrency=doc.get("concurrency"), image_digest=doc.get("image_digest"),
         log_tail=tuple(doc.get("log_tail", ())),
-        proofs=tuple(ProofResult(index=p["index"], label=p["label"], seconds=p.get("seconds"), reason=p.get("reason"))
-                     for p in doc.get("proofs") or ()),
+        # Protocol additions (issue 13; optional): per-proof results and the daemon's filtered log.
+        proofs=tuple(ProofResult(p["index"], p["label"], p.get("seconds"), p.get("reason"))
+                     for p in doc.get("proofs") or () if isinstance(p, Mapping)),
         daemon_log=tuple(doc.get("daemon_log_tail") or ()))
 
 

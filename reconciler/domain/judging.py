@@ -100,6 +100,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
     candidates: list[Verdict] = []
+    by_machine: dict[str | None, list[Verdict]] = {}  # this pass's candidates per machine (params strikes)
     unrecordable: list[Verdict] = []
     quarantined: list[tuple[str, str]] = []
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
@@ -115,7 +116,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             continue
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
-        prior = _params_strikes(history, candidates, machine_id)
+        prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
         try:
             verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
                             prior_params_failures=prior)
@@ -145,6 +146,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             unrecordable.append(verdict)
         else:
             candidates.append(verdict)
+            by_machine.setdefault(machine_id, []).append(verdict)
     guarded = apply_guards(spec, records, candidates, now)
     notes += guarded.notes
     changed: dict[str, MachineRecord] = {}

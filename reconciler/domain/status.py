@@ -126,11 +126,15 @@ class FleetStatus:
         return out
 
 
-def _recorded_entries(records: RecordSet) -> dict[str, tuple[str, BenchmarkEntry]]:
+def _recorded_entries(records: RecordSet, reports: Sequence[InstanceReport]) -> dict[str, tuple[str, BenchmarkEntry]]:
+    """The recorded entry of each reported instance. A verdict is recorded in the record of the report's own
+    machine (decide writes it there), so only those records are read, not the whole fleet's."""
+    wanted = {r.instance_id for r in reports}
     out: dict[str, tuple[str, BenchmarkEntry]] = {}
-    for rec in records.machines.values():
+    for rec in records.records_of(sorted({r.machine_id for r in reports if r.machine_id is not None})):
         for entry in rec.benchmarks:
-            out[entry.instance_id] = (rec.machine_id, entry)
+            if entry.instance_id in wanted:
+                out[entry.instance_id] = (rec.machine_id, entry)
     return out
 
 
@@ -147,25 +151,28 @@ def _recorded_rates(records: RecordSet) -> list[RatePoint]:
 
 def _bad_machines(records: RecordSet) -> tuple[BadMachineStatus, ...]:
     out = []
-    for rec in sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id):
-        marking = next((b for b in reversed(rec.benchmarks) if b.marks_bad), None)
+    for bad in records.bad_machines():
+        marking = bad.marking
         if marking is None:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, None, None, None,
-                                        rec.note or "marked bad by hand (no verdict marked it)", None))
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
+                                        bad.note or "marked bad by hand (no verdict marked it)", None))
         else:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, marking.pool, marking.verdict,
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, marking.pool, marking.verdict,
                                         marking.blame, marking.reason, marking.at))
     return tuple(out)
 
 
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
-                notes: Sequence[str] = ()) -> FleetStatus:
-    recorded = _recorded_entries(records)
+                notes: Sequence[str] = (), include_rates: bool = True) -> FleetStatus:
+    """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
+    HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
+    reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
+    recorded = _recorded_entries(records, reports)
     pools_by_name = {p.name: p for p in spec.pools}
     instances: list[InstanceStatus] = []
-    rates = _recorded_rates(records)
-    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+    rates = _recorded_rates(records) if include_rates else []
+    for report in reports:
         times = report.phase_times()
         # Lifecycle order, not time order: registration is stamped by the controller's clock, phases by
         # the worker's, and a skewed worker clock must not make "registered" look like the last step.
@@ -182,7 +189,7 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             if judged is not None:
                 verdict, blame, marks_bad = judged.verdict, judged.blame, judged.marks_bad
                 cause = judged.root_cause() + " [not yet recorded]"
-                if report.machine_id is not None:
+                if report.machine_id is not None and include_rates:
                     rates.append(RatePoint(report.pool, report.machine_id, report.instance_id,
                                            format_time(judged.at), judged.verdict, judged.blame,
                                            judged.proofs_per_hour, False))
@@ -201,10 +208,13 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     budgets = kill_budgets(spec, records, now)
     suspects = records.suspect_images()
     pools = []
+    bad_by_pool: dict[str | None, set[str]] = {}  # a bad machine counts for the pool of its last benchmark
+    for bad in records.bad_machines():
+        if bad.last is not None:
+            bad_by_pool.setdefault(bad.last.pool, set()).add(bad.machine_id)
     for pool in spec.pools:
         alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]
-        bad_machines = {m for m, rec in records.machines.items() if rec.is_bad
-                        and rec.benchmarks and rec.benchmarks[-1].pool == pool.name}
+        bad_machines = bad_by_pool.get(pool.name, set())
         budget = budgets[pool.name]
         pause = pool_pause(pool.name, records, desired_image_digest)
         naming = [s for s in suspects.values() if pool.name in s.pools or not s.pools]
