@@ -39,7 +39,7 @@ def test_the_real_build_is_the_pinned_curio_with_rust_186_and_protoc() -> None:
 
 def test_the_workflow_builds_the_real_target() -> None:
     workflow = (REPO_ROOT / ".github" / "workflows" / "worker-image.yml").read_text()
-    assert "target: real" in workflow and "context: worker-image" in workflow
+    assert "--target real" in workflow and "worker-image" in workflow
 
 
 def test_cuzk_is_the_daemon_stand_in_too() -> None:
