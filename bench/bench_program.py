@@ -37,6 +37,7 @@ MACHINES = 10_000
 POOLS = (("rtx4090", "RTX 4090", 40, 400), ("rtx5090", "RTX 5090", 90, 250), ("pro4000", "RTX PRO 4000", 29, 250),
          ("rtx3090", "RTX 3090", 25, 100))  # 1,000 slots
 DIGEST = "sha256:" + "b2" * 32
+CPU_TIMES: list[float] = []
 
 
 def spec_text(context: Path) -> str:
@@ -64,9 +65,11 @@ class RegisterOnly(pulumi.runtime.Mocks):
 
 
 def run_program(root: Path, mocks: RegisterOnly) -> float:
+    """Wall seconds of one program run; its CPU seconds are appended to CPU_TIMES (wall time on this shared
+    2-core machine mostly measures the other processes)."""
     config = {"gpu-fleet:specPath": str(root / "fleet-spec" / "fleet.yaml"), "gpu-fleet:backend": "vastai",
               "gpu-fleet:poolDataDir": str(root / "pool-data")}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
 
     @pulumi.runtime.test
     def go() -> None:
@@ -75,6 +78,7 @@ def run_program(root: Path, mocks: RegisterOnly) -> float:
         program.main()
 
     go()
+    CPU_TIMES.append(time.process_time() - cpu)
     return time.perf_counter() - started
 
 
@@ -96,12 +100,14 @@ def run(repeats: int = 2) -> list[Figure]:
         write_records(spec_dir, MACHINES, 2)
 
         mocks = RegisterOnly()
+        CPU_TIMES.clear()
         cold = run_program(root, mocks)  # builds the record index (a fresh clone: CI's `pulumi up`)
         warm = []
         for _ in range(repeats):
             mocks = RegisterOnly()
             warm.append(run_program(root, mocks))
         seconds = statistics.median(warm)
+        cold_cpu, warm_cpu = CPU_TIMES[0], statistics.median(CPU_TIMES[1:])
         t0 = time.perf_counter()
         records = load_indexed(spec_dir)
         bad = len(records.bad_machine_ids())
@@ -127,9 +133,14 @@ def run(repeats: int = 2) -> list[Figure]:
     detail = f"{slots:,} slots in {len(POOLS)} pools, {MACHINES:,} machine records ({bad:,} bad)"
     return [
         Figure("program registers 1,000 slots with 10,000 records (record index warm)", seconds, "s",
-               f"median of {repeats}; {detail}", target="<= 10 s", passed=seconds <= 10 and slots == 1000),
-        Figure("  same, first run of a fresh clone (builds the record index)", cold, "s",
-               f"1 run; {detail}; CI's `pulumi up` runs in a fresh clone", target="<= 10 s", passed=cold <= 10),
+               f"wall, median of {repeats}; CPU {warm_cpu:.1f} s; {detail}; almost all of it is the pulumi SDK's own "
+               "per-resource registration (prepare/serialize/stack trace per resource)",
+               target="<= 10 s", passed=seconds <= 10 and slots == 1000),
+        Figure("  same, CPU time of the program process", warm_cpu, "s", "median; what the figure is on an idle "
+               "machine with one core for it", target="<= 10 s", passed=warm_cpu <= 10),
+        Figure("  first run of a fresh clone (builds the record index)", cold, "s",
+               f"wall, 1 run, CPU {cold_cpu:.1f} s; CI's `pulumi up` runs in a fresh clone", target="<= 10 s",
+               passed=cold <= 10),
         Figure("  records through the index (warm) / load_records without it (reference)", index_s, "s",
                f"reference load_records: {plain_s:.1f} s"),
         Figure("slot inputs sent to the engine (all slots, without __provider)", inputs_bytes, "B",
