@@ -26,10 +26,12 @@ from reconciler.domain.spec import (
     FleetSpec,
     ImageSettings,
     KillBudgetSettings,
+    NotificationSettings,
     ParamsSettings,
     PoolSpec,
     SpecError,
     SpecProblem,
+    WebhookSettings,
 )
 
 SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
@@ -163,6 +165,16 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
             add(("pools", i, "benchmark", "concurrency"),
                 f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
+    notifications: dict[str, Any] = doc["notifications"] if isinstance(doc.get("notifications"), dict) else {}
+    hooks: list[Any] = notifications["webhooks"] if isinstance(notifications.get("webhooks"), list) else []
+    named: dict[str, int] = {}
+    for i, hook in enumerate(hooks):
+        name = hook.get("name") if isinstance(hook, dict) else None
+        if isinstance(name, str):
+            if name in named:
+                add(("notifications", "webhooks", i, "name"),
+                    f"webhook {name!r} is named twice (also webhooks[{named[name]}]); names must be unique")
+            named.setdefault(name, i)
     return problems
 
 
@@ -211,6 +223,10 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         circuit_breaker=CircuitBreakerSettings(**doc.get("circuit_breaker", {})),
         kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
+        notifications=NotificationSettings(webhooks=tuple(
+            WebhookSettings(name=w["name"], url_env=w["url_env"], format=w.get("format", "generic"),
+                            events=tuple(w.get("events", ())))
+            for w in doc.get("notifications", {}).get("webhooks", []))),
         source=source,
         warnings=tuple(warnings),
     )

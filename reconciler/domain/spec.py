@@ -117,6 +117,21 @@ class KillBudgetSettings:
 
 
 @dataclass(frozen=True)
+class WebhookSettings:
+    """A webhook target named in the spec; its URL is read from the environment variable `url_env` (a secret)."""
+
+    name: str
+    url_env: str
+    format: str = "generic"
+    events: tuple[str, ...] = ()  # empty: every kind
+
+
+@dataclass(frozen=True)
+class NotificationSettings:
+    webhooks: tuple[WebhookSettings, ...] = ()
+
+
+@dataclass(frozen=True)
 class FleetSpec:
     image: ImageSettings
     controller: ControllerSettings
@@ -125,6 +140,7 @@ class FleetSpec:
     circuit_breaker: CircuitBreakerSettings = field(default_factory=CircuitBreakerSettings)
     kill_budget: KillBudgetSettings = field(default_factory=KillBudgetSettings)
     gpu_priors: Mapping[str, float] = field(default_factory=dict)
+    notifications: NotificationSettings = field(default_factory=NotificationSettings)
     source: str = "<memory>"
     warnings: tuple[SpecProblem, ...] = ()
 
