@@ -10,9 +10,11 @@ from reconciler.domain.marketplace import (
     Instance,
     InstanceRequest,
     Marketplace,
+    MarketplaceAuthError,
     MarketplaceError,
     Offer,
     OfferQuery,
+    OfferTakenError,
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
@@ -22,9 +24,11 @@ __all__ = [
     "Instance",
     "InstanceRequest",
     "Marketplace",
+    "MarketplaceAuthError",
     "MarketplaceError",
     "Offer",
     "OfferQuery",
+    "OfferTakenError",
     "PermanentMarketplaceError",
     "TemporaryMarketplaceError",
 ]
