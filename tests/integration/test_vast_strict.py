@@ -9,6 +9,7 @@ Also: the fake itself refuses what the real API refuses (auth on every route, un
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -73,7 +74,8 @@ def request(label: str) -> InstanceRequest:
     (401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}, KIND_KEY_REFUSED),
     (404, {"success": False, "msg": "Session expired. Please log in again."}, KIND_SESSION_EXPIRED),
     (403, {"success": False, "error": "authorization_required", "msg": "2FA"}, KIND_PERMISSION),
-    (404, {"success": False, "error": "no_such_ask", "msg": "Instance type by id 9 is not available."}, KIND_OFFER_TAKEN),
+    (404, {"success": False, "error": "no_such_ask", "msg": "Instance type by id 9 is not available."},
+     KIND_OFFER_TAKEN),
     (404, {"msg": "Instance type by id 9 is not available."}, KIND_OFFER_TAKEN),
     (404, {"success": False, "error": "no_such_instance", "msg": "Instance 5 not found."}, KIND_NO_SUCH_INSTANCE),
     (404, {"detail": "Not found."}, KIND_UNEXPLAINED_404),
@@ -104,7 +106,7 @@ def test_an_expired_session_404_is_not_an_instance_gone(fake: VastFake) -> None:
     contract_id = client.create_instance("20001", request("p-0-aaaaaa"))
     fake.expire_session()
     for call in (lambda: client.get_instance(contract_id), lambda: client.destroy_instance(contract_id)):
-        with pytest.raises(MarketplaceAuthError, match="session .* expired.*does not mean anything is gone"):
+        with pytest.raises(MarketplaceAuthError, match=r"session .* expired.*does not mean anything is gone"):
             call()
     fake.restore_key()
     assert client.get_instance(contract_id) is not None  # it was never gone
@@ -158,7 +160,7 @@ def test_ten_creates_in_a_row_are_paced_under_the_limit_and_say_so(fake: VastFak
     assert len(set(ids)) == 10 and len(fake.visible_instances()) == 10
     assert all(r.status != 429 for r in fake.requests)  # never over the limit
     creates = fake.requests_to("PUT", "/api/v0/asks/")
-    gaps = [b.at - a.at for a, b in zip(creates, creates[1:], strict=False)]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(creates)]
     assert min(gaps) >= 4.5
     assert sum("waiting 5.0 s before PUT" in line and "one create per 5 s" in line for line in said) == 9
 
@@ -235,7 +237,8 @@ def test_an_unreadable_list_after_an_ambiguous_create_stops_instead_of_renting_a
 # --- the fake is strict --------------------------------------------------------------------------------------
 
 
-ROUTES = [("POST", "/api/v0/bundles/", {}), ("PUT", "/api/v0/asks/20001/", {}), ("GET", "/api/v1/instances/", None),
+ROUTES: list[tuple[str, str, Any]] = [
+          ("POST", "/api/v0/bundles/", {}), ("PUT", "/api/v0/asks/20001/", {}), ("GET", "/api/v1/instances/", None),
           ("GET", "/api/v0/instances/", None), ("GET", "/api/v0/instances/7100001/", None),
           ("DELETE", "/api/v0/instances/7100001/", {}), ("GET", "/api/v0/users/current/", None)]
 
