@@ -27,9 +27,9 @@ from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet, check_image_digest
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
+from reconciler.domain.verdicts import CORRELATED_VERDICTS
 
 #: Verdicts that say "this attempt broke"; below-min-rate and stale-image never correlate.
-CORRELATED_VERDICTS = frozenset({"benchmark-error", "timeout", "params-failed"})
 _SIG_SEPARATOR = ", "
 
 

@@ -15,12 +15,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 from reconciler.domain import errors
+from reconciler.domain.verdicts import RATE_VERDICTS
 
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
 
-VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image")
-BLAMES = ("none", "machine", "image", "network", "unknown")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -192,7 +191,7 @@ def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
     out: dict[str, MachinePerf] = {}
     for rec in records:
         rates = [b.proofs_per_hour for b in rec.benchmarks
-                 if b.proofs_per_hour is not None and b.verdict in ("ok", "below-min-rate")]
+                 if b.proofs_per_hour is not None and b.verdict in RATE_VERDICTS]
         if rates:
             out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
                                               statistics.median(rates), rates[-1])

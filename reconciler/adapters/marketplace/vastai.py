@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import random
 import re
 import threading
@@ -47,6 +46,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from reconciler.adapters.settings import VAST_API_KEY_ENV, settings
 from reconciler.domain.backoff import backoff_delay
 from reconciler.domain.marketplace import (
     Instance,
@@ -63,7 +63,7 @@ from reconciler.domain.marketplace import (
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
-API_KEY_ENV = "VAST_API_KEY"
+API_KEY_ENV = VAST_API_KEY_ENV
 #: vast rejects longer onstart scripts.
 ONSTART_MAX_CHARS = 4048
 #: vast's CLI converts `cpu_ram` GB -> MB with this factor (offers_mult), so do we.
@@ -659,10 +659,11 @@ class VastAiMarketplace:
         key: str | None = api_key
         source = key_source or "the api_key argument"
         if key is None:
-            key = (os.environ if environ is None else environ).get(API_KEY_ENV)
-            source = key_source or f"the environment variable {API_KEY_ENV}"
+            from_env = settings(environ).vast_api_key
+            key = from_env.reveal() if from_env else None
+            source = key_source or (from_env.source if from_env else f"${VAST_API_KEY_ENV}")
         if key is None or not key.strip():
-            raise MarketplaceAuthError(f"no vast.ai API key: pass one or set {API_KEY_ENV}",
+            raise MarketplaceAuthError(f"no vast.ai API key: pass one or set {VAST_API_KEY_ENV}",
                                        kind="no-key", key_source=source)
         key = key.strip()
         if any(ch.isspace() or not ch.isprintable() for ch in key):
