@@ -27,7 +27,7 @@ BOT_NAME = "fleet-reconciler"
 BOT_EMAIL = "fleet-reconciler@users.noreply.invalid"
 TRAILER_KEYS = ("Fleet-Machine", "Fleet-Verdict", "Fleet-Image", "Fleet-Instance")
 #: Directories whose content the bot owns: uncommitted changes there are recomputed, never protected.
-RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/")
+RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/", "fleet-spec/marketplace/")
 
 _TRAILER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
 # Field and record separators for parsing `git log` output; they never occur in commit messages we write.

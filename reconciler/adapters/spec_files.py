@@ -163,6 +163,23 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
             add(("pools", i, "benchmark", "concurrency"),
                 f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
+    cap = doc.get("max_total_dph")
+    if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0 and isinstance(pools, list):
+        worst = 0.0
+        cheapest: float | None = None
+        for pool in pools:
+            if not isinstance(pool, dict):
+                continue
+            count, price = pool.get("count"), pool.get("max_price_usd_per_hour")
+            if isinstance(count, int) and isinstance(price, int | float) and not isinstance(price, bool):
+                worst += count * price
+                cheapest = price if cheapest is None else min(cheapest, price)
+        if cheapest is not None and cap < cheapest:
+            add(("max_total_dph",), f"got {cap}, below every pool's max_price_usd_per_hour (lowest {cheapest}): "
+                "the cap would refuse every create")
+        elif worst > cap:
+            add(("max_total_dph",), f"the pools may cost up to ${worst:.2f}/h (count x max price) and the cap is "
+                f"${cap:.2f}/h: some slots may stay empty (plan and status say which)", "warning")
     return problems
 
 
@@ -211,6 +228,8 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         circuit_breaker=CircuitBreakerSettings(**doc.get("circuit_breaker", {})),
         kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
+        name=str(doc.get("name", "main")),
+        max_total_dph=float(doc["max_total_dph"]) if doc.get("max_total_dph") is not None else None,
         source=source,
         warnings=tuple(warnings),
     )

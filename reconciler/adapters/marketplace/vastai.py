@@ -684,7 +684,7 @@ class VastAiMarketplace:
         self._clock = clock or TIME.clock
         self._sleep = sleep or TIME.sleep
         self._jitter = jitter
-        self._notify = notify
+        self.notify = notify
         self._label_pauses = tuple(label_lookup_pauses_s)
         self._runtype = runtype
         self._pacer = pacer_for(key, self._clock, self._pacing)
@@ -905,8 +905,8 @@ class VastAiMarketplace:
         return message if len(message) <= MAX_QUOTED_MESSAGE else message[:MAX_QUOTED_MESSAGE] + "..."
 
     def _say(self, message: str) -> None:
-        if self._notify is not None:
-            self._notify(message)
+        if self.notify is not None:
+            self.notify(message)
         else:
             log.warning("%s", message)
 
