@@ -19,7 +19,7 @@ from typing import Any
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, describe_error, load_slot_state
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
 from reconciler.domain.marketplace import MarketplaceError
-from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest
+from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest, spend_cap_note
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError
 from reconciler.domain.spec import FleetSpec
@@ -67,11 +67,16 @@ def run(args: argparse.Namespace) -> int:
         notes.insert(0, RECORDS_ONLY_NOTE)
     rows = pool_rows(spec, records, observed, slot_plan, digest)
     all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
+    cap_note = spend_cap_note(spec)
+    if cap_note is not None and not any("spend cap" in n for n in all_notes):
+        all_notes.append(cap_note)
     if args.json:
         doc: dict[str, Any] = {
             "spec": str(args.spec), "records_only": observed is None, "image_digest": digest, "pools": rows,
             "actions": [asdict(a) for a in slot_plan.actions] if slot_plan else [],
             "converged": slot_plan.converged if slot_plan else None, "notes": all_notes,
+            "max_total_dph": spec.max_total_dph,
+            "spend_cap_held": [a.slot for a in slot_plan.capped] if slot_plan else [],
             "record_problems": list(records.problems)}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")

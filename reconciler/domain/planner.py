@@ -219,6 +219,18 @@ class SlotPlan:
         return not self.changes and not self.held and not self.capped
 
 
+def spend_cap_note(spec: FleetSpec) -> str | None:
+    """The cap against the worst case of the spec alone (for a plan that knows no running instances)."""
+    if spec.max_total_dph is None:
+        return None
+    worst = sum(p.count * p.max_price_usd_per_hour for p in spec.pools)
+    if worst <= spec.max_total_dph + 1e-9:
+        return (f"fleet spend cap ${spec.max_total_dph:.2f}/h: every slot fits even at its pool's max price "
+                f"(${worst:.2f}/h)")
+    return (f"fleet spend cap ${spec.max_total_dph:.2f}/h: the pools may cost up to ${worst:.2f}/h (count x max "
+            "price); creates that would pass the cap are held and say so (apply, status)")
+
+
 def desired_slots(spec: FleetSpec) -> dict[str, PoolSpec]:
     """Every slot the spec asks for, in spec order: `<pool>-<i>` -> pool."""
     return {slot: pool for pool in spec.pools for slot in pool.slot_names()}
