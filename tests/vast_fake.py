@@ -413,6 +413,9 @@ class VastFake:
         self.new_instance_timeline = list(new_instance_timeline) if new_instance_timeline is not None else None
         self.limits = dict(STRICT_LIMITS if limits is None else limits)
         self.rate_limit_body = rate_limit_body
+        #: Called (in the server thread) right after a create committed, before it is answered: a test can kill
+        #: the client there, at the worst moment (rented, and the client never learns it).
+        self.on_create: Callable[[], None] | None = None
         self._calls: dict[tuple[str, str], deque[float]] = {}
         self._blocked_until: dict[tuple[str, str], float] = {}
         self._faults: list[Fault] = []
@@ -874,6 +877,8 @@ class VastFake:
                     self._send(fault.status, fault.body, fault.headers)
                     return
                 status, payload = fake._route(key, self.command, split.path, record.query, body, fault)
+                if endpoint == "create" and status == 200 and fake.on_create is not None:
+                    fake.on_create()
                 if fault is not None and fault.kind == "status":
                     self._send(fault.status, fault.body, fault.headers)
                     return

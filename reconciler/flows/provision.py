@@ -81,7 +81,7 @@ class ApplyReport:
 
     @property
     def converged(self) -> bool:
-        return not self.failed and not self.plan.held
+        return not self.failed and not self.plan.held and not self.plan.capped
 
 
 @dataclass(frozen=True)
