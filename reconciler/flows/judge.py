@@ -8,6 +8,7 @@ freshly synced tree and decides on THAT tree (so a human's pardon merged a secon
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from reconciler.domain.observations import InstanceReport, format_time, parse_ti
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
+    ImageSuspectRecord,
 )
 from reconciler.domain.spec import SpecError
 from reconciler.domain.verdict import Verdict
@@ -65,6 +67,13 @@ class PassResult:
     observation_error: str | None = None  # the controller store failed: nothing judged
     error: str | None = None  # temporary: fetch/push failed; the next pass retries
     reason: str | None = None  # the error taxonomy's reason constant when the pass did not finish
+    image_records: tuple[ImageSuspectRecord, ...] = ()  # image-suspect records this pass wrote
+    publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
+
+    @property
+    def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
+        """Image-suspect records that tripped in this pass (not ones that only grew by another machine)."""
+        return tuple(r for r in self.image_records if r.active and r.tripped_at == format_time(self.at))
 
     @property
     def ok(self) -> bool:
@@ -131,7 +140,8 @@ def commit_request(decision: PassDecision) -> CommitRequest | None:
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
-             record_cache: RecordCache | None = None) -> PassResult:
+             record_cache: RecordCache | None = None,
+             monotonic: Callable[[], float] = time.monotonic) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
@@ -156,6 +166,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         outcome["decision"] = decision
         return commit_request(decision)
 
+    started = monotonic()
     try:
         published = store.publish(build)
     except TemporaryGitError as exc:
@@ -167,7 +178,9 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
     decision: PassDecision = outcome["decision"]
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
-                      attempts=published.attempts, pending=decision.pending, notes=decision.notes)
+                      attempts=published.attempts, pending=decision.pending, notes=decision.notes,
+                      image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
+                      publish_seconds=monotonic() - started if published.commit else None)
 
 
 def run(pass_once: Callable[[datetime], PassResult], *, interval_s: float, stop_event: threading.Event,
