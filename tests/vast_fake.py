@@ -34,6 +34,7 @@ import base64
 import itertools
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,21 @@ class VirtualClock:
         return self.sleeps
 
 
+class RealClock(VirtualClock):
+    """Wall-clock time, for a client in another process (which cannot share a VirtualClock): pair it with
+    `scale_limits(STRICT_LIMITS, f)` and the client's `time_scale=f` so nobody waits long."""
+
+    def __call__(self) -> float:
+        return time.time()
+
+    def advance(self, seconds: float) -> None:
+        raise TypeError("a RealClock cannot be advanced")
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        time.sleep(max(0.0, seconds))
+
+
 @dataclass(frozen=True)
 class EndpointLimit:
     """One endpoint's limit per key: a minimum gap between accepted calls and/or at most `max_calls` per
@@ -124,6 +140,13 @@ class ApiKey:
     #: Requests still answered before `pending_state` takes effect (revocation mid-run).
     countdown: int | None = None
     pending_state: str | None = None
+
+
+def scale_limits(limits: Mapping[str, EndpointLimit], factor: float) -> dict[str, EndpointLimit]:
+    """The same limits with every interval times `factor` (read limits keep their call count)."""
+    return {name: EndpointLimit(min_interval_s=lim.min_interval_s * factor, max_calls=lim.max_calls,
+                                period_s=lim.period_s * factor, penalty_s=lim.penalty_s * factor)
+            for name, lim in limits.items()}
 
 
 def make_offer(

@@ -70,7 +70,9 @@ def _build_vastai(backend: Mapping[str, Any], secrets: Mapping[str, str]) -> Mar
     else:
         key = from_env.reveal() if from_env else None
         source = from_env.source if from_env else "$VAST_API_KEY (not set)"
-    return VastAiMarketplace(key, key_source=source, base_url=backend.get("base_url") or DEFAULT_BASE_URL)
+    # `time_scale` (tests only): shrink pacing and waits alike for a fake whose limits are scaled the same.
+    return VastAiMarketplace(key, key_source=source, base_url=backend.get("base_url") or DEFAULT_BASE_URL,
+                             time_scale=float(backend.get("time_scale") or 1.0))
 
 
 def _vastai_settings(options: Mapping[str, Any], _state_dir: Path) -> dict[str, Any]:

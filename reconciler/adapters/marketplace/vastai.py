@@ -40,7 +40,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -522,6 +522,15 @@ class Pacing:
     #: Waits at least this long are said out loud (notify), shorter ones only logged.
     announce_after_s: float = 1.0
 
+    def scaled(self, factor: float) -> Pacing:
+        """Every interval times `factor` (tests against the fake in another process: both sides scaled alike)."""
+        return replace(self, create_interval_s=self.create_interval_s * factor,
+                       read_rate_per_s=self.read_rate_per_s / factor,
+                       create_penalty_wait_s=self.create_penalty_wait_s * factor,
+                       read_backoff_base_s=self.read_backoff_base_s * factor,
+                       read_backoff_max_s=self.read_backoff_max_s * factor,
+                       announce_after_s=self.announce_after_s * factor)
+
 
 class GcraBucket:
     """A token bucket as GCRA: calls go at most `rate` a second with bursts of `burst`, in arrival order.
@@ -650,6 +659,7 @@ class VastAiMarketplace:
         jitter: Callable[[], float] = random.random,
         notify: Callable[[str], None] | None = None,
         label_lookup_pauses_s: Sequence[float] = LABEL_LOOKUP_PAUSES_S,
+        time_scale: float = 1.0,
         runtype: str = DEFAULT_RUNTYPE,
         environ: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
@@ -680,12 +690,16 @@ class VastAiMarketplace:
         self._v1_url = self._base_url[: -len("/v0")] + "/v1"
         self._retry = retry or RetryPolicy()
         self._timeouts = timeouts or Timeouts()
-        self._pacing = pacing or Pacing()
+        if not 0 < time_scale <= 1:
+            raise ValueError(f"time_scale must be in (0, 1], got {time_scale}")
+        # time_scale < 1 only for a fake in another process (Pulumi's provider host in tests): every pace,
+        # penalty and lookup pause shrinks alike, so the fake's equally scaled limits stay binding.
+        self._pacing = (pacing or Pacing()).scaled(time_scale) if time_scale != 1 else (pacing or Pacing())
         self._clock = clock or TIME.clock
         self._sleep = sleep or TIME.sleep
         self._jitter = jitter
         self.notify = notify
-        self._label_pauses = tuple(label_lookup_pauses_s)
+        self._label_pauses = tuple(p * time_scale for p in label_lookup_pauses_s)
         self._runtype = runtype
         self._pacer = pacer_for(key, self._clock, self._pacing)
         self._http = httpx.Client(
