@@ -23,6 +23,7 @@ from reconciler.domain.marketplace import (
     Instance,
     InstanceRequest,
     Marketplace,
+    MarketplaceAuthError,
     MarketplaceError,
     OfferTakenError,
     TemporaryMarketplaceError,
@@ -41,7 +42,9 @@ from reconciler.domain.slots import (
     SlotInputs,
     SlotOutputs,
     SpendCapError,
+    broad_query,
     describe_constraints,
+    describe_shortfall,
     instance_of_label,
     new_nonce,
     slot_diff,
@@ -120,9 +123,10 @@ class SlotProvider:
         offers = self.marketplace.search_offers(query)
         ranked = rank_offers(offers, inputs.pool, inputs.measured, inputs.priors, inputs.bad_machine_ids)
         if not ranked:
-            raise NoOfferError(f"slot {inputs.slot}: no offer fits pool {inputs.pool.name} "
-                               f"({describe_constraints(inputs.pool)}; {len(inputs.bad_machine_ids)} bad machine(s) "
-                               f"excluded; market returned {len(offers)} offer(s)); will retry on the next apply")
+            raise NoOfferError(f"slot {inputs.slot}: no offer fits pool {inputs.pool.name}: "
+                               f"{self._shortfall(inputs)} (pool wants {describe_constraints(inputs.pool)}; "
+                               f"{len(inputs.bad_machine_ids)} bad machine(s) excluded); will retry on the next "
+                               "apply (under Pulumi: the hourly `pulumi up`)")
         if inputs.max_total_dph is not None:
             spend = sum(i.price_usd_per_hour or 0.0 for i in ours)
             room = inputs.max_total_dph - spend
@@ -162,6 +166,17 @@ class SlotProvider:
                 created_at=now, status_since=now, label=label)
         raise NoOfferError(f"slot {inputs.slot}: every candidate offer was taken before we could rent it: "
                            + "; ".join(errors))
+
+    def _shortfall(self, inputs: SlotInputs) -> str:
+        """What the market lacked, from a second, broad search (GPU model only). Best effort: a failed look
+        must not hide the NoOffer itself."""
+        try:
+            return describe_shortfall(inputs.pool, inputs.bad_machine_ids,
+                                      self.marketplace.search_offers(broad_query(inputs.pool)))
+        except MarketplaceAuthError:
+            raise
+        except MarketplaceError as exc:
+            return f"could not look at the market more broadly ({exc})"
 
     def diff(self, old: SlotOutputs, new: SlotInputs) -> SlotDiff:
         return slot_diff(old, new)

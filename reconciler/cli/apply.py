@@ -10,8 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from reconciler.adapters.controller.client import admin_client_from
-from reconciler.adapters.git import GitStore, GitStoreError
 from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace
 from reconciler.adapters.slot_provider import (
     SLOT_STATE_FILE,
@@ -86,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         image = resolve_image(args.backend, args.image, args.image_digest, spec, state_dir)
         secret = read_controller_secret(args.controller_secret_file)
         # With $FLEET_ADMIN_TOKEN set, destroyed instances are reported to the spec's controller.
+        from reconciler.adapters.controller.client import admin_client_from  # httpx: only when applying
+
         notifier = admin_client_from(spec.controller.url)
         def say(line: str) -> None:
             print(line, file=out, flush=True)
@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                                 else None)
         recorder = None
         if args.workdir is not None:
+            from reconciler.adapters.git import GitStore, GitStoreError  # gitpython: only with --workdir
+
             try:
                 recorder = git_orphan_recorder(GitStore(args.workdir), spec.name, echo=say)
             except GitStoreError as exc:

@@ -37,6 +37,8 @@ class PassDecision:
     pending: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     kill_budgets: Mapping[str, KillBudget] = field(default_factory=dict)
+    #: (instance id, reason) of reports that cannot be judged; the others were judged regardless.
+    quarantined: tuple[tuple[str, str], ...] = ()
 
     @property
     def recorded(self) -> tuple[Verdict, ...]:
@@ -44,21 +46,28 @@ class PassDecision:
         return tuple(v for v in self.verdicts if v.machine_id in self.machine_records)
 
     def summary(self) -> str:
+        """The commit subject: the root cause of the pass's most important verdict FIRST (issue 14), then counts.
+
+        `fleet: machine 40213 benchmark-error: benchmark exit 1, 0/10 proofs: Error: ... (blame: image) [2 verdicts;
+        1 held by circuit-breaker; image sha256:a1a1 suspect: daemon-connection-refused]`."""
         recorded = self.recorded
         bad = [v for v in recorded if v.marks_bad]
         held = [v for v in recorded if v.held_by]
-        parts = []
-        if len(bad) == 1:
-            parts.append(f"1 bad: machine {bad[0].machine_id} {bad[0].reason}")
-        elif bad:
+        noun = "verdict" if len(recorded) == 1 else "verdicts"
+        parts = [f"{len(recorded)} {noun}"]
+        if len(bad) > 1:
             parts.append(f"{len(bad)} bad: machines {', '.join(sorted({str(v.machine_id) for v in bad}))}")
+        elif bad:
+            parts.append(f"1 bad: machine {bad[0].machine_id}")
         if held:
             parts.append(f"{len(held)} held by {'/'.join(sorted({str(v.held_by) for v in held}))}")
         for digest, rec in sorted(self.image_records.items()):
             parts.append(f"image {digest[:19]} {rec.status}: {rec.signature}")
-        noun = "verdict" if len(recorded) == 1 else "verdicts"
-        detail = f" ({'; '.join(parts)})" if parts else ""
-        return f"fleet: {len(recorded)} {noun}{detail}"
+        first = next(iter(bad), None) or next((v for v in recorded if v.is_failure), None) or \
+            next(iter(recorded), None)
+        if first is None:
+            return f"fleet: {'; '.join(parts)}"
+        return f"fleet: machine {first.machine_id} {first.root_cause()} [{'; '.join(parts)}]"
 
     def body(self) -> str:
         lines = []
@@ -91,9 +100,15 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
     candidates: list[Verdict] = []
+    by_machine: dict[str | None, list[Verdict]] = {}  # this pass's candidates per machine (params strikes)
     unrecordable: list[Verdict] = []
+    quarantined: list[tuple[str, str]] = []
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
         if report.instance_id in judged:
+            continue
+        if report.quarantine is not None:
+            quarantined.append((report.instance_id, report.quarantine))
+            notes.append(f"instance {report.instance_id}: quarantined, not judged: {report.quarantine}")
             continue
         pool = _pool(spec, report.pool)
         if pool is None:
@@ -101,21 +116,37 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             continue
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
-        prior = _params_strikes(history, candidates, machine_id)
-        verdict = judge(report, pool, now, desired_image_digest=desired_image_digest, prior_params_failures=prior)
+        prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
+        try:
+            verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
+                            prior_params_failures=prior)
+        except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as exc:
+            # A report the judge cannot read must not stop the others: quarantined with its reason.
+            reason = f"cannot be judged: {type(exc).__name__}: {exc}"
+            quarantined.append((report.instance_id, reason))
+            notes.append(f"instance {report.instance_id}: quarantined, not judged: {reason}")
+            continue
         if verdict is None:
             pending.append(report.instance_id)
             continue
         if machine_id is None:
-            notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
-                         f"{report.machine_id!r} is missing or unsafe")
             unrecordable.append(verdict)
+            if report.machine_id is None:
+                notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
+                             "None is missing or unsafe")
+            else:
+                reason = (f"machine id {report.machine_id!r} is missing or unsafe: not a valid id (full match of "
+                          "[A-Za-z0-9][A-Za-z0-9_.-]*, no '..')")
+                quarantined.append((report.instance_id, reason))
+                notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded, quarantined: "
+                             f"{reason}")
         elif machine_id in records.unreadable_machine_ids:
             notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: the record of "
                          f"machine {machine_id} is unreadable (fix it; it is never overwritten)")
             unrecordable.append(verdict)
         else:
             candidates.append(verdict)
+            by_machine.setdefault(machine_id, []).append(verdict)
     guarded = apply_guards(spec, records, candidates, now)
     notes += guarded.notes
     changed: dict[str, MachineRecord] = {}
@@ -125,7 +156,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         changed[v.machine_id] = current.with_entry(v.to_entry(), host_id=v.host_id, gpu_name=v.gpu_name)
     return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
                         image_records=guarded.image_records,
-                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets)
+                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,
+                        quarantined=tuple(quarantined))
 
 
 def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:

@@ -17,7 +17,7 @@ from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.spec import FleetSpec
-from reconciler.domain.verdict import judge
+from reconciler.domain.verdict import judge, root_cause_text
 
 #: phase_times() keys -> the labels of the seed's dashboard timeline, in lifecycle order.
 TIMELINE_LABELS = {
@@ -156,21 +156,27 @@ class FleetStatus:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out["instances"] = [{**asdict(i), "timeline": dict(i.timeline)} for i in self.instances]
+        # The root cause first (issue 14): a reader of the JSON sees why before what.
+        out["instances"] = [{"root_cause": i.root_cause, **asdict(i), "timeline": dict(i.timeline)}
+                            for i in self.instances]
         return out
 
 
-def _recorded_entries(records: RecordSet) -> dict[str, tuple[str, BenchmarkEntry]]:
+def _recorded_entries(records: RecordSet, reports: Sequence[InstanceReport]) -> dict[str, tuple[str, BenchmarkEntry]]:
+    """The recorded entry of each reported instance. A verdict is recorded in the record of the report's own
+    machine (decide writes it there), so only those records are read, not the whole fleet's."""
+    wanted = {r.instance_id for r in reports}
     out: dict[str, tuple[str, BenchmarkEntry]] = {}
-    for rec in records.machines.values():
+    for rec in records.records_of(sorted({r.machine_id for r in reports if r.machine_id is not None})):
         for entry in rec.benchmarks:
-            out[entry.instance_id] = (rec.machine_id, entry)
+            if entry.instance_id in wanted:
+                out[entry.instance_id] = (rec.machine_id, entry)
     return out
 
 
-def _root_cause(reason: str, blame: str, held_by: str | None) -> str:
-    held = f", held by {held_by}" if held_by else ""
-    return f"{reason} (blame: {blame}{held})"
+def _root_cause(entry: BenchmarkEntry) -> str:
+    setting = entry.evidence.get("setting") if isinstance(entry.evidence, Mapping) else None
+    return root_cause_text(entry.reason, entry.blame, entry.held_by, setting if isinstance(setting, str) else None)
 
 
 def _recorded_rates(records: RecordSet) -> list[RatePoint]:
@@ -181,25 +187,29 @@ def _recorded_rates(records: RecordSet) -> list[RatePoint]:
 
 def _bad_machines(records: RecordSet) -> tuple[BadMachineStatus, ...]:
     out = []
-    for rec in sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id):
-        marking = next((b for b in reversed(rec.benchmarks) if b.marks_bad), None)
+    for bad in records.bad_machines():
+        marking = bad.marking
         if marking is None:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, None, None, None,
-                                        rec.note or "marked bad by hand (no verdict marked it)", None))
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
+                                        bad.note or "marked bad by hand (no verdict marked it)", None))
         else:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, marking.pool, marking.verdict,
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, marking.pool, marking.verdict,
                                         marking.blame, marking.reason, marking.at))
     return tuple(out)
 
 
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
-                notes: Sequence[str] = (), market: MarketStatus | None = None) -> FleetStatus:
-    recorded = _recorded_entries(records)
+                notes: Sequence[str] = (), include_rates: bool = True,
+                market: MarketStatus | None = None) -> FleetStatus:
+    """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
+    HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
+    reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
+    recorded = _recorded_entries(records, reports)
     pools_by_name = {p.name: p for p in spec.pools}
     instances: list[InstanceStatus] = []
-    rates = _recorded_rates(records)
-    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+    rates = _recorded_rates(records) if include_rates else []
+    for report in reports:
         times = report.phase_times()
         # Lifecycle order, not time order: registration is stamped by the controller's clock, phases by
         # the worker's, and a skewed worker clock must not make "registered" look like the last step.
@@ -210,13 +220,13 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             _, entry = recorded[report.instance_id]
             verdict, blame, held_by, marks_bad, is_recorded = (entry.verdict, entry.blame, entry.held_by,
                                                                entry.marks_bad, True)
-            cause = _root_cause(entry.reason, entry.blame, entry.held_by)
+            cause = _root_cause(entry)
         elif report.pool in pools_by_name:
             judged = judge(report, pools_by_name[report.pool], now, desired_image_digest=desired_image_digest)
             if judged is not None:
                 verdict, blame, marks_bad = judged.verdict, judged.blame, judged.marks_bad
                 cause = judged.root_cause() + " [not yet recorded]"
-                if report.machine_id is not None:
+                if report.machine_id is not None and include_rates:
                     rates.append(RatePoint(report.pool, report.machine_id, report.instance_id,
                                            format_time(judged.at), judged.verdict, judged.blame,
                                            judged.proofs_per_hour, False))
@@ -235,10 +245,13 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     budgets = kill_budgets(spec, records, now)
     suspects = records.suspect_images()
     pools = []
+    bad_by_pool: dict[str | None, set[str]] = {}  # a bad machine counts for the pool of its last benchmark
+    for bad in records.bad_machines():
+        if bad.last is not None:
+            bad_by_pool.setdefault(bad.last.pool, set()).add(bad.machine_id)
     for pool in spec.pools:
         alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]
-        bad_machines = {m for m, rec in records.machines.items() if rec.is_bad
-                        and rec.benchmarks and rec.benchmarks[-1].pool == pool.name}
+        bad_machines = bad_by_pool.get(pool.name, set())
         budget = budgets[pool.name]
         pause = pool_pause(pool.name, records, desired_image_digest)
         naming = [s for s in suspects.values() if pool.name in s.pools or not s.pools]

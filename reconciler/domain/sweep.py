@@ -26,6 +26,9 @@ KIND_ORPHAN = "orphan"
 #: An orphan younger than this is left alone: it may be a create in flight (another apply, a Pulumi run).
 DEFAULT_GRACE_S = 20 * 60.0
 
+#: The marketplace view `fleet apply` leaves in its state directory for `fleet status --state-dir`.
+MARKET_VIEW_FILE = "market.json"
+
 #: Where destroyed orphans are recorded, one file per instance (committed to git by `fleet apply`).
 ORPHAN_RECORD_DIR = "marketplace/destroyed"
 

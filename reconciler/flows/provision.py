@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from reconciler.adapters.git import CommitRequest, FileChange, GitStore
 from reconciler.adapters.marketplace import backend_named
-from reconciler.adapters.record_files import load_records, write_text_atomic
+from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.slot_provider import (
     SlotProvider,
     controller_secret_from,
@@ -44,8 +44,18 @@ from reconciler.domain.planner import (
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError, SlotOutputs, digest_of_image_ref, slot_inputs
 from reconciler.domain.spec import FleetSpec, SpecError
-from reconciler.domain.sweep import DEFAULT_GRACE_S, ORPHAN_RECORD_DIR, Orphan, find_orphans, orphan_record
+from reconciler.domain.sweep import (
+    DEFAULT_GRACE_S,
+    MARKET_VIEW_FILE,
+    ORPHAN_RECORD_DIR,
+    Orphan,
+    find_orphans,
+    orphan_record,
+)
 from reconciler.domain.tokens import SecretError, check_secret
+
+if TYPE_CHECKING:
+    from reconciler.adapters.git import GitStore
 
 DEFAULT_SPEC = Path("fleet-spec/fleet.yaml")
 DEFAULT_STATE_DIR = Path(".fleet/state")
@@ -99,7 +109,6 @@ class Image:
 #: Commits the evidence of destroyed duplicates/orphans (`fleet apply --workdir`); None: do not destroy them.
 OrphanRecorder = Callable[[Sequence[Orphan], datetime], None]
 
-MARKET_VIEW_FILE = "market.json"
 
 
 def apply_fleet(spec: FleetSpec, records: RecordSet, provider: SlotProvider, state_path: Path, image: Image,
@@ -199,6 +208,8 @@ def git_orphan_recorder(store: GitStore, fleet: str, echo: Callable[[str], None]
     """Commits one evidence file per destroyed instance (`fleet-spec/marketplace/destroyed/<contract>.yaml`)
     in one commit, and pushes it, through the bot clone's GitStore."""
 
+    from reconciler.adapters.git import CommitRequest, FileChange  # gitpython: only when recording
+
     def record(destroyed: Sequence[Orphan], now: datetime) -> None:
         spend = sum(o.price_usd_per_hour or 0.0 for o in destroyed)
         changes = tuple(FileChange(f"fleet-spec/{ORPHAN_RECORD_DIR}/{o.contract_id}.yaml",
@@ -289,7 +300,7 @@ def load_inputs(spec_path: Path, out: TextIO) -> tuple[FleetSpec, RecordSet]:
         spec = load_spec(spec_path)
     except SpecError as exc:
         raise ApplyError(str(exc)) from None
-    records = load_records(spec_path.parent)
+    records = load_indexed(spec_path.parent)
     for problem in records.problems:
         print(f"warning: {problem} (its machine is treated as bad)", file=out)
     return spec, records

@@ -55,9 +55,9 @@ def render_text(view: FleetStatus) -> str:
         where = f"machine {i.machine_id or '?'}" + (f" (host {i.host_id})" if i.host_id else "")
         verdict = f" {i.verdict}" if i.verdict and i.verdict != i.state else ""
         lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}")
-        lines.append(f"      {render_timeline(i.timeline)}")
-        if i.root_cause:
+        if i.root_cause:  # the root cause first (issue 14), then how the attempt went
             lines.append(f"      {i.root_cause}")
+        lines.append(f"      {render_timeline(i.timeline)}")
     for problem in view.record_problems:
         lines.append(f"unreadable record (excluded from offers until fixed): {problem}")
     if view.market is not None:
