@@ -362,6 +362,8 @@ def test_apply_rents_up_to_the_cap_by_real_prices_and_the_provider_refuses_past_
     # `fleet plan` says it in the PR check, without credentials.
     assert main(["plan", "--spec", str(rig.spec_dir / "fleet.yaml")]) == 0
     assert "fleet spend cap $1.50/h: the pools may cost up to $2.40/h" in capsys.readouterr().out
+    assert main(["plan", "--spec", str(rig.spec_dir / "fleet.yaml"), "--format", "markdown"]) == 0  # the PR comment
+    assert "fleet spend cap $1.50/h" in capsys.readouterr().out
     assert main(["plan", "--spec", str(rig.spec_dir / "fleet.yaml"), "--state-dir", str(rig.state.parent)]) == 0
     out = capsys.readouterr().out
     assert "hold    p4090-2" in out and "spend-cap" in out
