@@ -26,11 +26,14 @@ from reconciler.domain.spec import (
     FleetSpec,
     ImageSettings,
     KillBudgetSettings,
+    NotificationSettings,
     ParamsSettings,
     PoolSpec,
     SpecError,
     SpecProblem,
+    WebhookSettings,
 )
+from reconciler.domain.workload import GIB_IN_GB, ram_shortfall
 
 SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
 
@@ -163,6 +166,29 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
             add(("pools", i, "benchmark", "concurrency"),
                 f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
+        # Plan-time refusal: a pool whose machines cannot hold its own workload (cuzk would block on its
+        # memory budget or be OOM-killed on every machine rented, and the verdicts would blame them).
+        ram, proof_type = pool.get("min_host_ram_gb", 128), bench.get("proof_type", "porep")
+        # (Not while concurrency itself is refused above: one problem, one line.)
+        if isinstance(ram, int) and isinstance(conc, int) and isinstance(proof_type, str) and not (
+                isinstance(proofs, int) and conc > proofs):
+            why = ram_shortfall(ram, proof_type, conc)
+            if why is not None:
+                add(("pools", i, "min_host_ram_gb"), f"got {ram}: {why}")
+        budget = bench.get("memory_budget_gib")
+        if isinstance(budget, int) and isinstance(ram, int) and budget * GIB_IN_GB > ram:
+            add(("pools", i, "benchmark", "memory_budget_gib"),
+                f"got {budget} GiB, more than the pool's min_host_ram_gb ({ram} GB): the daemon would overcommit")
+    notifications: dict[str, Any] = doc["notifications"] if isinstance(doc.get("notifications"), dict) else {}
+    hooks: list[Any] = notifications["webhooks"] if isinstance(notifications.get("webhooks"), list) else []
+    named: dict[str, int] = {}
+    for i, hook in enumerate(hooks):
+        name = hook.get("name") if isinstance(hook, dict) else None
+        if isinstance(name, str):
+            if name in named:
+                add(("notifications", "webhooks", i, "name"),
+                    f"webhook {name!r} is named twice (also webhooks[{named[name]}]); names must be unique")
+            named.setdefault(name, i)
     cap = doc.get("max_total_dph")
     if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0 and isinstance(pools, list):
         worst = 0.0
@@ -228,6 +254,10 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         circuit_breaker=CircuitBreakerSettings(**doc.get("circuit_breaker", {})),
         kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
+        notifications=NotificationSettings(webhooks=tuple(
+            WebhookSettings(name=w["name"], url_env=w["url_env"], format=w.get("format", "generic"),
+                            events=tuple(w.get("events", ())))
+            for w in doc.get("notifications", {}).get("webhooks", []))),
         name=str(doc.get("name", "main")),
         max_total_dph=float(doc["max_total_dph"]) if doc.get("max_total_dph") is not None else None,
         source=source,

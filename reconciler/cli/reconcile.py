@@ -165,26 +165,39 @@ def run_command(args: argparse.Namespace) -> int:
 def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str | None,
               status_file: Path) -> Surfaces | None:
     """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
+    from reconciler.adapters.spec_files import load_spec
     from reconciler.adapters.webhooks import WebhookConfigError
     from reconciler.cli.controller import ConfigError, load_admin_token
     from reconciler.cli.surfaces import (
         SurfacesConfigError,
         build_surfaces,
+        market_view,
         slot_prices,
         webhook_targets,
     )
+    from reconciler.domain.spec import SpecError
 
     try:
+        notifications = load_spec(git.workdir / "fleet-spec" / "fleet.yaml").notifications
+    except SpecError:
+        notifications = None  # the loop stalls and says why; webhooks from the environment still work
+    try:
+        targets, notes = webhook_targets(notifications)
         surfaces = build_surfaces(
             spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
             read_token=_read_token(), desired_image_digest=desired, last_pass_file=status_file,
             commits=lambda: git.recent_commits(15),
             prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
-            refresh_s=args.status_refresh, metrics_open=args.metrics_open,
-            webhook_targets=webhook_targets())
+            market=market_view(args.slot_state_dir) if args.slot_state_dir else None,
+            refresh_s=args.status_refresh, metrics_open=args.metrics_open, webhook_targets=targets,
+            secure_cookie=args.tls_cert is not None)
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
+    for note in notes:
+        print(f"fleet reconcile --listen: {note}", file=sys.stderr)
+    if targets:
+        print(f"webhooks: {', '.join(f'{t.name} ({t.format})' for t in targets)}", flush=True)
     if surfaces.note:
         print(f"fleet reconcile --listen: {surfaces.note}", file=sys.stderr)
     return surfaces

@@ -16,10 +16,11 @@ from typing import Any
 
 from starlette.routing import BaseRoute
 
-from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, webhook_environment
-from reconciler.adapters.webhooks import WebhookNotifier, WebhookTarget, targets_from_env
-from reconciler.domain.events import FleetEvent, breaker_event, verdict_event
-from reconciler.domain.surfaces import CommitLine, Orphan
+from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, named_secret, webhook_environment
+from reconciler.adapters.webhooks import WebhookConfigError, WebhookNotifier, WebhookTarget, targets_from_env
+from reconciler.domain.events import EVENT_KINDS, FleetEvent, breaker_event, verdict_event
+from reconciler.domain.spec import NotificationSettings
+from reconciler.domain.surfaces import CommitLine, MarketView
 from reconciler.flows.judge import PassResult
 from reconciler.flows.live_status import LiveStatusSource, StatusStore
 from reconciler.render.live import ReadAccess, StatusRoutes, install_access_log_redaction
@@ -62,7 +63,7 @@ class Surfaces:
 def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | None, read_token: str | None,
                    desired_image_digest: str | None, last_pass_file: Path | None,
                    commits: Callable[[], Sequence[CommitLine]] | None = None,
-                   orphans: Callable[[], Sequence[Orphan]] | None = None,
+                   market: Callable[[], MarketView] | None = None,
                    prices: Callable[[], Mapping[str, float]] | None = None,
                    refresh_s: float = 5.0, metrics_open: bool = False, open_reads: bool = False,
                    webhook_targets: Sequence[WebhookTarget] = (), secure_cookie: bool = False,
@@ -71,7 +72,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
         raise SurfacesConfigError(f"--status-refresh must be > 0 seconds, got {refresh_s:g}")
     tokens = tuple(t for t in (read_token, admin_token) if t)
     source = LiveStatusSource(spec_dir, store, desired_image_digest=desired_image_digest,
-                              last_pass_file=last_pass_file, commits=commits, orphans=orphans,
+                              last_pass_file=last_pass_file, commits=commits, market=market,
                               prices=prices)
     metrics = fleet_metrics(source.metrics_state)
     routes: list[BaseRoute] = []
@@ -90,8 +91,23 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
     return Surfaces(routes, metrics, source, notifier, note=note)
 
 
-def webhook_targets(environ: Mapping[str, str] | None = None) -> list[WebhookTarget]:
-    return targets_from_env(webhook_environment(environ))
+def webhook_targets(notifications: NotificationSettings | None = None,
+                    environ: Mapping[str, str] | None = None) -> tuple[list[WebhookTarget], list[str]]:
+    """Targets from the environment (FLEET_WEBHOOK_*) and from the spec's `notifications.webhooks` (each names
+    the variable holding its URL), and notes for spec targets whose variable is not set (they stay off)."""
+    targets = targets_from_env(webhook_environment(environ))
+    notes = []
+    for hook in notifications.webhooks if notifications is not None else ():
+        url = named_secret(hook.url_env, environ)
+        if url is None:
+            notes.append(f"webhook {hook.name} (spec): ${hook.url_env} is not set; it stays off")
+            continue
+        kinds = frozenset(hook.events) if hook.events else frozenset(EVENT_KINDS)
+        try:
+            targets.append(WebhookTarget(hook.name, url.reveal(), hook.format, kinds))
+        except WebhookConfigError as exc:
+            raise WebhookConfigError(f"notifications.webhooks {hook.name} (${hook.url_env}): {exc}") from None
+    return targets, notes
 
 
 def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:
@@ -105,3 +121,10 @@ def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:
         return {o.instance_id: o.price_usd_per_hour for o in load_slot_state(path).values()}
 
     return read
+
+
+def market_view(state_dir: Path) -> Callable[[], MarketView]:
+    """The provisioner's last view of the market in `state_dir` (orphans, spend cap), read on each call."""
+    from reconciler.adapters.market_view import read_market_view
+
+    return lambda: read_market_view(state_dir)

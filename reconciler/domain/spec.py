@@ -52,6 +52,11 @@ class BenchmarkSettings:
     concurrency: int = 2
     timeout_minutes: float = 120.0
     after: str = "serve"
+    #: cuzk-daemon's memory budget; None: the worker sizes it from the container's memory limit.
+    memory_budget_gib: int | None = None
+    #: cuzk-bench --miner-id / --sector-num: must match the c1.json (None: the worker reads its SectorNum).
+    miner_id: int = 1000
+    sector_num: int | None = None
 
     @property
     def timeout_seconds(self) -> float:
@@ -117,6 +122,21 @@ class KillBudgetSettings:
 
 
 @dataclass(frozen=True)
+class WebhookSettings:
+    """A webhook target named in the spec; its URL is read from the environment variable `url_env` (a secret)."""
+
+    name: str
+    url_env: str
+    format: str = "generic"
+    events: tuple[str, ...] = ()  # empty: every kind
+
+
+@dataclass(frozen=True)
+class NotificationSettings:
+    webhooks: tuple[WebhookSettings, ...] = ()
+
+
+@dataclass(frozen=True)
 class FleetSpec:
     image: ImageSettings
     controller: ControllerSettings
@@ -129,6 +149,7 @@ class FleetSpec:
     name: str = "main"
     #: Fleet spend cap, $/hour over all pools (None: no cap).
     max_total_dph: float | None = None
+    notifications: NotificationSettings = field(default_factory=NotificationSettings)
     source: str = "<memory>"
     warnings: tuple[SpecProblem, ...] = ()
 

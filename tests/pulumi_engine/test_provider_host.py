@@ -393,6 +393,14 @@ def test_vastai_backend_lifecycle_through_the_real_host(tmp_path: Path) -> None:
         rebuilt = {**after[slot], "image": f"registry.example/fleet/worker@{new_digest}", "image_digest": new_digest}
         assert list(engine.diff(slot, id_, fresh, rebuilt, slots[slot]).replaces) == ["image_digest"]
 
+        # a constraint change: update in place, nothing rented or destroyed
+        dearer = {**after[slot], "pool": {**after[slot]["pool"], "max_price_usd_per_hour": 0.7}}
+        assert engine.diff(slot, id_, fresh, dearer, slots[slot]).changes == provider_pb2.DiffResponse.DIFF_SOME
+        updated = engine.update(slot, id_, fresh, dearer, slots[slot])
+        assert updated["instance_id"] == id_ and updated["contract_id"] == fresh["contract_id"]
+        assert len(fake.requests_to("PUT", "/api/v0/asks/")) == 2 and not fake.requests_to("DELETE", "/api/v0/")
+        states[slot] = (id_, updated)
+
         for s, (i, st) in states.items():
             engine.delete(s, i, st, slots[s])
         assert len(fake.requests_to("DELETE", "/api/v0/instances/")) == 2
