@@ -90,7 +90,8 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     broken = yaml.safe_load(_git(origin, "show", "main:fleet-spec/machines/41002.yaml"))["benchmarks"][-1]
     # Real cuzk output: the warm-up proof comes back FAILED (a supraseal-c2 panic with CUDA error 214), so
     # the worker stops with 75 and the daemon's reason is the evidence.
-    assert broken["blame"] == "machine" and "GPU prove start task panicked" in broken["reason"]
+    assert broken["blame"] == "machine" and broken["signature"] == "gpu-ecc"
+    assert "uncorrectable ECC error encountered" in broken["reason"]
     assert any("uncorrectable ECC error encountered" in line for line in broken["evidence"]["log_tail"])
     assert broken["evidence"]["exit_code"] == 75
 
@@ -100,7 +101,7 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     assert "cleaned up:" in lines[-1]
     check_image_story(outcome, workdir, lines)
     page = (workdir / "status.html").read_text()
-    assert "41002" in page and "GPU prove start task panicked" in page
+    assert "41002" in page and "uncorrectable ECC error encountered" in page
     assert _processes_in(workdir) == []
 
 
