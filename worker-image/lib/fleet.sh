@@ -259,8 +259,14 @@ fleet_epoch() { printf '%s' "${EPOCHREALTIME/,/.}"; }
 # CUZK_NTT_H from supraseal-c2's C++ on stderr, TIMELINE from cuzk-core engine.rs:349-353, FIN_TIMING /
 # GPU_TIMING / pacer INFO lines). Line-buffered so a crash loses nothing.
 FLEET_DAEMON_NOISE='CUZK_TIMING:|CUZK_NTT_H:|^TIMELINE,|FIN_TIMING|GPU_TIMING| pacer: |partition GPU prove complete|partition synthesis complete'
-fleet_daemon_filter() {
-  sed -u -e 's/\x1b\[[0-9;]*[A-Za-z]//g' | { grep --line-buffered -v -E "$FLEET_DAEMON_NOISE" || true; }
+fleet_daemon_filter() { # pure bash: no buffering, and nothing a minimal base's busybox lacks
+  local line
+  shopt -s extglob
+  while IFS= read -r line || [[ -n $line ]]; do
+    line=${line//$'\e['*([0-9;])[A-Za-z]/}
+    [[ $line =~ $FLEET_DAEMON_NOISE ]] && continue
+    printf '%s\n' "$line"
+  done
 }
 
 # The daemon binary: curio's `make cuzk` installs cuzk-daemon as `cuzk`; a cargo build names it cuzk-daemon.
