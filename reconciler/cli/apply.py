@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace
 from reconciler.adapters.slot_provider import (
@@ -114,7 +114,28 @@ def run(args: argparse.Namespace) -> int:
         # Observation failed: nothing was changed (never act on a failed look).
         print(f"fleet apply: cannot observe the fleet, nothing changed: {describe_error(exc)}", file=sys.stderr)
         return 1
+    _tell_webhooks(report, spec)
     return summarize(report, out)
+
+
+def _tell_webhooks(report: ApplyReport, spec: Any) -> None:
+    """Orphans destroyed and the spend cap reached, to the webhooks of the spec and the environment."""
+    from reconciler.adapters.webhooks import WebhookConfigError
+    from reconciler.cli.surfaces import notify_once, provisioner_events, webhook_targets
+
+    events = provisioner_events(report, spec, datetime.now(UTC))
+    if not events:
+        return
+    try:
+        targets, notes = webhook_targets(spec.notifications)
+    except WebhookConfigError as exc:
+        print(f"fleet apply: webhooks: {exc}", file=sys.stderr)
+        return
+    for note in notes:
+        print(f"fleet apply: {note}", file=sys.stderr)
+    left = notify_once(events, targets)
+    if left:
+        print(f"fleet apply: webhooks: {left} event(s) not delivered (receiver down?)", file=sys.stderr)
 
 
 def summarize(report: ApplyReport, out: TextIO) -> int:
