@@ -17,8 +17,8 @@ from pathlib import Path
 
 from bench.common import Figure, median_time, timed
 from bench.data import DIGEST, machine_id_of, machine_records, spec_yaml
-from reconciler.gitstore import BOT_EMAIL, BOT_NAME, CommitRequest, FileChange, GitStore
-from reconciler.records import render_machine_record
+from reconciler.adapters.git import BOT_EMAIL, BOT_NAME, CommitRequest, FileChange, GitStore
+from reconciler.adapters.record_files import render_machine_record
 
 SIZES = (1_000, 10_000)
 #: Machines in the fleet: (a) a steady fleet: only history grows; (b) the fleet grows with it (more record files).

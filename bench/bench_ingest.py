@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.common import Figure
-from reconciler.tokens import instance_token
+from reconciler.domain.tokens import instance_token
 
 SECRET = b"bench-controller-secret-0123456789"
 CLIENT_PROCESSES = 2
@@ -50,8 +50,8 @@ TARGET_EVENTS_PER_S = 2_000
 
 SERVER = """
 import sys, signal, threading
-from reconciler.controller import ControllerServer
-from reconciler.store import ControllerStore
+from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.store import ControllerStore
 store = ControllerStore(sys.argv[1])
 server = ControllerServer(store, sys.argv[2].encode(), None, "127.0.0.1", 0).start()
 print(server.url, flush=True)

@@ -21,16 +21,17 @@ from pathlib import Path
 
 from bench.common import Figure
 from bench.data import T0, machine_id_of, make_spec, pass_reports, write_records
-from reconciler.loop import decide
-from reconciler.records import (
-    MachineRecord,
+from reconciler.adapters.record_files import (
     RecordCache,
     load_records,
     machine_record_path,
     render_machine_record,
     write_text_atomic,
 )
-from reconciler.spec import FleetSpec
+from reconciler.domain.judging import decide
+from reconciler.domain.records import MachineRecord
+from reconciler.domain.spec import FleetSpec
+from reconciler.flows.judge import commit_request
 
 MACHINES = 10_000
 ENTRIES_PER_MACHINE = 10
@@ -116,7 +117,7 @@ def _warm_passes(spec: FleetSpec, spec_dir: Path, cache: RecordCache, records: l
         t1 = time.perf_counter()
         decision = decide(spec, reports, loaded, frozenset(), None, now)
         t2 = time.perf_counter()
-        request = decision.commit_request()
+        request = commit_request(decision)
         t3 = time.perf_counter()
         written = len(request.changes) if request is not None else 0
         out.append(PassTime(t1 - t0, t2 - t1, t3 - t2, len(changed), cache.parsed, len(decision.verdicts), written))

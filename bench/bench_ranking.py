@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from bench.common import Figure, median_time
 from bench.data import POOLS, machine_id_of, make_spec, offers
-from reconciler.marketplace.base import Offer
-from reconciler.ranking import rank_offers
+from reconciler.domain.marketplace import Offer
+from reconciler.domain.ranking import rank_offers
 
 OFFERS = 50_000
 MACHINES = 20_000

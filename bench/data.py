@@ -14,11 +14,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from reconciler.marketplace.base import Offer
-from reconciler.observations import BenchmarkResult, InstanceReport, PhaseEvent
-from reconciler.records import BenchmarkEntry, MachineRecord, render_machine_record
-from reconciler.spec import FleetSpec, check_spec_text
-from reconciler.verdict import judge
+from reconciler.adapters.record_files import render_machine_record
+from reconciler.adapters.spec_files import check_spec_text
+from reconciler.domain.marketplace import Offer
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent
+from reconciler.domain.records import BenchmarkEntry, MachineRecord
+from reconciler.domain.spec import FleetSpec
+from reconciler.domain.verdict import judge
 
 T0 = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "a1" * 32

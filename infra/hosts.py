@@ -1,6 +1,6 @@
 """GpuPool: one dynamic-provider resource per pool slot `<pool>-<i>`, each one rented instance.
 
-The resource's CRUD is `reconciler.provider.SlotResourceProvider` (the same SlotProvider `fleet apply`
+The resource's CRUD is `reconciler.adapters.pulumi_provider.SlotResourceProvider` (the same SlotProvider `fleet apply`
 drives). Its inputs carry everything a create or diff needs: the pool's constraints, the image pinned by
 digest, and the bad-machine set and perf history read from fleet-spec/ at program time. So a new bad
 record changes the input of every slot, and the provider's diff replaces exactly the slot whose machine
@@ -16,10 +16,11 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import Resource
 
-from reconciler.planner import pool_pause
-from reconciler.provider import SlotResourceProvider, digest_of_image_ref, slot_inputs
-from reconciler.records import RecordSet
-from reconciler.spec import FleetSpec, PoolSpec
+from reconciler.adapters.pulumi_provider import SlotResourceProvider
+from reconciler.domain.planner import pool_pause
+from reconciler.domain.records import RecordSet
+from reconciler.domain.slots import digest_of_image_ref, slot_inputs
+from reconciler.domain.spec import FleetSpec, PoolSpec
 
 #: Outputs each slot resource exposes (declared as None inputs so Pulumi treats them as outputs).
 SLOT_OUTPUTS = ("instance_id", "contract_id", "machine_id", "host_id", "gpu_name", "price_usd_per_hour", "status")

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_docker as docker
 
-from reconciler.provider import digest_of_image_ref, directory_digest
+from reconciler.adapters.slot_provider import directory_digest
+from reconciler.domain.slots import digest_of_image_ref
 
 
 @dataclass

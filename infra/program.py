@@ -16,8 +16,8 @@ import pulumi
 
 from infra.hosts import GpuPool, GpuPoolArgs
 from infra.image import WorkerImage, WorkerImageArgs
-from reconciler.records import load_records
-from reconciler.spec import load_spec
+from reconciler.adapters.record_files import load_records
+from reconciler.adapters.spec_files import load_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

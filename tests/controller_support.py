@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
-from reconciler.controller import ControllerServer
-from reconciler.store import ControllerStore
-from reconciler.tokens import instance_token, machine_claim
+from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.store import ControllerStore
+from reconciler.domain.tokens import instance_token, machine_claim
 
 SECRET = b"test-controller-secret-0123456789"
 ADMIN = "test-admin-token-abcdefghijklmnop"

@@ -29,7 +29,7 @@ from typing import Any
 
 import jsonschema
 
-from reconciler.tokens import machine_claim
+from reconciler.domain.tokens import machine_claim
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER_IMAGE = REPO / "worker-image"

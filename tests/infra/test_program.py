@@ -19,18 +19,18 @@ import pulumi
 import pytest
 
 from infra import program
-from reconciler.marketplace.base import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
-from reconciler.provider import PoolPausedError, SlotInputs, SlotProvider, SlotResourceProvider
-from reconciler.records import (
-    BenchmarkEntry,
-    ImageSuspectRecord,
-    MachineRecord,
+from reconciler.adapters.pulumi_provider import SlotResourceProvider
+from reconciler.adapters.record_files import (
     image_record_path,
     machine_record_path,
     render_image_record,
     render_machine_record,
     write_text_atomic,
 )
+from reconciler.adapters.slot_provider import SlotProvider
+from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord
+from reconciler.domain.slots import PoolPausedError, SlotInputs
 
 DIGEST = "sha256:" + "c" * 64
 REPO_DIGEST = f"registry.example/fleet/worker@{DIGEST}"

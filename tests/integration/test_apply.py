@@ -13,19 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import main
-from reconciler.marketplace.local import LocalMarketplace, load_local_machines
-from reconciler.provider import directory_digest
-from reconciler.records import (
-    BenchmarkEntry,
-    ImageSuspectRecord,
-    MachineRecord,
+from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
+from reconciler.adapters.record_files import (
     image_record_path,
     machine_record_path,
     render_image_record,
     render_machine_record,
     write_text_atomic,
 )
+from reconciler.adapters.slot_provider import directory_digest
+from reconciler.cli import main
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord
 
 SPEC = """\
 version: 1

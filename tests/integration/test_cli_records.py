@@ -10,15 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.git import CommitRequest, FileChange, GitStore
+from reconciler.adapters.record_files import render_image_record, render_machine_record
 from reconciler.cli import main
-from reconciler.gitstore import CommitRequest, FileChange, GitStore
-from reconciler.records import (
-    BenchmarkEntry,
-    ImageSuspectRecord,
-    MachineRecord,
-    render_image_record,
-    render_machine_record,
-)
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord
 from tests.gitrepos import clone, git, human_commit, make_origin
 
 DIGEST = "sha256:" + "ab" * 32

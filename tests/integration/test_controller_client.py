@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reconciler.controller import ControllerServer
-from reconciler.controller_client import ControllerAdminClient, ControllerClientError, admin_client_from
-from reconciler.store import ControllerStore
-from reconciler.tokens import instance_token
+from reconciler.adapters.controller.client import ControllerAdminClient, ControllerClientError, admin_client_from
+from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.store import ControllerStore
+from reconciler.domain.tokens import instance_token
 
 SECRET = b"s" * 32
 ADMIN = "admin-token-for-tests"

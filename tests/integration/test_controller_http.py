@@ -23,21 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller import MAX_BODY_BYTES, _protocol_validator, fast_valid
-from reconciler.observations import BenchmarkResult, PhaseEvent
-from reconciler.store import ControllerStore
-from reconciler.tokens import instance_token
-from tests.controller_support import (
-    ADMIN,
-    ADMIN_AUTH,
-    DIGEST,
-    SECRET,
-    T0,
-    Harness,
-    auth,
-    raw_exchange,
-    register_doc,
-)
+from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, _protocol_validator, fast_valid
+from reconciler.adapters.store import ControllerStore
+from reconciler.domain.observations import BenchmarkResult, PhaseEvent
+from reconciler.domain.tokens import instance_token
+from tests.controller_support import ADMIN, ADMIN_AUTH, DIGEST, SECRET, T0, Harness, auth, raw_exchange, register_doc
 
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
 RESULT = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T18:40:00Z", "started_at": "2026-12-02T18:20:00Z",
@@ -327,7 +317,7 @@ def test_store_survives_a_controller_restart(tmp_path: Path) -> None:
 
 SERVE_BOOTSTRAP = """
 import argparse, sys
-from reconciler.commands import controller
+from reconciler.cli import controller
 parser = argparse.ArgumentParser()
 controller.register(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])

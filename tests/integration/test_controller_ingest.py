@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.controller import ControllerServer, _protocol_validator
-from reconciler.tokens import instance_token, machine_claim
+from reconciler.adapters.controller.protocol import _protocol_validator
+from reconciler.adapters.controller.server import ControllerServer
+from reconciler.domain.tokens import instance_token, machine_claim
 from tests.controller_support import SECRET, Harness, auth, raw_exchange, status_of
 
 

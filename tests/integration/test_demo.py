@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.demo import DemoError, DemoSettings, check_tools, prepare_workspace, run_demo
+from reconciler.cli.demo import DemoError, DemoSettings, check_tools, prepare_workspace, run_demo
 
 pytestmark = pytest.mark.slow
 

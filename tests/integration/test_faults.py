@@ -36,45 +36,34 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.cli import main
-from reconciler.commands.apply import Image, apply_fleet
-from reconciler.gitstore import GitStore
-from reconciler.loop import PassResult, run, run_pass
-from reconciler.marketplace.base import MarketplaceError
-from reconciler.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
-from reconciler.provider import SlotProvider
-from reconciler.records import (
-    MachineRecord,
+from reconciler.adapters.git import GitStore
+from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
+from reconciler.adapters.record_files import (
     load_records,
     machine_record_path,
     parse_machine_record,
     render_machine_record,
     write_text_atomic,
 )
-from reconciler.spec import check_spec_text
-from reconciler.store import ControllerStore
-from reconciler.tokens import instance_token
+from reconciler.adapters.slot_provider import SlotProvider
+from reconciler.adapters.spec_files import check_spec_text
+from reconciler.adapters.store import ControllerStore
+from reconciler.cli import main
+from reconciler.domain.marketplace import MarketplaceError
+from reconciler.domain.records import MachineRecord
+from reconciler.domain.tokens import instance_token
+from reconciler.flows.judge import PassResult, run, run_pass
+from reconciler.flows.provision import apply_fleet
 from tests.controller_support import StepClock
 from tests.fakes import Sleeps
+from tests.fault_support import IMAGE, SECRET, VAST_SPEC, bot_clone, register_doc
 from tests.gitrepos import git, install_rejecting_hook, make_origin, origin_file, origin_log
-from tests.unit.test_verdict import SPEC_YAML
+from tests.scenarios import SPEC_YAML
 from tests.vast_fake import Fault, VastFake
 
 T0 = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "a1" * 32
-SECRET = b"fault-test-controller-secret-0123"
 VAST_KEY = "fault-test-vast-key"
-
-
-# --- helpers shared with test_secrets.py ------------------------------------------------------------------
-
-
-
-
-def register_doc(instance_id: str, machine_id: str, pool: str = "rtx-pro-4000") -> dict[str, Any]:
-    return {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T18:00:00Z", "pool": pool,
-            "slot": f"{pool}-0", "machine_id": machine_id, "host_id": "7781", "contract_id": "9001",
-            "gpu_name": "RTX PRO 4000", "image_digest": DIGEST, "image_version": "v1"}
 
 
 def result_doc(rate: float, log_tail: list[str] | None = None) -> dict[str, Any]:
@@ -113,30 +102,7 @@ def origin(tmp_path: Path) -> Path:
     return bare
 
 
-def bot_clone(origin: Path, workdir: Path) -> Path:
-    git(workdir.parent, "clone", "--quiet", str(origin), str(workdir))
-    return workdir
-
-
 LATER = T0 + timedelta(hours=3)
-
-
-# --- marketplace faults during an apply pass ----------------------------------------------------------------
-
-VAST_SPEC = """\
-version: 1
-image: {repository: registry.example/worker}
-controller: {url: http://127.0.0.1:9}
-pools:
-  - name: rtx4090
-    gpu_name: RTX 4090
-    count: 2
-    min_rate_proofs_per_hour: 40
-    max_price_usd_per_hour: 0.60
-    min_reliability: 0.95
-    min_inet_down_mbps: 500
-"""
-IMAGE = Image("registry.example/worker@sha256:" + "e" * 64, "sha256:" + "e" * 64)
 
 
 class ApplyRig:
@@ -280,8 +246,8 @@ def test_push_rejected_for_several_passes_loses_nothing_and_the_next_pass_publis
 
 CONTROLLER = textwrap.dedent("""
     import sys, threading
-    from reconciler.controller import ControllerServer
-    from reconciler.store import ControllerStore
+    from reconciler.adapters.controller.server import ControllerServer
+    from reconciler.adapters.store import ControllerStore
     store = ControllerStore(sys.argv[1])
     server = ControllerServer(store, sys.argv[2].encode(), None, "127.0.0.1", 0).start()
     print(server.url, flush=True)
@@ -354,9 +320,9 @@ def test_controller_killed_mid_ingest_then_loop_judges_what_was_acknowledged(ori
 RECONCILER = textwrap.dedent("""
     import sys
     from datetime import datetime
-    from reconciler.gitstore import GitStore
-    from reconciler.loop import run_pass
-    from reconciler.store import ControllerStore
+    from reconciler.adapters.git import GitStore
+    from reconciler.flows.judge import run_pass
+    from reconciler.adapters.store import ControllerStore
     result = run_pass(GitStore(sys.argv[1], max_attempts=1), ControllerStore(sys.argv[2]),
                       datetime.fromisoformat(sys.argv[3]))
     print(result.headline(), flush=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.gitstore import (
+from reconciler.adapters.git import (
     BOT_EMAIL,
     BOT_NAME,
     CommitRequest,

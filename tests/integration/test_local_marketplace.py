@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.marketplace.base import InstanceRequest, OfferQuery, PermanentMarketplaceError
-from reconciler.marketplace.local import (
+from reconciler.adapters.marketplace.local import (
     _CHILDREN,
     STATE_FILE,
     LocalMachine,
@@ -21,6 +20,7 @@ from reconciler.marketplace.local import (
     load_local_machines,
     parse_local_machines,
 )
+from reconciler.domain.marketplace import InstanceRequest, OfferQuery, PermanentMarketplaceError
 
 MACHINES_YAML = """
 machines:

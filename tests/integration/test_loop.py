@@ -10,37 +10,21 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.git import BOT_NAME, GitStore
+from reconciler.adapters.record_files import parse_machine_record
 from reconciler.cli import main
-from reconciler.gitstore import BOT_NAME, GitStore
-from reconciler.loop import PassResult, run, run_pass
-from reconciler.observations import InstanceReport
-from reconciler.records import parse_machine_record
+from reconciler.flows.judge import PassResult, run, run_pass
 from tests.fakes import Sleeps
 from tests.gitrepos import clone, git, human_commit, install_rejecting_hook, make_origin, origin_file, origin_log
-from tests.unit.test_verdict import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC_YAML, T0, completed_report
+from tests.loop_support import FakeReports, trailers
+from tests.scenarios import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC_YAML, T0, completed_report
 
 M123 = "fleet-spec/machines/123.yaml"
-
-
-class FakeReports:
-    """The ReportSource port: a list of reports, or the error the store would raise."""
-
-    def __init__(self, reports: Sequence[InstanceReport] = (), error: Exception | None = None) -> None:
-        self.items = list(reports)
-        self.error = error
-        self.calls = 0
-
-    def reports(self) -> Sequence[InstanceReport]:
-        self.calls += 1
-        if self.error is not None:
-            raise self.error
-        return list(self.items)
 
 
 
@@ -65,10 +49,6 @@ def bot_store(origin: Path, tmp_path: Path, cls: type[GitStore] = GitStore) -> G
     if not workdir.exists():
         git(tmp_path, "clone", "--quiet", str(origin), str(workdir))
     return cls(workdir, sleep=Sleeps(), rng=random.Random(3), max_attempts=2)
-
-
-def trailers(origin: Path, key: str) -> list[str]:
-    return [v for v in git(origin, "log", f"--format=%(trailers:key={key},valueonly)", "main").split("\n") if v]
 
 
 def test_verdicts_land_as_bot_commits_with_trailers_and_a_rerun_is_a_no_op(origin: Path, tmp_path: Path) -> None:
@@ -187,7 +167,7 @@ def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tm
 
 
 def _seed_store(db: Path, instance_id: str = "pro-4000-0-3f9a1c") -> None:
-    from reconciler.store import ControllerStore
+    from reconciler.adapters.store import ControllerStore
 
     store = ControllerStore(db, now=lambda: T0)  # the controller's clock stamps the registration
     try:

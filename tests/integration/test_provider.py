@@ -16,25 +16,27 @@ import pytest
 from pulumi.dynamic import Config, ConfigureRequest
 from pulumi.dynamic.dynamic import serialize_provider
 
-from reconciler.marketplace.base import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
-from reconciler.planner import REASON_IMAGE_CHANGED, REASON_INSTANCE_DEAD, REASON_MACHINE_BAD, STATUS_GONE
-from reconciler.provider import (
+from reconciler.adapters.pulumi_provider import SlotResourceProvider
+from reconciler.adapters.slot_provider import (
+    SlotProvider,
+    directory_digest,
+    image_login_from,
+    load_slot_state,
+    save_slot_state,
+)
+from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
+from reconciler.domain.planner import REASON_IMAGE_CHANGED, REASON_INSTANCE_DEAD, REASON_MACHINE_BAD, STATUS_GONE
+from reconciler.domain.slots import (
     PULUMI_UNKNOWN,
     NoOfferError,
     PoolPausedError,
     SlotInputError,
     SlotInputs,
     SlotOutputs,
-    SlotProvider,
-    SlotResourceProvider,
     digest_of_image_ref,
-    directory_digest,
-    image_login_from,
-    load_slot_state,
-    save_slot_state,
 )
-from reconciler.spec import BenchmarkSettings, ParamsSettings, PoolSpec
-from reconciler.tokens import instance_token, machine_claim
+from reconciler.domain.spec import BenchmarkSettings, ParamsSettings, PoolSpec
+from reconciler.domain.tokens import instance_token, machine_claim
 
 SECRET = b"controller-secret-0123456789"
 DIGEST = "sha256:" + "1" * 64
@@ -249,7 +251,7 @@ def local_backend(tmp_path: Path) -> Iterator[dict[str, Any]]:
     backend = {"kind": "local", "state_dir": str(tmp_path / "market"), "machines_file": str(tmp_path / "machines.yaml"),
                "worker_command": [sys.executable, "-c", "import time; time.sleep(600)"]}
     yield backend
-    from reconciler.marketplace.local import LocalMarketplace, load_local_machines
+    from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
     market = LocalMarketplace(backend["state_dir"], load_local_machines(backend["machines_file"]))
     for inst in market.list_instances():
         market.destroy_instance(inst.contract_id)

@@ -25,29 +25,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.commands.apply import apply_fleet
-from reconciler.controller import ControllerServer
-from reconciler.gitstore import GitStore
-from reconciler.loop import run_pass
-from reconciler.marketplace.base import InstanceRequest, MarketplaceError, OfferQuery
-from reconciler.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
-from reconciler.provider import SlotProvider
-from reconciler.records import load_records
-from reconciler.spec import check_spec_text
-from reconciler.store import ControllerStore
-from reconciler.tokens import instance_token
+from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.git import GitStore
+from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
+from reconciler.adapters.record_files import load_records
+from reconciler.adapters.slot_provider import SlotProvider
+from reconciler.adapters.spec_files import check_spec_text
+from reconciler.adapters.store import ControllerStore
+from reconciler.domain.marketplace import InstanceRequest, MarketplaceError, OfferQuery
+from reconciler.domain.tokens import instance_token
+from reconciler.flows.judge import run_pass
+from reconciler.flows.provision import apply_fleet
+from tests.controller_support import StepClock
+from tests.fakes import Sleeps
+from tests.fault_support import IMAGE, SECRET, VAST_SPEC, bot_clone, register_doc
 from tests.gitrepos import git, make_origin
-from tests.integration.test_faults import (
-    IMAGE,
-    LATER,
-    SECRET,
-    VAST_SPEC,
-    Sleeps,
-    StepClock,
-    bot_clone,
-    register_doc,
-)
-from tests.unit.test_verdict import SPEC_YAML
+from tests.scenarios import LATER, SPEC_YAML
 from tests.vast_fake import VastFake
 
 VAST_API_KEY = "9c1e5a7b3d2f4e6a8b0c1d3e5f7a9b2c4d6e8f0a1b3c5d7e9f2a4b6c8d0e1f3a"

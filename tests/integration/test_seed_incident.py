@@ -16,12 +16,15 @@ import random
 from datetime import timedelta
 from pathlib import Path
 
-from reconciler.gitstore import GitStore
-from reconciler.loop import decide, run_pass
-from reconciler.records import RecordSet, load_records, parse_image_record, parse_machine_record
+from reconciler.adapters.git import GitStore
+from reconciler.adapters.record_files import load_records, parse_image_record, parse_machine_record
+from reconciler.domain.judging import decide
+from reconciler.domain.records import RecordSet
+from reconciler.flows.judge import run_pass
+from tests.fakes import Sleeps
 from tests.gitrepos import git, make_origin, origin_file, origin_log
-from tests.integration.test_loop import FakeReports, Sleeps, trailers
-from tests.unit.test_verdict import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC, SPEC_YAML, completed_report, error_report
+from tests.loop_support import FakeReports, trailers
+from tests.scenarios import DAEMON_REFUSED_TAIL, DIGEST, LATER, SPEC, SPEC_YAML, completed_report, error_report
 
 IMAGE_RECORD = f"fleet-spec/images/{DIGEST.removeprefix('sha256:')}.yaml"
 
@@ -105,8 +108,9 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
 
 
 def test_status_after_the_incident_shows_pause_budget_timelines_and_root_causes() -> None:
-    from reconciler.commands.status import render_text, status_view
-    from tests.unit.test_verdict import ev, make_report
+    from reconciler.domain.status import status_view
+    from reconciler.render.text import render_text
+    from tests.scenarios import ev, make_report
 
     now = LATER + timedelta(hours=1)
     first = decide(SPEC, [FIRST, SECOND, SLOW], RecordSet(), set(), DIGEST, now)

@@ -21,19 +21,19 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import main
-from reconciler.loop import decide
-from reconciler.observations import InstanceReport, format_time
-from reconciler.records import (
-    RecordSet,
+from reconciler.adapters.record_files import (
     image_record_path,
     machine_record_path,
     render_image_record,
     render_machine_record,
     write_text_atomic,
 )
-from reconciler.store import ControllerStore
-from tests.unit.test_status_html import (
+from reconciler.adapters.store import ControllerStore
+from reconciler.cli import main
+from reconciler.domain.judging import decide
+from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.records import RecordSet
+from tests.html_support import (
     FAST,
     FIRST,
     HOSTILE,
@@ -47,7 +47,7 @@ from tests.unit.test_status_html import (
     table_rows,
     text_of,
 )
-from tests.unit.test_verdict import DIGEST, SPEC, SPEC_YAML
+from tests.scenarios import DIGEST, SPEC, SPEC_YAML
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -136,8 +136,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 
 
 def write_page(fleet: Fleet, out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    # The incident is replayed as of NOW: with the real clock, the running instance would pass its deadline.
     argv = ["status", "--spec-dir", str(fleet.spec_dir), "--controller-db", str(fleet.db), "--image-digest", DIGEST,
-            "--html", str(out)]
+            "--at", format_time(NOW), "--html", str(out)]
     assert main(argv) == 0
     assert f"wrote {out} (2 pools, 6 instances, 1 bad machines)" in capsys.readouterr().out
     return out.read_text(encoding="utf-8")

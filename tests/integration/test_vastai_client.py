@@ -14,14 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.marketplace.base import (
-    InstanceRequest,
-    Offer,
-    OfferQuery,
-    PermanentMarketplaceError,
-    TemporaryMarketplaceError,
-)
-from reconciler.marketplace.vastai import (
+from reconciler.adapters.marketplace.vastai import (
     ONSTART_MAX_CHARS,
     RetryPolicy,
     Timeouts,
@@ -32,6 +25,13 @@ from reconciler.marketplace.vastai import (
     normalise_status,
     parse_offers,
     retry_delay,
+)
+from reconciler.domain.marketplace import (
+    InstanceRequest,
+    Offer,
+    OfferQuery,
+    PermanentMarketplaceError,
+    TemporaryMarketplaceError,
 )
 from tests.fakes import Sleeps
 from tests.vast_fake import Fault, VastFake, make_offer, offer_matches
@@ -170,7 +170,7 @@ def test_client_filters_what_the_api_ignored(
 ) -> None:
     # The server drops these filters (the real API only warns on fields it does not know).
     fake.ignored_fields = {"machine_id", "reliability", "verified", "cpu_ram", "gpu_name", "dph_total"}
-    caplog.set_level(logging.INFO, logger="reconciler.marketplace.vastai")
+    caplog.set_level(logging.INFO, logger="reconciler.adapters.marketplace.vastai")
     offers = client.search_offers(
         OfferQuery(
             gpu_name="RTX 4090",
@@ -198,7 +198,7 @@ def test_malformed_offers_are_skipped_with_a_warning(
         good,
     ]
     fake.fail_next(status=200, body={"offers": rows}, method="POST")
-    caplog.set_level(logging.WARNING, logger="reconciler.marketplace.vastai")
+    caplog.set_level(logging.WARNING, logger="reconciler.adapters.marketplace.vastai")
     offers = client.search_offers(OfferQuery(gpu_name="RTX 4090"))
     assert [o.offer_id for o in offers] == ["9101"]
     assert "skipping malformed offer #0: offer is not an object" in caplog.text

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.tokens import machine_claim
+from reconciler.domain.tokens import machine_claim
 from tests.worker_support import (
     INSTANCE_ID,
     SECRET,

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from reconciler.breaker import apply_guards, kill_budgets
-from reconciler.observations import InstanceReport
-from reconciler.records import ImageSuspectRecord, MachineRecord, RecordSet
-from reconciler.verdict import Verdict, judge
-from tests.unit.test_verdict import (
+from reconciler.domain.breaker import apply_guards, kill_budgets
+from reconciler.domain.records import ImageSuspectRecord, RecordSet
+from tests.scenarios import (
     CUDA_ERROR_TAIL,
     DAEMON_REFUSED_TAIL,
     DIGEST,
@@ -18,22 +15,9 @@ from tests.unit.test_verdict import (
     SPEC,
     completed_report,
     error_report,
+    records_of,
+    verdict_of,
 )
-
-
-def verdict_of(report: InstanceReport, now: datetime = LATER) -> Verdict:
-    v = judge(report, SPEC.pool(report.pool or ""), now)
-    assert v is not None
-    return v
-
-
-def records_of(verdicts: Iterable[Verdict], images: Iterable[ImageSuspectRecord] = ()) -> RecordSet:
-    machines: dict[str, MachineRecord] = {}
-    for v in verdicts:
-        assert v.machine_id is not None
-        rec = machines.get(v.machine_id, MachineRecord(v.machine_id))
-        machines[v.machine_id] = rec.with_entry(v.to_entry(), host_id=v.host_id, gpu_name=v.gpu_name)
-    return RecordSet(machines=machines, images={i.image_digest: i for i in images})
 
 
 def test_same_software_failure_on_a_second_machine_trips_and_records_the_image() -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from reconciler.gitstore import CommitRequest
-from reconciler.loop import PassDecision, decide
-from reconciler.records import MachineRecord, RecordSet, parse_machine_record
-from tests.unit.test_breaker import records_of, verdict_of
-from tests.unit.test_verdict import (
+from reconciler.adapters.git import CommitRequest
+from reconciler.adapters.record_files import parse_machine_record
+from reconciler.domain.judging import PassDecision, decide
+from reconciler.domain.records import MachineRecord, RecordSet
+from reconciler.flows.judge import commit_request
+from tests.scenarios import (
     CUDA_ERROR_TAIL,
     DAEMON_REFUSED_TAIL,
     DIGEST,
@@ -21,13 +22,15 @@ from tests.unit.test_verdict import (
     error_report,
     make_report,
     params_failed_report,
+    records_of,
+    verdict_of,
 )
 
 NETWORK_TAIL = ["curl: (6) Could not resolve host: proofs.filecoin.io"]
 
 
 def _request(decision: PassDecision) -> CommitRequest:
-    request = decision.commit_request()
+    request = commit_request(decision)
     assert request is not None
     return request
 
@@ -51,13 +54,13 @@ def test_judged_instances_are_skipped_whether_in_trailers_or_records() -> None:
     done = verdict_of(completed_report("pro-0-a", "123", 20.0))
     records = records_of([done])
     reports = [completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0)]
-    assert decide(SPEC, reports, records, {"pro-1-a"}, None, LATER).commit_request() is None
+    assert commit_request(decide(SPEC, reports, records, {"pro-1-a"}, None, LATER)) is None
 
 
 def test_pardon_by_deleting_the_record_is_not_undone_until_a_new_failure() -> None:
     reports = [completed_report("pro-0-a", "123", 20.0)]
     # The record of 123 was deleted by a human; its instance is still in the trailers.
-    assert decide(SPEC, reports, RecordSet(), {"pro-0-a"}, None, LATER).commit_request() is None
+    assert commit_request(decide(SPEC, reports, RecordSet(), {"pro-0-a"}, None, LATER)) is None
     again = [*reports, completed_report("pro-0-b", "123", 21.0)]
     decision = decide(SPEC, again, RecordSet(), {"pro-0-a"}, None, LATER)
     assert [v.instance_id for v in decision.recorded] == ["pro-0-b"]
@@ -80,7 +83,7 @@ def test_running_and_unknown_pool_and_unsafe_machine_are_not_recorded() -> None:
     anonymous = completed_report("pro-0-n", None, 20.0)
     decision = decide(SPEC, [running, stray, unsafe, anonymous], RecordSet(), set(), None,
                       LATER - timedelta(hours=2, minutes=30))
-    assert decision.commit_request() is None
+    assert commit_request(decision) is None
     assert decision.pending == ("pro-0-r",)
     assert any("pool 'rtx3090' is not in the spec" in n for n in decision.notes)
     assert any("pro-0-u" in n and "missing or unsafe" in n for n in decision.notes)
@@ -91,7 +94,7 @@ def test_unreadable_record_is_never_overwritten() -> None:
     records = RecordSet(problems=("fleet-spec/machines/123.yaml: $.status: 'maybe' is not one of ...",),
                         unreadable_machine_ids=frozenset({"123"}))
     decision = decide(SPEC, [completed_report("pro-0-a", "123", 20.0)], records, set(), None, LATER)
-    assert decision.commit_request() is None
+    assert commit_request(decision) is None
     assert any("unreadable" in n and "123" in n for n in decision.notes)
 
 

@@ -23,15 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters.record_files import load_records, parse_machine_record, render_machine_record
+from reconciler.adapters.spec_files import check_spec_text, load_spec
 from reconciler.cli import main
-from reconciler.records import (
-    BenchmarkEntry,
-    MachineRecord,
-    load_records,
-    parse_machine_record,
-    render_machine_record,
-)
-from reconciler.spec import SpecError, check_spec_text, load_spec
+from reconciler.domain.records import BenchmarkEntry, MachineRecord
+from reconciler.domain.spec import SpecError
 
 EXAMPLE = (SCHEMA_DIR.parent / "fleet.yaml").read_text(encoding="utf-8")
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

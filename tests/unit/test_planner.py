@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from reconciler.planner import (
+from reconciler.domain.planner import (
     REASON_IMAGE_CHANGED,
     REASON_INSTANCE_DEAD,
     REASON_INSTANCE_GONE,
@@ -24,8 +24,8 @@ from reconciler.planner import (
     plan,
     replace_reason,
 )
-from reconciler.records import ImageSuspectRecord, MachineRecord, RecordSet
-from reconciler.spec import ControllerSettings, FleetSpec, ImageSettings, PoolSpec
+from reconciler.domain.records import ImageSuspectRecord, MachineRecord, RecordSet
+from reconciler.domain.spec import ControllerSettings, FleetSpec, ImageSettings, PoolSpec
 
 NOW = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
 DIGEST = "sha256:" + "a" * 64

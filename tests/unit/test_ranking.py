@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from reconciler.marketplace.base import Offer
-from reconciler.ranking import BASIS_MEASURED, BASIS_PRIOR, BASIS_UNKNOWN, offer_query, rank_offers
-from reconciler.spec import PoolSpec
+from reconciler.domain.marketplace import Offer
+from reconciler.domain.ranking import BASIS_MEASURED, BASIS_PRIOR, BASIS_UNKNOWN, offer_query, rank_offers
+from reconciler.domain.spec import PoolSpec
 
 POOL = PoolSpec(name="rtx4090", gpu_name="RTX 4090", count=2, min_rate_proofs_per_hour=40,
                 max_price_usd_per_hour=0.6, min_reliability=0.95, min_inet_down_mbps=200, disk_gb=200,

@@ -19,14 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.gitstore import GitStore
-from reconciler.loop import run_pass
-from reconciler.records import (
-    BenchmarkEntry,
-    ImageSuspectRecord,
-    MachineRecord,
+from reconciler.adapters.git import GitStore
+from reconciler.adapters.record_files import (
     RecordCache,
-    RecordSet,
     image_record_path,
     load_records,
     machine_record_path,
@@ -35,10 +30,13 @@ from reconciler.records import (
     render_machine_record,
     write_text_atomic,
 )
-from reconciler.store import ControllerStore
+from reconciler.adapters.store import ControllerStore
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet
+from reconciler.flows.judge import run_pass
+from tests.fakes import Sleeps
 from tests.gitrepos import clone, git, human_commit, make_origin, origin_file
-from tests.integration.test_loop import FakeReports, Sleeps
-from tests.unit.test_verdict import LATER, SPEC_YAML, completed_report
+from tests.loop_support import FakeReports
+from tests.scenarios import LATER, SPEC_YAML, completed_report
 
 DIGEST = "sha256:" + "c3" * 32
 

@@ -4,16 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.records import (
-    BenchmarkEntry,
-    MachineRecord,
-    RecordError,
-    check_machine_id,
-    load_records,
-    machine_record_path,
-    render_machine_record,
-    write_text_atomic,
-)
+from reconciler.adapters.record_files import load_records, machine_record_path, render_machine_record, write_text_atomic
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError, check_machine_id
 
 
 def _entry(instance: str, verdict: str, rate: float | None, marks_bad: bool) -> BenchmarkEntry:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.redact import MASK, PATTERNS, redact_line, redact_lines
+from reconciler.domain.redact import MASK, PATTERNS, redact_line, redact_lines
 
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
 IMAGE_DIGEST = "sha256:9b2c8a1f0e7d6c5b4a3928171605f4e3d2c1b0a99887766554433221100ffeed"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.signatures import SIGNATURES, classify, logical_lines
+from reconciler.domain.signatures import SIGNATURES, classify, logical_lines
 
 #: Realistic lines (dmesg, nvidia-smi, cuzk, aria2c, bash, jq, Python) for every signature in the table.
 EXAMPLES: dict[str, list[str]] = {

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from reconciler import REPO_ROOT
+from reconciler.adapters.spec_files import load_spec
 from reconciler.cli import main
-from reconciler.spec import load_spec
 
 # Line numbers below refer to this text.
 BASE = """\

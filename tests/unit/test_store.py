@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.observations import BenchmarkResult, PhaseEvent
-from reconciler.store import (
+from reconciler.adapters.store import (
     REPORT_TAIL_LINES,
     ControllerStore,
     EventLimitExceeded,
@@ -19,6 +18,7 @@ from reconciler.store import (
     StoreError,
     UnknownInstance,
 )
+from reconciler.domain.observations import BenchmarkResult, PhaseEvent
 from tests.controller_support import StepClock
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
@@ -268,7 +268,7 @@ def test_store_file_is_wal_with_schema_version(tmp_path: Path, store: Controller
 
 
 def test_group_commit_isolates_a_broken_write(store: ControllerStore) -> None:
-    from reconciler.store import _PendingWrite
+    from reconciler.adapters.store import _PendingWrite
 
     store.register("p-0-a", register_doc("p-0-a"))
 

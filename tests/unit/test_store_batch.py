@@ -13,7 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.store import ControllerStore, EventLimitExceeded, InstanceDestroyed, UnknownInstance, _PendingWrite
+from reconciler.adapters.store import (
+    ControllerStore,
+    EventLimitExceeded,
+    InstanceDestroyed,
+    UnknownInstance,
+    _PendingWrite,
+)
 from tests.controller_support import StepClock
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.tokens import (
+from reconciler.domain.tokens import (
     SecretError,
     bearer_token,
     check_secret,
@@ -70,7 +70,7 @@ def test_admin_token_comparison() -> None:
 
 
 def test_machine_claim_binds_instance_machine_and_secret() -> None:
-    from reconciler.tokens import machine_claim
+    from reconciler.domain.tokens import machine_claim
 
     base = machine_claim(b"k" * 32, "rtx4090-0-abc123", "41001")
     assert len(base) == 64 and int(base, 16) >= 0
@@ -79,7 +79,7 @@ def test_machine_claim_binds_instance_machine_and_secret() -> None:
     assert base != machine_claim(b"k" * 32, "rtx4090-0-abc124", "41001")
     assert base != machine_claim(b"j" * 32, "rtx4090-0-abc123", "41001")
     # not the instance token: one cannot stand in for the other
-    from reconciler.tokens import instance_token
+    from reconciler.domain.tokens import instance_token
     assert base != instance_token(b"k" * 32, "rtx4090-0-abc123")
     # the NUL separators keep ("a", "bc") and ("ab", "c") apart
     assert machine_claim(b"k" * 32, "a", "bc") != machine_claim(b"k" * 32, "ab", "c")

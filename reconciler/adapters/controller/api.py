@@ -1,0 +1,274 @@
+"""The controller API, transport-independent: authenticated, validated requests in, responses out.
+
+Workers POST register / events / logs / result for their own instance with a per-instance token; the
+reconcile loop reads the store directly; humans and `fleet status` use the small read API. The HTTP
+server (`server.py`) only moves bytes to and from `ControllerApi.handle`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache, partial
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from reconciler.adapters.controller.protocol import (
+    _KIND_BY_ACTION,
+    DEFAULT_LOG_TAIL,
+    INSTANCE_ID,
+    MAX_BODY_BYTES,
+    ApiError,
+    _clip,
+    _time,
+    is_event_batch,
+    parse_json_body,
+    report_to_json,
+    summary_to_json,
+    validate_event_batch,
+    validate_report,
+)
+from reconciler.adapters.store import (
+    ControllerStore,
+    EventLimitExceeded,
+    InstanceDestroyed,
+    ResultConflict,
+    UnknownInstance,
+)
+from reconciler.domain.tokens import (
+    bearer_token,
+    check_secret,
+    instance_token,
+    is_well_formed_token,
+    machine_claim,
+    same_secret,
+)
+
+log = logging.getLogger(__name__)
+
+_WORKER_ROUTE = re.compile(r"^/api/v1/instances/(?P<id>[^/]+)/(?P<action>register|events|logs|result|destroyed)$")
+_LOGS_ROUTE = re.compile(r"^/api/instance-logs/(?P<id>[^/]+)$")
+_INSTANCE_ROUTE = re.compile(r"^/api/instances/(?P<id>[^/]+)$")
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: Mapping[str, Any]
+    close: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the API needs from an HTTP request; `read_body(n)` reads exactly n bytes (lazily, so nothing
+    is read before the caller is authenticated and the length is within the limit)."""
+
+    method: str
+    target: str
+    read_body: Callable[[int], bytes]
+    authorization: str | None = None
+    content_type: str | None = None
+    content_lengths: tuple[str, ...] = ()
+    transfer_encoding: str | None = None
+
+
+# --- the API (transport-independent) ------------------------------------------------------------------
+
+
+class ControllerApi:
+    """Routes a Request to the store. Knows nothing about sockets; the HTTP handler below is a shell."""
+
+    def __init__(self, store: ControllerStore, secret: bytes, admin_token: str | None, *,
+                 allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
+                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False):
+        self.store = store
+        self.secret = check_secret(secret)
+        self.admin_token = admin_token or None
+        self.allow_open_reads = allow_open_reads
+        self.require_machine_claim = require_machine_claim
+        self.max_body_bytes = max_body_bytes
+        self.now = now or store.clock
+        # The token an instance must present, computed once per instance rather than once per request
+        # (the HMAC is a tenth of the API's own cost on the single-event path). Bounded: ids are arbitrary.
+        self._expected_token = lru_cache(maxsize=4096)(partial(instance_token, self.secret))
+
+    def handle(self, request: Request) -> Response:
+        try:
+            return self._route(request)
+        except ApiError as exc:
+            if exc.status in (401, 403):
+                log.warning("rejected %s %s: %s", request.method, urlsplit(request.target).path, exc.error)
+            return Response(exc.status, {"error": exc.error, "detail": exc.detail}, close=exc.close)
+        except sqlite3.Error as exc:
+            log.error("store error on %s %s: %s", request.method, urlsplit(request.target).path, exc)
+            return Response(503, {"error": "store unavailable", "detail": "temporary; retry later"})
+
+    def _route(self, request: Request) -> Response:
+        parts = urlsplit(request.target)
+        path, method = parts.path, request.method
+        if match := _WORKER_ROUTE.match(path):
+            self._require_method(request, "POST")
+            instance_id = self._instance_id(match["id"])
+            if match["action"] == "destroyed":
+                self._require_admin(request)
+                return self._destroyed(instance_id)
+            self._require_instance_token(request, instance_id)
+            doc = self._json_body(request)
+            return self._ingest(match["action"], instance_id, doc)
+        if path == "/healthz":
+            self._require_method(request, "GET")
+            return Response(200, {"status": "ok", "instances": self.store.instance_count()})
+        if path == "/api/instances":
+            self._require_method(request, "GET")
+            self._require_reader(request)
+            return Response(200, {"instances": [summary_to_json(r) for r in self.store.reports()]})
+        if match := _INSTANCE_ROUTE.match(path):
+            self._require_method(request, "GET")
+            instance_id = self._instance_id(match["id"])
+            self._require_reader(request)
+            found = self.store.detail(instance_id)
+            if found is None:
+                raise ApiError(404, "unknown instance", f"instance {instance_id!r} never registered")
+            return Response(200, report_to_json(*found))
+        if match := _LOGS_ROUTE.match(path):
+            self._require_method(request, "GET")
+            instance_id = self._instance_id(match["id"])
+            self._require_reader(request)
+            view = self.store.log_view(instance_id, self._tail_param(parts.query))
+            if view is None:
+                raise ApiError(404, "unknown instance", f"instance {instance_id!r} never registered")
+            return Response(200, {"instance_id": view.instance_id, "lines": list(view.lines),
+                                  "dropped": view.dropped, "destroyed_at": _time(view.destroyed_at)})
+        raise ApiError(404, "not found", f"no endpoint {method} {_clip(path, 200)}", close=self.has_body(request))
+
+    # --- checks ---
+
+    @staticmethod
+    def has_body(request: Request) -> bool:
+        return bool(request.transfer_encoding) or any(v.strip() not in ("", "0") for v in request.content_lengths)
+
+    def _require_method(self, request: Request, allowed: str) -> None:
+        if request.method != allowed:
+            raise ApiError(405, "method not allowed", f"use {allowed}", close=self.has_body(request))
+
+    def _instance_id(self, raw: str) -> str:
+        if not INSTANCE_ID.match(raw):
+            raise ApiError(400, "invalid instance id",
+                           f"{_clip(raw, 140)!r} does not match [A-Za-z0-9][A-Za-z0-9_.-]{{0,127}}", close=True)
+        return raw
+
+    def _presented(self, request: Request) -> str:
+        token = bearer_token(request.authorization)
+        if token is None:
+            raise ApiError(401, "unauthorized", "expected header 'Authorization: Bearer <token>'", close=True)
+        return token
+
+    def _require_instance_token(self, request: Request, instance_id: str) -> None:
+        token = self._presented(request)
+        if not is_well_formed_token(token):
+            raise ApiError(401, "unauthorized", "token is not 64 lowercase hex characters", close=True)
+        if not same_secret(self._expected_token(instance_id), token):
+            raise ApiError(403, "forbidden", f"token is not valid for instance {instance_id!r}", close=True)
+
+    def _require_admin(self, request: Request) -> None:
+        if self.admin_token is None:
+            raise ApiError(403, "forbidden", "admin API disabled: the controller has no admin token", close=True)
+        if not same_secret(self.admin_token, self._presented(request)):
+            raise ApiError(403, "forbidden", "admin token is not valid", close=True)
+
+    def _require_reader(self, request: Request) -> None:
+        if not self.allow_open_reads:
+            self._require_admin(request)
+
+    def _tail_param(self, query: str) -> int:
+        try:
+            params = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=16)
+        except ValueError as exc:
+            raise ApiError(400, "bad query", str(exc)) from None
+        values = params.get("tail", [str(DEFAULT_LOG_TAIL)])
+        if len(values) != 1 or not re.fullmatch(r"[0-9]{1,9}", values[0]):
+            raise ApiError(400, "bad query", "tail must be one non-negative integer")
+        return min(int(values[0]), self.store.ring_lines)
+
+    def _json_body(self, request: Request) -> Any:
+        content_type = request.content_type or ""
+        if content_type.split(";", 1)[0].strip().lower() != "application/json":
+            raise ApiError(415, "unsupported media type",
+                           f"Content-Type must be application/json, got {_clip(content_type, 100)!r}", close=True)
+        if request.transfer_encoding:
+            raise ApiError(411, "length required", "chunked bodies are not accepted; send Content-Length",
+                           close=True)
+        if not request.content_lengths:
+            raise ApiError(411, "length required", "send Content-Length")
+        if len(set(request.content_lengths)) != 1 or not re.fullmatch(r"[0-9]{1,12}", request.content_lengths[0]):
+            raise ApiError(400, "bad Content-Length", "expected one non-negative integer", close=True)
+        length = int(request.content_lengths[0])
+        if length > self.max_body_bytes:
+            raise ApiError(413, "body too large", f"{length} bytes; the limit is {self.max_body_bytes}", close=True)
+        return parse_json_body(request.read_body(length))
+
+    # --- effects ---
+
+    def _check_machine_claim(self, instance_id: str, doc: Mapping[str, Any]) -> None:
+        """A machine_id is believed only with the provisioner's claim for this instance (see tokens.py)."""
+        machine, claim = doc.get("machine_id"), doc.get("machine_claim")
+        if machine is None:
+            return
+        if claim is None:
+            if self.require_machine_claim:
+                raise ApiError(403, "forbidden", "machine_id without machine_claim: this controller only accepts "
+                                                 "machine ids vouched for by the provisioner (FLEET_MACHINE_CLAIM)")
+            return
+        if not same_secret(machine_claim(self.secret, instance_id, machine), claim):
+            raise ApiError(403, "forbidden", f"machine_claim does not match machine_id {machine!r} for instance "
+                                             f"{instance_id!r}")
+
+    def _ingest(self, action: str, instance_id: str, doc: Any) -> Response:
+        if action == "events" and is_event_batch(doc):
+            return self._ingest_event_batch(instance_id, validate_event_batch(doc))
+        validate_report(_KIND_BY_ACTION[action], doc)
+        try:
+            if action == "register":
+                if doc["instance_id"] != instance_id:
+                    raise ApiError(400, "schema violation", [{"path": "$.instance_id", "message":
+                                   f"{doc['instance_id']!r} does not match the instance in the path {instance_id!r}"}])
+                self._check_machine_claim(instance_id, doc)
+                return Response(200, {"status": self.store.register(instance_id, doc)})
+            if action == "events":
+                return Response(200, {"status": self.store.add_event(instance_id, doc)})
+            if action == "logs":
+                evicted = self.store.add_logs(instance_id, doc["lines"], doc.get("dropped", 0))
+                return Response(200, {"status": "stored", "lines": len(doc["lines"]), "evicted": evicted})
+            return Response(200, {"status": self.store.set_result(instance_id, doc)})
+        except UnknownInstance as exc:
+            raise ApiError(404, "unknown instance", f"{exc}; register first") from None
+        except InstanceDestroyed as exc:
+            raise ApiError(410, "instance destroyed", str(exc)) from None
+        except ResultConflict as exc:
+            raise ApiError(409, "result conflict", str(exc)) from None
+        except EventLimitExceeded as exc:
+            raise ApiError(422, "event limit reached", str(exc)) from None
+
+    def _ingest_event_batch(self, instance_id: str, events: list[Any]) -> Response:
+        try:
+            statuses = self.store.add_events(instance_id, events)
+        except UnknownInstance as exc:
+            raise ApiError(404, "unknown instance", f"{exc}; register first") from None
+        except InstanceDestroyed as exc:
+            raise ApiError(410, "instance destroyed", str(exc)) from None
+        except EventLimitExceeded as exc:
+            raise ApiError(422, "event limit reached", f"{exc}; nothing of this batch was stored") from None
+        stored = statuses.count("stored")
+        return Response(200, {"status": "stored" if stored else "duplicate", "events": len(statuses),
+                              "stored": stored, "duplicates": len(statuses) - stored})
+
+    def _destroyed(self, instance_id: str) -> Response:
+        if not self.store.mark_destroyed(instance_id, self.now()):
+            raise ApiError(404, "unknown instance", f"instance {instance_id!r} never registered")
+        view = self.store.log_view(instance_id, 0)
+        return Response(200, {"status": "destroyed",
+                              "destroyed_at": _time(view.destroyed_at) if view is not None else None})

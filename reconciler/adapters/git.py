@@ -1,0 +1,391 @@
+"""Git as the reconciler's store and audit trail: the only module that imports gitpython.
+
+The loop hands `publish` a `build` function that computes the record files from the freshly synced tree;
+`publish` writes them, commits with a fixed bot identity and `Fleet-*` trailers, and pushes. On a
+rejected push (a human merged a pardon meanwhile) it syncs to the new tip and runs `build` again, so the
+change is recomputed over the human's edit instead of rebased blindly over it. Never force-pushes.
+Readers (`trailer_values`, `history_for_machine`) answer "what was judged, and why" from `git log`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import git
+
+from reconciler.adapters.record_files import write_text_atomic
+from reconciler.domain import errors
+from reconciler.domain.backoff import backoff_delay
+
+BOT_NAME = "fleet-reconciler"
+BOT_EMAIL = "fleet-reconciler@users.noreply.invalid"
+TRAILER_KEYS = ("Fleet-Machine", "Fleet-Verdict", "Fleet-Image", "Fleet-Instance")
+#: Directories whose content the bot owns: uncommitted changes there are recomputed, never protected.
+RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/")
+
+_TRAILER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+# Field and record separators for parsing `git log` output; they never occur in commit messages we write.
+_FS, _RS = "\x1f", "\x1e"
+
+
+class GitStoreError(errors.PermanentError):
+    """Permanent: the work tree or the request cannot be used as is (not a repo, dirty, unsafe path)."""
+
+    reason = errors.GIT_FAILED
+
+
+class TemporaryGitError(errors.TemporaryError):
+    """The remote could not be reached or refused us for now; the next pass recomputes and tries again."""
+
+    reason = errors.GIT_FAILED
+
+
+class PushRejected(TemporaryGitError):
+    """Every push attempt of one publish was rejected (a busy branch or a refusing hook)."""
+
+    reason = errors.GIT_PUSH_REJECTED
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str  # repo-relative posix path
+    content: str | None  # None = delete
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    summary: str
+    body: str
+    trailers: tuple[tuple[str, str], ...]
+    changes: tuple[FileChange, ...]
+
+    def message(self) -> str:
+        paragraphs = [self.summary.strip()]
+        if self.body.strip():
+            paragraphs.append(self.body.strip())
+        if self.trailers:
+            paragraphs.append("\n".join(f"{k}: {v}" for k, v in self.trailers))
+        return "\n\n".join(paragraphs) + "\n"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    commit: str | None  # None = nothing to do
+    attempts: int
+    pushed: bool
+
+
+@dataclass(frozen=True)
+class VerdictCommit:
+    """One commit naming a machine in its trailers, with the machine's record as of that commit."""
+
+    sha: str
+    date: str
+    author: str
+    summary: str
+    trailers: Mapping[str, tuple[str, ...]]
+    record_text: str | None  # None: the record file did not exist in that commit
+
+
+@dataclass(frozen=True)
+class LastChange:
+    sha: str
+    date: str
+    author: str
+    summary: str
+    deleted: bool
+
+
+def check_repo_path(path: str) -> str:
+    """Return `path` if it is a plain repo-relative posix path; GitStoreError otherwise."""
+    pure = PurePosixPath(path)
+    if (not path or "\\" in path or "\x00" in path or pure.is_absolute() or ".." in pure.parts
+            or pure.parts[:1] == (".git",) or path != pure.as_posix()):
+        raise GitStoreError(f"file path {path!r} is not a plain path inside the repository "
+                            "(no absolute paths, '..', '.git', backslashes or trailing slashes)")
+    return path
+
+
+def _check_request(req: CommitRequest) -> None:
+    if not req.summary.strip() or "\n" in req.summary.strip():
+        raise GitStoreError(f"commit summary {req.summary!r} must be one non-empty line")
+    for key, value in req.trailers:
+        if not _TRAILER_KEY.match(key) or "\n" in value or not value.strip():
+            raise GitStoreError(f"trailer {key!r}: {value!r} must be a token key and a one-line non-empty value")
+    for change in req.changes:
+        check_repo_path(change.path)
+
+
+class GitStore:
+    """A bot clone of the fleet repo: sync to the remote tip, publish record commits, read the trail."""
+
+    def __init__(self, workdir: Path, *, remote: str = "origin", branch: str = "main", max_attempts: int = 5,
+                 base_delay_s: float = 0.5, max_delay_s: float = 8.0,
+                 sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
+                 record_dirs: tuple[str, ...] = RECORD_DIRS) -> None:
+        try:
+            self._repo = git.Repo(workdir)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise GitStoreError(f"{workdir} is not a git work tree") from None
+        if self._repo.bare or self._repo.working_tree_dir is None:
+            raise GitStoreError(f"{workdir} is a bare repository; a work tree is needed")
+        self._workdir = Path(self._repo.working_tree_dir)
+        self.remote, self.branch = remote, branch
+        self.max_attempts = max(1, max_attempts)
+        self.base_delay_s, self.max_delay_s = base_delay_s, max_delay_s
+        self._sleep = sleep
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not security
+        self.record_dirs = record_dirs
+        # (key, ref) -> (commit sha, values up to it): a pass only reads the commits added since the last one.
+        self._trailer_cache: dict[tuple[str, str], tuple[str, frozenset[str]]] = {}
+
+    @classmethod
+    def clone(cls, url: str, workdir: Path, **kw: Any) -> GitStore:
+        """A dedicated bot clone (its unpushed commits and record-dir edits are discarded on every sync)."""
+        branch = str(kw.get("branch", "main"))
+        try:
+            git.Repo.clone_from(url, workdir, branch=branch)
+        except git.GitCommandError as exc:
+            raise TemporaryGitError(f"cannot clone {url}: {_git_error(exc)}") from None
+        return cls(workdir, **kw)
+
+    @classmethod
+    def discover(cls, path: Path, **kw: Any) -> GitStore:
+        """The store for the git checkout containing `path` (for read-only commands run by humans)."""
+        try:
+            repo = git.Repo(path, search_parent_directories=True)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise GitStoreError(f"{path} is not inside a git checkout (use --repo)") from None
+        if repo.working_tree_dir is None:
+            raise GitStoreError(f"{path} is a bare repository; a checkout is needed")
+        return cls(Path(repo.working_tree_dir), **kw)
+
+    @property
+    def workdir(self) -> Path:
+        return self._workdir
+
+    @property
+    def remote_ref(self) -> str:
+        return f"refs/remotes/{self.remote}/{self.branch}"
+
+    def head(self) -> str:
+        return self._repo.git.rev_parse("HEAD")
+
+    def close(self) -> None:
+        """End gitpython's long-lived `git cat-file` helpers (they would outlive a short-lived caller)."""
+        self._repo.close()
+
+    def __enter__(self) -> GitStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- writing ---------------------------------------------------------------------------------------
+
+    def sync(self) -> str:
+        """Fetch and move the work tree to the remote tip. Refuses if that would lose a human's work."""
+        if self.remote not in [r.name for r in self._repo.remotes]:
+            raise GitStoreError(f"{self._workdir} has no remote named {self.remote!r}")
+        try:
+            self._repo.git.fetch("--quiet", self.remote,
+                                 f"+refs/heads/{self.branch}:{self.remote_ref}")
+        except git.GitCommandError as exc:
+            raise TemporaryGitError(f"cannot fetch {self.remote}/{self.branch}: {_git_error(exc)}") from None
+        tip = self._repo.git.rev_parse(self.remote_ref)
+        self._refuse_to_lose_human_work(tip)
+        self._repo.git.checkout("--quiet", "--force", "-B", self.branch, tip)
+        self._repo.git.clean("-fdq", "--", *self.record_dirs)
+        return tip
+
+    def _refuse_to_lose_human_work(self, tip: str) -> None:
+        dirty = []
+        # Record dirs are excluded by pathspec: with thousands of records, scanning them dominates a pass.
+        excluded = [f":(exclude){d}" for d in self.record_dirs]
+        tokens = iter(self._repo.git.status("--porcelain", "-z", "--untracked-files=all", "--", ".",
+                                            *excluded).split("\x00"))
+        for token in tokens:
+            if len(token) < 4:
+                continue
+            code, path = token[:2], token[3:]
+            if code[0] in "RC":
+                next(tokens, None)  # the rename's source path follows as its own token
+            if path.startswith(self.record_dirs):
+                continue
+            # Untracked files are left alone by the checkout unless the tip would put a file on them.
+            if code != "??" or self._blob_text(tip, path) is not None:
+                dirty.append(path)
+        if dirty:
+            raise GitStoreError(f"{self._workdir} has uncommitted changes outside the record directories "
+                                f"({', '.join(sorted(dirty)[:10])}); refusing to sync over them: use a "
+                                "dedicated clone for the reconciler")
+        if not self._repo.head.is_valid():
+            return
+        foreign = [line for line in self._repo.git.log("--format=%h %ae %s", f"{tip}..HEAD").splitlines()
+                   if line.split(" ", 2)[1] != BOT_EMAIL]
+        if foreign:
+            raise GitStoreError(f"{self._workdir} has unpushed commits not made by {BOT_NAME} "
+                                f"({'; '.join(foreign[:5])}); refusing to discard them")
+
+    def publish(self, build: Callable[[Path], CommitRequest | None]) -> PublishResult:
+        """Sync, build on the fresh tip, commit, push; on rejection re-sync and rebuild (bounded)."""
+        last_error: TemporaryGitError | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            if attempt > 1:
+                self._sleep(self._backoff(attempt - 1))
+            try:
+                self.sync()
+            except TemporaryGitError as exc:
+                last_error = exc
+                continue
+            request = build(self._workdir)
+            if request is None:
+                return PublishResult(None, attempt, False)
+            sha = self._commit(request)
+            if sha is None:
+                return PublishResult(None, attempt, False)
+            try:
+                self._push()
+            except TemporaryGitError as exc:
+                last_error = exc
+                continue
+            return PublishResult(sha, attempt, True)
+        raise PushRejected(f"push to {self.remote}/{self.branch} failed {self.max_attempts} time(s); "
+                           f"last: {last_error}; the next pass recomputes and retries")
+
+    def _backoff(self, retry: int) -> float:
+        return backoff_delay(retry, self.base_delay_s, self.max_delay_s, self._rng.random())
+
+    def _commit(self, request: CommitRequest) -> str | None:
+        _check_request(request)
+        with self._repo.git.custom_environment(GIT_LITERAL_PATHSPECS="1"):
+            root = self._workdir.resolve()
+            for change in request.changes:
+                target = self._workdir / change.path
+                if not target.parent.resolve().is_relative_to(root):  # a committed symlink must not lead out
+                    raise GitStoreError(f"file path {change.path!r} leads outside the repository via a symlink")
+                if change.content is None:
+                    target.unlink(missing_ok=True)
+                    self._repo.git.rm("--cached", "--quiet", "--ignore-unmatch", "--", change.path)
+                else:
+                    try:
+                        write_text_atomic(target, change.content)
+                    except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
+                        raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
+                    self._repo.git.add("--", change.path)
+            if not self._repo.git.diff("--cached", "--name-only"):
+                return None
+            with self._repo.git.custom_environment(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL,
+                                                   GIT_COMMITTER_NAME=BOT_NAME, GIT_COMMITTER_EMAIL=BOT_EMAIL):
+                self._repo.git.commit("--quiet", "--no-verify", "--cleanup=whitespace", "-m", request.message())
+        return self.head()
+
+    def _push(self) -> None:
+        refspec = f"refs/heads/{self.branch}:refs/heads/{self.branch}"
+        try:
+            infos = self._repo.remote(self.remote).push(refspec)
+        except (git.GitCommandError, ValueError) as exc:
+            raise TemporaryGitError(f"push failed: {_git_error(exc)}") from None
+        failed = git.PushInfo.ERROR | git.PushInfo.REJECTED | git.PushInfo.REMOTE_REJECTED
+        bad = [i for i in infos if i.flags & failed]
+        if bad or not infos or infos.error is not None:
+            detail = "; ".join(i.summary.strip() for i in bad) or str(infos.error or "no push result")
+            raise TemporaryGitError(f"push rejected: {detail}")
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    def trailer_values(self, key: str, ref: str | None = None) -> set[str]:
+        """Every value of trailer `key` in the history of `ref` (default: the remote branch, as last fetched)."""
+        if not _TRAILER_KEY.match(key):
+            raise GitStoreError(f"trailer key {key!r} is not a token")
+        ref = ref or self.remote_ref
+        try:
+            tip = self._repo.git.rev_parse("--verify", "--quiet", f"{ref}^{{commit}}")
+        except git.GitCommandError:
+            raise GitStoreError(f"{ref} does not exist in {self._workdir} (sync first)") from None
+        known_sha, known = self._trailer_cache.get((key, ref), (None, frozenset()))
+        if known_sha is not None and known_sha != tip and not self._is_ancestor(known_sha, tip):
+            known_sha, known = None, frozenset()  # history was rewritten: read it all again
+        walk = tip if known_sha is None else f"{known_sha}..{tip}"
+        out = self._log(f"--format=%(trailers:key={key},valueonly,unfold)", walk)
+        values = known | {line.strip() for line in out.splitlines() if line.strip()}
+        self._trailer_cache[(key, ref)] = (tip, values)
+        return set(values)
+
+    def _is_ancestor(self, older: str, newer: str) -> bool:
+        try:
+            self._repo.git.merge_base("--is-ancestor", older, newer)
+        except git.GitCommandError:
+            return False
+        return True
+
+    def history_for_machine(self, machine_id: str, *, ref: str = "HEAD",
+                            spec_dir: str = "fleet-spec") -> list[VerdictCommit]:
+        """Commits whose Fleet-Machine trailer names `machine_id`, newest first, with the record at each."""
+        record_path = check_repo_path(f"{spec_dir}/machines/{machine_id}.yaml")
+        fmt = f"--format={_RS}%H{_FS}%cI{_FS}%an <%ae>{_FS}%s{_FS}%(trailers:only,unfold)"
+        # --grep narrows the walk cheaply; the parsed trailers decide.
+        out = self._log(fmt, "--fixed-strings", f"--grep=Fleet-Machine: {machine_id}", ref)
+        commits = []
+        for chunk in out.split(_RS):
+            if not chunk.strip():
+                continue
+            sha, date, author, summary, trailer_text = chunk.split(_FS, 4)
+            trailers = parse_trailers(trailer_text)
+            if machine_id in trailers.get("Fleet-Machine", ()):
+                commits.append(VerdictCommit(sha, date, author, summary, trailers,
+                                             self.file_at(sha, record_path)))
+        return commits
+
+    def file_at(self, ref: str, path: str) -> str | None:
+        """Text of `path` in commit `ref`, or None if it does not exist there."""
+        return self._blob_text(ref, check_repo_path(path))
+
+    def _blob_text(self, ref: str, path: str) -> str | None:
+        try:
+            blob = self._repo.commit(ref).tree / path
+        except (KeyError, ValueError, git.BadName):
+            return None
+        data: bytes = blob.data_stream.read()
+        return data.decode("utf-8", errors="replace")
+
+    def last_change(self, path: str, ref: str = "HEAD") -> LastChange | None:
+        """The newest commit on `ref` that touched `path` (e.g. a human's pardon), if any."""
+        check_repo_path(path)
+        out = self._log(f"--format=%H{_FS}%cI{_FS}%an <%ae>{_FS}%s", "-1", "--name-status", ref, "--", path)
+        if not out.strip():
+            return None
+        first, *rest = out.strip().splitlines()
+        sha, date, author, summary = first.split(_FS, 3)
+        deleted = any(line.startswith("D\t") for line in rest)
+        return LastChange(sha, date, author, summary, deleted)
+
+    def _log(self, *args: str) -> str:
+        try:
+            return self._repo.git.log(*args)
+        except git.GitCommandError as exc:
+            raise GitStoreError(f"git log {' '.join(args[-1:])} failed in {self._workdir}: {_git_error(exc)}") \
+                from None
+
+
+def parse_trailers(text: str) -> dict[str, tuple[str, ...]]:
+    """`Key: value` lines -> {key: (values in order)}; a commit may name several machines."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and _TRAILER_KEY.match(key.strip()):
+            out.setdefault(key.strip(), []).append(value.strip())
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _git_error(exc: Exception) -> str:
+    if isinstance(exc, git.GitCommandError):
+        text = exc.stderr.strip() if isinstance(exc.stderr, str) else str(exc.stderr)
+        return text.removeprefix("stderr:").strip().strip("'").strip() or f"exit {exc.status}"
+    return str(exc)

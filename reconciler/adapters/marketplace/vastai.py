@@ -1,0 +1,718 @@
+"""The vast.ai adapter of the marketplace port: the only module that speaks vast.ai's REST API.
+
+Place in the flow: the slot provider (Pulumi's dynamic provider, or `fleet apply` without Pulumi) asks
+this client for offers, rents one, polls it and destroys it. Everything above sees only the dataclasses
+of `base`; HTTP status codes, vast's JSON shapes and retries stop here.
+
+Facts this follows (vast-ai/vast-cli `vastai/api/*.py` and docs.vast.ai, API reference):
+- search: `POST /api/v0/bundles/`, body `{field: {op: value}, "order": [[field, dir]], "limit", "type"}`;
+  the CLI always adds `verified`, `external`, `rentable`, `rented`, and `allocated_storage` (GiB, prices
+  the disk into `dph_total`); `cpu_ram` is MB in the API and the CLI converts GB with a factor of 1000.
+- create: `PUT /api/v0/asks/{offer_id}/` -> `{"success": true, "new_contract": id}`. `env` is a JSON
+  object (`{"VAR": "val", "-p 8000:8000": "1"}`): the "-e K=V" string is only the CLI's input form,
+  which the CLI parses into that object before sending. `runtype: "args"` keeps the image's
+  entrypoint (the "entrypoint" launch mode); ssh/jupyter replace it with vast's own.
+- list: `GET /api/v1/instances/` pages by `limit` (at most 25) and `after_token` = the previous
+  page's `next_token`; one: `GET /api/v0/instances/{id}/` -> `{"instances": {...} | null}`;
+  destroy: `DELETE /api/v0/instances/{id}/`.
+
+Secrets: the API key lives in a masked holder, goes only into the Authorization header, and is scrubbed
+from every message; the worker env (it carries the instance token) is never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from reconciler.domain.backoff import backoff_delay
+from reconciler.domain.marketplace import (
+    Instance,
+    InstanceRequest,
+    Offer,
+    OfferQuery,
+    PermanentMarketplaceError,
+    TemporaryMarketplaceError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
+API_KEY_ENV = "VAST_API_KEY"
+#: vast rejects longer onstart scripts.
+ONSTART_MAX_CHARS = 4048
+#: vast's CLI converts `cpu_ram` GB -> MB with this factor (offers_mult), so do we.
+CPU_RAM_MB_PER_GB = 1000.0
+#: "args" runs the image's own entrypoint (our worker); "ssh"/"jupyter" would replace it with vast's.
+DEFAULT_RUNTYPE = "args"
+#: The v1 instance list serves at most 25 rows a page.
+INSTANCE_PAGE_LIMIT = 25
+#: A list that still has a next page after this many is a server bug, not a fleet.
+MAX_INSTANCE_PAGES = 400
+#: Longest piece of an API error message quoted in our exceptions.
+MAX_QUOTED_MESSAGE = 300
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Characters that mean the same thing to docker, a shell and vast's env handling: no quotes, `$`,
+# backslashes, tabs/newlines or separators. Plain spaces are allowed: GPU names have them ("RTX 4090"),
+# and a value with spaces but no quotes can always be single-quoted. Our values (URLs, hex tokens,
+# digests, numbers, names) fit in it.
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_./:@%+=,~ -]*")
+_NUMERIC_ID = re.compile(r"[0-9]{1,19}")
+
+_STATUS_MAP = {
+    "loading": "loading",
+    "created": "loading",
+    "scheduling": "loading",
+    "running": "running",
+    "exited": "exited",
+    "offline": "offline",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded jittered exponential backoff for 429, 5xx, timeouts and connection errors."""
+
+    max_attempts: int = 5
+    base_delay_s: float = 1.0
+    max_delay_s: float = 30.0
+    #: A server asking for a longer pause than this gets this; the caller retries later anyway.
+    max_retry_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Explicit limits on every call: a hung API must not hang a reconcile pass or `pulumi up`."""
+
+    connect_s: float = 5.0
+    read_s: float = 30.0
+    write_s: float = 30.0
+    pool_s: float = 5.0
+
+    def to_httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
+
+
+class _Secret:
+    """Holds the API key so that repr(), vars() dumps and tracebacks show a mask, never the key."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure core: request bodies, parsing, client-side checks, backoff
+
+
+def _id_value(machine_id: str) -> int | str:
+    """vast's machine ids are integers; a filter on a string would not match them."""
+    return int(machine_id) if _NUMERIC_ID.fullmatch(machine_id) else machine_id
+
+
+def build_search_body(query: OfferQuery) -> dict[str, Any]:
+    """OfferQuery -> the `POST /bundles/` body. Ranking is the planner's: we only ask for cheapest first."""
+    body: dict[str, Any] = {
+        "gpu_name": {"eq": query.gpu_name},
+        "num_gpus": {"eq": query.num_gpus},
+        "dph_total": {"lte": query.max_price_usd_per_hour},
+        "reliability": {"gte": query.min_reliability},
+        "inet_down": {"gte": query.min_inet_down_mbps},
+        "disk_space": {"gte": query.min_disk_gb},
+        "cpu_ram": {"gte": query.min_cpu_ram_gb * CPU_RAM_MB_PER_GB},
+        "cuda_max_good": {"gte": query.min_cuda},
+        "rentable": {"eq": True},
+        "rented": {"eq": False},
+        # "external" offers are listings outside vast's own scheduling; the CLI excludes them by default.
+        "external": {"eq": False},
+    }
+    if query.verified_only:
+        body["verified"] = {"eq": True}
+    if query.exclude_machine_ids:
+        body["machine_id"] = {"notin": [_id_value(m) for m in sorted(query.exclude_machine_ids)]}
+    if query.min_disk_gb > 0:
+        # Prices our disk into dph_total, so the price cap compares what we would really pay.
+        body["allocated_storage"] = query.min_disk_gb
+    body["order"] = [["dph_total", "asc"]]
+    body["limit"] = query.limit
+    body["type"] = "on-demand"
+    return body
+
+
+def _number(raw: Mapping[str, Any], key: str, default: float | None = None) -> float:
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            raise ValueError(f"missing {key}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{key} is not a number: {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{key} is not a number: {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{key} is not finite: {value!r}")
+    return number
+
+
+def _ident(raw: Mapping[str, Any], key: str) -> str:
+    value = raw.get(key)
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"missing {key}")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    raise ValueError(f"{key} is not an id: {value!r}")
+
+
+def _optional_text(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def parse_offer(raw: Any) -> Offer:
+    """One element of `offers` -> Offer. Raises ValueError naming the bad field."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"offer is not an object: {type(raw).__name__}")
+    gpu_name = raw.get("gpu_name")
+    if not isinstance(gpu_name, str) or not gpu_name:
+        raise ValueError("missing gpu_name")
+    reliability_key = "reliability" if raw.get("reliability") is not None else "reliability2"
+    verified = raw.get("verified")
+    if not isinstance(verified, bool):
+        verified = raw.get("verification") == "verified"
+    num_gpus = _number(raw, "num_gpus")
+    if not num_gpus.is_integer() or num_gpus < 1:
+        raise ValueError(f"num_gpus is not a positive integer: {raw.get('num_gpus')!r}")
+    return Offer(
+        offer_id=_ident(raw, "id"),
+        machine_id=_ident(raw, "machine_id"),
+        host_id=_ident(raw, "host_id"),
+        gpu_name=gpu_name,
+        num_gpus=int(num_gpus),
+        price_usd_per_hour=_number(raw, "dph_total"),
+        # An offer that does not state its reliability is treated as unreliable, not as perfect.
+        reliability=_number(raw, reliability_key, 0.0),
+        inet_down_mbps=_number(raw, "inet_down", 0.0),
+        disk_gb=_number(raw, "disk_space", 0.0),
+        cpu_ram_gb=_number(raw, "cpu_ram", 0.0) / CPU_RAM_MB_PER_GB,
+        cuda_max_good=_number(raw, "cuda_max_good", 0.0),
+        verified=verified,
+        geolocation=_optional_text(raw, "geolocation"),
+    )
+
+
+def offer_mismatch(offer: Offer, raw: Mapping[str, Any], query: OfferQuery) -> str | None:
+    """Why an offer the API returned does not satisfy the query (None when it does).
+
+    Defence in depth: the API has ignored filters before (an unknown field is only a warning), and a
+    bad machine must never come back because a server-side filter was dropped.
+    """
+    if offer.machine_id in query.exclude_machine_ids:
+        return f"machine {offer.machine_id} is excluded"
+    checks: list[tuple[bool, str]] = [
+        (offer.gpu_name == query.gpu_name, f"gpu_name {offer.gpu_name!r} != {query.gpu_name!r}"),
+        (offer.num_gpus == query.num_gpus, f"num_gpus {offer.num_gpus} != {query.num_gpus}"),
+        (
+            offer.price_usd_per_hour <= query.max_price_usd_per_hour,
+            f"dph_total {offer.price_usd_per_hour} > {query.max_price_usd_per_hour}",
+        ),
+        (offer.reliability >= query.min_reliability, f"reliability {offer.reliability} < {query.min_reliability}"),
+        (
+            offer.inet_down_mbps >= query.min_inet_down_mbps,
+            f"inet_down {offer.inet_down_mbps} < {query.min_inet_down_mbps}",
+        ),
+        (offer.disk_gb >= query.min_disk_gb, f"disk_space {offer.disk_gb} < {query.min_disk_gb}"),
+        (offer.cpu_ram_gb >= query.min_cpu_ram_gb, f"cpu_ram {offer.cpu_ram_gb} GB < {query.min_cpu_ram_gb} GB"),
+        (offer.cuda_max_good >= query.min_cuda, f"cuda_max_good {offer.cuda_max_good} < {query.min_cuda}"),
+        (offer.verified or not query.verified_only, "not verified"),
+        (raw.get("rentable") is not False, "not rentable"),
+        (raw.get("rented") is not True, "already rented"),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            return reason
+    return None
+
+
+def parse_offers(payload: Any, query: OfferQuery) -> list[Offer]:
+    """The `/bundles/` response -> offers that satisfy `query`, in the API's order.
+
+    A malformed offer is skipped with a warning: one bad listing must not hide the rest of the market.
+    A response without an `offers` list is unusable as a whole: ValueError.
+    """
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("offers"), list):
+        raise ValueError("response has no 'offers' list")
+    offers: list[Offer] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(payload["offers"]):
+        try:
+            offer = parse_offer(raw)
+        except ValueError as exc:
+            log.warning("vast.ai: skipping malformed offer #%d: %s", index, exc)
+            continue
+        reason = offer_mismatch(offer, raw, query)
+        if reason is not None:
+            log.info("vast.ai: dropping offer %s on machine %s: %s", offer.offer_id, offer.machine_id, reason)
+            continue
+        if offer.offer_id in seen:
+            continue
+        seen.add(offer.offer_id)
+        offers.append(offer)
+    return offers
+
+
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Validate the worker env. Errors name the variable, never its value (it may be the token)."""
+    checked: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            # A name such as "-v /:/host" would be read by vast as a docker flag, not a variable.
+            raise PermanentMarketplaceError(f"env: {name!r} is not a valid environment variable name")
+        if not isinstance(value, str):
+            raise PermanentMarketplaceError(f"env: value of {name} is a {type(value).__name__}, not a string")
+        bad = sorted({ch for ch in value if not _ENV_VALUE.fullmatch(ch)})
+        if bad:
+            shown = ", ".join(repr(ch) for ch in bad[:5])
+            raise PermanentMarketplaceError(
+                f"env: value of {name} contains characters that are unsafe in a docker/shell env ({shown}); "
+                "allowed: letters, digits, spaces and _ . / : @ % + = , ~ -"
+            )
+        checked[name] = value
+    return checked
+
+
+def docker_env_flags(env: Mapping[str, str]) -> str:
+    """The same env in vast's CLI/GUI form ("-e K=V -e K2='V 2'"), for templates and humans.
+
+    Values passed `check_env` (no quotes in them), so single quotes around those with spaces suffice.
+    """
+    return " ".join(
+        f"-e {name}='{value}'" if " " in value else f"-e {name}={value}" for name, value in check_env(env).items()
+    )
+
+
+def build_create_body(request: InstanceRequest, runtype: str = DEFAULT_RUNTYPE) -> dict[str, Any]:
+    """InstanceRequest -> the `PUT /asks/{id}/` body. Raises PermanentMarketplaceError on bad input."""
+    if not request.image:
+        raise PermanentMarketplaceError("create: image is empty")
+    if not request.label:
+        raise PermanentMarketplaceError("create: label is empty (it is how we find our instance again)")
+    if request.disk_gb <= 0:
+        raise PermanentMarketplaceError(f"create: disk_gb must be positive, got {request.disk_gb}")
+    if request.onstart is not None and len(request.onstart) > ONSTART_MAX_CHARS:
+        raise PermanentMarketplaceError(
+            f"create: onstart is {len(request.onstart)} characters; vast.ai accepts at most {ONSTART_MAX_CHARS}"
+        )
+    body: dict[str, Any] = {
+        "client_id": "me",
+        "image": request.image,
+        "disk": request.disk_gb,
+        "label": request.label,
+        "env": check_env(request.env),
+        "runtype": runtype,
+    }
+    if request.onstart is not None:
+        body["onstart"] = request.onstart
+    if request.image_login is not None:
+        body["image_login"] = request.image_login
+    return body
+
+
+def normalise_status(actual_status: Any) -> str:
+    """vast's `actual_status` -> one of base.INSTANCE_STATUSES."""
+    if actual_status is None:
+        # A fresh contract reports no status until its machine picks it up.
+        return "loading"
+    if not isinstance(actual_status, str):
+        return "unknown"
+    return _STATUS_MAP.get(actual_status.strip().lower(), "unknown")
+
+
+def parse_instance(raw: Any) -> Instance:
+    """One instance row (v0 or v1 shape) -> Instance. Raises ValueError naming the bad field."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"instance is not an object: {type(raw).__name__}")
+    label = raw.get("label")
+    price = raw.get("dph_total")
+    start = raw.get("start_date")
+    return Instance(
+        contract_id=_ident(raw, "id"),
+        label=label.strip() if isinstance(label, str) and label.strip() else None,
+        machine_id=_ident(raw, "machine_id"),
+        host_id=_ident(raw, "host_id"),
+        status=normalise_status(raw.get("actual_status")),
+        gpu_name=_optional_text(raw, "gpu_name"),
+        price_usd_per_hour=_number(raw, "dph_total") if price is not None else None,
+        image=_optional_text(raw, "image_uuid"),
+        status_msg=_optional_text(raw, "status_msg"),
+        start_date=_number(raw, "start_date") if start is not None else None,
+    )
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare for APIs; we fall back to our own backoff)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def retry_delay(attempt: int, policy: RetryPolicy, retry_after: float | None, jitter: float) -> float:
+    """Pause before attempt `attempt + 1`. `jitter` in [0, 1) spreads clients that failed together."""
+    if retry_after is not None:
+        return min(retry_after, policy.max_retry_after_s)
+    return backoff_delay(attempt, policy.base_delay_s, policy.max_delay_s, jitter)
+
+
+def _api_message(payload: Any) -> str | None:
+    if isinstance(payload, Mapping):
+        for key in ("msg", "error", "detail", "message"):
+            value = payload.get(key)
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Imperative shell: HTTP with retries
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A retryable failure of one attempt. `maybe_processed`: the server may have acted on it."""
+
+    description: str
+    maybe_processed: bool
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class _Reply:
+    status: int
+    payload: Any
+
+
+class VastAiMarketplace:
+    """`base.Marketplace` over vast.ai's REST API (or a fake of it on 127.0.0.1 in tests)."""
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        timeouts: Timeouts | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
+        runtype: str = DEFAULT_RUNTYPE,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        key = api_key if api_key is not None else (os.environ if environ is None else environ).get(API_KEY_ENV)
+        if key is None or not key.strip():
+            raise PermanentMarketplaceError(f"no vast.ai API key: pass one or set {API_KEY_ENV}")
+        key = key.strip()
+        if any(ch.isspace() or not ch.isprintable() for ch in key):
+            raise PermanentMarketplaceError("the vast.ai API key contains whitespace or control characters")
+        self._key = _Secret(key)
+        self._base_url = base_url.rstrip("/")
+        parts = urlsplit(self._base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"vast.ai base_url {base_url!r} is not an http(s) URL")
+        if not self._base_url.endswith("/v0"):
+            raise ValueError(f"vast.ai base_url {base_url!r} must end in /v0 (the v1 list endpoint sits beside it)")
+        self._v1_url = self._base_url[: -len("/v0")] + "/v1"
+        self._retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._jitter = jitter
+        self._runtype = runtype
+        self._http = httpx.Client(
+            timeout=(timeouts or Timeouts()).to_httpx(),
+            transport=transport,
+            headers={"Accept": "application/json", "User-Agent": "gpu-fleet-reconciler"},
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"VastAiMarketplace(base_url={self._base_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> VastAiMarketplace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the port --------------------------------------------------------------------------------
+
+    def search_offers(self, query: OfferQuery) -> Sequence[Offer]:
+        reply = self._call("POST", f"{self._base_url}/bundles/", json_body=build_search_body(query))
+        try:
+            return parse_offers(reply.payload, query)
+        except ValueError as exc:
+            raise TemporaryMarketplaceError(f"vast.ai search returned an unusable response: {exc}") from None
+
+    def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
+        body = build_create_body(request, self._runtype)
+        url = f"{self._base_url}/asks/{self._path_id(offer_id, 'offer id')}/"
+        for attempt in range(1, self._retry.max_attempts + 1):
+            outcome = self._attempt("PUT", url, json_body=body)
+            if isinstance(outcome, _Reply):
+                contract_id = self._new_contract(outcome, offer_id)
+                if contract_id is not None:
+                    return contract_id
+                failure = _Failure("vast.ai create returned no new_contract", maybe_processed=True)
+            else:
+                failure = outcome
+            delay = retry_delay(attempt, self._retry, failure.retry_after, self._jitter())
+            log.warning(
+                "vast.ai create on offer %s: %s (attempt %d/%d)",
+                offer_id, failure.description, attempt, self._retry.max_attempts,
+            )
+            if failure.maybe_processed:
+                # Give vast a moment to finish what it may have started, then look.
+                self._sleep(delay)
+                # The request may have reached vast and rented the machine even though we saw no answer
+                # (read timeout, 5xx from a proxy, garbled body). Creating again blindly could rent a
+                # second instance and pay twice, so first look for one carrying our unique label.
+                existing = self._find_by_label(request.label, offer_id)
+                if existing is not None:
+                    log.warning(
+                        "vast.ai create on offer %s: instance %s with label %s exists; not creating again",
+                        offer_id, existing.contract_id, request.label,
+                    )
+                    return existing.contract_id
+            elif attempt < self._retry.max_attempts:
+                self._sleep(delay)
+        raise TemporaryMarketplaceError(
+            f"vast.ai create on offer {offer_id} failed after {self._retry.max_attempts} attempts: "
+            f"{failure.description}"
+        )
+
+    def list_instances(self) -> Sequence[Instance]:
+        instances: list[Instance] = []
+        seen_tokens: set[str] = set()
+        params: dict[str, str] = {
+            "limit": str(INSTANCE_PAGE_LIMIT),
+            "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+        }
+        for _ in range(MAX_INSTANCE_PAGES):
+            reply = self._call("GET", f"{self._v1_url}/instances/", params=params)
+            payload = reply.payload
+            if not isinstance(payload, Mapping) or not isinstance(payload.get("instances"), list):
+                raise TemporaryMarketplaceError("vast.ai instance list returned an unusable response")
+            for index, raw in enumerate(payload["instances"]):
+                try:
+                    instances.append(parse_instance(raw))
+                except ValueError as exc:
+                    log.warning("vast.ai: skipping malformed instance row #%d: %s", index, exc)
+            token = payload.get("next_token")
+            if not token:
+                return _unique(instances)
+            if not isinstance(token, str) or token in seen_tokens:
+                raise TemporaryMarketplaceError("vast.ai instance list returned a repeating page token")
+            seen_tokens.add(token)
+            params = {**params, "after_token": token}
+        raise TemporaryMarketplaceError(f"vast.ai instance list did not end after {MAX_INSTANCE_PAGES} pages")
+
+    def get_instance(self, contract_id: str) -> Instance | None:
+        url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
+        reply = self._call("GET", url, params={"owner": "me"}, ok_statuses=(404,))
+        if reply.status == 404:
+            return None
+        payload = reply.payload
+        if not isinstance(payload, Mapping) or "instances" not in payload:
+            raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} returned an unusable response")
+        row = payload["instances"]
+        if isinstance(row, list):
+            # Older responses wrapped the one row in a list.
+            row = row[0] if row else None
+        if row is None:
+            return None
+        try:
+            return parse_instance(row)
+        except ValueError as exc:
+            raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} is malformed: {exc}") from None
+
+    def destroy_instance(self, contract_id: str) -> None:
+        url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
+        reply = self._call("DELETE", url, json_body={}, ok_statuses=(404,))
+        if reply.status == 404:
+            log.info("vast.ai: instance %s was already gone", contract_id)
+            return
+        if isinstance(reply.payload, Mapping) and reply.payload.get("success") is False:
+            raise PermanentMarketplaceError(
+                f"vast.ai refused to destroy instance {contract_id}: {self._quote(_api_message(reply.payload))}"
+            )
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _find_by_label(self, label: str, offer_id: str) -> Instance | None:
+        try:
+            instances = self.list_instances()
+        except TemporaryMarketplaceError as exc:
+            raise TemporaryMarketplaceError(
+                f"vast.ai create on offer {offer_id} had an ambiguous failure and the instance list could not "
+                f"be read to check for label {label}; not retrying, to avoid renting twice: {exc}"
+            ) from None
+        matches = [i for i in instances if i.label == label]
+        return max(matches, key=lambda i: int(i.contract_id) if i.contract_id.isdigit() else 0) if matches else None
+
+    def _new_contract(self, reply: _Reply, offer_id: str) -> str | None:
+        payload = reply.payload
+        if not isinstance(payload, Mapping):
+            return None
+        if payload.get("success") is False:
+            raise PermanentMarketplaceError(
+                f"vast.ai refused offer {offer_id}: {self._quote(_api_message(payload))}"
+            )
+        try:
+            return _ident(payload, "new_contract")
+        except ValueError:
+            return None
+
+    @staticmethod
+    def _path_id(value: str, what: str) -> str:
+        if not isinstance(value, str) or not _NUMERIC_ID.fullmatch(value):
+            raise PermanentMarketplaceError(f"vast.ai {what} must be a number, got {value!r}")
+        return value
+
+    def _quote(self, message: str | None) -> str:
+        if not message:
+            return "(no message)"
+        message = message.replace(self._key.reveal(), "<redacted>")
+        return message if len(message) <= MAX_QUOTED_MESSAGE else message[:MAX_QUOTED_MESSAGE] + "..."
+
+    def _call(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        ok_statuses: tuple[int, ...] = (),
+    ) -> _Reply:
+        """One idempotent call with retries: every read, search and destroy may safely be repeated."""
+        for attempt in range(1, self._retry.max_attempts + 1):
+            outcome = self._attempt(method, url, params=params, json_body=json_body, ok_statuses=ok_statuses)
+            if isinstance(outcome, _Reply):
+                return outcome
+            path = urlsplit(url).path
+            if attempt == self._retry.max_attempts:
+                raise TemporaryMarketplaceError(
+                    f"vast.ai {method} {path} failed after {attempt} attempts: {outcome.description}"
+                )
+            delay = retry_delay(attempt, self._retry, outcome.retry_after, self._jitter())
+            log.warning(
+                "vast.ai %s %s: %s (attempt %d/%d); retrying in %.1fs",
+                method, path, outcome.description, attempt, self._retry.max_attempts, delay,
+            )
+            self._sleep(delay)
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _attempt(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        ok_statuses: tuple[int, ...] = (),
+    ) -> _Reply | _Failure:
+        """Send once. Returns the parsed reply or a retryable failure; raises on permanent ones."""
+        headers = {"Authorization": f"Bearer {self._key.reveal()}"}
+        try:
+            response = self._http.request(method, url, params=params, json=json_body, headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # No connection was made: the server never saw the request.
+            return _Failure(f"cannot connect ({type(exc).__name__})", maybe_processed=False)
+        except httpx.TimeoutException as exc:
+            return _Failure(f"no answer in time ({type(exc).__name__})", maybe_processed=True)
+        except httpx.TransportError as exc:
+            return _Failure(f"connection failed ({type(exc).__name__})", maybe_processed=True)
+        status = response.status_code
+        payload = _json_or_none(response)
+        if status in (401, 403):
+            raise PermanentMarketplaceError(f"vast.ai rejected the API key (HTTP {status})")
+        if status == 429:
+            return _Failure(
+                "rate limited (HTTP 429)",
+                maybe_processed=False,
+                retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            )
+        if status >= 500:
+            return _Failure(
+                f"server error (HTTP {status})",
+                maybe_processed=True,
+                retry_after=parse_retry_after(response.headers.get("Retry-After")),
+            )
+        if status in ok_statuses:
+            return _Reply(status, payload)
+        if status >= 300:
+            path = urlsplit(url).path
+            raise PermanentMarketplaceError(
+                f"vast.ai {method} {path} rejected the request (HTTP {status}): {self._quote(_api_message(payload))}"
+            )
+        if payload is _UNPARSEABLE:
+            return _Failure(f"unparseable response body (HTTP {status})", maybe_processed=True)
+        return _Reply(status, payload)
+
+
+_UNPARSEABLE: Any = object()
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (ValueError, UnicodeDecodeError):
+        return _UNPARSEABLE
+
+
+def _unique(instances: list[Instance]) -> list[Instance]:
+    """Pages can overlap when instances come and go between requests; keep the first of each id."""
+    seen: set[str] = set()
+    result: list[Instance] = []
+    for instance in instances:
+        if instance.contract_id not in seen:
+            seen.add(instance.contract_id)
+            result.append(instance)
+    return result

@@ -1,0 +1,302 @@
+"""Record files under `fleet-spec/`: `machines/<machine_id>.yaml` and `images/<digest-hex>.yaml`.
+
+Parses (libyaml + JSON Schema) and renders the records of `reconciler.domain.records`, loads a whole spec
+directory into a `RecordSet` (with a stat-keyed cache for the long-running loop), and writes files
+atomically. Git is elsewhere (`reconciler.adapters.git`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import jsonschema
+import yaml
+
+from reconciler import SCHEMA_DIR
+from reconciler.domain.records import (
+    _SAFE_ID,
+    IMAGES_DIR,
+    MACHINES_DIR,
+    BenchmarkEntry,
+    ImageSuspectRecord,
+    MachineRecord,
+    RecordError,
+    RecordSet,
+    check_image_digest,
+    check_machine_id,
+)
+
+# --- files ---------------------------------------------------------------------------------------------
+
+# libyaml parses and emits a 17 KB record ~8x faster than pure-Python PyYAML; the results are the same
+# documents (and, for what the reconciler writes, the same text). Pure Python stays the fallback for a PyYAML
+# built without libyaml.
+_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads((SCHEMA_DIR / name).read_text()))
+
+
+
+
+def machine_record_path(spec_dir: Path, machine_id: str) -> Path:
+    return spec_dir / MACHINES_DIR / f"{check_machine_id(machine_id)}.yaml"
+
+
+def image_record_path(spec_dir: Path, digest: str) -> Path:
+    return spec_dir / IMAGES_DIR / f"{check_image_digest(digest).removeprefix('sha256:')}.yaml"
+
+
+_HEADER = "# Written by the fleet reconciler. Pardon: set status: pardoned (or delete this file) in a PR.\n"
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    return yaml.dump(doc, Dumper=_YAML_DUMPER, sort_keys=False, allow_unicode=True, width=120)
+
+
+def render_machine_record(record: MachineRecord) -> str:
+    return _HEADER + _dump(record.to_yaml_dict())
+
+
+def render_image_record(record: ImageSuspectRecord) -> str:
+    header = "# Written by the fleet reconciler (circuit breaker). Clear: set status: cleared in a PR.\n"
+    return header + _dump(record.to_yaml_dict())
+
+
+def _schema_errors(doc: Any, schema: str, file: Path) -> list[str]:
+    out = []
+    for err in sorted(_validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        out.append(f"{file}: {path}: {err.message}")
+    return out
+
+
+def _load_yaml(text: str, file: Path) -> Any:
+    """The YAML document in `text`, or RecordError naming the file (never another exception)."""
+    try:
+        _refuse_aliases(text, file)
+        return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (CSafeLoader or SafeLoader)
+    except RecordError:
+        raise
+    except yaml.YAMLError as exc:
+        raise RecordError(f"{file}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise RecordError(f"{file}: not valid YAML: nested too deeply") from None
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as exc:  # bad explicit tags
+        raise RecordError(f"{file}: not valid YAML: {type(exc).__name__}: {exc}") from None
+
+
+def _refuse_aliases(text: str, file: Path) -> None:
+    """RecordError if the text uses a YAML anchor or alias.
+
+    Aliases let a few hundred bytes expand into gigabytes (an "alias bomb") in every reader of the records;
+    the reconciler never writes them, so a record that has one came from a hand edit and is refused before
+    anything expands. An alias needs a `*` and an anchor a `&`: most records have neither, so the event scan
+    (as costly as the load itself) runs only when one of them appears somewhere in the text.
+    """
+    if "*" not in text and "&" not in text:
+        return
+    for event in yaml.parse(text, Loader=_YAML_LOADER):
+        if isinstance(event, yaml.AliasEvent):
+            found = f"*{event.anchor}"
+        elif isinstance(event, yaml.NodeEvent) and event.anchor is not None:
+            found = f"&{event.anchor}"
+        else:
+            continue
+        line = f"line {event.start_mark.line + 1}: " if event.start_mark is not None else ""
+        raise RecordError(f"{file}: {line}YAML anchors and aliases are not allowed in a record (found {found}); "
+                          "write the values out")
+
+
+def parse_machine_record(text: str, file: Path) -> MachineRecord:
+    doc = _load_yaml(text, file)
+    if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
+        doc["machine_id"] = str(doc["machine_id"])
+    errors = _schema_errors(doc, "machine-record.schema.json", file)
+    if errors:
+        raise RecordError("; ".join(errors))
+    if file.stem != doc["machine_id"]:
+        raise RecordError(f"{file}: $.machine_id: {doc['machine_id']!r} does not match the file name "
+                          f"{file.name!r}")
+    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
+    return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
+                         gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def parse_image_record(text: str, file: Path) -> ImageSuspectRecord:
+    doc = _load_yaml(text, file)
+    errors = _schema_errors(doc, "image-suspect.schema.json", file)
+    if errors:
+        raise RecordError("; ".join(errors))
+    return ImageSuspectRecord(
+        image_digest=doc["image_digest"], signature=doc["signature"], status=doc["status"],
+        machines=tuple(doc["machines"]), tripped_at=doc["tripped_at"], pools=tuple(doc.get("pools", ())),
+        instances=tuple(doc.get("instances", ())), reason=doc.get("reason", ""), note=doc.get("note"))
+
+
+_Record = TypeVar("_Record", MachineRecord, ImageSuspectRecord)
+_StatKey = tuple[int, int, int, int, int]
+
+
+def _stat_key(st: os.stat_result) -> _StatKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class _Cached:
+    key: _StatKey
+    digest: bytes
+    record: MachineRecord | ImageSuspectRecord
+    settled: bool  # last changed well before it was read: an unchanged stat key proves unchanged content
+
+
+class RecordCache:
+    """Parsed records kept between passes of one long-running process (`fleet reconcile`'s loop).
+
+    A pass parses only the record files that changed since the previous pass (a git checkout rewrites
+    exactly those). Each file is stat()ed: the same device, inode, size, mtime and ctime as last time means
+    the same content. A file whose stat changed is read and its content hash compared, so a rewrite with
+    the same bytes is not parsed again either. Timestamps are coarse (a second write in the same clock tick
+    can leave them equal), so, as in git's index, a file that had changed less than RACY_NS before it was
+    read is not trusted on its stat alone the next time: its content is compared instead.
+
+    Only good parses are kept: an unreadable file is read, parsed and reported again on every pass, and a
+    file that is gone (pardon by deletion) drops out. For one spec directory, used by one thread.
+    Counts for the last `load_records` call: `reused` files came from the cache, `parsed` were parsed, `read`
+    had their bytes read (the rest were only stat()ed).
+    """
+
+    RACY_NS = 2_000_000_000
+
+    def __init__(self, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._clock_ns = clock_ns
+        self._entries: dict[str, _Cached] = {}
+        self._seen: set[str] = set()
+        self.parsed = 0
+        self.reused = 0
+        self.read = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def begin(self) -> None:
+        self._seen = set()
+        self.parsed = self.reused = self.read = 0
+
+    def end(self) -> None:
+        for gone in self._entries.keys() - self._seen:
+            del self._entries[gone]
+
+    def load(self, key: str, file: Path, parse: Callable[[str, Path], _Record]) -> _Record:
+        """The record in `file` (`key`: its absolute path), from the cache when the file is unchanged."""
+        self._seen.add(key)
+        cached = self._entries.pop(key, None)  # put back only once this pass has read the file successfully
+        if cached is not None and cached.settled and _stat_key(os.stat(file)) == cached.key:
+            self._entries[key] = cached
+            self.reused += 1
+            return cast(_Record, cached.record)
+        read_at = self._clock_ns()
+        with open(file, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            raw = fh.read()
+        self.read += 1
+        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        if cached is not None and cached.digest == digest:
+            record = cast(_Record, cached.record)
+            self.reused += 1
+        else:
+            self.parsed += 1
+            record = parse(_decode(raw), file)
+        settled = max(st.st_mtime_ns, st.st_ctime_ns) < read_at - self.RACY_NS
+        self._entries[key] = _Cached(_stat_key(st), digest, record, settled)
+        return record
+
+
+def _decode(raw: bytes) -> str:
+    """The text `Path.read_text(encoding="utf-8")` returns for these bytes (universal newlines)."""
+    text = raw.decode("utf-8")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def _yaml_files(directory: Path, problems: list[str]) -> list[Path]:
+    """The `*.yaml` entries of a records directory (hidden names too, as `Path.glob` lists them), by name."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries if entry.name.endswith(".yaml")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        problems.append(f"{directory}: cannot list records: {exc}")
+        return []
+    return [directory / name for name in sorted(names)]
+
+
+def _read_record(file: Path, parse: Callable[[str, Path], _Record], cache: RecordCache | None) -> _Record:
+    if cache is None:
+        return parse(file.read_text(encoding="utf-8"), file)
+    return cache.load(os.path.abspath(file), file, parse)
+
+
+def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> RecordSet:
+    """Read every record under `spec_dir`. Unreadable files are reported in `problems`, never dropped.
+
+    With a `cache` (kept by the caller between calls) only the files that changed since the last call are
+    parsed; the result is the same as without one.
+    """
+    spec_dir = Path(spec_dir)
+    machines: dict[str, MachineRecord] = {}
+    images: dict[str, ImageSuspectRecord] = {}
+    problems: list[str] = []
+    unreadable: set[str] = set()
+    if cache is not None:
+        cache.begin()
+    for file in _yaml_files(spec_dir / MACHINES_DIR, problems):
+        try:
+            rec = _read_record(file, parse_machine_record, cache)
+        except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
+            problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
+            if _SAFE_ID.match(file.stem):
+                unreadable.add(file.stem)
+            continue
+        machines[rec.machine_id] = rec
+    for file in _yaml_files(spec_dir / IMAGES_DIR, problems):
+        try:
+            img = _read_record(file, parse_image_record, cache)
+        except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
+            problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
+            continue
+        images[img.image_digest] = img
+    if cache is not None:
+        cache.end()
+    return RecordSet(machines, images, tuple(problems), frozenset(unreadable))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file + fsync + rename: a crash or a full disk never leaves a partial record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,240 @@
+"""Slot provider: create, read and delete the one instance behind a pool slot over a `Marketplace`.
+
+The same CRUD serves both drivers (one planner, two drivers): the Pulumi dynamic provider
+(`reconciler.adapters.pulumi_provider`) and `fleet apply` (`reconciler.flows.provision`), which keeps its
+slots in a state file (`slots.json`, here too). No Pulumi import here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from reconciler.adapters.record_files import write_text_atomic
+from reconciler.domain.marketplace import (
+    InstanceRequest,
+    Marketplace,
+    MarketplaceError,
+    PermanentMarketplaceError,
+    TemporaryMarketplaceError,
+)
+from reconciler.domain.planner import (
+    STATUS_GONE,
+    ObservedSlot,
+)
+from reconciler.domain.ranking import offer_query, rank_offers
+from reconciler.domain.slots import (
+    NoOfferError,
+    PoolPausedError,
+    SlotDiff,
+    SlotError,
+    SlotInputError,
+    SlotInputs,
+    SlotOutputs,
+    describe_constraints,
+    new_nonce,
+    slot_diff,
+    worker_env,
+)
+from reconciler.domain.tokens import instance_token, machine_claim
+
+log = logging.getLogger(__name__)
+
+#: Offers tried per create: the best one may have been rented a moment ago - by someone else, or by a
+#: sibling slot that Pulumi creates in parallel from the same ranking.
+CREATE_ATTEMPTS = 8
+
+CONTROLLER_SECRET_ENV = "FLEET_CONTROLLER_SECRET"  # noqa: S105 - a variable name, not a secret
+VAST_API_KEY_ENV = "VAST_API_KEY"
+
+
+# --- the provider ----------------------------------------------------------------------------------------
+
+
+class SlotProvider:
+    """CRUD of one slot's instance over a `Marketplace`. No Pulumi, no files: drivers own state."""
+
+    def __init__(self, marketplace: Marketplace, controller_secret: bytes, *,
+                 nonce: Callable[[], str] = new_nonce, clock: Callable[[], float] = time.time,
+                 on_destroyed: Callable[[SlotOutputs], None] | None = None, image_login: str | None = None):
+        """`image_login`: registry credentials for pulling a private image (vast's `-u USER -p PASS SERVER`)."""
+        self.marketplace = marketplace
+        self._image_login = image_login
+        self._secret = controller_secret
+        self._nonce = nonce
+        self._clock = clock
+        self._on_destroyed = on_destroyed
+
+    def create(self, inputs: SlotInputs) -> SlotOutputs:
+        if inputs.paused_reason:
+            raise PoolPausedError(f"slot {inputs.slot}: {inputs.paused_reason}")
+        query = offer_query(inputs.pool, inputs.bad_machine_ids)
+        offers = self.marketplace.search_offers(query)
+        ranked = rank_offers(offers, inputs.pool, inputs.measured, inputs.priors, inputs.bad_machine_ids)
+        if not ranked:
+            raise NoOfferError(f"slot {inputs.slot}: no offer fits pool {inputs.pool.name} "
+                               f"({describe_constraints(inputs.pool)}; {len(inputs.bad_machine_ids)} bad machine(s) "
+                               f"excluded; market returned {len(offers)} offer(s)); will retry on the next apply")
+        instance_id = f"{inputs.slot}-{self._nonce()}"
+        token = instance_token(self._secret, instance_id)
+        errors: list[str] = []
+        for candidate in ranked[:CREATE_ATTEMPTS]:
+            request = InstanceRequest(image=inputs.image, disk_gb=inputs.pool.disk_gb, label=instance_id,
+                                      env=worker_env(inputs, instance_id, token, candidate,
+                                                     machine_claim(self._secret, instance_id,
+                                                                   candidate.offer.machine_id)),
+                                      image_login=self._image_login)
+            try:
+                contract_id = self.marketplace.create_instance(candidate.offer.offer_id, request)
+            except PermanentMarketplaceError as exc:
+                # Most often "offer no longer available": someone rented it after our search. Try the next.
+                errors.append(f"{candidate.describe()}: {exc}")
+                continue
+            log.info("slot %s: rented %s as %s (contract %s)", inputs.slot, candidate.describe(), instance_id,
+                     contract_id)
+            return SlotOutputs(
+                slot=inputs.slot, pool_name=inputs.pool.name, instance_id=instance_id, contract_id=str(contract_id),
+                machine_id=candidate.offer.machine_id, host_id=candidate.offer.host_id,
+                gpu_name=candidate.offer.gpu_name, price_usd_per_hour=candidate.offer.price_usd_per_hour,
+                image=inputs.image, image_digest=inputs.image_digest, status="loading",
+                expected_proofs_per_hour=candidate.expected_proofs_per_hour, ranking_basis=candidate.basis,
+                created_at=self._clock())
+        raise PermanentMarketplaceError(f"slot {inputs.slot}: every candidate offer was refused: " + "; ".join(errors))
+
+    def diff(self, old: SlotOutputs, new: SlotInputs) -> SlotDiff:
+        return slot_diff(old, new)
+
+    def read(self, old: SlotOutputs) -> SlotOutputs | None:
+        """The slot as the market sees it now; None when the market no longer knows the instance."""
+        instance = self.marketplace.get_instance(old.contract_id)
+        if instance is None:
+            return None
+        return replace(old, status=instance.status,
+                       price_usd_per_hour=instance.price_usd_per_hour or old.price_usd_per_hour)
+
+    def delete(self, old: SlotOutputs) -> None:
+        self.marketplace.destroy_instance(old.contract_id)
+        if self._on_destroyed is not None:
+            # Telling the controller is a courtesy (it stops waiting for reports); failing it must not
+            # leave a destroyed instance in state as if it still ran.
+            try:
+                self._on_destroyed(old)
+            except Exception as exc:
+                log.warning("slot %s: instance %s destroyed, but telling the controller failed: %s",
+                            old.slot, old.instance_id, exc)
+
+    def observe(self, stored: Mapping[str, SlotOutputs]) -> dict[str, ObservedSlot]:
+        """Current state of every stored slot (market errors propagate: never plan on a failed look)."""
+        out: dict[str, ObservedSlot] = {}
+        for slot, outputs in stored.items():
+            fresh = self.read(outputs)
+            out[slot] = fresh.observed() if fresh is not None else replace(outputs, status=STATUS_GONE).observed()
+        return out
+
+
+# --- local worker-image digest ------------------------------------------------------------------------------
+
+_DIGEST_SKIP = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def directory_digest(path: str | Path) -> str:
+    """`sha256:` over every file of a worker-image directory (names, exec bits, contents).
+
+    The local backend's stand-in for a registry digest: editing any script changes it, so the planner
+    replaces the slots running the old one, exactly as a new pushed image does under Pulumi."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"worker image directory {root} not found")
+    h = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and not (_DIGEST_SKIP & set(p.parts))):
+        rel = file.relative_to(root).as_posix()
+        executable = bool(file.stat().st_mode & stat.S_IXUSR)
+        h.update(f"{rel}\0{int(executable)}\0".encode())
+        h.update(hashlib.sha256(file.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+# --- `fleet apply` slot state file ----------------------------------------------------------------------
+
+SLOT_STATE_FILE = "slots.json"
+
+
+def load_slot_state(path: Path) -> dict[str, SlotOutputs]:
+    """Slot -> outputs, as the last `fleet apply` left them. Missing file: no slots yet."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise SlotInputError(f"{path}: unreadable slot state ({exc}); fix or move it away (instances it "
+                             "lists keep running and would be forgotten)") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("slots"), dict):
+        raise SlotInputError(f"{path}: expected {{\"version\": 1, \"slots\": {{...}}}}")
+    return {slot: SlotOutputs.from_props(props) for slot, props in doc["slots"].items()}
+
+
+def save_slot_state(path: Path, slots: Mapping[str, SlotOutputs]) -> None:
+    doc = {"version": 1, "slots": {s: o.to_props() for s, o in sorted(slots.items())}}
+    write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+# --- marketplace from settings (both drivers) --------------------------------------------------------------
+
+
+def build_marketplace(backend: Mapping[str, Any], secret_values: Mapping[str, str]) -> Marketplace:
+    """A marketplace adapter from plain settings: what a pickled Pulumi provider can carry.
+
+    backend["kind"] == "local": state_dir, machines_file, optional worker_command (list).
+    backend["kind"] == "vastai": optional base_url; the API key comes from `secret_values["vast_api_key"]`
+    (stack config secret) or the VAST_API_KEY environment variable.
+    """
+    kind = backend.get("kind")
+    if kind == "local":
+        from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
+
+        machines = load_local_machines(backend["machines_file"])
+        command = backend.get("worker_command") or None
+        return LocalMarketplace(backend["state_dir"], machines, worker_command=command)
+    if kind == "vastai":
+        from reconciler.adapters.marketplace.vastai import DEFAULT_BASE_URL, VastAiMarketplace
+
+        key = secret_values.get("vast_api_key") or os.environ.get(VAST_API_KEY_ENV)
+        return VastAiMarketplace(key, base_url=backend.get("base_url") or DEFAULT_BASE_URL)
+    raise PermanentMarketplaceError(f"unknown marketplace backend {kind!r} (expected local or vastai)")
+
+
+def image_login_from(secret_values: Mapping[str, str]) -> str | None:
+    """The market's pull credentials for the pushed image (the push credentials serve: same registry)."""
+    parts = [secret_values.get(k) for k in ("registry_username", "registry_password", "registry_server")]
+    if not all(parts):
+        return None
+    user, password, server = parts
+    return f"-u {user} -p {password} {server}"
+
+
+def controller_secret_from(secret_values: Mapping[str, str]) -> bytes:
+    value = secret_values.get("controller_secret") or os.environ.get(CONTROLLER_SECRET_ENV)
+    if not value:
+        raise SlotInputError(f"no controller secret: set the stack config secret fleet:controllerSecret or "
+                             f"{CONTROLLER_SECRET_ENV}")
+    return value.encode("utf-8")
+
+
+def is_temporary(exc: BaseException) -> bool:
+    """Whether a failed slot action is worth retrying on a later apply."""
+    if isinstance(exc, SlotError):
+        return exc.temporary
+    return isinstance(exc, TemporaryMarketplaceError)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for the operator: our own errors already say what happened; others get their type."""
+    return str(exc) if isinstance(exc, SlotError | MarketplaceError) else f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,276 @@
+"""Fleet spec files: load `fleet-spec/fleet.yaml`, validate it (JSON Schema + semantic checks), freeze it.
+
+First step of every flow (`fleet validate`, `plan`, `apply`, `reconcile`, the Pulumi program): nothing
+downstream reads YAML. Validation reports every problem at once, each naming the file, the line, the
+JSON path, the bad value and what was expected; a bad spec is a permanent error that stalls the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from reconciler import SCHEMA_DIR
+from reconciler.domain.gpus import KNOWN_GPU_MODELS
+from reconciler.domain.spec import (
+    BenchmarkSettings,
+    CircuitBreakerSettings,
+    ControllerSettings,
+    FleetSpec,
+    ImageSettings,
+    KillBudgetSettings,
+    ParamsSettings,
+    PoolSpec,
+    SpecError,
+    SpecProblem,
+)
+
+SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+
+@cache
+def _spec_validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(SPEC_SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    # JSON Schema counts 1.0 as an integer; a slot count of 1.0 would then break range() downstream.
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    strict = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
+    return strict(schema)
+
+
+def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], int]]:
+    """Map every JSON path in a composed YAML tree to its 1-based line number."""
+    yield path, node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            yield (*path, key), key_node.start_mark.line + 1
+            for sub_path, line in _line_index(value_node, (*path, key)):
+                if sub_path != (*path, key):
+                    yield sub_path, line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _line_index(item, (*path, i))
+
+
+def format_json_path(path: Iterable[Any]) -> str:
+    out = "$"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _schema_properties(error: jsonschema.ValidationError) -> set[str]:
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    return set(schema.get("properties", {}))
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """A sentence saying what was found and what is expected, without jsonschema's repr noise."""
+    v = error.validator
+    kw: Any = error.validator_value
+    instance: Any = error.instance
+    got = _short(instance)
+    if kw is None:
+        return error.message
+    if v == "required":
+        missing = [k for k in kw if isinstance(instance, dict) and k not in instance]
+        return f"missing required field(s): {', '.join(missing)}"
+    if v == "additionalProperties":
+        extra = sorted(map(str, set(instance) - _schema_properties(error)))
+        allowed = ", ".join(sorted(_schema_properties(error)))
+        return f"unknown field(s) {', '.join(extra)}; allowed: {allowed}"
+    if v == "type":
+        return f"got {got}, expected a value of type {kw}"
+    if v == "enum":
+        return f"got {got}, expected one of {', '.join(map(str, kw))}"
+    if v == "const":
+        return f"got {got}, expected {kw!r}"
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return f"got {got}, expected a number {op} {kw}"
+    if v == "pattern":
+        return f"got {got}, expected text matching {kw}"
+    if v in ("minLength", "minItems"):
+        return f"got {got}, expected at least {kw} {'character' if v == 'minLength' else 'item'}(s)"
+    return f"got {got}: {error.message}"
+
+
+def _problem_path(error: jsonschema.ValidationError) -> tuple[Any, ...]:
+    path = tuple(error.absolute_path)
+    instance: Any = error.instance
+    # For an unknown key, point at the key itself so the line number lands on it.
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        extra = sorted(set(instance) - _schema_properties(error), key=str)
+        if extra:
+            return (*path, extra[0])
+    return path
+
+
+def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ...], int]) -> list[SpecProblem]:
+    """Checks JSON Schema cannot express. Tolerates a schema-invalid document (skips what it cannot read)
+    so that one run reports schema and semantic problems together."""
+    problems: list[SpecProblem] = []
+
+    def add(path: tuple[Any, ...], message: str, severity: str = "error") -> None:
+        problems.append(SpecProblem(file, format_json_path(path), message, lines.get(path), severity))
+
+    # .nan passes every JSON Schema bound (all comparisons are false); .inf makes a rate unreachable.
+    for path, value in _leaves(doc):
+        if isinstance(value, float) and not math.isfinite(value):
+            add(path, f"got {value}, expected a finite number")
+
+    pools = doc.get("pools")
+    priors: dict[str, Any] = doc["gpu_priors"] if isinstance(doc.get("gpu_priors"), dict) else {}
+    seen: dict[str, int] = {}
+    for i, pool in enumerate(pools if isinstance(pools, list) else []):
+        if not isinstance(pool, dict):
+            continue
+        name = pool.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                add(("pools", i, "name"), f"duplicate pool name {name!r} (first at $.pools[{seen[name]}])")
+            else:
+                seen[name] = i
+        rate = pool.get("min_rate_proofs_per_hour")
+        if isinstance(rate, int | float) and not isinstance(rate, bool) and rate <= 0:
+            add(("pools", i, "min_rate_proofs_per_hour"),
+                f"got {rate}, expected a rate > 0 proofs/hour (0 would keep machines that never prove)")
+        gpu = pool.get("gpu_name")
+        if isinstance(gpu, str) and gpu not in KNOWN_GPU_MODELS and gpu not in priors:
+            add(("pools", i, "gpu_name"),
+                f"GPU model {gpu!r} is not known to the ranking priors; check the spelling "
+                f"against the marketplace (known: {', '.join(sorted(KNOWN_GPU_MODELS))}) or add it under "
+                "gpu_priors", "warning")
+        bench: dict[str, Any] = pool["benchmark"] if isinstance(pool.get("benchmark"), dict) else {}
+        conc, proofs = bench.get("concurrency", 2), bench.get("proofs", 10)
+        if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
+            add(("pools", i, "benchmark", "concurrency"),
+                f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
+    return problems
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+    else:
+        yield path, value
+
+
+def _duplicate_keys(node: yaml.Node, file: str, path: tuple[Any, ...] = ()) -> Iterable[SpecProblem]:
+    """YAML loaders keep the last of two equal keys silently; an operator's second `count:` must not win unseen."""
+    if isinstance(node, yaml.MappingNode):
+        first_line: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key, line = key_node.value, key_node.start_mark.line + 1
+            if key in first_line:
+                yield SpecProblem(file, format_json_path((*path, key)),
+                                  f"duplicate key {key!r} (first at line {first_line[key]}); each key may appear once",
+                                  line)
+            else:
+                first_line[key] = line
+            yield from _duplicate_keys(value_node, file, (*path, key))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _duplicate_keys(item, file, (*path, i))
+
+
+def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> FleetSpec:
+    pools = tuple(
+        PoolSpec(
+            **{k: v for k, v in p.items() if k != "benchmark"},
+            benchmark=BenchmarkSettings(**p.get("benchmark", {})),
+        )
+        for p in doc["pools"]
+    )
+    return FleetSpec(
+        image=ImageSettings(**doc["image"]),
+        controller=ControllerSettings(**doc["controller"]),
+        pools=pools,
+        params=ParamsSettings(**doc.get("params", {})),
+        circuit_breaker=CircuitBreakerSettings(**doc.get("circuit_breaker", {})),
+        kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
+        gpu_priors=dict(doc.get("gpu_priors", {})),
+        source=source,
+        warnings=tuple(warnings),
+    )
+
+
+def _first_alias(text: str) -> yaml.AliasEvent | None:
+    """The first alias in the text, found by the event parser (linear: nothing is expanded)."""
+    return next((event for event in yaml.parse(text, Loader=yaml.SafeLoader) if isinstance(event, yaml.AliasEvent)),
+                None)
+
+
+def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, list[SpecProblem]]:
+    """Validate spec text. Returns (spec or None, every problem found: errors and warnings)."""
+    try:
+        alias = _first_alias(text)
+        if alias is not None:
+            # Aliases let a few hundred bytes expand into gigabytes (an "alias bomb") in every consumer of
+            # the spec; a fleet spec has no need for them, so they are refused before anything expands.
+            return None, [SpecProblem(file, "$", f"YAML aliases are not allowed in a fleet spec (found *{alias.anchor}"
+                                      "); write the values out",
+                                      alias.start_mark.line + 1 if alias.start_mark else None)]
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        return None, [SpecProblem(file, "$", f"not valid YAML: {reason}", line)]
+    except RecursionError:
+        return None, [SpecProblem(file, "$", "not valid YAML: nested too deeply")]
+    except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as exc:
+        # PyYAML raises these, not YAMLError, for some explicit tags on bad values (`!!int `, `!!float x`).
+        return None, [SpecProblem(file, "$", f"not valid YAML: {type(exc).__name__}: {exc}")]
+    if not isinstance(doc, dict):
+        kind = "empty" if doc is None else type(doc).__name__
+        return None, [SpecProblem(file, "$", f"expected a mapping with version/image/controller/pools, got {kind}",
+                                  1)]
+    lines = dict(_line_index(root)) if root is not None else {}
+    problems = []
+    for error in sorted(_spec_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
+        path = _problem_path(error)
+        line = lines.get(path) or lines.get(tuple(error.absolute_path))
+        problems.append(SpecProblem(file, format_json_path(path), _describe(error), line))
+    problems += _semantic_problems(doc, file, lines)
+    problems += _duplicate_keys(root, file) if root is not None else []
+    if any(p.severity == "error" for p in problems):
+        return None, problems
+    return _build(doc, file, problems), problems
+
+
+def load_spec(path: str | Path) -> FleetSpec:
+    """Load and validate a spec file; raise SpecError with every problem if it is not usable."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([SpecProblem(str(path), "$", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([SpecProblem(str(path), "$", f"cannot read: {exc}")]) from None
+    spec, problems = check_spec_text(text, str(path))
+    if spec is None:
+        raise SpecError(problems)
+    return spec

@@ -1,0 +1,642 @@
+"""Controller store: what workers reported, in SQLite, safe across crashes and restarts.
+
+Written by the controller HTTP API (`reconciler/controller.py`) after it has authenticated and validated a
+request; read by the reconcile loop and `fleet status` as `reconciler.observations.InstanceReport`s.
+Every write is one transaction: a request the controller answered 2xx is in the database, a rejected one
+left nothing behind. Log lines live in a bounded ring per instance (last `ring_lines`, older ones counted
+as dropped), and every free-text field is redacted (`reconciler.redact`) before it is written, so nothing
+secret is ever stored, served or committed as evidence.
+
+Clocks: `registered_at` in a report is the controller's clock at first registration (the loop compares
+it with its own `now` for deadlines; a worker's clock may be wrong); the worker's own `at` of every
+registration, event and result is kept as sent.
+
+Replay and retry semantics (v1 has no nonces): registration is idempotent; an event identical to one
+already stored is a no-op (a worker retrying after a lost response must not duplicate it), also inside
+an event batch, which is stored all or nothing (`add_events`); the result is
+accepted once, an identical resend is a no-op and a different one is a conflict; log batches are appended
+as sent (at-least-once: a retried batch can appear twice, which is harmless in a log tail). Once an
+instance is marked destroyed its token no longer writes anything, so a captured token cannot be replayed
+into a finished record, while its logs stay readable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from reconciler.domain import errors
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, parse_time
+from reconciler.domain.redact import redact_line, redact_lines
+
+SCHEMA_VERSION = 1
+#: Lines of the ring buffer copied into InstanceReport.log_tail (evidence for verdicts).
+REPORT_TAIL_LINES = 50
+
+_T = TypeVar("_T")
+
+_SCHEMA_V1 = """
+CREATE TABLE instances (
+    instance_id     TEXT PRIMARY KEY,
+    received_at     TEXT NOT NULL,
+    worker_at       TEXT NOT NULL,
+    pool            TEXT,
+    slot            TEXT,
+    machine_id      TEXT,
+    host_id         TEXT,
+    contract_id     TEXT,
+    gpu_name        TEXT,
+    image_digest    TEXT,
+    image_version   TEXT,
+    hostname        TEXT,
+    gpus            TEXT NOT NULL DEFAULT '[]',
+    registrations   INTEGER NOT NULL DEFAULT 1,
+    next_line_seq   INTEGER NOT NULL DEFAULT 0,
+    ring_dropped    INTEGER NOT NULL DEFAULT 0,
+    worker_dropped  INTEGER NOT NULL DEFAULT 0,
+    progress_events INTEGER NOT NULL DEFAULT 0,
+    other_events    INTEGER NOT NULL DEFAULT 0,
+    destroyed_at    TEXT
+);
+CREATE TABLE events (
+    id          INTEGER PRIMARY KEY,
+    instance_id TEXT NOT NULL REFERENCES instances(instance_id),
+    phase       TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    at          TEXT NOT NULL,
+    received_at TEXT NOT NULL,
+    exit_code   INTEGER,
+    message     TEXT,
+    log_tail    TEXT NOT NULL,
+    details     TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    UNIQUE (instance_id, fingerprint)
+);
+CREATE INDEX events_by_status ON events (instance_id, status, id);
+CREATE TABLE results (
+    instance_id TEXT PRIMARY KEY REFERENCES instances(instance_id),
+    received_at TEXT NOT NULL,
+    body        TEXT NOT NULL
+);
+CREATE TABLE log_lines (
+    instance_id TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    line        TEXT NOT NULL,
+    PRIMARY KEY (instance_id, seq)
+) WITHOUT ROWID;
+"""
+
+
+class StoreError(errors.PermanentError):
+    """Base of everything the store refuses; the message names the instance and the reason."""
+
+    reason = errors.STORE_FAILED
+
+
+class UnknownInstance(StoreError):
+    """A report for an instance that never registered."""
+
+
+class InstanceDestroyed(StoreError):
+    """A write for an instance already marked destroyed."""
+
+
+class ResultConflict(StoreError):
+    """A second, different benchmark result for the same instance."""
+
+
+class EventLimitExceeded(StoreError):
+    """The instance sent more non-progress events than any sane worker would."""
+
+
+@dataclass(frozen=True)
+class InstanceMeta:
+    """What the read API shows beyond an InstanceReport: worker clock, counters, arrival times."""
+
+    worker_registered_at: datetime
+    registrations: int
+    hostname: str | None
+    gpus: tuple[str, ...]
+    stored_log_lines: int
+    ring_dropped: int
+    worker_dropped: int
+    event_received_at: tuple[datetime, ...]
+    result_received_at: datetime | None
+
+
+@dataclass(frozen=True)
+class LogView:
+    instance_id: str
+    lines: tuple[str, ...]
+    dropped: int
+    destroyed_at: datetime | None
+
+
+#: One encoder for every canonical dump: json.dumps with options builds a new JSONEncoder per call.
+_canonical_encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical(doc: Any) -> str:
+    return _canonical_encoder.encode(doc)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat()
+
+
+def _dt(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _redact_strings(value: Any) -> Any:
+    """Redact every string inside a JSON value (event details may carry URLs with credentials)."""
+    if isinstance(value, str):
+        return redact_line(value)
+    if isinstance(value, list):
+        return [_redact_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redact_strings(v) for k, v in value.items()}
+    return value
+
+
+def _redacted_event(doc: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(doc)
+    if out.get("message") is not None:
+        out["message"] = redact_line(out["message"])
+    out["log_tail"] = redact_lines(out.get("log_tail", []))
+    out["details"] = _redact_strings(out.get("details", {}))
+    return out
+
+
+def _redacted_result(doc: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(doc)
+    out["log_tail"] = redact_lines(out.get("log_tail", []))
+    return out
+
+
+def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
+    started = doc.get("started_at")
+    return BenchmarkResult(
+        outcome=doc["outcome"], at=parse_time(doc["at"]), requested=doc["requested"], completed=doc["completed"],
+        failed=doc["failed"], started_at=None if started is None else parse_time(started),
+        exit_code=doc.get("exit_code"), proofs_per_hour=doc.get("proofs_per_hour"),
+        seconds_per_proof=doc.get("seconds_per_proof"), proof_type=doc.get("proof_type"),
+        concurrency=doc.get("concurrency"), image_digest=doc.get("image_digest"),
+        log_tail=tuple(doc.get("log_tail", ())))
+
+
+_INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
+                 "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                 "ON CONFLICT (instance_id, fingerprint) DO NOTHING")
+
+
+@dataclass(frozen=True)
+class _StoredEvent:
+    """An event as written: redacted, its identity (fingerprint of the redacted document) and its row."""
+
+    progress: bool
+    fingerprint: str
+    #: phase, status, at, received_at, exit_code, message, log_tail, details, fingerprint
+    row: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], received_at: str) -> _StoredEvent:
+        event = _redacted_event(doc)
+        fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
+        return cls(event["status"] == "progress", fingerprint,
+                   (event["phase"], event["status"], _iso(parse_time(event["at"])), received_at,
+                    event.get("exit_code"), event.get("message"), _canonical(event["log_tail"]),
+                    _canonical(event["details"]), fingerprint))
+
+
+_REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu_name", "image_digest",
+                    "image_version", "hostname")
+
+
+class _PendingWrite:
+    """One queued write of a group commit (see ControllerStore._transaction)."""
+
+    __slots__ = ("body", "done", "error", "result")
+
+    def __init__(self, body: Callable[[sqlite3.Connection], Any]):
+        self.body = body
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class ControllerStore:
+    """SQLite (WAL) store of worker reports. Thread-safe: one connection behind a lock.
+
+    One connection and a lock rather than a connection per thread: SQLite serialises writers anyway,
+    every statement here is short, and a single connection cannot deadlock with itself on upgrade from
+    read to write locks. Other processes (`fleet status`) may open the same file concurrently (WAL).
+    """
+
+    def __init__(self, path: str | Path, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
+                 max_progress_events: int = 1000, max_other_events: int = 1000):
+        if ring_lines < 1:
+            raise ValueError(f"ring_lines must be >= 1, got {ring_lines}")
+        self.path = Path(path)
+        self.ring_lines = ring_lines
+        self.max_progress_events = max_progress_events
+        self.max_other_events = max_other_events
+        #: The store's clock (received_at); the controller uses it for admin actions too.
+        self.clock: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
+        self._lock = threading.Lock()  # guards the connection
+        self._queue_lock = threading.Lock()  # guards the group-commit queue
+        self._queue: list[_PendingWrite] = []
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the controller store: {exc}") from None
+        try:
+            self._configure()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path}: not a usable controller store: {exc}") from None
+
+    def _configure(self) -> None:
+        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise sqlite3.DatabaseError(f"journal_mode is {mode!r}, WAL is required")
+        # In WAL mode, synchronous=NORMAL fsyncs only at checkpoints, not on every commit. A committed
+        # transaction survives a crash of this process (SIGKILL, OOM) because the WAL is in the OS page
+        # cache; only an OS crash or power loss can roll back the last few commits, never corrupt the
+        # file. That is the right trade for ingest speed: workers keep (and resend) their own log tail.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._conn.execute("PRAGMA busy_timeout=10000")
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                for statement in _SCHEMA_V1.split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: store schema version {version} is newer than this code "
+                                 f"understands ({SCHEMA_VERSION}); upgrade the fleet package")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # --- writes ------------------------------------------------------------------------------------
+
+    def _transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run `body` in a committed transaction; return only once it is committed.
+
+        Group commit: a write queues itself, and whichever thread gets the connection runs every queued
+        write in one transaction and commits once for all. Under concurrent workers this turns N commits
+        (each a WAL append) into one; alone, a write is still its own transaction. A write's caller is
+        answered only after the COMMIT that contains it.
+        """
+        pending = _PendingWrite(body)
+        with self._queue_lock:
+            self._queue.append(pending)
+        with self._lock:
+            if not pending.done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_batch(batch)
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _commit_batch(self, batch: list[_PendingWrite]) -> None:
+        """One transaction for the whole batch. Write bodies refuse (raise StoreError) only before they
+        modify anything, so a refusal needs no savepoint. Any other failure rolls the batch back; the write
+        that broke fails alone and the others run again without it."""
+        conn = self._conn
+        current: _PendingWrite | None = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for item in batch:
+                current = item
+                try:
+                    item.result = item.body(conn)
+                except StoreError as exc:
+                    item.error = exc
+            current = None
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if current is not None and len(batch) > 1 and isinstance(exc, Exception):
+                others = [item for item in batch if item is not current]
+                for item in others:
+                    item.result, item.error = None, None
+                self._commit_batch(others)
+                current.result, current.error = None, exc
+                return
+            for item in batch:
+                item.result, item.error = None, exc
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for item in batch:
+                item.done = True
+
+    @staticmethod
+    def _writable(conn: sqlite3.Connection, instance_id: str) -> tuple[Any, ...]:
+        row = conn.execute("SELECT destroyed_at, progress_events, other_events, next_line_seq FROM instances "
+                           "WHERE instance_id = ?", (instance_id,)).fetchone()
+        if row is None:
+            raise UnknownInstance(f"instance {instance_id!r} never registered")
+        if row[0] is not None:
+            raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
+                                    "it accepts no more reports")
+        return row
+
+    def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]:
+        """Record a validated `register` document. Re-registering is a no-op apart from a counter and
+        filling fields the first registration left empty."""
+        values = [doc.get(name) for name in _REGISTER_FIELDS]
+        gpus = _canonical(list(doc.get("gpus", [])))
+        worker_at = _iso(parse_time(doc["at"]))
+        received = _iso(self.clock())
+
+        def body(conn: sqlite3.Connection) -> Literal["registered", "already-registered"]:
+            row = conn.execute("SELECT destroyed_at FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
+            if row is None:
+                conn.execute(
+                    f"INSERT INTO instances (instance_id, received_at, worker_at, {', '.join(_REGISTER_FIELDS)}, "  # noqa: S608
+                    f"gpus) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?)",
+                    (instance_id, received, worker_at, *values, gpus))
+                return "registered"
+            if row[0] is not None:
+                raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
+                                        "it cannot register again")
+            fill = ", ".join(f"{name} = COALESCE({name}, ?)" for name in _REGISTER_FIELDS)
+            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill} "  # noqa: S608
+                         "WHERE instance_id = ?", (*values, instance_id))
+            return "already-registered"
+
+        return self._transaction(body)
+
+    def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
+        """Append a validated `event` document (redacted). An identical resend is a no-op."""
+        event = _StoredEvent.of(doc, _iso(self.clock()))
+
+        def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
+            # Refusals first (nothing modified yet), then at most three statements: this is the hot path.
+            state = self._writable(conn, instance_id)
+            counts = [state[1], state[2]]
+            status = self._insert_event(conn, instance_id, event, counts)
+            if counts != [state[1], state[2]]:
+                column = "progress_events" if event.progress else "other_events"
+                conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
+                             (instance_id,))
+            return status
+
+        return self._transaction(body)
+
+    def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]) -> list[Literal["stored", "duplicate"]]:
+        """Append validated `event` documents in order, in one transaction and all or nothing: if the batch
+        is refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
+        earlier in the same batch, so a retried batch stores nothing twice. One status per event."""
+        received = _iso(self.clock())  # they arrived together
+        events = [_StoredEvent.of(doc, received) for doc in docs]
+
+        def body(conn: sqlite3.Connection) -> list[Literal["stored", "duplicate"]]:
+            # Set-wise rather than one add_event per event (same outcome, a third of the statements):
+            # find what is already stored, refuse before modifying anything, insert the rest with one
+            # executemany, then trim the progress ring once.
+            state = self._writable(conn, instance_id)
+            progress_count, other_count = state[1], state[2]
+            known = self._stored_fingerprints(conn, instance_id, [event.fingerprint for event in events])
+            statuses: list[Literal["stored", "duplicate"]] = []
+            new: list[_StoredEvent] = []
+            for event in events:
+                if event.fingerprint in known:
+                    statuses.append("duplicate")
+                else:
+                    known.add(event.fingerprint)
+                    new.append(event)
+                    statuses.append("stored")
+            new_other = sum(1 for event in new if not event.progress)
+            if new_other and other_count + new_other > self.max_other_events:
+                raise EventLimitExceeded(f"instance {instance_id!r} already sent {other_count} non-progress events "
+                                         f"and this batch has {new_other} more (limit {self.max_other_events})")
+            if not new:
+                return statuses
+            new_progress = len(new) - new_other
+            repeats_progress = any(status == "duplicate" and event.progress
+                                   for status, event in zip(statuses, events, strict=True))
+            if repeats_progress and progress_count + new_progress > self.max_progress_events:
+                # The batch evicts progress events from the ring and also repeats one: if the repeat comes after
+                # that event's eviction, one add_event per event would store it again. Rare: one by one.
+                counts = [progress_count, other_count]
+                statuses = [self._insert_event(conn, instance_id, event, counts) for event in events]
+                progress_count, other_count = counts
+            else:
+                conn.executemany(_INSERT_EVENT, [(instance_id, *event.row) for event in new])
+                # As one add_event per event would: at the limit, each new progress event evicts the oldest.
+                evicted = min(new_progress, max(0, progress_count + new_progress - self.max_progress_events))
+                if evicted:
+                    conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE instance_id = ? "
+                                 "AND status = 'progress' ORDER BY id LIMIT ?)", (instance_id, evicted))
+                progress_count, other_count = progress_count + new_progress - evicted, other_count + new_other
+            conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
+                         (progress_count, other_count, instance_id))
+            return statuses
+
+        return self._transaction(body)
+
+    @staticmethod
+    def _stored_fingerprints(conn: sqlite3.Connection, instance_id: str, fingerprints: list[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(fingerprints), 500):  # far below SQLite's limit on bound parameters
+            chunk = fingerprints[start:start + 500]
+            marks = ", ".join("?" * len(chunk))
+            found.update(row[0] for row in conn.execute(
+                f"SELECT fingerprint FROM events WHERE instance_id = ? AND fingerprint IN ({marks})",  # noqa: S608
+                (instance_id, *chunk)))
+        return found
+
+    def _insert_event(self, conn: sqlite3.Connection, instance_id: str, event: _StoredEvent,
+                      counts: list[int]) -> Literal["stored", "duplicate"]:
+        """Insert one event unless already stored; `counts` = [progress, other] events, updated in place."""
+        if not event.progress and counts[1] >= self.max_other_events:
+            if conn.execute("SELECT 1 FROM events WHERE instance_id = ? AND fingerprint = ?",
+                            (instance_id, event.fingerprint)).fetchone():
+                return "duplicate"
+            raise EventLimitExceeded(f"instance {instance_id!r} already sent {counts[1]} non-progress events "
+                                     f"(limit {self.max_other_events})")
+        inserted = conn.execute(_INSERT_EVENT, (instance_id, *event.row))
+        if inserted.rowcount == 0:
+            return "duplicate"
+        if event.progress and counts[0] >= self.max_progress_events:
+            # Progress events are a ring: the newest says where the worker is, old ones add nothing.
+            conn.execute("DELETE FROM events WHERE id = (SELECT MIN(id) FROM events WHERE instance_id = ? "
+                         "AND status = 'progress')", (instance_id,))
+        else:
+            counts[0 if event.progress else 1] += 1
+        return "stored"
+
+    def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int:
+        """Append redacted log lines to the instance's ring; returns how many older lines it evicted."""
+        clean = redact_lines(lines)
+        # Lines that would be evicted by this very batch are never written.
+        skipped = max(0, len(clean) - self.ring_lines)
+        clean = clean[skipped:]
+
+        def body(conn: sqlite3.Connection) -> int:
+            state = self._writable(conn, instance_id)
+            start = state[3] + skipped
+            conn.executemany("INSERT INTO log_lines (instance_id, seq, line) VALUES (?, ?, ?)",
+                             [(instance_id, start + i, line) for i, line in enumerate(clean)])
+            next_seq = start + len(clean)
+            evicted = conn.execute("DELETE FROM log_lines WHERE instance_id = ? AND seq < ?",
+                                   (instance_id, next_seq - self.ring_lines)).rowcount
+            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "
+                         "worker_dropped = worker_dropped + ? WHERE instance_id = ?",
+                         (next_seq, evicted + skipped, dropped, instance_id))
+            return int(evicted + skipped)
+
+        return self._transaction(body)
+
+    def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
+        """Store the validated benchmark `result` (redacted). Accepted once; see module docstring."""
+        canonical = _canonical(_redacted_result(doc))
+        received = _iso(self.clock())
+
+        def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
+            self._writable(conn, instance_id)
+            row = conn.execute("SELECT body, received_at FROM results WHERE instance_id = ?",
+                               (instance_id,)).fetchone()
+            if row is not None:
+                if row[0] == canonical:
+                    return "duplicate"
+                raise ResultConflict(f"instance {instance_id!r} already reported a different result "
+                                     f"(received {row[1]}); a result is accepted once")
+            conn.execute("INSERT INTO results (instance_id, received_at, body) VALUES (?, ?, ?)",
+                         (instance_id, received, canonical))
+            return "stored"
+
+        return self._transaction(body)
+
+    def mark_destroyed(self, instance_id: str, now: datetime) -> bool:
+        """Mark the instance destroyed (first time wins). False if it never registered."""
+        def body(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("UPDATE instances SET destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
+                               (_iso(now), instance_id))
+            return cur.rowcount > 0
+
+        return self._transaction(body)
+
+    # --- reads -------------------------------------------------------------------------------------
+
+    def _snapshot(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run the SELECTs of one read in a single transaction: a consistent view across tables."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                return body(self._conn)
+            finally:
+                self._conn.execute("COMMIT")
+
+    def tail(self, instance_id: str, n: int) -> list[str]:
+        """The last `n` stored log lines of the instance, oldest first ([] if unknown)."""
+        if n <= 0:
+            return []
+        return self._snapshot(lambda conn: self._tail(conn, instance_id, n))
+
+    @staticmethod
+    def _tail(conn: sqlite3.Connection, instance_id: str, n: int) -> list[str]:
+        rows = conn.execute("SELECT line FROM log_lines WHERE instance_id = ? ORDER BY seq DESC LIMIT ?",
+                            (instance_id, n)).fetchall()
+        return [r[0] for r in reversed(rows)]
+
+    def log_view(self, instance_id: str, n: int) -> LogView | None:
+        def body(conn: sqlite3.Connection) -> LogView | None:
+            row = conn.execute("SELECT ring_dropped + worker_dropped, destroyed_at FROM instances "
+                               "WHERE instance_id = ?", (instance_id,)).fetchone()
+            if row is None:
+                return None
+            lines = self._tail(conn, instance_id, n) if n > 0 else []
+            return LogView(instance_id, tuple(lines), row[0], _dt(row[1]))
+
+        return self._snapshot(body)
+
+    def report(self, instance_id: str) -> InstanceReport | None:
+        found = self._snapshot(lambda conn: self._load(conn, instance_id))
+        return found[0][0] if found else None
+
+    def detail(self, instance_id: str) -> tuple[InstanceReport, InstanceMeta] | None:
+        found = self._snapshot(lambda conn: self._load(conn, instance_id))
+        return found[0] if found else None
+
+    def reports(self, include_destroyed: bool = True) -> list[InstanceReport]:
+        """Every instance, ordered by first registration (controller clock)."""
+        found = self._snapshot(lambda conn: self._load(conn, None))
+        return [r for r, _ in found if include_destroyed or r.destroyed_at is None]
+
+    def _load(self, conn: sqlite3.Connection, instance_id: str | None) -> list[tuple[InstanceReport, InstanceMeta]]:
+        where, args = ("WHERE instance_id = ?", (instance_id,)) if instance_id is not None else ("", ())
+        instances = conn.execute(
+            "SELECT instance_id, received_at, worker_at, pool, slot, machine_id, host_id, contract_id, gpu_name, "  # noqa: S608
+            "image_digest, image_version, hostname, gpus, registrations, next_line_seq, ring_dropped, "
+            f"worker_dropped, destroyed_at FROM instances {where} ORDER BY received_at, instance_id",
+            args).fetchall()
+        if not instances:
+            return []
+        events: dict[str, list[tuple[PhaseEvent, datetime]]] = {}
+        event_sql = ("SELECT instance_id, phase, status, at, received_at, exit_code, message, log_tail, details "  # noqa: S608
+                     f"FROM events {where} ORDER BY id")
+        for row in conn.execute(event_sql, args):
+            event = PhaseEvent(phase=row[1], status=row[2], at=datetime.fromisoformat(row[3]), exit_code=row[5],
+                               message=row[6], log_tail=tuple(json.loads(row[7])), details=json.loads(row[8]))
+            events.setdefault(row[0], []).append((event, datetime.fromisoformat(row[4])))
+        results = {row[0]: (json.loads(row[2]), datetime.fromisoformat(row[1])) for row in conn.execute(
+            f"SELECT instance_id, received_at, body FROM results {where}", args)}  # noqa: S608
+        # One index-backed query per instance (last N by primary key) rather than a window over every
+        # stored line: the loop reads all reports each pass, and rings hold thousands of lines each.
+        tails = {row[0]: self._tail(conn, row[0], REPORT_TAIL_LINES) for row in instances}
+        out = []
+        for row in instances:
+            iid = row[0]
+            evs = events.get(iid, [])
+            result_doc, result_received = results.get(iid, (None, None))
+            report = InstanceReport(
+                instance_id=iid, registered_at=datetime.fromisoformat(row[1]), pool=row[3], slot=row[4],
+                machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
+                image_version=row[10], events=tuple(e for e, _ in evs),
+                result=None if result_doc is None else _result_from_doc(result_doc),
+                log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]))
+            meta = InstanceMeta(
+                worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
+                gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],
+                worker_dropped=row[16], event_received_at=tuple(r for _, r in evs),
+                result_received_at=result_received)
+            out.append((report, meta))
+        return out
+
+    def instance_count(self) -> int:
+        """Cheap liveness probe for /healthz (stats() counts every log line)."""
+        return int(self._snapshot(lambda conn: conn.execute("SELECT COUNT(*) FROM instances").fetchone()[0]))
+
+    def stats(self) -> dict[str, int]:
+        """Row counts per table: cheap health figures, and how tests prove a rejection stored nothing."""
+        def body(conn: sqlite3.Connection) -> dict[str, int]:
+            return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # noqa: S608
+                    for table in ("instances", "events", "results", "log_lines")}
+
+        return self._snapshot(body)
+
+    def integrity_check(self) -> list[str]:
+        """`PRAGMA integrity_check` rows: ['ok'] for a sound file."""
+        return [r[0] for r in self._snapshot(lambda conn: conn.execute("PRAGMA integrity_check").fetchall())]

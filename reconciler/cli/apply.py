@@ -1,0 +1,113 @@
+"""`fleet apply`: converge the fleet to the spec without a Pulumi engine (see `reconciler.flows.provision`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from reconciler.adapters.controller.client import admin_client_from
+from reconciler.adapters.slot_provider import (
+    SLOT_STATE_FILE,
+    SlotProvider,
+    build_marketplace,
+    describe_error,
+)
+from reconciler.domain.marketplace import Marketplace, MarketplaceError
+from reconciler.domain.slots import SlotError
+from reconciler.flows.provision import (
+    DEFAULT_SPEC,
+    DEFAULT_STATE_DIR,
+    ApplyError,
+    ApplyReport,
+    apply_fleet,
+    load_inputs,
+    read_controller_secret,
+    resolve_image,
+)
+
+
+def make_marketplace(args: argparse.Namespace, state_dir: Path) -> Marketplace:
+    if args.backend == "local":
+        if not args.machines:
+            raise ApplyError("the local backend needs --machines FILE (the declared local machines)")
+        settings: dict[str, object] = {"kind": "local", "state_dir": str(state_dir / "market"),
+                                       "machines_file": str(args.machines)}
+        if getattr(args, "worker_command", None):
+            settings["worker_command"] = shlex.split(args.worker_command)
+    else:
+        settings = {"kind": "vastai", "base_url": args.vast_base_url}
+    try:
+        return build_marketplace(settings, {})
+    except (ValueError, MarketplaceError) as exc:
+        raise ApplyError(str(exc)) from None
+
+
+def add_backend_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="fleet spec (default: %(default)s)")
+    p.add_argument("--backend", choices=("local", "vastai"), required=required, default=None,
+                   help="marketplace to act on")
+    p.add_argument("--state-dir", type=Path, default=None if not required else DEFAULT_STATE_DIR,
+                   help=f"slot state directory (default for apply: {DEFAULT_STATE_DIR})")
+    p.add_argument("--machines", type=Path, help="local backend: YAML file of declared machines")
+    p.add_argument("--image", help="local: worker-image directory (default: the spec's image.context); "
+                                   "vastai: repo@sha256:... reference")
+    p.add_argument("--image-digest", help="desired image digest (local default: sha256 over the image directory)")
+    p.add_argument("--vast-base-url", default=None, help="vast.ai API base URL (tests point it at a fake)")
+    p.add_argument("--worker-command", help=argparse.SUPPRESS)  # tests: a trivial stand-in for entrypoint.sh
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("apply", help="converge slots to the spec through the slot provider (no Pulumi engine)")
+    add_backend_arguments(p, required=True)
+    p.add_argument("--controller-secret-file", type=Path,
+                   help="file holding the controller secret (default: $FLEET_CONTROLLER_SECRET)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    try:
+        spec, records = load_inputs(args.spec, sys.stderr)
+        state_dir: Path = args.state_dir
+        image = resolve_image(args.backend, args.image, args.image_digest, spec, state_dir)
+        secret = read_controller_secret(args.controller_secret_file)
+        # With $FLEET_ADMIN_TOKEN set, destroyed instances are reported to the spec's controller.
+        notifier = admin_client_from(spec.controller.url)
+        provider = SlotProvider(make_marketplace(args, state_dir), secret,
+                                on_destroyed=(lambda out: notifier.mark_destroyed(out.instance_id)) if notifier
+                                else None)
+        report = apply_fleet(spec, records, provider, state_dir / SLOT_STATE_FILE, image, datetime.now(UTC),
+                             echo=lambda line: print(line, file=out))
+    except ApplyError as exc:
+        print(f"fleet apply: {exc}", file=sys.stderr)
+        return 1
+    except (SlotError, MarketplaceError) as exc:
+        # Observation failed: nothing was changed (never act on a failed look).
+        print(f"fleet apply: cannot observe the fleet, nothing changed: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    return summarize(report, out)
+
+
+def summarize(report: ApplyReport, out: TextIO) -> int:
+    running = len(report.slots)
+    if report.converged:
+        changed = len(report.results)
+        what = f"{changed} change(s)" if changed else "no changes"
+        print(f"converged: {running} slot(s), {what}", file=out)
+        return 0
+    if report.failed:
+        temporary = sum(r.temporary for r in report.failed)
+        print(f"not converged: {len(report.failed)} action(s) failed ({temporary} temporary: run apply again "
+              "later)", file=out)
+    if report.plan.held:
+        print(f"not converged: {len(report.plan.held)} slot(s) held by the circuit breaker "
+              f"(pools: {', '.join(sorted(report.plan.paused))})", file=out)
+    return 1

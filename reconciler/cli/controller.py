@@ -1,0 +1,149 @@
+"""`fleet controller serve|token`: run the worker-report API on its own, or mint a worker token.
+
+`serve` is the standalone shell around `reconciler.controller.ControllerServer` + `ControllerStore` (the
+reconcile loop embeds the same server in its own process). Secrets come from the environment
+(FLEET_CONTROLLER_SECRET, FLEET_ADMIN_TOKEN) or files, never from argv (visible in `ps`), and are never
+printed or logged. Without a controller secret it refuses to start: anyone could forge worker reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from reconciler.adapters.controller.protocol import INSTANCE_ID
+from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.store import ControllerStore, StoreError
+from reconciler.domain.tokens import SecretError, check_secret, instance_token
+
+SECRET_ENV = "FLEET_CONTROLLER_SECRET"  # noqa: S105 - the variable's name, not its value
+ADMIN_TOKEN_ENV = "FLEET_ADMIN_TOKEN"  # noqa: S105
+
+
+class ConfigError(Exception):
+    """A setting the command cannot run without; the message says which and how to provide it."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("controller", help="the worker-report HTTP API (serve) and worker tokens (token)")
+    actions = p.add_subparsers(dest="controller_command", required=True, metavar="ACTION")
+
+    serve = actions.add_parser("serve", help="run the controller API until SIGINT/SIGTERM")
+    serve.add_argument("--db", type=Path, required=True, help="SQLite store file (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8080, help="listen port, 0 = any free port (default: %(default)s)")
+    serve.add_argument("--secret-file", type=Path, help=f"file holding the token secret (else ${SECRET_ENV})")
+    serve.add_argument("--admin-token-file", type=Path, help=f"file holding the admin token (else ${ADMIN_TOKEN_ENV})")
+    serve.add_argument("--allow-open-reads", action="store_true",
+                       help="serve GET /api/... without the admin token (local demo on loopback only)")
+    serve.add_argument("--allow-unclaimed-machine-ids", action="store_true",
+                       help="accept a machine_id without the provisioner's machine_claim (workers of a "
+                            "provisioner older than this controller); default: refuse, so a worker cannot "
+                            "get another machine recorded bad")
+    serve.add_argument("--ring-lines", type=int, default=5000,
+                       help="log lines kept per instance (default: %(default)s)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=run_serve)
+
+    token = actions.add_parser("token", help="print the worker token for an instance id")
+    token.add_argument("instance_id")
+    token.add_argument("--secret-file", type=Path, help=f"file holding the token secret (else ${SECRET_ENV})")
+    token.set_defaults(func=run_token)
+
+
+def _read_setting(file: Path | None, env: str, what: str) -> bytes | None:
+    if file is not None:
+        try:
+            value = file.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the {what} file {file}: {exc.strerror or exc}") from None
+        if not value:
+            raise ConfigError(f"the {what} file {file} is empty")
+        return value
+    from_env = os.environ.get(env, "").strip()
+    return from_env.encode("utf-8") if from_env else None
+
+
+def load_secret(file: Path | None) -> bytes:
+    secret = _read_setting(file, SECRET_ENV, "controller secret")
+    if secret is None:
+        raise ConfigError(f"no controller secret: set ${SECRET_ENV} or pass --secret-file (refusing to start: "
+                          "without it anyone could forge worker reports)")
+    try:
+        return check_secret(secret)
+    except SecretError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def load_admin_token(file: Path | None) -> str | None:
+    token = _read_setting(file, ADMIN_TOKEN_ENV, "admin token")
+    if token is None:
+        return None
+    try:
+        return check_secret(token, "admin token").decode("utf-8")
+    except (SecretError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"admin token unusable: {exc}") from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        secret = load_secret(args.secret_file)
+        admin_token = load_admin_token(args.admin_token_file)
+        if args.ring_lines < 1:
+            raise ConfigError(f"--ring-lines must be >= 1, got {args.ring_lines}")
+        store = ControllerStore(args.db, ring_lines=args.ring_lines)
+    except (ConfigError, StoreError) as exc:
+        print(f"fleet controller serve: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    if admin_token is None:
+        logging.getLogger(__name__).warning(
+            "no admin token ($%s): the read API %s and POST .../destroyed is disabled", ADMIN_TOKEN_ENV,
+            "is open (--allow-open-reads)" if args.allow_open_reads else "is disabled")
+    if args.allow_open_reads and args.host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger(__name__).warning(
+            "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
+            "logs and reports", args.host)
+    server = ControllerServer(store, secret, admin_token, args.host, args.port, allow_open_reads=args.allow_open_reads,
+                              require_machine_claim=not args.allow_unclaimed_machine_ids)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            server.start()
+        except OSError as exc:
+            print(f"fleet controller serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
+        print(f"controller listening on {server.url} (store {args.db})", flush=True)
+        stop.wait()
+    finally:
+        server.stop()
+        store.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def run_token(args: argparse.Namespace) -> int:
+    try:
+        secret = load_secret(args.secret_file)
+    except ConfigError as exc:
+        print(f"fleet controller token: {exc}", file=sys.stderr)
+        return 2
+    if not INSTANCE_ID.match(args.instance_id):
+        print(f"fleet controller token: instance id {args.instance_id!r} is not valid "
+              "(expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 characters)", file=sys.stderr)
+        return 2
+    print(instance_token(secret, args.instance_id))
+    return 0

@@ -1,0 +1,136 @@
+"""`fleet plan [--json]`: what `fleet apply` (or `pulumi up`) would do, without doing it.
+
+The PR check beside `fleet validate`: needs no credentials. With no `--state-dir` it compares the desired
+pools with the records only (bad machines known, paused pools) and says so; with `--state-dir` it also
+reads the slots a previous `fleet apply` left, refreshed from the marketplace when `--backend` is given,
+and lists the actions `planner.plan()` returns - the same planner `fleet apply` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, describe_error, load_slot_state
+from reconciler.cli.apply import add_backend_arguments, make_marketplace
+from reconciler.domain.marketplace import MarketplaceError
+from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest
+from reconciler.domain.records import RecordSet
+from reconciler.domain.slots import SlotError
+from reconciler.domain.spec import FleetSpec
+from reconciler.flows.provision import ApplyError, load_inputs, resolve_image
+
+RECORDS_ONLY_NOTE = ("no --state-dir given: showing desired pools against the records only (no running "
+                     "instances known, no actions)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="show desired pools vs records/slots and the actions apply would take")
+    add_backend_arguments(p, required=False)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec, records = load_inputs(args.spec, sys.stderr)
+        observed: dict[str, ObservedSlot] | None = None
+        digest: str | None = args.image_digest
+        notes: list[str] = []
+        if args.state_dir is not None:
+            stored = load_slot_state(args.state_dir / SLOT_STATE_FILE)
+            if args.backend:
+                market = make_marketplace(args, args.state_dir)
+                # The secret only mints tokens at create time; plan never creates.
+                observed = SlotProvider(market, b"plan-creates-nothing").observe(stored)
+                digest = resolve_image(args.backend, args.image, args.image_digest, spec, args.state_dir).digest
+            else:
+                observed = {s: o.observed() for s, o in stored.items()}
+                notes.append("no --backend given: slot statuses as the last apply recorded them")
+        if digest is None:
+            notes.append("desired image digest unknown (give --image/--image-digest): image changes not planned")
+    except ApplyError as exc:
+        print(f"fleet plan: {exc}", file=sys.stderr)
+        return 1
+    except (SlotError, MarketplaceError) as exc:
+        print(f"fleet plan: cannot observe the fleet: {describe_error(exc)}", file=sys.stderr)
+        return 1
+
+    now = datetime.now(UTC)
+    slot_plan = plan(spec, observed or {}, records, digest, now) if observed is not None else None
+    if observed is None:
+        notes.insert(0, RECORDS_ONLY_NOTE)
+    rows = pool_rows(spec, records, observed, slot_plan, digest)
+    all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
+    if args.json:
+        doc: dict[str, Any] = {
+            "spec": str(args.spec), "records_only": observed is None, "image_digest": digest, "pools": rows,
+            "actions": [asdict(a) for a in slot_plan.actions] if slot_plan else [],
+            "converged": slot_plan.converged if slot_plan else None, "notes": all_notes,
+            "record_problems": list(records.problems)}
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print_table(rows)
+    if slot_plan:
+        for action in slot_plan.actions:
+            if action.kind != "keep" or action.reason:
+                detail = f"{action.reason}: {action.detail}" if action.detail else action.reason
+                print(f"  {action.kind:<7} {action.slot:<20} {detail}")
+        if slot_plan.converged:
+            print("no changes: slots match the spec")
+    for note in all_notes:
+        print(f"note: {note}")
+    return 0
+
+
+def pause_notes(spec: FleetSpec, records: RecordSet, digest: str | None, now: datetime) -> list[str]:
+    out = []
+    for pool in spec.pools:
+        pause = pool_pause(pool.name, records, digest)
+        if pause:
+            out.append(pause.describe(now))
+    if digest is None:
+        for suspect in records.suspect_images().values():
+            pools = ", ".join(suspect.pools) or "every pool"
+            out.append(f"image {short_digest(suspect.image_digest)} is suspect ({suspect.signature!r}): "
+                       f"{pools} paused while it is the desired image")
+    return out
+
+
+def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedSlot] | None,
+              slot_plan: SlotPlan | None, digest: str | None) -> list[dict[str, Any]]:
+    bad = records.bad_machine_ids()
+    rows = []
+    for pool in spec.pools:
+        bad_known = sorted(m for m in bad if (rec := records.machines.get(m)) is None
+                           or rec.gpu_name in (None, pool.gpu_name))
+        running = None
+        if observed is not None:
+            running = sum(1 for o in observed.values() if o.pool == pool.name and o.status in ("running", "loading"))
+        actions: Counter[str] = Counter()
+        if slot_plan:
+            actions.update(a.kind for a in slot_plan.actions if a.pool == pool.name and a.kind != "keep")
+        rows.append({
+            "pool": pool.name, "gpu": pool.gpu_name, "desired": pool.count, "running": running,
+            "bad_machines_known": len(bad_known), "paused": pool_pause(pool.name, records, digest) is not None,
+            "actions": dict(sorted(actions.items())),
+        })
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = ("POOL", "GPU", "DESIRED", "RUNNING", "BAD KNOWN", "PAUSED", "ACTIONS")
+    lines = [header]
+    for r in rows:
+        acts = ", ".join(f"{k} {v}" for k, v in r["actions"].items()) or "-"
+        lines.append((r["pool"], r["gpu"], str(r["desired"]), "?" if r["running"] is None else str(r["running"]),
+                      str(r["bad_machines_known"]), "yes" if r["paused"] else "no", acts))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

@@ -1,0 +1,168 @@
+"""`fleet reconcile`: the long-running judge. Each pass reads worker reports from the controller store,
+judges finished benchmarks and commits records with trailers to the fleet repo (see reconciler/loop.py).
+
+Works in a dedicated bot clone (`--workdir`, cloned from `--repo` on first use; its unpushed commits and
+record-dir edits are discarded on every sync). `--once` runs one pass (exit 1 if it stalled, could not
+observe or could not push); otherwise passes repeat every `--interval` seconds until SIGINT/SIGTERM.
+`--listen host:port` also serves the controller HTTP API on the same store in this process. After every
+pass its result is written to `<workdir>.last-pass.json`, which `fleet status --workdir` shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
+from reconciler.adapters.record_files import RecordCache, write_text_atomic
+from reconciler.domain.records import RecordError, check_image_digest
+from reconciler.flows.judge import PassResult, run, run_pass
+
+IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
+
+
+def last_pass_path(workdir: Path) -> Path:
+    """Beside the clone, not in it: the bot's work tree holds only what git tracks."""
+    workdir = Path(workdir)
+    return workdir.parent / f"{workdir.name}.last-pass.json"
+
+
+def desired_digest_arg(value: str | None) -> str | None:
+    """--image-digest, else $FLEET_IMAGE_DIGEST, else None (stale-image checks off)."""
+    value = value if value is not None else os.environ.get(IMAGE_DIGEST_ENV) or None
+    return check_image_digest(value) if value else None
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"--listen {text!r}: expected host:port, e.g. 127.0.0.1:8080")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("reconcile", help="judge benchmarks and commit machine records (one pass or a loop)")
+    p.add_argument("--repo", required=True, help="fleet repo URL or path (cloned into --workdir if needed)")
+    p.add_argument("--workdir", type=Path, required=True, help="the reconciler's own clone")
+    p.add_argument("--controller-db", type=Path, required=True, help="controller store (SQLite)")
+    p.add_argument("--branch", default="main", help="branch to judge and push (default: %(default)s)")
+    p.add_argument("--once", action="store_true", help="run a single pass and exit")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default: %(default)s)")
+    p.add_argument("--image-digest", default=None,
+                   help=f"desired worker image digest sha256:<hex> (default: ${IMAGE_DIGEST_ENV}; none = no "
+                        "stale-image checks)")
+    p.add_argument("--listen", type=_listen_address, default=None, metavar="HOST:PORT",
+                   help="also serve the controller HTTP API on the same store (secrets from "
+                        "$FLEET_CONTROLLER_SECRET / $FLEET_ADMIN_TOKEN)")
+    p.add_argument("--json", action="store_true", help="print each pass result as one JSON line")
+    p.set_defaults(func=run_command)
+
+
+def _open_git(args: argparse.Namespace) -> GitStore:
+    workdir: Path = args.workdir
+    if (workdir / ".git").exists():
+        return GitStore(workdir, branch=args.branch)
+    if workdir.exists() and any(workdir.iterdir()):
+        raise GitStoreError(f"{workdir} exists, is not empty and is not a git clone; choose an empty --workdir")
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    return GitStore.clone(args.repo, workdir, branch=args.branch)
+
+
+def _report(result: PassResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_json()), flush=True)
+        return
+    print(f"{datetime.now(UTC).strftime('%H:%M:%S')} {result.headline()}", flush=True)
+    for v in result.verdicts:
+        print(f"  {v.instance_id} machine {v.machine_id}: {v.root_cause()}", flush=True)
+    for note in result.notes:
+        print(f"  note: {note}", flush=True)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from reconciler.adapters.store import ControllerStore, StoreError
+
+    try:
+        desired = desired_digest_arg(args.image_digest)
+    except RecordError as exc:
+        print(f"fleet reconcile: --image-digest / ${IMAGE_DIGEST_ENV}: {exc}", file=sys.stderr)
+        return 2
+    if args.interval <= 0:
+        print(f"fleet reconcile: --interval must be > 0 seconds, got {args.interval:g}", file=sys.stderr)
+        return 2
+    if args.listen is None and not args.controller_db.is_file():
+        print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
+              "pass --listen to serve it from this process)", file=sys.stderr)
+        return 1
+    try:
+        git = _open_git(args)
+        store = ControllerStore(args.controller_db)
+    except (GitStoreError, TemporaryGitError, StoreError) as exc:
+        print(f"fleet reconcile: {exc}", file=sys.stderr)
+        return 1
+    server: Any = None
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+    try:
+        if args.listen is not None:
+            server = _start_controller(store, args.listen)
+            if server is None:
+                return 2
+        status_file = last_pass_path(git.workdir)
+        # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
+        record_cache = None if args.once else RecordCache()
+
+        def one_pass(now: datetime) -> PassResult:
+            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache)
+
+        def on_pass(result: PassResult) -> None:
+            write_text_atomic(status_file, json.dumps(result.to_json(), indent=2) + "\n")
+            _report(result, args.json)
+
+        if args.once:
+            result = one_pass(datetime.now(UTC))
+            on_pass(result)
+            return 0 if result.ok else 1
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        run(one_pass, interval_s=args.interval, stop_event=stop, clock=lambda: datetime.now(UTC), on_pass=on_pass)
+        return 0
+    finally:
+        if server is not None:
+            server.stop()
+        store.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_controller(store: Any, address: tuple[str, int]) -> Any:
+    """The controller API on `address`, sharing `store`; None (after saying why) if it cannot start."""
+    from reconciler.adapters.controller.server import ControllerServer
+    from reconciler.cli.controller import ConfigError, load_admin_token, load_secret
+
+    try:
+        secret = load_secret(None)
+        admin_token = load_admin_token(None)
+    except ConfigError as exc:
+        print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
+        return None
+    server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True)
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"fleet reconcile --listen: cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return None
+    print(f"controller listening on {server.url} (store {store.path})", flush=True)
+    return server

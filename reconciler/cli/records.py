@@ -1,0 +1,122 @@
+"""`fleet records`: what the reconciler remembers, read from the record files under the spec directory.
+
+Bad machines (excluded from every offer query) with the verdict that made them bad, measured
+throughput per machine (what offer ranking uses), tripped image circuit breakers, and record files
+that cannot be read (exit 1: they are excluded from offers until a human fixes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from reconciler.adapters.record_files import load_records
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
+
+REASON_WIDTH = 100
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("records", help="bad machines, measured throughput, image suspects, unreadable records")
+    p.add_argument("--spec-dir", type=Path, default=Path("fleet-spec"), help="spec directory (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec_dir: Path = args.spec_dir
+    if not spec_dir.is_dir():
+        print(f"fleet records: {spec_dir} is not a directory (use --spec-dir)", file=sys.stderr)
+        return 1
+    records = load_records(spec_dir)
+    if args.json:
+        json.dump(to_json(records), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(records, spec_dir))
+    for problem in records.problems:
+        print(f"fleet records: unreadable record: {problem}", file=sys.stderr)
+    return 1 if records.problems else 0
+
+
+def deciding_entry(record: MachineRecord) -> BenchmarkEntry | None:
+    """The verdict behind the record's status: newest entry that marked it bad (if bad), else the newest."""
+    if record.is_bad:
+        for entry in reversed(record.benchmarks):
+            if entry.marks_bad:
+                return entry
+    return record.benchmarks[-1] if record.benchmarks else None
+
+
+def to_json(records: RecordSet) -> dict[str, Any]:
+    bad = []
+    for rec in _bad(records):
+        entry = deciding_entry(rec)
+        bad.append({"machine_id": rec.machine_id, "host_id": rec.host_id, "gpu_name": rec.gpu_name,
+                    "verdict": entry.verdict if entry else None, "reason": entry.reason if entry else rec.note,
+                    "at": entry.at if entry else None, "instance_id": entry.instance_id if entry else None})
+    return {
+        "counts": _counts(records),
+        "bad_machines": bad,
+        "perf": [vars(p).copy() for p in _perf(records)],
+        "image_suspects": [img.to_yaml_dict() for img in records.images.values()],
+        "problems": list(records.problems),
+    }
+
+
+def render_text(records: RecordSet, spec_dir: Path) -> str:
+    counts = _counts(records)
+    by_status = ", ".join(f"{n} {s}" for s, n in counts["machines_by_status"].items())
+    out = [f"{spec_dir}: {counts['machines']} machine record(s)" + (f" ({by_status})" if by_status else "")
+           + f", {counts['image_suspects_active']} active image suspect(s), {len(records.problems)} unreadable"]
+    bad_rows = []
+    for rec in _bad(records):
+        e = deciding_entry(rec)
+        bad_rows.append([rec.machine_id, rec.host_id or "-", rec.gpu_name or "-", e.verdict if e else "-",
+                         e.at if e else "-", _clip((e.reason if e else rec.note) or "set bad by hand")])
+    out += ["", f"Bad machines ({len(bad_rows)}): excluded from every offer query"]
+    out += _table(["MACHINE", "HOST", "GPU", "LAST VERDICT", "DATE", "REASON"], bad_rows) if bad_rows else ["  none"]
+    perf_rows = [[p.machine_id, p.gpu_name or "-", f"{p.median_proofs_per_hour:.1f}", f"{p.last_proofs_per_hour:.1f}",
+                  str(p.samples)] for p in _perf(records)]
+    out += ["", f"Measured throughput ({len(perf_rows)} machine(s), proofs/hour)"]
+    out += _table(["MACHINE", "GPU", "MEDIAN", "LAST", "SAMPLES"], perf_rows) if perf_rows else ["  none"]
+    img_rows = [[img.image_digest[:19], img.status, img.signature, ",".join(img.machines), img.tripped_at,
+                 _clip(img.reason)] for img in records.images.values()]
+    out += ["", f"Image suspects ({len(img_rows)})"]
+    out += _table(["DIGEST", "STATUS", "SIGNATURE", "MACHINES", "TRIPPED", "REASON"], img_rows) if img_rows \
+        else ["  none"]
+    if records.problems:
+        out += ["", f"Unreadable records ({len(records.problems)}): excluded from offers until fixed"]
+        out += [f"  {p}" for p in records.problems]
+    return "\n".join(out) + "\n"
+
+
+def _bad(records: RecordSet) -> list[MachineRecord]:
+    return sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id)
+
+
+def _perf(records: RecordSet) -> list[Any]:
+    return sorted(records.perf_history().values(), key=lambda p: (-p.median_proofs_per_hour, p.machine_id))
+
+
+def _counts(records: RecordSet) -> dict[str, Any]:
+    by_status: dict[str, int] = {}
+    for rec in records.machines.values():
+        by_status[rec.status] = by_status.get(rec.status, 0) + 1
+    return {"machines": len(records.machines), "machines_by_status": dict(sorted(by_status.items())),
+            "image_suspects_active": len(records.suspect_images()), "unreadable": len(records.problems)}
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_WIDTH else text[:REASON_WIDTH - 3] + "..."
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    return ["  " + "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in [headers, *rows]]

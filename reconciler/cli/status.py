@@ -1,0 +1,127 @@
+"""`fleet status`: the fleet at a glance (see `reconciler.domain.status` for the data and
+`reconciler.render` for the text and HTML layouts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from reconciler.adapters.record_files import load_records
+from reconciler.adapters.spec_files import load_spec
+from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.records import RecordError
+from reconciler.domain.spec import SpecError
+from reconciler.domain.status import FleetStatus, status_view
+from reconciler.render.text import render_text
+
+# --- command -----------------------------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="pools, guards, instance timelines and root causes")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workdir", type=Path, help="the reconciler's clone (reads <workdir>/fleet-spec and "
+                                                    "the loop's last pass)")
+    where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
+    p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
+    p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
+    output = p.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_argument("--html", type=Path, metavar="FILE",
+                        help="write a self-contained static HTML status page to FILE (also written, with the "
+                             "problem shown, when the spec is stalled or the controller store is unreadable)")
+    p.add_argument("--at", type=_instant, default=None, metavar="TIME",
+                   help="judge deadlines as of this UTC time (ISO 8601, e.g. 2026-12-02T22:00:00Z) instead of now: "
+                        "replays what the status was at an incident")
+    p.set_defaults(func=run)
+
+
+def _instant(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--at {text!r}: not an ISO 8601 time (e.g. 2026-12-02T22:00:00Z)") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"--at {text!r}: give the time zone (Z for UTC)")
+    return value.astimezone(UTC)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.cli.reconcile import desired_digest_arg, last_pass_path
+
+    spec_dir: Path = args.workdir / "fleet-spec" if args.workdir else (args.spec_dir or Path("fleet-spec"))
+    html_out: Path | None = args.html
+    try:
+        desired = desired_digest_arg(args.image_digest)
+    except RecordError as exc:
+        print(f"fleet status: --image-digest / $FLEET_IMAGE_DIGEST: {exc}", file=sys.stderr)
+        return 2
+    last_pass = None
+    if args.workdir is not None:
+        try:
+            last_pass = json.loads(last_pass_path(args.workdir).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            last_pass = None
+    now = args.at or datetime.now(UTC)
+    try:
+        spec = load_spec(spec_dir / "fleet.yaml")
+    except SpecError as exc:
+        print(f"fleet status: stalled: {exc}", file=sys.stderr)
+        if html_out is not None:
+            # A page that vanishes when the spec breaks hides the one thing the reader must know.
+            stalled = FleetStatus(at=format_time(now), pools=(), instances=(), suspects=(),
+                                  record_problems=load_records(spec_dir).problems, last_pass=last_pass,
+                                  notes=(f"spec stalled: {exc}",), desired_image_digest=desired)
+            _write_html(html_out, stalled, spec_dir / "fleet.yaml")
+        return 1
+    reports: list[InstanceReport] = []
+    observation_error: str | None = None
+    if args.controller_db is not None:
+        from reconciler.adapters.store import ControllerStore, StoreError
+
+        if not args.controller_db.is_file():
+            observation_error = f"{args.controller_db}: no controller store there"
+        else:
+            try:
+                store = ControllerStore(args.controller_db)
+                try:
+                    reports = store.reports()
+                finally:
+                    store.close()
+            except StoreError as exc:
+                observation_error = str(exc)
+    if observation_error is not None:
+        print(f"fleet status: {observation_error}", file=sys.stderr)
+        if html_out is None:
+            return 1
+    notes = () if observation_error is None else (f"observation failed, instances not shown: {observation_error}",)
+    view = status_view(spec, load_records(spec_dir), reports, now,
+                       desired_image_digest=desired, last_pass=last_pass, notes=notes)
+    if html_out is not None:
+        written = _write_html(html_out, view, spec_dir / "fleet.yaml")
+        return 1 if observation_error is not None or not written else 0
+    if args.json:
+        json.dump(view.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(view))
+    return 0
+
+
+def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:
+    from reconciler.adapters.record_files import write_text_atomic
+    from reconciler.render.html import render_html
+
+    try:
+        # Atomic: a web server serving the file never sends a half-written page.
+        write_text_atomic(path, render_html(view, spec_source=str(spec_source)))
+    except OSError as exc:
+        print(f"fleet status: --html {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    print(f"fleet status: wrote {path} ({len(view.pools)} pools, {len(view.instances)} instances, "
+          f"{len(view.bad_machines)} bad machines)")
+    return True

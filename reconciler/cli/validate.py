@@ -1,0 +1,45 @@
+"""`fleet validate [PATH]`: the PR check for the fleet spec. Every problem, one line each, exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from reconciler.adapters.spec_files import check_spec_text
+from reconciler.domain.spec import SpecProblem
+
+DEFAULT_SPEC = Path("fleet-spec/fleet.yaml")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="check a fleet spec against the schema and semantic rules")
+    p.add_argument("path", nargs="?", type=Path, default=DEFAULT_SPEC, help="spec file (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path: Path = args.path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = "file not found" if isinstance(exc, FileNotFoundError) else f"cannot read: {exc}"
+        spec, problems = None, [SpecProblem(str(path), "$", reason)]
+    else:
+        spec, problems = check_spec_text(text, str(path))
+    errors = [p for p in problems if p.severity == "error"]
+    if args.json:
+        json.dump({"valid": spec is not None, "problems": [p.to_json() for p in problems]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for p in problems:
+            print(p, file=sys.stderr if p.severity == "error" else sys.stdout)
+        if spec is not None:
+            slots = sum(pool.count for pool in spec.pools)
+            print(f"{path}: ok: {len(spec.pools)} pool(s), {slots} slot(s)"
+                  + (f", {len(problems)} warning(s)" if problems else ""))
+        else:
+            print(f"{path}: {len(errors)} error(s)", file=sys.stderr)
+    return 0 if spec is not None else 1

@@ -1,0 +1,52 @@
+"""`fleet why MACHINE_ID`: the audit trail of one machine, read from git (see `reconciler.flows.why`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path, PurePosixPath
+
+from reconciler.adapters.git import GitStore, GitStoreError
+from reconciler.domain.records import RecordError, check_machine_id
+from reconciler.flows.why import DEFAULT_TAIL, explain, render_text, to_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("why", help="why a machine was judged as it was: its verdict commits and evidence")
+    p.add_argument("machine_id", help="marketplace machine id, e.g. 40213")
+    p.add_argument("--repo", type=Path, default=None, help="git checkout to read (default: the current one)")
+    p.add_argument("--spec-dir", default="fleet-spec", help="spec directory inside the repo (default: %(default)s)")
+    p.add_argument("--tail", type=int, default=DEFAULT_TAIL, help="log lines shown per verdict (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        machine_id = check_machine_id(args.machine_id)
+    except RecordError as exc:
+        print(f"fleet why: {exc}", file=sys.stderr)
+        return 2
+    spec_dir = PurePosixPath(args.spec_dir).as_posix()
+    record_path = f"{spec_dir}/machines/{machine_id}.yaml"
+    try:
+        with GitStore.discover(args.repo or Path.cwd()) as store:
+            commits = store.history_for_machine(machine_id, ref="HEAD", spec_dir=spec_dir)
+            current = store.file_at("HEAD", record_path)
+            last = store.last_change(record_path, ref="HEAD")
+    except GitStoreError as exc:
+        print(f"fleet why: {exc}", file=sys.stderr)
+        return 2
+    history = explain(machine_id, record_path, commits, current, last)
+    if history.status == "unknown":
+        print(f"fleet why: machine {machine_id} is unknown in {store.workdir}: no {record_path} and no commit "
+              f"with a 'Fleet-Machine: {machine_id}' trailer on the checked-out branch", file=sys.stderr)
+        return 1
+    if args.json:
+        json.dump(to_json(history), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(history, max(0, args.tail)))
+    return 0

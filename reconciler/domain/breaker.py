@@ -1,0 +1,197 @@
+"""Circuit breaker and kill budget: the guards between a verdict and a machine marked bad.
+
+Pure, used by `loop.decide` after `verdict.judge` and by `fleet status` to show both guards' state.
+
+Circuit breaker: when the same image digest fails with the same signature on K distinct machines within
+the window (spec.circuit_breaker), the image - not the machines - is the suspect. From then on every
+failure with that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), and an
+image-suspect record names the pools, machines and instances; the planner pauses a pool while an active
+suspect for the desired digest names it (`planner.pool_pause`). Only failures with a log signature (or a
+fallback signature such as `timeout`) correlate; below-min-rate is a measurement of one machine and never
+trips it. Humans clear a suspect with `status: cleared`: the failures the record already lists are then
+forgiven, and only K NEW machines trip it again. A deleted record is forgotten: the next failure with that
+digest + signature re-counts the whole window (like a pardoned machine, only a NEW failure re-adds it).
+
+Kill budget: per pool, at most `spec.kill_budget.allowed(pool.count)` machines newly marked bad within
+the window; further machine-blamed verdicts are recorded with `held_by: kill-budget` (blame kept, not
+bad) so a human can look before more capacity is thrown away. A machine already bad costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from reconciler.domain.observations import format_time, parse_time
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet, check_image_digest
+from reconciler.domain.spec import FleetSpec
+from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
+
+#: Verdicts that say "this attempt broke"; below-min-rate and stale-image never correlate.
+CORRELATED_VERDICTS = frozenset({"benchmark-error", "timeout", "params-failed"})
+_SIG_SEPARATOR = ", "
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt, reduced to what the breaker correlates on."""
+
+    machine_id: str
+    instance_id: str
+    pool: str | None
+    image_digest: str
+    signature: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class KillBudget:
+    pool: str
+    allowed: int
+    used: tuple[str, ...]  # machines newly marked bad within the window
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.used) >= self.allowed
+
+
+@dataclass(frozen=True)
+class GuardOutcome:
+    """Verdicts after both guards, plus the image-suspect records to write (new or grown)."""
+
+    verdicts: tuple[Verdict, ...]
+    image_records: Mapping[str, ImageSuspectRecord] = field(default_factory=dict)
+    kill_budgets: Mapping[str, KillBudget] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
+    """An image record may carry several signatures (each tripped on its own), joined by ', '."""
+    return frozenset(s.strip() for s in record.signature.split(_SIG_SEPARATOR) if s.strip())
+
+
+def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
+    if entry.verdict not in CORRELATED_VERDICTS or not entry.signature or not entry.image_digest:
+        return None
+    try:
+        at = parse_time(entry.at)
+    except ValueError:
+        return None
+    return Failure(machine_id, entry.instance_id, entry.pool, entry.image_digest, entry.signature, at)
+
+
+def verdict_failure(v: Verdict) -> Failure | None:
+    if v.verdict not in CORRELATED_VERDICTS or not v.signature or not v.image_digest or not v.machine_id:
+        return None
+    return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)
+
+
+def recorded_failures(records: RecordSet) -> list[Failure]:
+    out = []
+    for rec in records.machines.values():
+        for entry in rec.benchmarks:
+            failure = _entry_failure(rec.machine_id, entry)
+            if failure is not None:
+                out.append(failure)
+    return out
+
+
+def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str, KillBudget]:
+    """Per pool: machines newly marked bad within the kill-budget window (from the records)."""
+    since = now - timedelta(hours=spec.kill_budget.window_hours)
+    used: dict[str, set[str]] = {p.name: set() for p in spec.pools}
+    for rec in records.machines.values():
+        for entry in rec.benchmarks:
+            if entry.marks_bad and entry.pool in used and _at(entry) >= since:
+                used[entry.pool].add(rec.machine_id)
+    return {p.name: KillBudget(p.name, spec.kill_budget.allowed(p.count), tuple(sorted(used[p.name])))
+            for p in spec.pools}
+
+
+def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict], now: datetime) -> GuardOutcome:
+    """Run each new verdict, in order, through the circuit breaker, then the kill budget."""
+    window = timedelta(hours=spec.circuit_breaker.window_hours)
+    history = [f for f in recorded_failures(records) if f.at >= now - window]
+    images: dict[str, ImageSuspectRecord] = dict(records.images)
+    changed: dict[str, ImageSuspectRecord] = {}
+    budgets = kill_budgets(spec, records, now)
+    used = {pool: set(b.used) for pool, b in budgets.items()}
+    already_bad = records.bad_machine_ids()
+    notes: list[str] = []
+    out: list[Verdict] = []
+    for v in verdicts:
+        failure = verdict_failure(v)
+        if failure is not None:
+            history.append(failure)
+            record = images.get(failure.image_digest)
+            if record is not None and record.active and failure.signature in signatures_of(record):
+                record = _grow(record, [failure])
+                images[failure.image_digest] = changed[failure.image_digest] = record
+                v = v.held(HELD_BY_CIRCUIT_BREAKER)
+            else:
+                tripped = _trip(spec, record, history, failure, now)
+                if tripped is not None:
+                    images[failure.image_digest] = changed[failure.image_digest] = tripped
+                    notes.append(f"circuit breaker tripped: {tripped.reason}")
+                    v = v.held(HELD_BY_CIRCUIT_BREAKER)
+        machine, pool = v.machine_id, v.pool
+        if v.marks_bad and machine and pool in used and machine not in already_bad:
+            pool_used = used[pool]
+            allowed = budgets[pool].allowed
+            if machine not in pool_used and len(pool_used) >= allowed:
+                notes.append(f"kill budget of pool {pool} exhausted ({len(pool_used)}/{allowed} machines "
+                             f"marked bad within {spec.kill_budget.window_hours:g}h): machine {machine} "
+                             "not marked bad")
+                v = v.held(HELD_BY_KILL_BUDGET)
+            else:
+                pool_used.add(machine)
+        out.append(v)
+    final_budgets = {pool: replace(b, used=tuple(sorted(used[pool]))) for pool, b in budgets.items()}
+    return GuardOutcome(tuple(out), changed, final_budgets, tuple(notes))
+
+
+def _trip(spec: FleetSpec, record: ImageSuspectRecord | None, history: Iterable[Failure], failure: Failure,
+          now: datetime) -> ImageSuspectRecord | None:
+    forgiven = frozenset(record.instances) if record is not None and not record.active else frozenset()
+    same = [f for f in history
+            if (f.image_digest, f.signature) == (failure.image_digest, failure.signature)
+            and f.instance_id not in forgiven]
+    machines = sorted({f.machine_id for f in same})
+    if len(machines) < spec.circuit_breaker.distinct_machines:
+        return None
+    try:
+        check_image_digest(failure.image_digest)
+    except RecordError:
+        return None  # a digest we cannot name a record after; the verdicts stand as judged
+    pools = sorted({f.pool for f in same if f.pool})
+    reason = (f"{failure.signature} on {len(machines)} distinct machines ({', '.join(machines)}) within "
+              f"{spec.circuit_breaker.window_hours:g}h with image {failure.image_digest[:19]}: pools "
+              f"{', '.join(pools) or '-'} paused; machines are not marked bad for this failure")
+    if record is not None and record.active:
+        # Another signature already tripped on this digest: one record per digest carries both.
+        grown = _grow(record, same)
+        return replace(grown, signature=_SIG_SEPARATOR.join(sorted(signatures_of(record) | {failure.signature})),
+                       reason=f"{record.reason}; {reason}")
+    return ImageSuspectRecord(image_digest=failure.image_digest, signature=failure.signature, status="suspect",
+                              machines=tuple(machines), tripped_at=format_time(now), pools=tuple(pools),
+                              instances=tuple(sorted({f.instance_id for f in same})), reason=reason)
+
+
+def _grow(record: ImageSuspectRecord, failures: Iterable[Failure]) -> ImageSuspectRecord:
+    failures = list(failures)
+    return replace(record,
+                   machines=_merged(record.machines, (f.machine_id for f in failures)),
+                   instances=_merged(record.instances, (f.instance_id for f in failures)),
+                   pools=_merged(record.pools, (f.pool for f in failures if f.pool)))
+
+
+def _merged(existing: Iterable[str], new: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(existing) | set(new)))
+
+
+def _at(entry: BenchmarkEntry) -> datetime:
+    try:
+        return parse_time(entry.at)
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)  # unreadable time: outside every window

@@ -1,0 +1,159 @@
+"""Judging one pass, pure: spec, reports, records, the instances already judged and `now` in; verdicts,
+record changes and the commit message out. Called by `reconciler.flows.judge.run_pass` on a freshly synced
+tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from reconciler.domain.breaker import KillBudget, apply_guards
+from reconciler.domain.observations import InstanceReport
+from reconciler.domain.records import (
+    ImageSuspectRecord,
+    MachineRecord,
+    RecordError,
+    RecordSet,
+    check_machine_id,
+)
+from reconciler.domain.spec import FleetSpec, PoolSpec
+from reconciler.domain.verdict import Verdict, judge
+
+INSTANCE_TRAILER = "Fleet-Instance"
+
+
+# --- decide (pure) ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassDecision:
+    """Everything one pass concluded, as data; `flows.judge.commit_request` makes it a commit."""
+
+    verdicts: tuple[Verdict, ...] = ()
+    machine_records: Mapping[str, MachineRecord] = field(default_factory=dict)
+    image_records: Mapping[str, ImageSuspectRecord] = field(default_factory=dict)
+    pending: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    kill_budgets: Mapping[str, KillBudget] = field(default_factory=dict)
+
+    @property
+    def recorded(self) -> tuple[Verdict, ...]:
+        """Verdicts that land in a machine record (the rest are notes: no usable machine id)."""
+        return tuple(v for v in self.verdicts if v.machine_id in self.machine_records)
+
+    def summary(self) -> str:
+        recorded = self.recorded
+        bad = [v for v in recorded if v.marks_bad]
+        held = [v for v in recorded if v.held_by]
+        parts = []
+        if len(bad) == 1:
+            parts.append(f"1 bad: machine {bad[0].machine_id} {bad[0].reason}")
+        elif bad:
+            parts.append(f"{len(bad)} bad: machines {', '.join(sorted({str(v.machine_id) for v in bad}))}")
+        if held:
+            parts.append(f"{len(held)} held by {'/'.join(sorted({str(v.held_by) for v in held}))}")
+        for digest, rec in sorted(self.image_records.items()):
+            parts.append(f"image {digest[:19]} {rec.status}: {rec.signature}")
+        noun = "verdict" if len(recorded) == 1 else "verdicts"
+        detail = f" ({'; '.join(parts)})" if parts else ""
+        return f"fleet: {len(recorded)} {noun}{detail}"
+
+    def body(self) -> str:
+        lines = []
+        for v in self.recorded:
+            host = f"host {v.host_id}, " if v.host_id else ""
+            lines.append(f"- machine {v.machine_id} ({host}{v.gpu_name or 'unknown GPU'}, pool {v.pool}) "
+                         f"instance {v.instance_id}: {v.root_cause()}")
+        for rec in self.image_records.values():
+            lines.append(f"- image {rec.image_digest} {rec.status}: {rec.reason}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        recorded = self.recorded
+        out: list[tuple[str, str]] = []
+        out += [("Fleet-Machine", m) for m in _unique(str(v.machine_id) for v in recorded)]
+        out += [("Fleet-Verdict", verdict) for verdict in _unique(v.verdict for v in recorded)]
+        out += [("Fleet-Image", d) for d in sorted(self.image_records)]
+        out += [(INSTANCE_TRAILER, v.instance_id) for v in recorded]
+        return tuple(out)
+
+
+def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
+           judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime) -> PassDecision:
+    """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records."""
+    judged = set(judged_instance_ids)
+    for rec in records.machines.values():
+        judged |= rec.judged_instances()
+    machines: dict[str, MachineRecord] = dict(records.machines)
+    notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
+    pending: list[str] = []
+    candidates: list[Verdict] = []
+    unrecordable: list[Verdict] = []
+    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+        if report.instance_id in judged:
+            continue
+        pool = _pool(spec, report.pool)
+        if pool is None:
+            notes.append(f"instance {report.instance_id}: pool {report.pool!r} is not in the spec; not judged")
+            continue
+        machine_id = _machine_id(report.machine_id)
+        history = machines.get(machine_id) if machine_id else None
+        prior = _params_strikes(history, candidates, machine_id)
+        verdict = judge(report, pool, now, desired_image_digest=desired_image_digest, prior_params_failures=prior)
+        if verdict is None:
+            pending.append(report.instance_id)
+            continue
+        if machine_id is None:
+            notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
+                         f"{report.machine_id!r} is missing or unsafe")
+            unrecordable.append(verdict)
+        elif machine_id in records.unreadable_machine_ids:
+            notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: the record of "
+                         f"machine {machine_id} is unreadable (fix it; it is never overwritten)")
+            unrecordable.append(verdict)
+        else:
+            candidates.append(verdict)
+    guarded = apply_guards(spec, records, candidates, now)
+    notes += guarded.notes
+    changed: dict[str, MachineRecord] = {}
+    for v in guarded.verdicts:
+        assert v.machine_id is not None  # candidates all have a checked machine id
+        current = changed.get(v.machine_id) or machines.get(v.machine_id) or MachineRecord(v.machine_id)
+        changed[v.machine_id] = current.with_entry(v.to_entry(), host_id=v.host_id, gpu_name=v.gpu_name)
+    return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
+                        image_records=guarded.image_records,
+                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets)
+
+
+def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:
+    try:
+        return spec.pool(name) if name else None
+    except KeyError:
+        return None
+
+
+def _machine_id(value: str | None) -> str | None:
+    try:
+        return check_machine_id(value) if value is not None else None
+    except RecordError:
+        return None
+
+
+def _params_strikes(record: MachineRecord | None, this_pass: Sequence[Verdict], machine_id: str | None) -> int:
+    """Network-blamed params failures on a machine since its last passing benchmark (records + this pass)."""
+    entries = [(e.verdict, e.blame) for e in (record.benchmarks if record else ())]
+    entries += [(v.verdict, v.blame) for v in this_pass if v.machine_id == machine_id]
+    strikes = 0
+    for verdict, blame in entries:
+        if verdict == "ok":
+            strikes = 0
+        elif verdict == "params-failed" and blame == "network":
+            strikes += 1
+    return strikes
+
+
+def _unique(values: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(values))

@@ -1,0 +1,122 @@
+"""The marketplace port: what the planner and the slot provider need from a GPU rental market.
+
+Adapters: `vastai.py` (the real vast.ai REST API over httpx) and `local.py` (declared machines on this
+host, for the demo and tests). Both return these dataclasses; nothing above this layer sees HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from reconciler.domain import errors
+
+
+class MarketplaceError(errors.FleetError):
+    """Base of every marketplace failure. Callers never turn one into a verdict or a kill."""
+
+    reason = errors.MARKETPLACE_UNAVAILABLE
+
+
+class TemporaryMarketplaceError(MarketplaceError):
+    """Worth retrying later: HTTP 429/5xx, timeouts, connection errors, unparseable bodies."""
+
+    temporary = True
+
+
+class PermanentMarketplaceError(MarketplaceError):
+    """Retrying will not help: bad API key (401/403), offer gone (404 on create), request rejected (400)."""
+
+    temporary = False
+    reason = errors.MARKETPLACE_REJECTED
+
+
+@dataclass(frozen=True)
+class OfferQuery:
+    """What a pool asks of the market. `exclude_machine_ids` are the bad-machine records."""
+
+    gpu_name: str
+    num_gpus: int = 1
+    max_price_usd_per_hour: float = 1.0
+    min_reliability: float = 0.95
+    min_inet_down_mbps: float = 0.0
+    min_disk_gb: float = 0.0
+    min_cpu_ram_gb: float = 0.0
+    min_cuda: float = 0.0
+    verified_only: bool = True
+    exclude_machine_ids: frozenset[str] = frozenset()
+    limit: int = 64
+
+
+@dataclass(frozen=True)
+class Offer:
+    offer_id: str
+    machine_id: str
+    host_id: str
+    gpu_name: str
+    num_gpus: int
+    price_usd_per_hour: float
+    reliability: float
+    inet_down_mbps: float = 0.0
+    disk_gb: float = 0.0
+    cpu_ram_gb: float = 0.0
+    cuda_max_good: float = 0.0
+    verified: bool = True
+    geolocation: str | None = None
+
+
+@dataclass(frozen=True)
+class InstanceRequest:
+    """Everything needed to start one worker on an offer. `env` carries the instance token: a secret."""
+
+    image: str
+    disk_gb: int
+    label: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    onstart: str | None = None
+    image_login: str | None = None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A rented instance as the market reports it. `status` is normalised: see `INSTANCE_STATUSES`."""
+
+    contract_id: str
+    label: str | None
+    machine_id: str
+    host_id: str
+    status: str
+    gpu_name: str | None = None
+    price_usd_per_hour: float | None = None
+    image: str | None = None
+    status_msg: str | None = None
+    start_date: float | None = None
+
+    @property
+    def is_dead(self) -> bool:
+        return self.status in ("exited", "offline")
+
+
+#: loading: being created / image pulling; running; exited|offline: will never run again; unknown.
+INSTANCE_STATUSES = ("loading", "running", "exited", "offline", "unknown")
+
+
+class Marketplace(Protocol):
+    """The five calls a slot needs. Implementations raise MarketplaceError subclasses only."""
+
+    def search_offers(self, query: OfferQuery) -> Sequence[Offer]: ...
+
+    def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
+        """Rent the offer; return the new contract (instance) id."""
+        ...
+
+    def list_instances(self) -> Sequence[Instance]: ...
+
+    def get_instance(self, contract_id: str) -> Instance | None:
+        """None when the market no longer knows the instance (destroyed)."""
+        ...
+
+    def destroy_instance(self, contract_id: str) -> None:
+        """Idempotent: destroying an instance that is already gone is not an error."""
+        ...

@@ -1,0 +1,207 @@
+"""Machine and image records: the reconciler's memory, as pure data.
+
+One record per machine (benchmark history and verdicts) and one per suspect image (a tripped circuit
+breaker). Everything the planner needs (bad-machine set, perf history) is derived from these, so a human
+PR that edits or deletes a record file is the whole pardon mechanism. The files themselves are read and
+written by `reconciler.adapters.record_files`.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, cast
+
+from reconciler.domain import errors
+
+MACHINES_DIR = "machines"
+IMAGES_DIR = "images"
+
+VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image")
+BLAMES = ("none", "machine", "image", "network", "unknown")
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class RecordError(errors.PermanentError, ValueError):
+    """A record file or id that cannot be used. Names the file, field and value."""
+
+    reason = errors.RECORD_INVALID
+
+
+def check_machine_id(machine_id: object) -> str:
+    """Return `machine_id` as a string if it is safe as a file name; raise RecordError otherwise.
+
+    Marketplace ids are numeric on vast.ai, but anything that reaches a path must not escape the
+    records directory (`../x`, `a/b`, hidden files, NUL).
+    """
+    text = str(machine_id) if isinstance(machine_id, int) and not isinstance(machine_id, bool) else machine_id
+    if not isinstance(text, str) or not _SAFE_ID.match(text) or ".." in text:
+        raise RecordError(f"machine_id {machine_id!r} is not a safe id (expected [A-Za-z0-9][A-Za-z0-9_.-]*, "
+                          "at most 64 characters, no '..')")
+    return text
+
+
+def check_image_digest(digest: object) -> str:
+    if not isinstance(digest, str) or not _DIGEST.match(digest):
+        raise RecordError(f"image digest {digest!r} is not of the form sha256:<64 hex>")
+    return digest
+
+
+@dataclass(frozen=True)
+class BenchmarkEntry:
+    """One judged benchmark attempt of one instance on a machine, with the evidence behind the verdict."""
+
+    instance_id: str
+    at: str
+    verdict: str
+    blame: str
+    marks_bad: bool
+    reason: str
+    contract_id: str | None = None
+    pool: str | None = None
+    image_digest: str | None = None
+    signature: str | None = None
+    proofs_per_hour: float | None = None
+    seconds_per_proof: float | None = None
+    min_rate_proofs_per_hour: float | None = None
+    price_usd_per_hour: float | None = None
+    held_by: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+        if self.evidence:
+            out["evidence"] = _plain(self.evidence)
+        return out
+
+
+@dataclass(frozen=True)
+class MachineRecord:
+    machine_id: str
+    status: str = "ok"
+    host_id: str | None = None
+    gpu_name: str | None = None
+    note: str | None = None
+    benchmarks: tuple[BenchmarkEntry, ...] = ()
+
+    @property
+    def is_bad(self) -> bool:
+        return self.status == "bad"
+
+    def judged_instances(self) -> frozenset[str]:
+        return frozenset(b.instance_id for b in self.benchmarks)
+
+    def with_entry(self, entry: BenchmarkEntry, *, host_id: str | None, gpu_name: str | None) -> MachineRecord:
+        """The record after a new verdict: appended history; status follows the newest machine evidence.
+
+        A verdict that marks the machine bad makes it bad; a passing benchmark makes it ok (a pardoned
+        machine that proves again is simply ok); verdicts blamed on the image or held by a breaker leave
+        the status as humans or earlier evidence set it.
+        """
+        status = self.status
+        if entry.marks_bad:
+            status = "bad"
+        elif entry.verdict == "ok":
+            status = "ok"
+        return replace(self, status=status, host_id=host_id or self.host_id, gpu_name=gpu_name or self.gpu_name,
+                       benchmarks=(*self.benchmarks, entry))
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"machine_id": self.machine_id, "host_id": self.host_id, "gpu_name": self.gpu_name,
+                               "status": self.status}
+        if self.note:
+            out["note"] = self.note
+        out["benchmarks"] = [b.to_yaml_dict() for b in self.benchmarks]
+        return out
+
+
+@dataclass(frozen=True)
+class ImageSuspectRecord:
+    image_digest: str
+    signature: str
+    status: str
+    machines: tuple[str, ...]
+    tripped_at: str
+    pools: tuple[str, ...] = ()
+    instances: tuple[str, ...] = ()
+    reason: str = ""
+    note: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status == "suspect"
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"image_digest": self.image_digest, "signature": self.signature,
+                               "status": self.status, "pools": list(self.pools), "machines": list(self.machines),
+                               "instances": list(self.instances), "tripped_at": self.tripped_at,
+                               "reason": self.reason}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass(frozen=True)
+class MachinePerf:
+    """Measured throughput of one machine, from its passing and below-rate benchmarks."""
+
+    machine_id: str
+    gpu_name: str | None
+    samples: int
+    median_proofs_per_hour: float
+    last_proofs_per_hour: float
+
+
+@dataclass(frozen=True)
+class RecordSet:
+    """All records of a spec directory, plus the files that could not be read (never overwritten).
+
+    The derived views (bad machines, perf history) are computed on first use and kept: a RecordSet is not
+    changed after it is built, and the slot inputs ask for them once per slot (10,000 records: ~80 ms each).
+    """
+
+    machines: Mapping[str, MachineRecord] = field(default_factory=dict)
+    images: Mapping[str, ImageSuspectRecord] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    unreadable_machine_ids: frozenset[str] = frozenset()
+    _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def bad_machine_ids(self) -> frozenset[str]:
+        """Machines no offer query may return. A record we cannot read is excluded too: when in doubt, the
+        cheap mistake is skipping one offer, not renting a machine a human may have just marked bad."""
+        if "bad" not in self._derived:
+            self._derived["bad"] = (frozenset(m for m, r in self.machines.items() if r.is_bad)
+                                    | self.unreadable_machine_ids)
+        return cast(frozenset[str], self._derived["bad"])
+
+    def suspect_images(self) -> Mapping[str, ImageSuspectRecord]:
+        return {d: r for d, r in self.images.items() if r.active}
+
+    def perf_history(self) -> dict[str, MachinePerf]:
+        """Per machine with measured rates; a fresh dict each call (the callers' to keep or change)."""
+        if "perf" not in self._derived:
+            self._derived["perf"] = perf_history(self.machines.values())
+        return dict(self._derived["perf"])
+
+
+def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
+    out: dict[str, MachinePerf] = {}
+    for rec in records:
+        rates = [b.proofs_per_hour for b in rec.benchmarks
+                 if b.proofs_per_hour is not None and b.verdict in ("ok", "below-min-rate")]
+        if rates:
+            out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
+                                              statistics.median(rates), rates[-1])
+    return out
+
+def _plain(value: Any) -> Any:
+    """Mappings/tuples -> dicts/lists so yaml.safe_dump can write them."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,138 @@
+"""Fleet spec as frozen dataclasses: what every flow reads once the spec file is loaded.
+
+Pure data (no YAML, no schema library): `reconciler.adapters.spec_files` loads and validates the file
+into these; the planner, the judge and the renderers only ever see these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.domain import errors
+from reconciler.domain.gpus import GPU_PRIOR_PROOFS_PER_HOUR
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One thing wrong with a spec file. `severity` is "error" (spec rejected) or "warning"."""
+
+    file: str
+    json_path: str
+    message: str
+    line: int | None = None
+    severity: str = "error"
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.severity}: {self.json_path}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "path": self.json_path,
+                "severity": self.severity, "message": self.message}
+
+
+class SpecError(errors.PermanentError):
+    """The spec cannot be used. Permanent: retrying will not help until a human edits the file."""
+
+    reason = errors.SPEC_INVALID
+
+    def __init__(self, problems: list[SpecProblem]):
+        self.problems = problems
+        blocking = [p for p in problems if p.severity == "error"]
+        super().__init__(f"{len(blocking)} problem(s) in fleet spec:\n" + "\n".join(str(p) for p in blocking))
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    proof_type: str = "porep"
+    proofs: int = 10
+    concurrency: int = 2
+    timeout_minutes: float = 120.0
+    after: str = "serve"
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self.timeout_minutes * 60.0
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    gpu_name: str
+    count: int
+    min_rate_proofs_per_hour: float
+    max_price_usd_per_hour: float
+    gpus_per_instance: int = 1
+    min_reliability: float = 0.95
+    min_inet_down_mbps: float = 200.0
+    disk_gb: int = 200
+    min_host_ram_gb: int = 128
+    min_cuda: float = 12.0
+    verified_only: bool = True
+    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+
+    def slot_names(self) -> list[str]:
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    repository: str
+    context: str = "worker-image"
+    base_image: str | None = None
+    platform: str = "linux/amd64"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    url: str
+    log_ring_lines: int = 5000
+
+
+@dataclass(frozen=True)
+class ParamsSettings:
+    sector_size: str = "32GiB"
+    base_url: str | None = None
+    fetch_timeout_minutes: float = 60.0
+
+
+@dataclass(frozen=True)
+class CircuitBreakerSettings:
+    distinct_machines: int = 2
+    window_hours: float = 24.0
+
+
+@dataclass(frozen=True)
+class KillBudgetSettings:
+    max_fraction: float = 0.2
+    min_machines: int = 1
+    window_hours: float = 24.0
+
+    def allowed(self, pool_count: int) -> int:
+        """Machines of a pool of `pool_count` slots that may be marked bad within one window."""
+        return max(self.min_machines, math.floor(self.max_fraction * pool_count))
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    image: ImageSettings
+    controller: ControllerSettings
+    pools: tuple[PoolSpec, ...]
+    params: ParamsSettings = field(default_factory=ParamsSettings)
+    circuit_breaker: CircuitBreakerSettings = field(default_factory=CircuitBreakerSettings)
+    kill_budget: KillBudgetSettings = field(default_factory=KillBudgetSettings)
+    gpu_priors: Mapping[str, float] = field(default_factory=dict)
+    source: str = "<memory>"
+    warnings: tuple[SpecProblem, ...] = ()
+
+    def pool(self, name: str) -> PoolSpec:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def prior_proofs_per_hour(self, gpu_name: str) -> float | None:
+        return self.gpu_priors.get(gpu_name, GPU_PRIOR_PROOFS_PER_HOUR.get(gpu_name))

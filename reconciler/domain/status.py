@@ -1,0 +1,228 @@
+"""Fleet status as data: pools desired vs running vs benchmarking vs bad, the guards (circuit breaker, kill
+budget), every instance's lifecycle timeline and the root cause of any failure in one line.
+
+`status_view` is pure (spec, records, reports, now -> FleetStatus); `reconciler.render` lays it out as
+text, JSON and HTML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from reconciler.domain.breaker import kill_budgets
+from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.planner import pool_pause
+from reconciler.domain.records import BenchmarkEntry, RecordSet
+from reconciler.domain.spec import FleetSpec
+from reconciler.domain.verdict import judge
+
+#: phase_times() keys -> the labels of the seed's dashboard timeline, in lifecycle order.
+TIMELINE_LABELS = {
+    "registered": "registered",
+    "params-done": "params-done",
+    "params-failed": "params-failed",
+    "daemon-failed": "daemon-failed",
+    "benchmark-started": "bench-started",
+    "benchmark-done": "bench-done",
+    "benchmark-failed": "bench-failed",
+    "result": "result",
+    "destroyed": "destroyed",
+}
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    name: str
+    gpu_name: str
+    desired: int
+    running: int  # instances alive (registered, not destroyed)
+    benchmarking: int  # alive and not judged yet
+    ok: int  # alive with a passing verdict
+    bad: int  # machines of this pool recorded bad
+    min_rate_proofs_per_hour: float
+    kill_budget_used: int
+    kill_budget_allowed: int
+    state: str  # "ok", "paused: ...", "image suspect: ...", "kill budget exhausted"
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    instance_id: str
+    pool: str | None
+    slot: str | None
+    machine_id: str | None
+    host_id: str | None
+    gpu_name: str | None
+    image_digest: str | None
+    state: str  # benchmarking / ok / failed / destroyed ...
+    timeline: tuple[tuple[str, str], ...]  # (label, RFC 3339 time) in lifecycle order
+    verdict: str | None = None
+    blame: str | None = None
+    marks_bad: bool = False
+    held_by: str | None = None
+    root_cause: str | None = None
+    recorded: bool = False
+
+
+@dataclass(frozen=True)
+class SuspectStatus:
+    image_digest: str
+    signature: str
+    pools: tuple[str, ...]
+    machines: tuple[str, ...]
+    tripped_at: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """One judged benchmark of a machine in a pool; `proofs_per_hour` is None when it measured no rate."""
+
+    pool: str
+    machine_id: str
+    instance_id: str
+    at: str
+    verdict: str
+    blame: str
+    proofs_per_hour: float | None
+    recorded: bool
+
+
+@dataclass(frozen=True)
+class BadMachineStatus:
+    """A machine recorded bad, with the verdict that made it bad (the newest one that marked it)."""
+
+    machine_id: str
+    host_id: str | None
+    gpu_name: str | None
+    pool: str | None
+    verdict: str | None  # None: set bad by a human edit, no verdict marked it
+    blame: str | None
+    reason: str
+    at: str | None
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    at: str
+    pools: tuple[PoolStatus, ...]
+    instances: tuple[InstanceStatus, ...]
+    suspects: tuple[SuspectStatus, ...]
+    record_problems: tuple[str, ...] = ()
+    last_pass: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)  # problems met while observing (spec, store)
+    rates: tuple[RatePoint, ...] = ()
+    bad_machines: tuple[BadMachineStatus, ...] = ()
+    desired_image_digest: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["instances"] = [{**asdict(i), "timeline": dict(i.timeline)} for i in self.instances]
+        return out
+
+
+def _recorded_entries(records: RecordSet) -> dict[str, tuple[str, BenchmarkEntry]]:
+    out: dict[str, tuple[str, BenchmarkEntry]] = {}
+    for rec in records.machines.values():
+        for entry in rec.benchmarks:
+            out[entry.instance_id] = (rec.machine_id, entry)
+    return out
+
+
+def _root_cause(reason: str, blame: str, held_by: str | None) -> str:
+    held = f", held by {held_by}" if held_by else ""
+    return f"{reason} (blame: {blame}{held})"
+
+
+def _recorded_rates(records: RecordSet) -> list[RatePoint]:
+    return [RatePoint(entry.pool, rec.machine_id, entry.instance_id, entry.at, entry.verdict, entry.blame,
+                      entry.proofs_per_hour, True)
+            for rec in records.machines.values() for entry in rec.benchmarks if entry.pool is not None]
+
+
+def _bad_machines(records: RecordSet) -> tuple[BadMachineStatus, ...]:
+    out = []
+    for rec in sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id):
+        marking = next((b for b in reversed(rec.benchmarks) if b.marks_bad), None)
+        if marking is None:
+            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, None, None, None,
+                                        rec.note or "marked bad by hand (no verdict marked it)", None))
+        else:
+            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, marking.pool, marking.verdict,
+                                        marking.blame, marking.reason, marking.at))
+    return tuple(out)
+
+
+def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
+                desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
+                notes: Sequence[str] = ()) -> FleetStatus:
+    recorded = _recorded_entries(records)
+    pools_by_name = {p.name: p for p in spec.pools}
+    instances: list[InstanceStatus] = []
+    rates = _recorded_rates(records)
+    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+        times = report.phase_times()
+        # Lifecycle order, not time order: registration is stamped by the controller's clock, phases by
+        # the worker's, and a skewed worker clock must not make "registered" look like the last step.
+        timeline = tuple((label, format_time(times[key])) for key, label in TIMELINE_LABELS.items() if key in times)
+        verdict = blame = held_by = cause = None
+        marks_bad = is_recorded = False
+        if report.instance_id in recorded:
+            _, entry = recorded[report.instance_id]
+            verdict, blame, held_by, marks_bad, is_recorded = (entry.verdict, entry.blame, entry.held_by,
+                                                               entry.marks_bad, True)
+            cause = _root_cause(entry.reason, entry.blame, entry.held_by)
+        elif report.pool in pools_by_name:
+            judged = judge(report, pools_by_name[report.pool], now, desired_image_digest=desired_image_digest)
+            if judged is not None:
+                verdict, blame, marks_bad = judged.verdict, judged.blame, judged.marks_bad
+                cause = judged.root_cause() + " [not yet recorded]"
+                if report.machine_id is not None:
+                    rates.append(RatePoint(report.pool, report.machine_id, report.instance_id,
+                                           format_time(judged.at), judged.verdict, judged.blame,
+                                           judged.proofs_per_hour, False))
+        if report.destroyed_at is not None:
+            state = "destroyed"
+        elif verdict is None:
+            state = "benchmarking"
+        else:
+            state = "ok" if verdict == "ok" else "failed"
+        instances.append(InstanceStatus(
+            instance_id=report.instance_id, pool=report.pool, slot=report.slot, machine_id=report.machine_id,
+            host_id=report.host_id, gpu_name=report.gpu_name, image_digest=report.image_digest, state=state,
+            timeline=timeline, verdict=verdict, blame=blame, marks_bad=marks_bad, held_by=held_by,
+            root_cause=cause if verdict != "ok" else None, recorded=is_recorded))
+
+    budgets = kill_budgets(spec, records, now)
+    suspects = records.suspect_images()
+    pools = []
+    for pool in spec.pools:
+        alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]
+        bad_machines = {m for m, rec in records.machines.items() if rec.is_bad
+                        and rec.benchmarks and rec.benchmarks[-1].pool == pool.name}
+        budget = budgets[pool.name]
+        pause = pool_pause(pool.name, records, desired_image_digest)
+        naming = [s for s in suspects.values() if pool.name in s.pools or not s.pools]
+        if pause is not None:
+            state = f"paused: image {pause.image_digest[:19]} suspect ({pause.signature})"
+        elif naming:
+            state = "image suspect: " + ", ".join(f"{s.image_digest[:19]} ({s.signature})" for s in naming)
+        elif budget.exhausted:
+            state = f"kill budget exhausted ({len(budget.used)}/{budget.allowed})"
+        else:
+            state = "ok"
+        pools.append(PoolStatus(
+            name=pool.name, gpu_name=pool.gpu_name, desired=pool.count, running=len(alive),
+            benchmarking=sum(1 for i in alive if i.state == "benchmarking"),
+            ok=sum(1 for i in alive if i.state == "ok"), bad=len(bad_machines),
+            min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour, kill_budget_used=len(budget.used),
+            kill_budget_allowed=budget.allowed, state=state))
+    suspect_rows = tuple(SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason)
+                         for s in sorted(suspects.values(), key=lambda s: s.tripped_at))
+    return FleetStatus(at=format_time(now), pools=tuple(pools), instances=tuple(instances), suspects=suspect_rows,
+                       record_problems=records.problems, last_pass=last_pass, notes=tuple(notes),
+                       rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
+                       bad_machines=_bad_machines(records), desired_image_digest=desired_image_digest)

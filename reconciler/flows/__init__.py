@@ -1,0 +1,1 @@
+"""Flows: load -> decide -> apply. judge (the reconcile pass), provision (`fleet apply`), why."""

@@ -1,0 +1,1 @@
+"""Renderers of domain data: text, HTML. No adapters: they format what they are given."""

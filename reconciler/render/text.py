@@ -1,0 +1,59 @@
+"""Text rendering of the fleet status (`fleet status`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from reconciler.domain.observations import parse_time
+from reconciler.domain.status import FleetStatus
+
+# --- rendering ---------------------------------------------------------------------------------------------
+
+
+def _offset(start: str, at: str) -> str:
+    delta = int((parse_time(at) - parse_time(start)).total_seconds())
+    sign, delta = ("-" if delta < 0 else "+"), abs(delta)
+    if delta < 3600:
+        return f"{sign}{delta // 60}m{delta % 60:02d}s"
+    return f"{sign}{delta // 3600}h{delta % 3600 // 60:02d}m"
+
+
+def render_timeline(timeline: Sequence[tuple[str, str]]) -> str:
+    """`registered 18:00:00Z -> params-done +22m00s -> bench-done +1h00m`, like the seed's dashboard."""
+    if not timeline:
+        return ""
+    (first_label, first_at), rest = timeline[0], timeline[1:]
+    parts = [f"{first_label} {first_at}"] + [f"{label} {_offset(first_at, at)}" for label, at in rest]
+    return " -> ".join(parts)
+
+
+def render_text(view: FleetStatus) -> str:
+    lines = [f"fleet status at {view.at}"]
+    if view.last_pass:
+        lines.append(f"reconciler: last pass {view.last_pass.get('at')}: {view.last_pass.get('headline')}")
+    lines.append("")
+    header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
+    rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),
+                        str(p.bad), f"{p.min_rate_proofs_per_hour:g}", f"{p.kill_budget_used}/{p.kill_budget_allowed}",
+                        p.state) for p in view.pools]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    if view.suspects:
+        lines += ["", "image suspects (circuit breaker):"]
+        for s in view.suspects:
+            lines.append(f"  {s.image_digest[:19]} {s.signature}: machines {', '.join(s.machines)}; pools "
+                         f"{', '.join(s.pools) or 'all'}; since {s.tripped_at}")
+    if view.instances:
+        lines += ["", "instances:"]
+    for i in view.instances:
+        where = f"machine {i.machine_id or '?'}" + (f" (host {i.host_id})" if i.host_id else "")
+        verdict = f" {i.verdict}" if i.verdict and i.verdict != i.state else ""
+        lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}")
+        lines.append(f"      {render_timeline(i.timeline)}")
+        if i.root_cause:
+            lines.append(f"      {i.root_cause}")
+    for problem in view.record_problems:
+        lines.append(f"unreadable record (excluded from offers until fixed): {problem}")
+    return "\n".join(lines) + "\n"
