@@ -29,7 +29,8 @@ from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
 
 #: Verdicts that say "this attempt broke"; below-min-rate and stale-image never correlate.
-CORRELATED_VERDICTS = frozenset({"benchmark-error", "timeout", "params-failed"})
+#: `lost` too: the same image falling silent (or failing while serving) on K machines is the image's fault.
+CORRELATED_VERDICTS = frozenset({"benchmark-error", "timeout", "params-failed", "lost"})
 _SIG_SEPARATOR = ", "
 
 

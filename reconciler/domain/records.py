@@ -12,6 +12,7 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from reconciler.domain import errors
@@ -19,8 +20,14 @@ from reconciler.domain import errors
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
 
-VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image")
-BLAMES = ("none", "machine", "image", "network", "unknown")
+VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image",
+            "early-below-min-rate", "degraded", "lost")
+BLAMES = ("none", "machine", "image", "network", "unknown", "marketplace")
+#: Record statuses: `bad` excludes the machine until its newest bad entry expires (then probation);
+#: `banned` (an operator's PR) never expires; `pardoned` (an operator's PR) is rentable.
+RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
+#: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
+STAGES = ("admission", "serving")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -71,6 +78,13 @@ class BenchmarkEntry:
     price_usd_per_hour: float | None = None
     held_by: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    stage: str | None = None  # None (older records) = admission
+    expires_at: str | None = None  # a bad entry without it never expires (all records before expiry existed)
+    probation_until: str | None = None
+    probation: bool | None = None  # True: this failure came on probation, so it is permanent
+
+    def expiry(self) -> datetime | None:
+        return _time_or_none(self.expires_at)
 
     def to_yaml_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
@@ -90,7 +104,44 @@ class MachineRecord:
 
     @property
     def is_bad(self) -> bool:
-        return self.status == "bad"
+        """Recorded bad (or banned), whatever the expiry says; `standing(now)` applies the expiry."""
+        return self.status in ("bad", "banned")
+
+    def is_bad_at(self, now: datetime | None) -> bool:
+        """Excluded from offers at `now`: banned, or bad and its newest bad entry not expired yet. Without a
+        `now` nothing expires (the safe reading)."""
+        return self.standing(now).excluded
+
+    def last_bad_entry(self) -> BenchmarkEntry | None:
+        return next((b for b in reversed(self.benchmarks) if b.marks_bad), None)
+
+    def standing(self, now: datetime | None) -> Standing:
+        """Where the machine stands at `now`: ok, bad (until its expiry, or permanent), probation, pardoned,
+        banned. Probation: the newest bad entry expired less than its probation period ago; the machine may
+        be rented again, and its next bad verdict is permanent."""
+        last = self.last_bad_entry()
+        if self.status == "banned":
+            return Standing("banned", True, "banned by an operator (never expires)")
+        if self.status == "pardoned":
+            return Standing("pardoned", False, "pardoned by an operator")
+        expires = last.expiry() if last else None
+        until = _time_or_none(last.probation_until) if last else None
+        if self.status == "bad":
+            if last is None:
+                return Standing("bad", True, "marked bad (no bad entry: set by hand)")
+            if expires is None:
+                why = ("permanent: failed again on probation" if last.probation
+                       else "no expiry (a record written before expiry existed, or a blame that never expires)")
+                return Standing("permanent" if last.probation else "bad", True, why)
+            if now is None or now < expires:
+                return Standing("bad", True, f"bad until {last.expires_at}", expires)
+            return Standing("probation", False, f"probation since {last.expires_at}"
+                            + (f" until {last.probation_until}" if last.probation_until else ""), until)
+        if last is not None and expires is not None and now is not None and expires <= now and (
+                until is None or now < until):
+            return Standing("probation", False, f"probation since {last.expires_at}"
+                            + (f" until {last.probation_until}" if last.probation_until else ""), until)
+        return Standing("ok", False, "ok")
 
     def judged_instances(self) -> frozenset[str]:
         return frozenset(b.instance_id for b in self.benchmarks)
@@ -117,6 +168,26 @@ class MachineRecord:
             out["note"] = self.note
         out["benchmarks"] = [b.to_yaml_dict() for b in self.benchmarks]
         return out
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A machine's place at one moment: `state` ok|bad|permanent|probation|pardoned|banned."""
+
+    state: str
+    excluded: bool
+    detail: str
+    until: datetime | None = None
+
+
+def _time_or_none(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None  # a hand-edited, unreadable time: treated as "no expiry" (stays bad: the safe side)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -170,13 +241,15 @@ class RecordSet:
     unreadable_machine_ids: frozenset[str] = frozenset()
     _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def bad_machine_ids(self) -> frozenset[str]:
-        """Machines no offer query may return. A record we cannot read is excluded too: when in doubt, the
-        cheap mistake is skipping one offer, not renting a machine a human may have just marked bad."""
-        if "bad" not in self._derived:
-            self._derived["bad"] = (frozenset(m for m, r in self.machines.items() if r.is_bad)
-                                    | self.unreadable_machine_ids)
-        return cast(frozenset[str], self._derived["bad"])
+    def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
+        """Machines no offer query may return at `now` (expired bad records are on probation: rentable;
+        without `now` nothing expires). A record we cannot read is excluded too: when in doubt, the cheap
+        mistake is skipping one offer, not renting a machine a human may have just marked bad."""
+        key = f"bad@{now.isoformat() if now else ''}"
+        if key not in self._derived:
+            self._derived[key] = (frozenset(m for m, r in self.machines.items() if r.is_bad_at(now))
+                                  | self.unreadable_machine_ids)
+        return cast(frozenset[str], self._derived[key])
 
     def suspect_images(self) -> Mapping[str, ImageSuspectRecord]:
         return {d: r for d, r in self.images.items() if r.active}

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, load_records, render_image_record, render_machine_record
 from reconciler.adapters.spec_files import load_spec
-from reconciler.domain.judging import INSTANCE_TRAILER, PassDecision, decide
+from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import (
     IMAGES_DIR,
@@ -130,7 +130,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
             return None
         records = load_records(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
-        decision = decide(spec, reports, records, judged, desired_image_digest, now)
+        decision = decide(spec, reports, records, judged, desired_image_digest, now,
+                          judged_serving_ids=store.trailer_values(SERVING_TRAILER))
         outcome["decision"] = decision
         return commit_request(decision)
 
