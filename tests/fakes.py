@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
+
+from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
+
 
 class Sleeps:
     """The injected sleep: records what the code under test asked for and never waits."""
@@ -11,3 +16,66 @@ class Sleeps:
 
     def __call__(self, seconds: float) -> None:
         self.calls.append(seconds)
+
+
+class FakeMarket:
+    """The shared fake of our `Marketplace` port, in memory; records every call.
+
+    `filter_queries=False` returns every offer whatever the query says (the slot provider must not trust a
+    market's filtering); True filters by GPU and exclusions, as a well-behaved market would. A machine
+    rented and not destroyed leaves later searches when `exclusive` (Pulumi creates slots in parallel, and
+    renting one taken meanwhile is refused, as on a real market). `refuse` names offers that sold.
+    """
+
+    def __init__(self, offers: Sequence[Offer], *, filter_queries: bool = False, exclusive: bool = False,
+                 first_contract_id: int = 1000):
+        self.offers = list(offers)
+        self.filter_queries = filter_queries
+        self.exclusive = exclusive
+        self.first_contract_id = first_contract_id
+        self.lock = threading.Lock()
+        self.queries: list[OfferQuery] = []
+        self.created: dict[str, tuple[Offer, InstanceRequest]] = {}
+        self.statuses: dict[str, str] = {}
+        self.refuse: set[str] = set()
+        self.destroyed: list[str] = []
+
+    @property
+    def rented(self) -> dict[str, str]:
+        """contract id -> machine id of instances not destroyed."""
+        return {cid: self.created[cid][0].machine_id for cid in self.statuses}
+
+    def search_offers(self, query: OfferQuery) -> Sequence[Offer]:
+        with self.lock:
+            self.queries.append(query)
+            taken = set(self.rented.values()) if self.exclusive else set()
+            return [o for o in self.offers if o.machine_id not in taken and (
+                not self.filter_queries
+                or (o.gpu_name == query.gpu_name and o.machine_id not in query.exclude_machine_ids))]
+
+    def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
+        with self.lock:
+            found = next((o for o in self.offers if o.offer_id == offer_id), None)
+            taken = self.exclusive and found is not None and found.machine_id in self.rented.values()
+            if found is None or offer_id in self.refuse or taken:
+                raise PermanentMarketplaceError(f"offer {offer_id} no longer available")
+            cid = str(self.first_contract_id + len(self.created))
+            self.created[cid] = (found, request)
+            self.statuses[cid] = "loading"
+            return cid
+
+    def list_instances(self) -> Sequence[Instance]:
+        return [i for c in list(self.statuses) if (i := self.get_instance(c)) is not None]
+
+    def get_instance(self, contract_id: str) -> Instance | None:
+        if contract_id not in self.statuses:
+            return None
+        found, request = self.created[contract_id]
+        return Instance(contract_id=contract_id, label=request.label, machine_id=found.machine_id,
+                        host_id=found.host_id, status=self.statuses[contract_id], gpu_name=found.gpu_name,
+                        price_usd_per_hour=found.price_usd_per_hour, image=request.image)
+
+    def destroy_instance(self, contract_id: str) -> None:
+        with self.lock:
+            self.destroyed.append(contract_id)
+            self.statuses.pop(contract_id, None)

@@ -20,7 +20,8 @@ from pulumi.dynamic import (
 )
 
 from reconciler.adapters.controller.client import admin_client_from
-from reconciler.adapters.slot_provider import SlotProvider, build_marketplace, controller_secret_from, image_login_from
+from reconciler.adapters.marketplace import build_marketplace
+from reconciler.adapters.slot_provider import SlotProvider, controller_secret_from, image_login_from
 from reconciler.domain.slots import PULUMI_UNKNOWN, SlotInputError, SlotInputs, SlotOutputs, slot_diff
 
 # --- Pulumi dynamic provider --------------------------------------------------------------------------------
@@ -29,7 +30,7 @@ from reconciler.domain.slots import PULUMI_UNKNOWN, SlotInputError, SlotInputs, 
 class SlotResourceProvider(ResourceProvider):
     """Pulumi dynamic provider over `SlotProvider`. Carries only plain backend settings when pickled; the
     vast.ai API key and the controller secret are read in `configure` from the stack config secrets
-    (`fleet:vastaiApiKey`, `fleet:controllerSecret`), or from the environment."""
+    (`gpu-fleet:vastaiApiKey`, `gpu-fleet:controllerSecret`), or from the environment."""
 
     def __init__(self, backend: Mapping[str, Any]):
         super().__init__()

@@ -10,15 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.settings import CONTROLLER_SECRET_ENV, settings
 from reconciler.domain.marketplace import (
     InstanceRequest,
     Marketplace,
@@ -52,8 +51,6 @@ log = logging.getLogger(__name__)
 #: sibling slot that Pulumi creates in parallel from the same ranking.
 CREATE_ATTEMPTS = 8
 
-CONTROLLER_SECRET_ENV = "FLEET_CONTROLLER_SECRET"  # noqa: S105 - a variable name, not a secret
-VAST_API_KEY_ENV = "VAST_API_KEY"
 
 
 # --- the provider ----------------------------------------------------------------------------------------
@@ -189,28 +186,6 @@ def save_slot_state(path: Path, slots: Mapping[str, SlotOutputs]) -> None:
 # --- marketplace from settings (both drivers) --------------------------------------------------------------
 
 
-def build_marketplace(backend: Mapping[str, Any], secret_values: Mapping[str, str]) -> Marketplace:
-    """A marketplace adapter from plain settings: what a pickled Pulumi provider can carry.
-
-    backend["kind"] == "local": state_dir, machines_file, optional worker_command (list).
-    backend["kind"] == "vastai": optional base_url; the API key comes from `secret_values["vast_api_key"]`
-    (stack config secret) or the VAST_API_KEY environment variable.
-    """
-    kind = backend.get("kind")
-    if kind == "local":
-        from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
-
-        machines = load_local_machines(backend["machines_file"])
-        command = backend.get("worker_command") or None
-        return LocalMarketplace(backend["state_dir"], machines, worker_command=command)
-    if kind == "vastai":
-        from reconciler.adapters.marketplace.vastai import DEFAULT_BASE_URL, VastAiMarketplace
-
-        key = secret_values.get("vast_api_key") or os.environ.get(VAST_API_KEY_ENV)
-        return VastAiMarketplace(key, base_url=backend.get("base_url") or DEFAULT_BASE_URL)
-    raise PermanentMarketplaceError(f"unknown marketplace backend {kind!r} (expected local or vastai)")
-
-
 def image_login_from(secret_values: Mapping[str, str]) -> str | None:
     """The market's pull credentials for the pushed image (the push credentials serve: same registry)."""
     parts = [secret_values.get(k) for k in ("registry_username", "registry_password", "registry_server")]
@@ -221,10 +196,11 @@ def image_login_from(secret_values: Mapping[str, str]) -> str | None:
 
 
 def controller_secret_from(secret_values: Mapping[str, str]) -> bytes:
-    value = secret_values.get("controller_secret") or os.environ.get(CONTROLLER_SECRET_ENV)
+    from_env = settings().controller_secret
+    value = secret_values.get("controller_secret") or (from_env.reveal() if from_env else None)
     if not value:
-        raise SlotInputError(f"no controller secret: set the stack config secret fleet:controllerSecret or "
-                             f"{CONTROLLER_SECRET_ENV}")
+        raise SlotInputError(f"no controller secret: set the stack config secret gpu-fleet:controllerSecret or "
+                             f"${CONTROLLER_SECRET_ENV}")
     return value.encode("utf-8")
 
 

@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
 from reconciler.adapters.controller.client import admin_client_from
+from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace
 from reconciler.adapters.slot_provider import (
     SLOT_STATE_FILE,
     SlotProvider,
-    build_marketplace,
     describe_error,
 )
 from reconciler.domain.marketplace import Marketplace, MarketplaceError
@@ -32,24 +31,16 @@ from reconciler.flows.provision import (
 
 
 def make_marketplace(args: argparse.Namespace, state_dir: Path) -> Marketplace:
-    if args.backend == "local":
-        if not args.machines:
-            raise ApplyError("the local backend needs --machines FILE (the declared local machines)")
-        settings: dict[str, object] = {"kind": "local", "state_dir": str(state_dir / "market"),
-                                       "machines_file": str(args.machines)}
-        if getattr(args, "worker_command", None):
-            settings["worker_command"] = shlex.split(args.worker_command)
-    else:
-        settings = {"kind": "vastai", "base_url": args.vast_base_url}
     try:
-        return build_marketplace(settings, {})
+        backend = backend_named(args.backend)
+        return build_marketplace(backend.settings_from_options(vars(args), state_dir), {})
     except (ValueError, MarketplaceError) as exc:
         raise ApplyError(str(exc)) from None
 
 
 def add_backend_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="fleet spec (default: %(default)s)")
-    p.add_argument("--backend", choices=("local", "vastai"), required=required, default=None,
+    p.add_argument("--backend", choices=sorted(BACKENDS), required=required, default=None,
                    help="marketplace to act on")
     p.add_argument("--state-dir", type=Path, default=None if not required else DEFAULT_STATE_DIR,
                    help=f"slot state directory (default for apply: {DEFAULT_STATE_DIR})")

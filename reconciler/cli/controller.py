@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -19,11 +18,11 @@ from types import FrameType
 
 from reconciler.adapters.controller.protocol import INSTANCE_ID
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.settings import ADMIN_TOKEN_ENV, CONTROLLER_SECRET_ENV, SettingError, secret_setting, settings
 from reconciler.adapters.store import ControllerStore, StoreError
 from reconciler.domain.tokens import SecretError, check_secret, instance_token
 
-SECRET_ENV = "FLEET_CONTROLLER_SECRET"  # noqa: S105 - the variable's name, not its value
-ADMIN_TOKEN_ENV = "FLEET_ADMIN_TOKEN"  # noqa: S105
+SECRET_ENV = CONTROLLER_SECRET_ENV
 
 
 class ConfigError(Exception):
@@ -58,16 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_setting(file: Path | None, env: str, what: str) -> bytes | None:
-    if file is not None:
-        try:
-            value = file.read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the {what} file {file}: {exc.strerror or exc}") from None
-        if not value:
-            raise ConfigError(f"the {what} file {file} is empty")
-        return value
-    from_env = os.environ.get(env, "").strip()
-    return from_env.encode("utf-8") if from_env else None
+    current = settings()
+    from_env = {CONTROLLER_SECRET_ENV: current.controller_secret, ADMIN_TOKEN_ENV: current.admin_token}[env]
+    try:
+        value = secret_setting(file, from_env, what)
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
+    return value.reveal().encode("utf-8") if value is not None else None
 
 
 def load_secret(file: Path | None) -> bytes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -23,10 +22,9 @@ from typing import Any
 
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
+from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.domain.records import RecordError, check_image_digest
 from reconciler.flows.judge import PassResult, run, run_pass
-
-IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
 
 
 def last_pass_path(workdir: Path) -> Path:
@@ -37,7 +35,7 @@ def last_pass_path(workdir: Path) -> Path:
 
 def desired_digest_arg(value: str | None) -> str | None:
     """--image-digest, else $FLEET_IMAGE_DIGEST, else None (stale-image checks off)."""
-    value = value if value is not None else os.environ.get(IMAGE_DIGEST_ENV) or None
+    value = value if value is not None else settings().image_digest
     return check_image_digest(value) if value else None
 
 
@@ -124,7 +122,12 @@ def run_command(args: argparse.Namespace) -> int:
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache)
 
         def on_pass(result: PassResult) -> None:
-            write_text_atomic(status_file, json.dumps(result.to_json(), indent=2) + "\n")
+            try:
+                previous = json.loads(status_file.read_text(encoding="utf-8")).get("condition")
+            except (OSError, ValueError, AttributeError):
+                previous = None
+            doc = result.to_json(previous if isinstance(previous, dict) else None)
+            write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             _report(result, args.json)
 
         if args.once:

@@ -27,10 +27,14 @@ from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet, check_image_digest
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
+from reconciler.domain.verdicts import CORRELATED_VERDICTS
 
 #: Verdicts that say "this attempt broke"; below-min-rate and stale-image never correlate.
+<<<<<<< HEAD
 #: `lost` too: the same image falling silent (or failing while serving) on K machines is the image's fault.
 CORRELATED_VERDICTS = frozenset({"benchmark-error", "timeout", "params-failed", "lost"})
+=======
+>>>>>>> main
 _SIG_SEPARATOR = ", "
 
 

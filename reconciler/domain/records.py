@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from reconciler.domain import errors
+from reconciler.domain.verdicts import RATE_VERDICTS
 
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
 
+<<<<<<< HEAD
 VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image",
             "early-below-min-rate", "degraded", "lost")
 BLAMES = ("none", "machine", "image", "network", "unknown", "marketplace")
@@ -28,6 +30,8 @@ BLAMES = ("none", "machine", "image", "network", "unknown", "marketplace")
 RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
 #: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
 STAGES = ("admission", "serving")
+=======
+>>>>>>> main
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -265,7 +269,7 @@ def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
     out: dict[str, MachinePerf] = {}
     for rec in records:
         rates = [b.proofs_per_hour for b in rec.benchmarks
-                 if b.proofs_per_hour is not None and b.verdict in ("ok", "below-min-rate")]
+                 if b.proofs_per_hour is not None and b.verdict in RATE_VERDICTS]
         if rates:
             out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
                                               statistics.median(rates), rates[-1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,8 +18,10 @@ from typing import Any, Protocol
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, load_records, render_image_record, render_machine_record
 from reconciler.adapters.spec_files import load_spec
+from reconciler.domain import errors
+from reconciler.domain.errors import READY, RECONCILING, STALLED, Condition
 from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
-from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
@@ -62,6 +64,7 @@ class PassResult:
     stalled: str | None = None  # permanent: bad spec, unusable clone; a human must act
     observation_error: str | None = None  # the controller store failed: nothing judged
     error: str | None = None  # temporary: fetch/push failed; the next pass retries
+    reason: str | None = None  # the error taxonomy's reason constant when the pass did not finish
 
     @property
     def ok(self) -> bool:
@@ -79,8 +82,27 @@ class PassResult:
             return f"committed {self.commit[:12]}: {len(recorded)} verdict(s); {len(self.pending)} pending"
         return f"nothing new; {len(self.pending)} pending"
 
-    def to_json(self) -> dict[str, Any]:
+    def condition(self, previous: Mapping[str, Any] | None = None) -> Condition:
+        """The pass as a Flux-style condition. `since` is kept from the previous pass's condition while type,
+        status and reason stay the same (Kubernetes' lastTransitionTime), so "stalled since 09:14" is visible."""
+        if self.stalled:
+            kind, reason, message = STALLED, self.reason or errors.SPEC_INVALID, self.stalled
+        elif self.observation_error:
+            kind, reason, message = RECONCILING, errors.OBSERVATION_FAILED, self.observation_error
+        elif self.error:
+            kind, reason, message = RECONCILING, self.reason or errors.GIT_FAILED, self.error
+        else:
+            kind, reason, message = READY, "Succeeded", self.headline()
+        since = self.at
+        if previous and (previous.get("type"), previous.get("reason")) == (kind, reason):
+            since = parse_time(str(previous.get("since"))) or self.at
+        return Condition(kind, "True", reason, message, since)
+
+    def to_json(self, previous_condition: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        c = self.condition(previous_condition)
         return {
+            "condition": {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message,
+                          "since": format_time(c.since)},
             "at": format_time(self.at), "ok": self.ok, "headline": self.headline(), "commit": self.commit,
             "pushed": self.pushed, "attempts": self.attempts, "pending": list(self.pending),
             "notes": list(self.notes), "stalled": self.stalled, "observation_error": self.observation_error,
@@ -117,7 +139,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     try:
         reports = tuple(source.reports())
     except Exception as exc:  # any failure to observe must never become a verdict
-        return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}")
+        return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}", reason=errors.OBSERVATION_FAILED)
 
     outcome: dict[str, Any] = {}
 
@@ -126,7 +148,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         try:
             spec = load_spec(workdir / spec_file)
         except SpecError as exc:
-            outcome["stalled"] = str(exc)
+            outcome["stalled"] = exc
             return None
         records = load_records(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
@@ -138,11 +160,12 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     try:
         published = store.publish(build)
     except TemporaryGitError as exc:
-        return PassResult(at=now, error=str(exc))
+        return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
-        return PassResult(at=now, stalled=str(exc))
+        return PassResult(at=now, stalled=str(exc), reason=exc.reason)
     if "stalled" in outcome:
-        return PassResult(at=now, stalled=outcome["stalled"], attempts=published.attempts)
+        spec_error: SpecError = outcome["stalled"]
+        return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
     decision: PassDecision = outcome["decision"]
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
                       attempts=published.attempts, pending=decision.pending, notes=decision.notes)

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
+from reconciler.adapters.marketplace import backend_named
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import (
     SlotProvider,
@@ -137,7 +138,7 @@ def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider
 
 def resolve_image(backend: str, image: str | None, image_digest: str | None, spec: FleetSpec,
                   state_dir: Path) -> Image:
-    if backend == "local":
+    if backend_named(backend).runs_image_directory:
         directory = Path(image or spec.image.context)
         if not directory.is_dir():
             raise ApplyError(f"--image {directory}: the local backend runs a worker-image directory; not found")

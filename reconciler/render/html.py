@@ -16,6 +16,7 @@ from datetime import datetime
 
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.status import BadMachineStatus, FleetStatus, InstanceStatus, PoolStatus, RatePoint, SuspectStatus
+from reconciler.domain.verdicts import RATE_VERDICTS
 from reconciler.render.text import render_timeline
 
 OK_COLOR = "#2e7d32"
@@ -155,7 +156,7 @@ def _nice_ceiling(value: float) -> float:
 
 
 def _point_color(point: RatePoint, min_rate: float) -> str:
-    if point.proofs_per_hour is not None and point.verdict in ("ok", "below-min-rate"):
+    if point.proofs_per_hour is not None and point.verdict in RATE_VERDICTS:
         return OK_COLOR if point.proofs_per_hour >= min_rate else BAD_COLOR
     return IMAGE_COLOR if point.blame == "image" else (BAD_COLOR if point.blame == "machine" else NEUTRAL_COLOR)
 

@@ -32,6 +32,10 @@ def render_text(view: FleetStatus) -> str:
     lines = [f"fleet status at {view.at}"]
     if view.last_pass:
         lines.append(f"reconciler: last pass {view.last_pass.get('at')}: {view.last_pass.get('headline')}")
+        cond = view.last_pass.get("condition")
+        if isinstance(cond, dict):
+            lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
+                         f"{cond.get('since')}: {cond.get('message')}")
     lines.append("")
     header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
     rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),

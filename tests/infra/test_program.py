@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import runpy
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,10 @@ from reconciler.adapters.record_files import (
     write_text_atomic,
 )
 from reconciler.adapters.slot_provider import SlotProvider
-from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
+from reconciler.domain.marketplace import Offer
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord
 from reconciler.domain.slots import PoolPausedError, SlotInputs
+from tests.fakes import FakeMarket
 
 DIGEST = "sha256:" + "c" * 64
 REPO_DIGEST = f"registry.example/fleet/worker@{DIGEST}"
@@ -66,44 +66,16 @@ def offer(machine_id: str, gpu: str, price: float) -> Offer:
                  cpu_ram_gb=256, cuda_max_good=12.8)
 
 
-class FakeMarket:
-    """Our Marketplace port, in memory. Rented machines drop out of later searches; renting one that was
-    taken meanwhile is refused, as on a real market (Pulumi creates slots in parallel)."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.offers = [offer("m1", "RTX 4090", 0.30), offer("m2", "RTX 4090", 0.32), offer("m3", "RTX 4090", 0.34),
-                       offer("m4", "RTX 4090", 0.36), offer("m5", "RTX 4090", 0.38), offer("g1", "RTX 5090", 0.9)]
-        self.queries: list[OfferQuery] = []
-        self.rented: dict[str, str] = {}
 
-    def search_offers(self, query: OfferQuery) -> list[Offer]:
-        self.queries.append(query)
-        return [o for o in self.offers if o.machine_id not in self.rented.values()
-                and o.machine_id not in query.exclude_machine_ids and o.gpu_name == query.gpu_name]
-
-    def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
-        with self.lock:
-            machine = offer_id.removeprefix("ask-")
-            if machine in self.rented.values():
-                raise PermanentMarketplaceError(f"offer {offer_id} is no longer available")
-            cid = str(100 + len(self.rented))
-            self.rented[cid] = machine
-            return cid
-
-    def list_instances(self) -> list[Instance]:
-        return []
-
-    def get_instance(self, contract_id: str) -> Instance | None:
-        return None
-
-    def destroy_instance(self, contract_id: str) -> None:
-        self.rented.pop(contract_id, None)
+PROGRAM_OFFERS = [offer("m1", "RTX 4090", 0.30), offer("m2", "RTX 4090", 0.32), offer("m3", "RTX 4090", 0.34),
+                  offer("m4", "RTX 4090", 0.36), offer("m5", "RTX 4090", 0.38), offer("g1", "RTX 5090", 0.9)]
 
 
 @dataclass
 class FleetMocks(pulumi.runtime.Mocks):
-    market: FakeMarket = field(default_factory=FakeMarket)
+    market: FakeMarket = field(default_factory=lambda: FakeMarket(PROGRAM_OFFERS, filter_queries=True, exclusive=True,
+                                                                   first_contract_id=100))
     resources: dict[str, pulumi.runtime.MockResourceArgs] = field(default_factory=dict)
     created: dict[str, dict[str, Any]] = field(default_factory=dict)
     create_errors: dict[str, Exception] = field(default_factory=dict)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from reconciler.adapters.slot_provider import (
     load_slot_state,
     save_slot_state,
 )
-from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
+from reconciler.domain.marketplace import Offer
 from reconciler.domain.planner import REASON_IMAGE_CHANGED, REASON_INSTANCE_DEAD, REASON_MACHINE_BAD, STATUS_GONE
 from reconciler.domain.slots import (
     PULUMI_UNKNOWN,
@@ -37,6 +37,7 @@ from reconciler.domain.slots import (
 )
 from reconciler.domain.spec import BenchmarkSettings, ParamsSettings, PoolSpec
 from reconciler.domain.tokens import instance_token, machine_claim
+from tests.fakes import FakeMarket
 
 SECRET = b"controller-secret-0123456789"
 DIGEST = "sha256:" + "1" * 64
@@ -52,44 +53,6 @@ def offer(machine_id: str, price: float) -> Offer:
                  disk_gb=500, cpu_ram_gb=256, cuda_max_good=12.8, verified=True)
 
 
-class FakeMarket:
-    """In-memory Marketplace: records every call; can refuse chosen offers like a market where they sold."""
-
-    def __init__(self, offers: Sequence[Offer]):
-        self.offers = list(offers)
-        self.queries: list[OfferQuery] = []
-        self.created: dict[str, tuple[Offer, InstanceRequest]] = {}
-        self.statuses: dict[str, str] = {}
-        self.refuse: set[str] = set()
-        self.destroyed: list[str] = []
-
-    def search_offers(self, query: OfferQuery) -> Sequence[Offer]:
-        self.queries.append(query)
-        return list(self.offers)  # deliberately unfiltered: the provider must not trust the market
-
-    def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
-        if offer_id in self.refuse:
-            raise PermanentMarketplaceError(f"offer {offer_id} no longer available")
-        found = next(o for o in self.offers if o.offer_id == offer_id)
-        cid = str(1000 + len(self.created))
-        self.created[cid] = (found, request)
-        self.statuses[cid] = "loading"
-        return cid
-
-    def list_instances(self) -> Sequence[Instance]:
-        return [i for c in self.statuses if (i := self.get_instance(c)) is not None]
-
-    def get_instance(self, contract_id: str) -> Instance | None:
-        if contract_id not in self.statuses:
-            return None
-        found, request = self.created[contract_id]
-        return Instance(contract_id=contract_id, label=request.label, machine_id=found.machine_id,
-                        host_id=found.host_id, status=self.statuses[contract_id], gpu_name=found.gpu_name,
-                        price_usd_per_hour=found.price_usd_per_hour, image=request.image)
-
-    def destroy_instance(self, contract_id: str) -> None:
-        self.destroyed.append(contract_id)
-        self.statuses.pop(contract_id, None)
 
 
 def inputs(**kw: Any) -> SlotInputs:

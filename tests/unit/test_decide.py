@@ -8,6 +8,7 @@ from pathlib import Path
 from reconciler.adapters.git import CommitRequest
 from reconciler.adapters.record_files import parse_machine_record
 from reconciler.domain.judging import PassDecision, decide
+from reconciler.domain.observations import format_time
 from reconciler.domain.records import MachineRecord, RecordSet
 from reconciler.flows.judge import commit_request
 from tests.scenarios import (
@@ -121,3 +122,19 @@ def test_stale_image_failure_records_but_never_marks_bad() -> None:
     decision = decide(SPEC, [report], RecordSet(), set(), DIGEST, LATER)
     assert decision.machine_records["123"].status == "ok"
     assert decision.recorded[0].verdict == "stale-image"
+
+
+def test_a_pass_shows_a_flux_style_condition_whose_since_survives_while_the_reason_stays() -> None:
+    from reconciler.domain import errors
+    from reconciler.flows.judge import PassResult
+
+    first = PassResult(at=LATER, stalled="1 problem(s) in fleet spec", reason=errors.SPEC_INVALID).to_json()
+    assert first["condition"] == {"type": "Stalled", "status": "True", "reason": "SpecInvalid",
+                                  "message": "1 problem(s) in fleet spec", "since": format_time(LATER)}
+    later = LATER + timedelta(minutes=5)
+    again = PassResult(at=later, stalled="1 problem(s) in fleet spec", reason=errors.SPEC_INVALID)
+    assert again.to_json(first["condition"])["condition"]["since"] == format_time(LATER)
+    ok = PassResult(at=later).to_json(first["condition"])["condition"]
+    assert (ok["type"], ok["reason"], ok["since"]) == ("Ready", "Succeeded", format_time(later))
+    retry = PassResult(at=later, error="push rejected 3 times", reason=errors.GIT_PUSH_REJECTED).condition()
+    assert str(retry) == "Reconciling=True GitPushRejected: push rejected 3 times"

@@ -7,12 +7,11 @@ talking to the controller over HTTP from our side (workers speak the protocol fr
 
 from __future__ import annotations
 
-import os
 from urllib.parse import quote
 
 import httpx
 
-ADMIN_TOKEN_ENV = "FLEET_ADMIN_TOKEN"  # noqa: S105 - the variable name, not a value
+from reconciler.adapters.settings import settings
 
 
 class ControllerClientError(Exception):
@@ -46,7 +45,8 @@ class ControllerAdminClient:
 def admin_client_from(controller_url: str | None, admin_token: str | None = None) -> ControllerAdminClient | None:
     """A client when both the URL and an admin token (argument or $FLEET_ADMIN_TOKEN) are known, else None:
     notifying the controller is optional, destroying is not."""
-    token = admin_token or os.environ.get(ADMIN_TOKEN_ENV)
+    from_env = settings().admin_token
+    token = admin_token or (from_env.reveal() if from_env else None)
     if not controller_url or not token:
         return None
     return ControllerAdminClient(controller_url, token)

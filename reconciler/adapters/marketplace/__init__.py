@@ -1,10 +1,19 @@
-"""Marketplace adapters behind one port (`base.Marketplace`).
+"""Marketplace adapters behind one port (`reconciler.domain.marketplace.Marketplace`), and their registry.
 
-`base` holds the Protocol and the dataclasses every caller uses; `vastai` speaks the vast.ai REST API;
-`local` (the demo's declared machines) lives next to them. Callers import the adapter they need by module,
-so importing this package pulls in no HTTP library.
+`BACKENDS` is the one place to add a backend: its name, how to build it from plain settings (what a
+pickled Pulumi provider and `fleet apply` can carry) plus secrets, how the CLI's options become those
+settings, and whether it runs a worker-image directory (local) or a registry image pinned by digest.
+Adapters are imported when built, so importing this package pulls in no HTTP library.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.adapters.settings import settings
 from reconciler.domain.marketplace import (
     INSTANCE_STATUSES,
     Instance,
@@ -17,8 +26,74 @@ from reconciler.domain.marketplace import (
     TemporaryMarketplaceError,
 )
 
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    description: str
+    #: plain settings + secrets ({"vast_api_key": ...}) -> a live adapter
+    build: Callable[[Mapping[str, Any], Mapping[str, str]], Marketplace]
+    #: the CLI's options (`fleet apply`/`plan`) + the state directory -> plain settings; raises ValueError
+    settings_from_options: Callable[[Mapping[str, Any], Path], dict[str, Any]]
+    #: True: instances run a worker-image directory on this host; False: a registry image pinned by digest
+    runs_image_directory: bool
+
+
+def _build_local(backend: Mapping[str, Any], _secrets: Mapping[str, str]) -> Marketplace:
+    from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
+
+    machines = load_local_machines(backend["machines_file"])
+    return LocalMarketplace(backend["state_dir"], machines, worker_command=backend.get("worker_command") or None)
+
+
+def _local_settings(options: Mapping[str, Any], state_dir: Path) -> dict[str, Any]:
+    if not options.get("machines"):
+        raise ValueError("the local backend needs --machines FILE (the declared local machines)")
+    out: dict[str, Any] = {"kind": "local", "state_dir": str(state_dir / "market"),
+                           "machines_file": str(options["machines"])}
+    if options.get("worker_command"):
+        import shlex
+
+        out["worker_command"] = shlex.split(str(options["worker_command"]))
+    return out
+
+
+def _build_vastai(backend: Mapping[str, Any], secrets: Mapping[str, str]) -> Marketplace:
+    from reconciler.adapters.marketplace.vastai import DEFAULT_BASE_URL, VastAiMarketplace
+
+    from_env = settings().vast_api_key
+    key = secrets.get("vast_api_key") or (from_env.reveal() if from_env else None)
+    return VastAiMarketplace(key, base_url=backend.get("base_url") or DEFAULT_BASE_URL)
+
+
+def _vastai_settings(options: Mapping[str, Any], _state_dir: Path) -> dict[str, Any]:
+    return {"kind": "vastai", "base_url": options.get("vast_base_url")}
+
+
+BACKENDS: dict[str, Backend] = {
+    "local": Backend("local", "declared machines on this host, each instance a worker process (demo, tests)",
+                     _build_local, _local_settings, runs_image_directory=True),
+    "vastai": Backend("vastai", "vast.ai REST API (API key from the stack config or $VAST_API_KEY)",
+                      _build_vastai, _vastai_settings, runs_image_directory=False),
+}
+
+
+def backend_named(name: object) -> Backend:
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise PermanentMarketplaceError(f"unknown marketplace backend {name!r} (expected one of "
+                                        f"{', '.join(sorted(BACKENDS))})")
+    return BACKENDS[name]
+
+
+def build_marketplace(backend: Mapping[str, Any], secret_values: Mapping[str, str]) -> Marketplace:
+    """A marketplace adapter from plain settings (`{"kind": NAME, ...}`) and secrets."""
+    return backend_named(backend.get("kind")).build(backend, secret_values)
+
+
 __all__ = [
+    "BACKENDS",
     "INSTANCE_STATUSES",
+    "Backend",
     "Instance",
     "InstanceRequest",
     "Marketplace",
@@ -27,4 +102,6 @@ __all__ = [
     "OfferQuery",
     "PermanentMarketplaceError",
     "TemporaryMarketplaceError",
+    "backend_named",
+    "build_marketplace",
 ]

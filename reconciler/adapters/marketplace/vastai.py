@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import re
 import time
@@ -36,6 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from reconciler.adapters.settings import VAST_API_KEY_ENV, settings
 from reconciler.domain.backoff import backoff_delay
 from reconciler.domain.marketplace import (
     Instance,
@@ -49,7 +49,7 @@ from reconciler.domain.marketplace import (
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
-API_KEY_ENV = "VAST_API_KEY"
+API_KEY_ENV = VAST_API_KEY_ENV
 #: vast rejects longer onstart scripts.
 ONSTART_MAX_CHARS = 4048
 #: vast's CLI converts `cpu_ram` GB -> MB with this factor (offers_mult), so do we.
@@ -445,7 +445,8 @@ class VastAiMarketplace:
         environ: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
-        key = api_key if api_key is not None else (os.environ if environ is None else environ).get(API_KEY_ENV)
+        from_env = settings(environ).vast_api_key
+        key = api_key if api_key is not None else (from_env.reveal() if from_env else None)
         if key is None or not key.strip():
             raise PermanentMarketplaceError(f"no vast.ai API key: pass one or set {API_KEY_ENV}")
         key = key.strip()
