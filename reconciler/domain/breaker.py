@@ -30,11 +30,6 @@ from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDG
 from reconciler.domain.verdicts import CORRELATED_VERDICTS
 
 #: Verdicts that say "this attempt broke"; below-min-rate and stale-image never correlate.
-<<<<<<< HEAD
-#: `lost` too: the same image falling silent (or failing while serving) on K machines is the image's fault.
-CORRELATED_VERDICTS = frozenset({"benchmark-error", "timeout", "params-failed", "lost"})
-=======
->>>>>>> main
 _SIG_SEPARATOR = ", "
 
 

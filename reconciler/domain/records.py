@@ -21,17 +21,11 @@ from reconciler.domain.verdicts import RATE_VERDICTS
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
 
-<<<<<<< HEAD
-VERDICTS = ("ok", "below-min-rate", "benchmark-error", "params-failed", "timeout", "stale-image",
-            "early-below-min-rate", "degraded", "lost")
-BLAMES = ("none", "machine", "image", "network", "unknown", "marketplace")
 #: Record statuses: `bad` excludes the machine until its newest bad entry expires (then probation);
 #: `banned` (an operator's PR) never expires; `pardoned` (an operator's PR) is rentable.
 RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
 #: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
 STAGES = ("admission", "serving")
-=======
->>>>>>> main
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
