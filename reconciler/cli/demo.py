@@ -267,7 +267,7 @@ def _converge(settings: DemoSettings, bot: GitStore, ci: GitStore, store: Contro
         sleep(settings.poll_s)
         _print_progress(store.reports(), seen, lambda line: echo(f"[{clock() - start:5.1f}s] {line}"))
         # The reconciler: judge finished benchmarks, commit records, push.
-        result = run_pass(bot, store, datetime.now(UTC), desired_image_digest=image.digest)
+        result = run_pass(bot, store, datetime.now(UTC), desired_image_digest=image.digest, directive_sink=store)
         outcome.passes += 1
         _print_pass(result, lambda line: echo(f"[{clock() - start:5.1f}s] {line}"))
         if result.commit:

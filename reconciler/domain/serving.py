@@ -23,6 +23,7 @@ marketplace unless the worker's last words carry a signature (e.g. an Xid: machi
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -287,12 +288,23 @@ class ProofSample:
     seconds: float | None
 
 
+#: cuzk-bench's per-proof line (curio extern/cuzk/cuzk-bench/src/main.rs, batch): `  [3/10] COMPLETED — 41.2s
+#: (prove=... ms, queue=... ms)`; the worker's log sink prefixes a timestamp.
+_PROOF_LINE = re.compile(r"\[(\d+)/(\d+)\]\s+([A-Za-z]+)\s+\S+\s+(\d+(?:\.\d+)?)s\b")
+
+
 def proof_samples(report: InstanceReport) -> list[ProofSample]:
     """Per-proof results the worker streamed during the benchmark, by proof index (last word wins).
 
     Accepts `benchmark` `progress` events with `details.proof = {index, label|status, seconds}` or
-    `details.proofs = [...]` of the same; labels COMPLETED/ok are good proofs, anything else failed."""
+    `details.proofs = [...]` of the same; labels COMPLETED/ok are good proofs, anything else failed. The
+    per-proof lines of cuzk-bench in the shipped log (the instance's log tail) count too, so a worker that
+    streams only its log still gets an early verdict."""
     found: dict[int, ProofSample] = {}
+    for line in report.log_tail:
+        m = _PROOF_LINE.search(line)
+        if m:
+            found[int(m[1])] = ProofSample(int(m[1]), m[3].upper() in ("COMPLETED", "OK"), float(m[4]))
     for e in report.events:
         if e.phase != "benchmark" or e.status != "progress":
             continue

@@ -25,7 +25,9 @@ from reconciler.domain.observations import InstanceReport, format_time, parse_ti
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
+    RecordSet,
 )
+from reconciler.domain.serving import directives
 from reconciler.domain.spec import SpecError
 from reconciler.domain.verdict import Verdict
 
@@ -37,6 +39,12 @@ class ReportSource(Protocol):
     """What the controller store offers the loop. Any exception it raises is an observation failure."""
 
     def reports(self) -> Sequence[InstanceReport]: ...
+
+
+class DirectiveSink(Protocol):
+    """Where the directives for workers go (the controller store; workers read them over HTTP)."""
+
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
 
 
 class RecordPublisher(Protocol):
@@ -131,8 +139,11 @@ def commit_request(decision: PassDecision) -> CommitRequest | None:
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
-             record_cache: RecordCache | None = None) -> PassResult:
+             record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
+
+    `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
+    published records every pass (so a crash between commit and write only delays them one pass).
 
     `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
     that changed since the last one (10,000 files: minutes to parse, milliseconds to stat)."""
@@ -155,6 +166,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         decision = decide(spec, reports, records, judged, desired_image_digest, now,
                           judged_serving_ids=store.trailer_values(SERVING_TRAILER))
         outcome["decision"] = decision
+        after = RecordSet(machines={**records.machines, **decision.machine_records})
+        outcome["directives"] = {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}
         return commit_request(decision)
 
     try:
@@ -167,8 +180,14 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         spec_error: SpecError = outcome["stalled"]
         return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
     decision: PassDecision = outcome["decision"]
+    notes = decision.notes
+    if directive_sink is not None:
+        try:
+            directive_sink.set_directives(outcome["directives"], now)
+        except Exception as exc:  # the records are published; workers learn their verdict next pass
+            notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
-                      attempts=published.attempts, pending=decision.pending, notes=decision.notes)
+                      attempts=published.attempts, pending=decision.pending, notes=notes)
 
 
 def run(pass_once: Callable[[datetime], PassResult], *, interval_s: float, stop_event: threading.Event,

@@ -267,3 +267,16 @@ def test_network_faults_expire_sooner_than_machine_faults() -> None:
     assert SPEC.record_expiry.hours_for("network", None) == 24.0
     assert SPEC.record_expiry.hours_for("machine", None) == 720.0
     assert SPEC.record_expiry.hours_for("image", None) is None
+
+
+def test_proof_lines_in_the_shipped_log_count_as_samples() -> None:
+    started = ev("benchmark", "started", 25, details={"requested": 10, "concurrency": 1})
+    tail = ("2026-12-02T18:40:00Z cuzk-bench CPU STAND-IN (gpu-fleet worker-image/standin): simulated timings",
+            "2026-12-02T18:40:01Z   [1/10] ok — 300.0s (prove=270000 ms, queue=0 ms)",
+            "2026-12-02T18:45:01Z   [2/10] COMPLETED — 200.4s (prove=180000 ms, queue=0 ms)",
+            "2026-12-02T18:48:21Z   [3/10] FAILED — 12.0s (prove=0 ms, queue=0 ms)")
+    report = make_report("i-log", "62001", events=[*bench_events()[:-1], started], log_tail=tail)
+    check = early_check(report, POOL, EarlyVerdictSettings())
+    assert check is not None and check.measured == (200.4,) and check.remaining == 7
+    verdict = judge_early(report, POOL, EarlyVerdictSettings(), at(50))
+    assert verdict is not None and verdict.verdict == "early-below-min-rate"  # best case 16.4/h < 29/h

@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 _WORKER_ROUTE = re.compile(r"^/api/v1/instances/(?P<id>[^/]+)/(?P<action>register|events|logs|result|destroyed)$")
 _LOGS_ROUTE = re.compile(r"^/api/instance-logs/(?P<id>[^/]+)$")
 _INSTANCE_ROUTE = re.compile(r"^/api/instances/(?P<id>[^/]+)$")
+_DIRECTIVE_ROUTE = re.compile(r"^/api/v1/instances/(?P<id>[^/]+)/directive$")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,15 @@ class ControllerApi:
             self._require_instance_token(request, instance_id)
             doc = self._json_body(request)
             return self._ingest(match["action"], instance_id, doc)
+        if match := _DIRECTIVE_ROUTE.match(path):
+            # What the reconciler decided (serve, stop, wait); the worker polls it (worker-image/serve.sh).
+            self._require_method(request, "GET")
+            instance_id = self._instance_id(match["id"])
+            self._require_instance_token(request, instance_id)
+            directive = self.store.directive(instance_id)
+            if directive is None:
+                directive = {"protocol": 1, "action": "wait", "reason": "no verdict yet"}
+            return Response(200, directive)
         if path == "/healthz":
             self._require_method(request, "GET")
             return Response(200, {"status": "ok", "instances": self.store.instance_count()})
