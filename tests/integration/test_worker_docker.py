@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker_support import DockerEngine, LocalRegistry
+from tests.docker_support import (  # noqa: F401  (pytest fixtures)
+    DockerEngine,
+    LocalRegistry,
+    docker_engine,
+    local_registry,
+    minimal_base_image,
+)
 from tests.worker_support import INSTANCE_ID, WORKER_IMAGE, WorkerBench, bench_world, token_for
 
 pytestmark = pytest.mark.docker
@@ -29,9 +35,9 @@ def world(tmp_path: Path) -> Iterator[WorkerBench]:
 
 
 def test_worker_image_builds_pushes_pulls_by_digest_and_reports(
-    docker_engine: DockerEngine,
-    local_registry: LocalRegistry,
-    minimal_base_image: str,
+    docker_engine: DockerEngine,  # noqa: F811
+    local_registry: LocalRegistry,  # noqa: F811
+    minimal_base_image: str,  # noqa: F811
     world: WorkerBench,
 ) -> None:
     repo = f"{local_registry.address}/fleet/worker"
@@ -93,8 +99,8 @@ def test_worker_image_builds_pushes_pulls_by_digest_and_reports(
 
 
 def test_docker_support_base_rootfs_runs_the_tools(
-    docker_engine: DockerEngine,
-    minimal_base_image: str,
+    docker_engine: DockerEngine,  # noqa: F811
+    minimal_base_image: str,  # noqa: F811
 ) -> None:
     """The assembled base really has working bash/curl/jq/b2sum (libraries resolved), no package manager."""
     probe = docker_engine.docker(
@@ -113,8 +119,8 @@ def test_docker_support_base_rootfs_runs_the_tools(
 
 
 def test_production_build_refuses_a_base_without_cuzk(
-    docker_engine: DockerEngine,
-    minimal_base_image: str,
+    docker_engine: DockerEngine,  # noqa: F811
+    minimal_base_image: str,  # noqa: F811
 ) -> None:
     # The default (REQUIRE_CUZK=1) is the production build: a base image without a cuzk build must fail
     # here, once, rather than on every machine the fleet rents.
