@@ -37,14 +37,11 @@ def test_directive_is_wait_until_a_pass_stores_one_then_what_it_stored(harness: 
     url = "/api/v1/instances/rtx4090-0-aa/directive"
     first = harness.client.get(url, headers=auth("rtx4090-0-aa"))
     assert first.status_code == 200 and first.json()["action"] == "wait"
-    changed = harness.store.set_directives({"rtx4090-0-aa": {"protocol": 1, "action": "stop", "verdict": "degraded",
-                                                             "reason": "degraded 20.0/h < 36.0/h", "heartbeat_s": 60.0}},
-                                           T0)
-    assert changed == 1
+    stop = {"protocol": 1, "action": "stop", "verdict": "degraded", "reason": "degraded 20.0/h < 36.0/h",
+            "heartbeat_s": 60.0}
+    assert harness.store.set_directives({"rtx4090-0-aa": stop}, T0) == 1
     # The same directive again changes nothing (every pass rewrites them all).
-    assert harness.store.set_directives({"rtx4090-0-aa": {"protocol": 1, "action": "stop", "verdict": "degraded",
-                                                          "reason": "degraded 20.0/h < 36.0/h",
-                                                          "heartbeat_s": 60.0}}, T0) == 0
+    assert harness.store.set_directives({"rtx4090-0-aa": dict(stop)}, T0) == 0
     got = harness.client.get(url, headers=auth("rtx4090-0-aa")).json()
     assert got == {"protocol": 1, "action": "stop", "verdict": "degraded", "reason": "degraded 20.0/h < 36.0/h",
                    "heartbeat_s": 60.0, "at": "2026-12-02T18:00:00Z"}
