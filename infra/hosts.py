@@ -1,29 +1,54 @@
 """GpuPool: one dynamic-provider resource per pool slot `<pool>-<i>`, each one rented instance.
 
-The resource's CRUD is `reconciler.adapters.pulumi_provider.SlotResourceProvider` (the same SlotProvider `fleet apply`
-drives). Its inputs carry everything a create or diff needs: the pool's constraints, the image pinned by
-digest, and the bad-machine set and perf history read from fleet-spec/ at program time. So a new bad
-record changes the input of every slot, and the provider's diff replaces exactly the slot whose machine
-it names (delete before replace: never two instances for one slot).
+The resource's CRUD is `reconciler.adapters.pulumi_provider.SlotResourceProvider` (the same SlotProvider
+`fleet apply` drives). Its inputs carry everything a create or diff needs: the pool's constraints, the image
+pinned by digest, and a reference to the pool's records-derived data (excluded machines, measured rates):
+that data is written ONCE per pool as a content-addressed file and each slot carries only its digest and
+counts, so inputs are sized by the pool, not by records x slots. A new bad record changes the digest of
+the pools it concerns, and the provider's diff replaces exactly the slot whose machine it names (delete
+before replace: never two instances for one slot); the pool's other slots preview as no change.
+
+No `custom_timeouts`: the engine does not forward them to a dynamic provider (the SDK's host never reads the
+request's timeout); the slot provider keeps its own deadlines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import contextlib
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pulumi
 from pulumi.dynamic import Resource
 
-from reconciler.adapters.pulumi_provider import SlotResourceProvider
+from reconciler.adapters.pulumi_provider import SlotResourceProvider, write_pool_data
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import RecordSet
-from reconciler.domain.slots import digest_of_image_ref, slot_inputs
+from reconciler.domain.slots import PoolData, digest_of_image_ref, slot_inputs
 from reconciler.domain.spec import FleetSpec, PoolSpec
 
 #: Outputs each slot resource exposes (declared as None inputs so Pulumi treats them as outputs).
 SLOT_OUTPUTS = ("instance_id", "contract_id", "machine_id", "host_id", "gpu_name", "price_usd_per_hour", "status")
+
+
+@contextlib.contextmanager
+def pickler_restored() -> Iterator[None]:
+    """Undo what the SDK's `serialize_provider` leaves behind.
+
+    pulumi/dynamic/dynamic.py:287-300 (pulumi 3.260-3.272) wraps `pickle._Pickler._batch_setitems` in a
+    sorting wrapper on every dynamic resource and never restores it: each resource nests one more level,
+    and a few hundred resources in one program raise RecursionError. Restoring the two attributes after
+    each resource keeps the nesting at one level; the serialisation itself is unchanged."""
+    pickler = pickle._Pickler  # type: ignore[attr-defined]
+    saved = {name: pickler.__dict__.get(name) for name in ("_batch_setitems", "save_dict")}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is not None:
+                setattr(pickler, name, value)
 
 
 class GpuSlot(Resource, module="fleet", name="Slot"):
@@ -36,7 +61,8 @@ class GpuSlot(Resource, module="fleet", name="Slot"):
 
     def __init__(self, provider: SlotResourceProvider, name: str, props: Mapping[str, Any],
                  opts: pulumi.ResourceOptions | None = None):
-        super().__init__(provider, name, {**{k: None for k in SLOT_OUTPUTS}, **props}, opts)
+        with pickler_restored():
+            super().__init__(provider, name, {**{k: None for k in SLOT_OUTPUTS}, **props}, opts)
 
 
 @dataclass
@@ -44,9 +70,10 @@ class GpuPoolArgs:
     spec: FleetSpec
     pool: PoolSpec
     records: RecordSet
-    image_ref: pulumi.Input[str]  # WorkerImage.repo_digest: repo@sha256:...
+    image_ref: pulumi.Input[str]  # WorkerImage.repo_digest (repo@sha256:...) or, locally, a directory
     backend: Mapping[str, Any] = field(default_factory=lambda: {"kind": "vastai"})
     params_dir: str | None = None
+    image_digest: pulumi.Input[str] | None = None  # default: the digest in image_ref
 
 
 class GpuPool(pulumi.ComponentResource):
@@ -56,22 +83,33 @@ class GpuPool(pulumi.ComponentResource):
         super().__init__("gpu-fleet:index:GpuPool", name, None, opts)
         provider = SlotResourceProvider(args.backend)
         image_ref = pulumi.Output.from_input(args.image_ref)
-        digest = image_ref.apply(digest_of_image_ref)
+        digest = (pulumi.Output.from_input(args.image_digest) if args.image_digest is not None
+                  else image_ref.apply(digest_of_image_ref))
         pause = digest.apply(lambda d: _pause_reason(args.pool, args.records, d))
+        static = static_slot_props(args.spec, args.pool, args.records, pool_data_dir=args.backend["pool_data_dir"],
+                                   params_dir=args.params_dir)
         self.slots = {}
-        for slot in args.pool.slot_names():
-            # Everything but the image comes from spec + records, known now; image fields follow the build.
-            static = slot_inputs(args.spec, args.pool, slot, args.records, image="", image_digest="",
-                                 params_dir=args.params_dir).to_props()
-            props: dict[str, Any] = {**static, "image": image_ref, "image_digest": digest, "paused_reason": pause}
+        for slot, props in static.items():
+            props = {**props, "image": image_ref, "image_digest": digest, "paused_reason": pause}
             self.slots[slot] = GpuSlot(provider, slot, props, pulumi.ResourceOptions(
-                parent=self, delete_before_replace=True,
-                # A rented GPU costs money every hour: give the market time, but never hang an update.
-                custom_timeouts=pulumi.CustomTimeouts(create="15m", delete="10m")))
+                parent=self, delete_before_replace=True))
         self.register_outputs({s: r.instance_id for s, r in self.slots.items()})
+
+
+def static_slot_props(spec: FleetSpec, pool: PoolSpec, records: RecordSet, *, pool_data_dir: str,
+                      params_dir: str | None = None) -> dict[str, dict[str, Any]]:
+    """Each slot's inputs except the image fields (which follow the build): spec + records, known now.
+
+    Built once per pool (not per slot: the records are read once), with the pool's records-derived data
+    written once to `pool_data_dir` and referenced by digest from every slot."""
+    base = slot_inputs(spec, pool, f"{pool.name}-0", records, image="", image_digest="", params_dir=params_dir)
+    ref = write_pool_data(pool_data_dir, PoolData(bad_machine_ids=base.bad_machine_ids, measured=base.measured))
+    static = replace(base, bad_machine_ids=frozenset(), measured={}).to_props()
+    for name in ("bad_machine_ids", "measured", "image", "image_digest", "paused_reason"):
+        static.pop(name, None)
+    return {slot: {**static, "slot": slot, "pool_data": ref} for slot in pool.slot_names()}
 
 
 def _pause_reason(pool: PoolSpec, records: RecordSet, digest: str) -> str | None:
     pause = pool_pause(pool.name, records, digest)
     return pause.describe() if pause else None
-

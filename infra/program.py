@@ -16,7 +16,9 @@ import pulumi
 
 from infra.hosts import GpuPool, GpuPoolArgs
 from infra.image import WorkerImage, WorkerImageArgs
+from reconciler.adapters.pulumi_provider import PROJECT, default_pool_data_dir
 from reconciler.adapters.record_files import load_records
+from reconciler.adapters.slot_provider import directory_digest
 from reconciler.adapters.spec_files import load_spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +34,7 @@ class StackConfig:
     registry_server: str | None
     registry_username: str | None
     registry_password: pulumi.Output[str] | None
+    pool_data_dir: Path = REPO_ROOT / ".fleet" / "pulumi" / "pool-data"
 
 
 def _path(value: str | None, default: str | None = None) -> Path | None:
@@ -46,7 +49,7 @@ def load_stack_config(cfg: pulumi.Config | None = None) -> StackConfig:
     cfg = cfg or pulumi.Config()
     backend = cfg.get("backend") or "vastai"
     if backend not in ("vastai", "local"):
-        raise ValueError(f"stack config backend: got {backend!r}, expected vastai or local")
+        raise ValueError(f"stack config {PROJECT}:backend: got {backend!r}, expected vastai or local")
     spec_path = _path(cfg.get("specPath"), "fleet-spec/fleet.yaml")
     assert spec_path is not None
     return StackConfig(
@@ -58,6 +61,7 @@ def load_stack_config(cfg: pulumi.Config | None = None) -> StackConfig:
         registry_server=cfg.get("registryServer") or None,
         registry_username=cfg.get("registryUsername") or None,
         registry_password=cfg.get_secret("registryPassword"),
+        pool_data_dir=_path(cfg.get("poolDataDir")) or Path(default_pool_data_dir(REPO_ROOT)),
     )
 
 
@@ -67,7 +71,7 @@ def backend_settings(conf: StackConfig, controller_url: str | None = None) -> di
     settings: dict[str, Any]
     if conf.backend == "local":
         if conf.local_machines_file is None:
-            raise ValueError("stack config localMachinesFile is required when backend is local")
+            raise ValueError(f"stack config {PROJECT}:localMachinesFile is required when {PROJECT}:backend is local")
         settings = {"kind": "local", "state_dir": str(conf.local_state_dir),
                     "machines_file": str(conf.local_machines_file)}
     else:
@@ -76,6 +80,7 @@ def backend_settings(conf: StackConfig, controller_url: str | None = None) -> di
             settings["base_url"] = conf.vast_base_url
     if controller_url:
         settings["controller_url"] = controller_url
+    settings["pool_data_dir"] = str(conf.pool_data_dir)
     return settings
 
 
@@ -88,20 +93,28 @@ def main(conf: StackConfig | None = None) -> dict[str, Any]:
 
     context = _path(spec.image.context)
     assert context is not None
-    image = WorkerImage("worker", WorkerImageArgs(
-        repository=spec.image.repository, context=str(context), platform=spec.image.platform,
-        base_image=spec.image.base_image, registry_server=conf.registry_server,
-        registry_username=conf.registry_username, registry_password=conf.registry_password))
+    image: WorkerImage | None = None
+    if conf.backend == "local":
+        # The local marketplace runs the worker-image directory itself (bash entrypoint.sh), pinned by a
+        # digest over its files - what `fleet apply --backend local` does; no registry, no docker build.
+        image_ref: pulumi.Input[str] = str(context)
+        image_digest: pulumi.Input[str] | None = directory_digest(context)
+    else:
+        image = WorkerImage("worker", WorkerImageArgs(
+            repository=spec.image.repository, context=str(context), platform=spec.image.platform,
+            base_image=spec.image.base_image, registry_server=conf.registry_server,
+            registry_username=conf.registry_username, registry_password=conf.registry_password))
+        image_ref, image_digest = image.repo_digest, None
 
     backend = backend_settings(conf, spec.controller.url)
     params_dir = str(conf.local_state_dir / "params") if conf.local_state_dir else None
     pools = {pool.name: GpuPool(pool.name, GpuPoolArgs(spec=spec, pool=pool, records=records,
-                                                       image_ref=image.repo_digest, backend=backend,
-                                                       params_dir=params_dir))
+                                                       image_ref=image_ref, image_digest=image_digest,
+                                                       backend=backend, params_dir=params_dir))
              for pool in spec.pools}
 
     exports: dict[str, Any] = {
-        "image_repo_digest": image.repo_digest,
+        "image_repo_digest": image_ref,
         "bad_machine_ids": sorted(records.bad_machine_ids()),
         "slots": {slot: {"instance_id": res.instance_id, "machine_id": res.machine_id,
                          "contract_id": res.contract_id, "status": res.status}

@@ -22,6 +22,7 @@ import git
 from reconciler.adapters.record_files import write_text_atomic
 from reconciler.domain import errors
 from reconciler.domain.backoff import backoff_delay
+from reconciler.domain.surfaces import CommitLine
 
 BOT_NAME = "fleet-reconciler"
 BOT_EMAIL = "fleet-reconciler@users.noreply.invalid"
@@ -365,6 +366,17 @@ class GitStore:
         sha, date, author, summary = first.split(_FS, 3)
         deleted = any(line.startswith("D\t") for line in rest)
         return LastChange(sha, date, author, summary, deleted)
+
+    def recent_commits(self, n: int = 15, ref: str | None = None) -> list[CommitLine]:
+        """The newest `n` commits of `ref` (default: the remote branch, what everyone sees), newest first.
+        Read through `git log` of the bot's clone; the live status page lists them."""
+        out = self._log(f"--max-count={max(n, 1)}", f"--format=%H{_FS}%cI{_FS}%an{_FS}%s", ref or self.remote_ref)
+        lines = []
+        for line in out.splitlines():
+            parts = line.split(_FS, 3)
+            if len(parts) == 4:
+                lines.append(CommitLine(*parts))
+        return lines
 
     def _log(self, *args: str) -> str:
         try:

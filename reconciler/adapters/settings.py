@@ -90,6 +90,16 @@ class Settings:
                    webhook_url=secret(WEBHOOK_URL_ENV))
 
 
+WEBHOOK_ENV_PREFIX = "FLEET_WEBHOOK_"
+
+
+def webhook_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every FLEET_WEBHOOK_* variable (FLEET_WEBHOOK_URL, FLEET_WEBHOOK_<NAME>_URL/_FORMAT/_EVENTS), for
+    `reconciler.adapters.webhooks.targets_from_env`. The URLs are secrets: never print this mapping."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith(WEBHOOK_ENV_PREFIX)}
+
+
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The process's settings. Read on each call (cheap): a long-running process sees a rotated secret on
     its next operation, and tests pass their own `environ` instead of patching the process's."""

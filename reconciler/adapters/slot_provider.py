@@ -199,8 +199,8 @@ def controller_secret_from(secret_values: Mapping[str, str]) -> bytes:
     from_env = settings().controller_secret
     value = secret_values.get("controller_secret") or (from_env.reveal() if from_env else None)
     if not value:
-        raise SlotInputError(f"no controller secret: set the stack config secret gpu-fleet:controllerSecret or "
-                             f"${CONTROLLER_SECRET_ENV}")
+        raise SlotInputError("no controller secret: set the stack config secret gpu-fleet:controllerSecret "
+                             f"(pulumi config set --secret controllerSecret ...) or {CONTROLLER_SECRET_ENV}")
     return value.encode("utf-8")
 
 

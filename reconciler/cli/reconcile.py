@@ -11,20 +11,25 @@ pass its result is written to `<workdir>.last-pass.json`, which `fleet status --
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
 from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.domain.records import RecordError, check_image_digest
 from reconciler.flows.judge import PassResult, run, run_pass
+
+if TYPE_CHECKING:
+    from reconciler.cli.surfaces import Surfaces
 
 
 def last_pass_path(workdir: Path) -> Path:
@@ -61,6 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also serve the controller HTTP API on the same store (secrets from "
                         "$FLEET_CONTROLLER_SECRET / $FLEET_ADMIN_TOKEN)")
     p.add_argument("--json", action="store_true", help="print each pass result as one JSON line")
+    p.add_argument("--status-refresh", type=float, default=5.0, metavar="SECONDS",
+                   help="with --listen: how often the live status page at / refreshes itself (default: %(default)s)")
+    p.add_argument("--slot-state-dir", type=Path, default=None, metavar="DIR",
+                   help="with --listen: the provisioner's state dir (`fleet apply --state-dir`), for $/h per pool")
+    p.add_argument("--metrics-open", action="store_true",
+                   help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
     p.set_defaults(func=run_command)
 
 
@@ -107,14 +118,18 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
     server: Any = None
+    surfaces: Surfaces | None = None
     stop = threading.Event()
     previous: dict[int, Any] = {}
+    status_file = last_pass_path(git.workdir)
     try:
         if args.listen is not None:
-            server = _start_controller(store, args.listen)
+            surfaces = _surfaces(args, store, git, desired, status_file)
+            if surfaces is None:
+                return 2
+            server = _start_controller(store, args.listen, surfaces.routes)
             if server is None:
                 return 2
-        status_file = last_pass_path(git.workdir)
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
         record_cache = None if args.once else RecordCache()
 
@@ -130,6 +145,8 @@ def run_command(args: argparse.Namespace) -> int:
             doc = result.to_json(previous if isinstance(previous, dict) else None)
             write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             _report(result, args.json)
+            if surfaces is not None:
+                surfaces.on_pass(result)
 
         if args.once:
             result = one_pass(datetime.now(UTC))
@@ -145,12 +162,47 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
+        if surfaces is not None:
+            surfaces.close()
         store.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _start_controller(store: Any, address: tuple[str, int]) -> Any:
+def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str | None,
+              status_file: Path) -> Surfaces | None:
+    """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
+    from reconciler.adapters.webhooks import WebhookConfigError
+    from reconciler.cli.controller import ConfigError, load_admin_token
+    from reconciler.cli.surfaces import (
+        SurfacesConfigError,
+        build_surfaces,
+        slot_prices,
+        webhook_targets,
+    )
+
+    try:
+        surfaces = build_surfaces(
+            spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
+            read_token=_read_token(), desired_image_digest=desired, last_pass_file=status_file,
+            commits=lambda: git.recent_commits(15),
+            prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
+            refresh_s=args.status_refresh, metrics_open=args.metrics_open,
+            webhook_targets=webhook_targets())
+    except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
+        print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
+        return None
+    if surfaces.note:
+        print(f"fleet reconcile --listen: {surfaces.note}", file=sys.stderr)
+    return surfaces
+
+
+def _read_token() -> str | None:
+    token = settings().read_token
+    return token.reveal() if token is not None else None
+
+
+def _start_controller(store: Any, address: tuple[str, int], routes: Sequence[Any] = ()) -> Any:
     """The controller API on `address`, sharing `store`; None (after saying why) if it cannot start."""
     from reconciler.adapters.controller.server import ControllerServer
     from reconciler.cli.controller import ConfigError, load_admin_token, load_secret
@@ -161,7 +213,16 @@ def _start_controller(store: Any, address: tuple[str, int]) -> Any:
     except ConfigError as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
-    server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True)
+    options: dict[str, Any] = {}
+    if routes:
+        # The Starlette edge takes the status page and /metrics as extra routes (controller-app.md).
+        if "extra_routes" in inspect.signature(ControllerServer).parameters:
+            options["extra_routes"] = list(routes)
+        else:
+            print("fleet reconcile --listen: this controller edge cannot serve the status page and /metrics yet",
+                  file=sys.stderr)
+    server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True,
+                              **options)
     try:
         server.start()
     except OSError as exc:

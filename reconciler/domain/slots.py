@@ -7,9 +7,14 @@ environment is built here from the inputs, the rented offer and the minted token
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import secrets
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from reconciler.domain import errors
@@ -22,10 +27,32 @@ from reconciler.domain.planner import (
 )
 from reconciler.domain.ranking import RankedOffer
 from reconciler.domain.records import RecordSet
-from reconciler.domain.spec import BenchmarkSettings, FleetSpec, ParamsSettings, PoolSpec
+from reconciler.domain.spec import FleetSpec, ParamsSettings, PoolSpec
 
-#: Pulumi's placeholder for a value not known during preview (pulumi.runtime.rpc.UNKNOWN).
+#: Pulumi's placeholder for a value not known during preview (pulumi.runtime.rpc.UNKNOWN): the wire form.
+#: In Check and Diff the SDK's provider host hands the provider `pulumi.output.Unknown` objects instead;
+#: the Pulumi adapter maps those to `UNKNOWN` below before decoding (the domain does not import pulumi).
 PULUMI_UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+
+
+class _Unknown:
+    """A value not known yet (Pulumi preview). Deliberately falsy-proof: using it as a bool is a bug."""
+
+    _instance: _Unknown | None = None
+
+    def __new__(cls) -> _Unknown:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        raise TypeError("an unknown (preview) value has no truth value: decode it first")
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Any = _Unknown()
 
 
 class SlotError(errors.FleetError):
@@ -51,6 +78,10 @@ class SlotInputError(SlotError, ValueError):
 
     temporary = False
     reason = errors.STATE_INVALID
+
+    def __init__(self, message: str, *, field: str | None = None, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.field = field
 
 
 # --- inputs and outputs ------------------------------------------------------------------------------------
@@ -89,22 +120,7 @@ class SlotInputs:
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> SlotInputs:
-        try:
-            pool_raw = dict(props["pool"])
-            bench = BenchmarkSettings(**dict(pool_raw.pop("benchmark", {}) or {}))
-            pool = PoolSpec(**pool_raw, benchmark=bench)
-            return cls(
-                slot=str(props["slot"]), pool=pool, image=str(props["image"]),
-                image_digest=str(props["image_digest"]), controller_url=str(props["controller_url"]),
-                params=ParamsSettings(**dict(props.get("params") or {})),
-                bad_machine_ids=frozenset(str(m) for m in props.get("bad_machine_ids") or ()),
-                measured={str(k): float(v) for k, v in dict(props.get("measured") or {}).items()},
-                priors={str(k): float(v) for k, v in dict(props.get("priors") or {}).items()},
-                paused_reason=props.get("paused_reason") or None,
-                params_dir=props.get("params_dir") or None,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SlotInputError(f"slot inputs {props.get('slot', '?')!r}: {type(exc).__name__}: {exc}") from None
+        return decode_slot_inputs(props)
 
 
 @dataclass(frozen=True)
@@ -131,17 +147,197 @@ class SlotOutputs:
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> SlotOutputs:
-        names = cls.__dataclass_fields__
-        try:
-            values = {k: v for k, v in props.items() if k in names}
-            return cls(**values)
-        except TypeError as exc:
-            raise SlotInputError(f"slot outputs {props.get('slot', '?')!r}: {exc}") from None
+        return decode_slot_outputs(props)
 
     def observed(self) -> ObservedSlot:
         return ObservedSlot(slot=self.slot, pool=self.pool_name, instance_id=self.instance_id,
                             machine_id=self.machine_id, image_digest=self.image_digest, status=self.status,
                             contract_id=self.contract_id)
+
+
+# --- the typed boundary: one decode for provider inputs and outputs ------------------------------------------
+#
+# Values that crossed Pulumi's gRPC boundary are protobuf Struct values: every number is a double (an int
+# field arrives as 10.0), None-valued keys are dropped, and during preview some values are unknown. Every
+# read of provider props goes through `decode_slot_inputs` / `decode_slot_outputs`, which coerce each
+# field to its declared type (int, float, bool, str, list/tuple/frozenset, mapping, nested dataclass) and
+# refuse anything else naming the slot and the field - so no "10.0" reaches a worker's environment, the
+# marketplace or the controller.
+
+#: Inputs that come from other resources (the image build) and may be unknown during preview.
+MAY_BE_UNKNOWN = frozenset({"image", "image_digest", "paused_reason"})
+
+
+def is_unknown(value: object) -> bool:
+    return value is UNKNOWN or (isinstance(value, str) and value == PULUMI_UNKNOWN)
+
+
+class _FieldError(ValueError):
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+def _coerce(value: Any, hint: Any, path: str) -> Any:
+    if is_unknown(value):
+        raise _FieldError(path, "value is unknown (preview) where a known value is required")
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        real = [a for a in args if a is not type(None)]
+        if len(real) == 1:
+            return _coerce(value, real[0], path)
+        raise _FieldError(path, f"unsupported union type {hint}")
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _FieldError(path, f"expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _FieldError(path, f"expected an integer, got {value!r}")
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+            raise _FieldError(path, f"expected an integer, got {value!r}")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _FieldError(path, f"expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise _FieldError(path, f"expected text, got {value!r}")
+        return value
+    if origin in (tuple, list, frozenset, set):
+        if isinstance(value, str | bytes) or not isinstance(value, list | tuple | set | frozenset):
+            raise _FieldError(path, f"expected a list, got {value!r}")
+        args = typing.get_args(hint)
+        item_hint = args[0] if args else Any
+        items = [_coerce(v, item_hint, f"{path}[{i}]") for i, v in enumerate(value)]
+        return frozenset(items) if origin in (frozenset, set) else tuple(items) if origin is tuple else items
+    if origin in (dict, Mapping, typing.Mapping) or hint is dict:
+        if not isinstance(value, Mapping):
+            raise _FieldError(path, f"expected a mapping, got {value!r}")
+        args = typing.get_args(hint)
+        key_hint, val_hint = args if args else (Any, Any)
+        return {_coerce(k, key_hint, path): _coerce(v, val_hint, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(hint, type) and is_dataclass(hint):
+        return _decode_dataclass(hint, value, path)
+    raise _FieldError(path, f"unsupported field type {hint}")
+
+
+def _decode_dataclass(cls: Any, value: Any, path: str, *, skip: frozenset[str] = frozenset()) -> Any:
+    if not isinstance(value, Mapping):
+        raise _FieldError(path or cls.__name__, f"expected a mapping, got {value!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unexpected = sorted(set(value) - known - skip)
+    if unexpected:
+        raise _FieldError(f"{path}.{unexpected[0]}" if path else unexpected[0], "unknown field")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in skip or f.name not in value:
+            continue  # absent (Pulumi drops None values): the dataclass default applies
+        sub = f"{path}.{f.name}" if path else f.name
+        kwargs[f.name] = _coerce(value[f.name], hints[f.name], sub)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise _FieldError(path or cls.__name__, f"missing field(s): {exc}") from None
+
+
+@dataclass(frozen=True)
+class PoolData:
+    """The records-derived part of a pool's slot inputs: machines excluded and measured rates.
+
+    Sized by the records, not by the pool: under Pulumi it travels once per pool (content-addressed by
+    `digest`), and each slot carries only the digest and the counts, so 1,000 slots do not each carry
+    10,000 machine ids. A new bad machine changes the digest of its pool only."""
+
+    bad_machine_ids: frozenset[str] = frozenset()
+    measured: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def to_json(self) -> str:
+        return json.dumps({"bad_machine_ids": sorted(self.bad_machine_ids),
+                           "measured": dict(sorted(self.measured.items()))}, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> PoolData:
+        try:
+            doc = json.loads(text)
+            return typing.cast(PoolData, _decode_dataclass(cls, doc, ""))
+        except (ValueError, TypeError) as exc:
+            raise SlotInputError(f"{where}: unreadable pool data: {exc}") from None
+
+    def ref(self) -> dict[str, Any]:
+        return {"digest": self.digest, "excluded": len(self.bad_machine_ids), "measured": len(self.measured)}
+
+
+#: Resolves a pool-data digest to its content (the Pulumi adapter reads a content-addressed file).
+PoolDataResolver = Callable[[str], PoolData]
+
+
+def decode_slot_inputs(props: Mapping[str, Any], *, resolve_pool_data: PoolDataResolver | None = None,
+                       allow_unknown: bool = False) -> SlotInputs:
+    """Provider props -> SlotInputs, coerced per field; refuses a bad value naming slot and field.
+
+    `pool_data` (a digest reference, see PoolData) is resolved with `resolve_pool_data`; inline
+    `bad_machine_ids`/`measured` (fleet apply, older stacks) are read as they are. With `allow_unknown`
+    (Pulumi preview: Check, Diff) the fields in MAY_BE_UNKNOWN may be unknown and decode to UNKNOWN."""
+    slot = props.get("slot")
+    label = slot if isinstance(slot, str) else "?"
+    try:
+        # `__provider` is the host's own key (the pickled provider); outputs declared by the resource class
+        # may sit beside the inputs. Neither is an input.
+        data = {k: v for k, v in props.items() if not k.startswith("__") and k not in _OUTPUT_ONLY}
+        unknowns: dict[str, Any] = {}
+        for name in MAY_BE_UNKNOWN:
+            if name in data and is_unknown(data[name]):
+                if not allow_unknown:
+                    raise _FieldError(name, "value is unknown outside a preview")
+                unknowns[name] = UNKNOWN
+                del data[name]
+        ref = data.pop("pool_data", None)
+        if ref is not None:
+            ref_doc = _coerce(ref, dict[str, Any], "pool_data")
+            digest = _coerce(ref_doc.get("digest"), str, "pool_data.digest")
+            if resolve_pool_data is None:
+                raise _FieldError("pool_data", "a pool-data reference needs a resolver")
+            pool_data = resolve_pool_data(digest)
+            if pool_data.digest != digest:
+                raise _FieldError("pool_data.digest", f"content of {digest} hashes to {pool_data.digest}")
+            data["bad_machine_ids"] = sorted(pool_data.bad_machine_ids)
+            data["measured"] = dict(pool_data.measured)
+        for name in unknowns:
+            data[name] = None if name == "paused_reason" else ""  # placeholder, replaced below
+        inputs = _decode_dataclass(SlotInputs, data, "")
+        if unknowns:
+            # The unknown marker is the value; nothing downstream may read it as text or as a bool.
+            inputs = SlotInputs(**{**{f.name: getattr(inputs, f.name) for f in fields(SlotInputs)}, **unknowns})
+        return typing.cast(SlotInputs, inputs)
+    except _FieldError as exc:
+        raise SlotInputError(f"slot {label}: input {exc}", field=exc.path) from None
+
+
+_OUTPUT_ONLY = frozenset(SlotOutputs.__dataclass_fields__) - frozenset(SlotInputs.__dataclass_fields__)
+
+
+def decode_slot_outputs(props: Mapping[str, Any]) -> SlotOutputs:
+    """Provider state -> SlotOutputs, coerced per field (inputs merged into the state are ignored)."""
+    slot = props.get("slot")
+    label = slot if isinstance(slot, str) else "?"
+    names = {f.name for f in fields(SlotOutputs)}
+    try:
+        return typing.cast(SlotOutputs, _decode_dataclass(SlotOutputs, {k: v for k, v in props.items()
+                                                                        if k in names}, ""))
+    except _FieldError as exc:
+        raise SlotInputError(f"slot {label}: output {exc}", field=exc.path) from None
 
 
 @dataclass(frozen=True)
@@ -211,15 +407,17 @@ def slot_diff(old: SlotOutputs, new: SlotInputs) -> SlotDiff:
     A digest Pulumi does not know yet (preview of a rebuild) is reported as a possible replacement. A
     paused pool replaces nothing: delete-before-replace would destroy a working instance and then be
     refused a new one."""
-    unknown = new.image_digest == PULUMI_UNKNOWN
+    unknown = is_unknown(new.image_digest)
     why = replace_reason(old.machine_id, old.image_digest, old.status, new.bad_machine_ids,
                          None if unknown else new.image_digest)
     if why is None and unknown:
         why = (REASON_IMAGE_CHANGED, "image digest not known until the image is built: may change")
     if why is None:
         return SlotDiff(replace=False)
-    if new.paused_reason:
-        return SlotDiff(replace=False, reason=why[0], detail=f"{why[1]}; held: {new.paused_reason}")
+    # An unknown hold (it depends on the digest being built) is not a hold: never read an Unknown as truthy.
+    held = None if is_unknown(new.paused_reason) else new.paused_reason
+    if held:
+        return SlotDiff(replace=False, reason=why[0], detail=f"{why[1]}; held: {held}")
     prop = {REASON_MACHINE_BAD: "bad_machine_ids", REASON_IMAGE_CHANGED: "image_digest"}.get(why[0], "status")
     return SlotDiff(replace=True, reason=why[0], detail=why[1], replaces=(prop,))
 

@@ -8,6 +8,7 @@ freshly synced tree and decides on THAT tree (so a human's pardon merged a secon
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from reconciler.domain.observations import InstanceReport, format_time, parse_ti
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
+    ImageSuspectRecord,
     RecordSet,
 )
 from reconciler.domain.serving import directives
@@ -73,6 +75,13 @@ class PassResult:
     observation_error: str | None = None  # the controller store failed: nothing judged
     error: str | None = None  # temporary: fetch/push failed; the next pass retries
     reason: str | None = None  # the error taxonomy's reason constant when the pass did not finish
+    image_records: tuple[ImageSuspectRecord, ...] = ()  # image-suspect records this pass wrote
+    publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
+
+    @property
+    def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
+        """Image-suspect records that tripped in this pass (not ones that only grew by another machine)."""
+        return tuple(r for r in self.image_records if r.active and r.tripped_at == format_time(self.at))
 
     @property
     def ok(self) -> bool:
@@ -139,7 +148,8 @@ def commit_request(decision: PassDecision) -> CommitRequest | None:
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
-             record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None) -> PassResult:
+             record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
+             monotonic: Callable[[], float] = time.monotonic) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
@@ -170,6 +180,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         outcome["directives"] = {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}
         return commit_request(decision)
 
+    started = monotonic()
     try:
         published = store.publish(build)
     except TemporaryGitError as exc:
@@ -187,7 +198,9 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         except Exception as exc:  # the records are published; workers learn their verdict next pass
             notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
-                      attempts=published.attempts, pending=decision.pending, notes=notes)
+                      attempts=published.attempts, pending=decision.pending, notes=notes,
+                      image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
+                      publish_seconds=monotonic() - started if published.commit else None)
 
 
 def run(pass_once: Callable[[datetime], PassResult], *, interval_s: float, stop_event: threading.Event,

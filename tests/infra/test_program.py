@@ -79,6 +79,7 @@ class FleetMocks(pulumi.runtime.Mocks):
     resources: dict[str, pulumi.runtime.MockResourceArgs] = field(default_factory=dict)
     created: dict[str, dict[str, Any]] = field(default_factory=dict)
     create_errors: dict[str, Exception] = field(default_factory=dict)
+    pool_data_dir: str = ""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         self.resources[args.name] = args
@@ -86,7 +87,8 @@ class FleetMocks(pulumi.runtime.Mocks):
             return f"{args.name}-id", {**args.inputs, "repoDigest": REPO_DIGEST}
         if args.typ == SLOT_TYPE:
             try:
-                out = SlotProvider(self.market, SECRET).create(SlotInputs.from_props(args.inputs))
+                decoded = SlotResourceProvider({"pool_data_dir": self.pool_data_dir}).decode_inputs(args.inputs)
+                out = SlotProvider(self.market, SECRET).create(decoded)
             except Exception as exc:  # the engine would record a failed create; so do we
                 self.create_errors[args.name] = exc
                 return None, dict(args.inputs)
@@ -108,6 +110,7 @@ class Repo:
         (context / "Dockerfile").write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n")
         (self.spec_dir / "fleet.yaml").write_text(SPEC.format(context=context))
         self.context = context
+        self.pool_data_dir = root / "pool-data"
 
     def mark_bad(self, machine_id: str) -> None:
         entry = BenchmarkEntry(instance_id="i", at="2026-12-02T18:00:00Z", verdict="below-min-rate", blame="machine",
@@ -118,11 +121,14 @@ class Repo:
     def config(self) -> dict[str, str]:
         return {"gpu-fleet:specPath": str(self.spec_dir / "fleet.yaml"), "gpu-fleet:backend": "vastai",
                 "gpu-fleet:registryServer": "registry.example", "gpu-fleet:registryUsername": "bot",
-                "gpu-fleet:registryPassword": "hunter2-registry"}
+                "gpu-fleet:registryPassword": "hunter2-registry",
+                "gpu-fleet:poolDataDir": str(self.pool_data_dir)}
 
 
 def run_entry_point(repo: Repo, mocks: FleetMocks) -> None:
     """Run infra/ the way Pulumi's Python host does: the directory's __main__.py as a script."""
+
+    mocks.pool_data_dir = str(repo.pool_data_dir)
 
     @pulumi.runtime.test
     def go() -> None:
@@ -136,6 +142,7 @@ def run_entry_point(repo: Repo, mocks: FleetMocks) -> None:
 def run_program(repo: Repo, mocks: FleetMocks) -> dict[str, Any]:
     """Run infra/program.main() to completion under mocks; return its exports (resolved)."""
     resolved: dict[str, Any] = {}
+    mocks.pool_data_dir = str(repo.pool_data_dir)
 
     @pulumi.runtime.test
     def go() -> pulumi.Output:
@@ -204,7 +211,8 @@ def test_registry_password_and_controller_secret_stay_out_of_slot_inputs(repo: R
             assert b"hunter2-registry" not in raw and SECRET not in raw
             provider = dill.loads(raw)  # noqa: S301 - our own blob, as Pulumi's provider process loads it
             assert isinstance(provider, SlotResourceProvider) and provider.backend == {
-                "kind": "vastai", "controller_url": "https://controller.example"}
+                "kind": "vastai", "controller_url": "https://controller.example",
+                "pool_data_dir": str(repo.pool_data_dir)}
 
 
 def test_bad_machines_are_excluded_from_every_query(repo: Repo) -> None:
@@ -214,7 +222,10 @@ def test_bad_machines_are_excluded_from_every_query(repo: Repo) -> None:
     run_program(repo, mocks)
     assert mocks.market.queries and all(q.exclude_machine_ids == {"m1", "m3"} for q in mocks.market.queries)
     slot_inputs = [a.inputs for a in mocks.resources.values() if a.typ == SLOT_TYPE]
-    assert all(i["bad_machine_ids"] == ["m1", "m3"] for i in slot_inputs)
+    # each slot carries a reference to its pool's exclusion set (one file per pool), not the set itself
+    assert all("bad_machine_ids" not in i and i["pool_data"]["excluded"] == 2 for i in slot_inputs)
+    provider = SlotResourceProvider({"pool_data_dir": str(repo.pool_data_dir)})
+    assert all(provider.decode_inputs(i).bad_machine_ids == {"m1", "m3"} for i in slot_inputs)
     rented = {mocks.created[f"big-{i}"]["machine_id"] for i in range(3)}
     assert rented == {"m2", "m4", "m5"}
 
@@ -228,21 +239,24 @@ def test_a_new_bad_record_replaces_exactly_that_slot(repo: Repo) -> None:
 
     second = FleetMocks(market=first.market)
     run_program(repo, second)
-    provider = SlotResourceProvider({"kind": "vastai"})
-    replaced = {}
+    provider = SlotResourceProvider({"kind": "vastai", "pool_data_dir": str(repo.pool_data_dir)})
+    replaced, changed = {}, set()
     for slot, old_state in first.created.items():
         new_inputs = second.resources[slot].inputs
         diff = provider.diff(old_state["instance_id"], old_state, new_inputs)
         assert diff.delete_before_replace
         if diff.replaces:
             replaced[slot] = diff.replaces
-    assert replaced == {victim_slot: ["bad_machine_ids"]}
+        if diff.changes:
+            changed.add(slot)
+    assert replaced == {victim_slot: ["pool_data"]}
+    assert changed == {victim_slot}  # the pool's other slots preview as no change
 
 
 def test_new_image_digest_replaces_every_slot_and_unknown_digest_in_preview_may(repo: Repo) -> None:
     first = FleetMocks()
     run_program(repo, first)
-    provider = SlotResourceProvider({"kind": "vastai"})
+    provider = SlotResourceProvider({"kind": "vastai", "pool_data_dir": str(repo.pool_data_dir)})
     new_digest = "sha256:" + "d" * 64
     for old in first.created.values():
         moved = {**second_inputs(old), "image": f"registry.example/fleet/worker@{new_digest}",
@@ -255,7 +269,7 @@ def test_new_image_digest_replaces_every_slot_and_unknown_digest_in_preview_may(
 
 
 def second_inputs(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if k in SlotInputs.__dataclass_fields__}
+    return {k: v for k, v in state.items() if k in SlotInputs.__dataclass_fields__ or k == "pool_data"}
 
 
 def test_suspect_image_pauses_its_pool_only(repo: Repo) -> None:

@@ -241,7 +241,10 @@ def test_dynamic_provider_crud_against_local_marketplace(local_backend: dict[str
     same = provider.diff(created.id, state, props)
     assert not same.replaces and not same.changes
     ranking_only = provider.diff(created.id, state, {**props, "measured": {"m-dear": 80.0}})
-    assert ranking_only.changes and not ranking_only.replaces
+    # Ranking data only steers the next create: the instance stays, and the preview says "no change".
+    assert not ranking_only.changes and not ranking_only.replaces
+    constraint = provider.diff(created.id, state, {**props, "pool": {**props["pool"], "max_price_usd_per_hour": 0.7}})
+    assert constraint.changes and not constraint.replaces
     updated = provider.update(created.id, state, {**props, "measured": {"m-dear": 80.0}})
     assert updated.outs is not None and updated.outs["instance_id"] == created.id
     assert updated.outs["measured"] == {"m-dear": 80.0}

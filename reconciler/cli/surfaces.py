@@ -1,0 +1,107 @@
+"""Wires the operator surfaces into a process that serves the controller (`fleet reconcile --listen`, the demo):
+the live status page at `/` and `/metrics` as extra routes of the controller's app, the loop's metrics and the
+webhooks fed after every pass.
+
+Settings (environment, through reconciler.adapters.settings; tokens and URLs are secrets, never printed):
+  FLEET_READ_TOKEN     read-only token for the page and /metrics (optional; the admin token works too)
+  FLEET_WEBHOOK_URL, FLEET_WEBHOOK_<NAME>_URL (+ _FORMAT, _EVENTS): see reconciler/adapters/webhooks.py
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.routing import BaseRoute
+
+from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, webhook_environment
+from reconciler.adapters.webhooks import WebhookNotifier, WebhookTarget, targets_from_env
+from reconciler.domain.events import FleetEvent, breaker_event, verdict_event
+from reconciler.domain.surfaces import CommitLine, Orphan
+from reconciler.flows.judge import PassResult
+from reconciler.flows.live_status import LiveStatusSource, StatusStore
+from reconciler.render.live import ReadAccess, StatusRoutes, install_access_log_redaction
+from reconciler.render.metrics import FleetMetrics, fleet_metrics
+
+
+class SurfacesConfigError(ValueError):
+    pass
+
+
+@dataclass
+class Surfaces:
+    routes: list[BaseRoute]
+    metrics: FleetMetrics
+    source: LiveStatusSource
+    notifier: WebhookNotifier | None = None
+    notified: list[FleetEvent] = field(default_factory=list)  # what this process queued (tests, the demo)
+    note: str | None = None  # why the page is off, when it is
+
+    def on_pass(self, result: PassResult) -> None:
+        """After every reconcile pass: count it, and tell the webhooks what reached origin."""
+        self.metrics.loop.observe_pass(result, result.publish_seconds, len(result.breaker_trips))
+        if not (result.commit and result.pushed):
+            return  # nothing the audit trail shows yet: say nothing (the next pass recomputes it)
+        events = [verdict_event(v) for v in result.verdicts if v.machine_id]
+        events += [breaker_event(r, result.at) for r in result.breaker_trips]
+        self.notify(events)
+
+    def notify(self, events: Sequence[FleetEvent]) -> None:
+        self.notified.extend(events)
+        if self.notifier is not None:
+            for event in events:
+                self.notifier.notify(event)
+
+    def close(self) -> None:
+        if self.notifier is not None:
+            self.notifier.stop()
+
+
+def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | None, read_token: str | None,
+                   desired_image_digest: str | None, last_pass_file: Path | None,
+                   commits: Callable[[], Sequence[CommitLine]] | None = None,
+                   orphans: Callable[[], Sequence[Orphan]] | None = None,
+                   prices: Callable[[], Mapping[str, float]] | None = None,
+                   refresh_s: float = 5.0, metrics_open: bool = False, open_reads: bool = False,
+                   webhook_targets: Sequence[WebhookTarget] = (), secure_cookie: bool = False,
+                   notifier_options: Mapping[str, Any] | None = None) -> Surfaces:
+    if refresh_s <= 0:
+        raise SurfacesConfigError(f"--status-refresh must be > 0 seconds, got {refresh_s:g}")
+    tokens = tuple(t for t in (read_token, admin_token) if t)
+    source = LiveStatusSource(spec_dir, store, desired_image_digest=desired_image_digest,
+                              last_pass_file=last_pass_file, commits=commits, orphans=orphans,
+                              prices=prices)
+    metrics = fleet_metrics(source.metrics_state)
+    routes: list[BaseRoute] = []
+    note = None
+    if tokens or open_reads:
+        access = ReadAccess(tokens, open_reads=open_reads, secure_cookie=secure_cookie)
+        routes = list(StatusRoutes(source.snapshot, access, metrics=metrics, refresh_s=refresh_s,
+                                   metrics_open=metrics_open).routes())
+        install_access_log_redaction()
+    else:
+        note = (f"status page and /metrics off: set ${READ_TOKEN_ENV} (read-only) or ${ADMIN_TOKEN_ENV} "
+                "to let someone read them")
+    notifier = None
+    if webhook_targets:
+        notifier = WebhookNotifier(webhook_targets, **dict(notifier_options or {})).start()
+    return Surfaces(routes, metrics, source, notifier, note=note)
+
+
+def webhook_targets(environ: Mapping[str, str] | None = None) -> list[WebhookTarget]:
+    return targets_from_env(webhook_environment(environ))
+
+
+def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:
+    """Instance -> $/h from the provisioner's slot state (`fleet apply --state-dir`), read on each call."""
+    from reconciler.adapters.slot_provider import SLOT_STATE_FILE, load_slot_state
+
+    def read() -> Mapping[str, float]:
+        path = state_dir / SLOT_STATE_FILE
+        if not path.is_file():
+            return {}
+        return {o.instance_id: o.price_usd_per_hour for o in load_slot_state(path).values()}
+
+    return read

@@ -1,0 +1,190 @@
+"""HTTP routes of the operator surfaces: the live status page at `/`, its refresh fragment, `/status.json` and
+`/metrics` (Starlette). The cli wires them into the controller's app (`fleet reconcile --listen`); they only
+read: a snapshot callable gives the current status (cached by its source), nothing here writes anything.
+
+Access (read-only): the admin token or a separate read token. Scripts send `Authorization: Bearer <token>`.
+A browser signs in once - the login form POSTs the token, or a link carries `?token=` - and gets an
+HTTP-only, SameSite=Strict cookie holding an HMAC of the token (never the token itself), then a redirect to
+`/` so the token leaves the address bar and the history; `Referrer-Policy: no-referrer` keeps it out of
+Referer headers. The token never reaches a log: `install_access_log_redaction` masks `token=` in the ASGI
+server's access log lines, and nothing here logs a request. Every response is `no-store`; pages carry a CSP
+that allows only this page's one inline script (per-response nonce) and fetches to this origin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from reconciler.domain.redact import redact_line
+from reconciler.domain.surfaces import LiveSnapshot
+from reconciler.render.html import LivePage, render_fragment, render_login, render_page
+from reconciler.render.metrics import CONTENT_TYPE, FleetMetrics
+
+COOKIE_NAME = "fleet_status_session"
+FRAGMENT_PATH = "/status/fragment"
+LOGIN_PATH = "/login"
+MAX_LOGIN_BODY = 4096
+_SESSION_CONTEXT = b"gpu-fleet status page session v1"
+PAGE_CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'nonce-{nonce}'; "
+            "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+
+
+@dataclass(frozen=True)
+class ReadAccess:
+    """Who may read: any of `tokens` (admin, read). `open_reads` lifts the check (local demo on 127.0.0.1)."""
+
+    tokens: tuple[str, ...]
+    open_reads: bool = False
+    secure_cookie: bool = False  # set when served over TLS: the cookie is then never sent in clear
+    cookie_max_age_s: int = 12 * 3600
+
+    def __post_init__(self) -> None:
+        if not self.open_reads and not any(self.tokens):
+            raise ValueError("the status page needs a read or admin token (or open reads)")
+
+    @staticmethod
+    def session_value(token: str) -> str:
+        return hmac.new(token.encode(), _SESSION_CONTEXT, hashlib.sha256).hexdigest()
+
+    def token_ok(self, presented: str | None) -> bool:
+        if not presented:
+            return False
+        return any(t and hmac.compare_digest(presented.encode(), t.encode()) for t in self.tokens)
+
+    def allows(self, request: Request) -> bool:
+        if self.open_reads:
+            return True
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and self.token_ok(value.strip()):
+            return True
+        cookie = request.cookies.get(COOKIE_NAME)
+        if not cookie:
+            return False
+        return any(t and hmac.compare_digest(cookie, self.session_value(t)) for t in self.tokens)
+
+    def signed_in(self, token: str, to: str = "/") -> Response:
+        response = RedirectResponse(to, status_code=303, headers=_COMMON_HEADERS)
+        response.set_cookie(COOKIE_NAME, self.session_value(token), max_age=self.cookie_max_age_s, path="/",
+                            httponly=True, samesite="strict", secure=self.secure_cookie)
+        return response
+
+
+_COMMON_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Content-Type-Options": "nosniff"}
+
+
+def _html(body: str, status: int = 200, nonce: str | None = None) -> HTMLResponse:
+    headers = dict(_COMMON_HEADERS)
+    headers["Content-Security-Policy"] = PAGE_CSP.format(nonce=nonce or "none")
+    return HTMLResponse(body, status_code=status, headers=headers)
+
+
+class StatusRoutes:
+    """The routes; `snapshot` gives the current status, `metrics` the registry `/metrics` serves."""
+
+    def __init__(self, snapshot: Callable[[], LiveSnapshot], access: ReadAccess, *,
+                 metrics: FleetMetrics | None = None, refresh_s: float = 5.0, metrics_open: bool = False):
+        self._snapshot = snapshot
+        self._access = access
+        self._metrics = metrics
+        self._refresh_s = refresh_s
+        self._metrics_open = metrics_open
+
+    def routes(self) -> list[Route]:
+        out = [Route("/", self.page, methods=["GET", "HEAD"]),
+               Route(LOGIN_PATH, self.login, methods=["POST"]),
+               Route(FRAGMENT_PATH, self.fragment, methods=["GET"]),
+               Route("/status.json", self.status_json, methods=["GET"])]
+        if self._metrics is not None:
+            out.append(Route("/metrics", self.metrics, methods=["GET"]))
+        return out
+
+    def _login_page(self, problem: str | None = None) -> HTMLResponse:
+        return _html(render_login(action=LOGIN_PATH, problem=problem), status=401)
+
+    def page(self, request: Request) -> Response:
+        token = request.query_params.get("token")
+        if token is not None:
+            # A link with ?token=: exchange it for the cookie and drop it from the URL at once.
+            if self._access.token_ok(token):
+                return self._access.signed_in(token)
+            return self._login_page("That token was not accepted.")
+        if not self._access.allows(request):
+            return self._login_page()
+        snap = self._snapshot()
+        nonce = secrets.token_urlsafe(16)
+        live = LivePage(fragment_url=FRAGMENT_PATH, refresh_s=self._refresh_s, nonce=nonce)
+        return _html(render_page(snap.view, extras=snap.extras, spec_source=snap.spec_source, live=live), nonce=nonce)
+
+    async def login(self, request: Request) -> Response:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_LOGIN_BODY):
+            return self._login_page("The sign-in form was too large.")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_LOGIN_BODY:
+                return self._login_page("The sign-in form was too large.")
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+        token = (fields.get("token") or [""])[0].strip()
+        if self._access.token_ok(token):
+            return self._access.signed_in(token)
+        return self._login_page("That token was not accepted.")
+
+    def fragment(self, request: Request) -> Response:
+        if not self._access.allows(request):
+            return Response("sign in again", status_code=401, headers=_COMMON_HEADERS)
+        snap = self._snapshot()
+        return _html(render_fragment(snap.view, extras=snap.extras, spec_source=snap.spec_source))
+
+    def status_json(self, request: Request) -> Response:
+        if not self._access.allows(request):
+            return JSONResponse({"error": "unauthorized"}, status_code=401, headers=_COMMON_HEADERS)
+        snap = self._snapshot()
+        doc: dict[str, Any] = snap.view.to_json()
+        doc["economics"] = [{**e.__dict__, "meets_slo": e.meets_slo, "within_cap": e.within_cap}
+                            for e in snap.extras.economics]
+        doc["commits"] = [c.__dict__ for c in snap.extras.commits]
+        doc["orphans"] = [o.__dict__ for o in snap.extras.orphans]
+        return JSONResponse(doc, headers=_COMMON_HEADERS)
+
+    def metrics(self, request: Request) -> Response:
+        assert self._metrics is not None
+        if not (self._metrics_open or self._access.allows(request)):
+            return Response("unauthorized\n", status_code=401, headers=_COMMON_HEADERS,
+                            media_type="text/plain")
+        return Response(self._metrics.exposition(), headers=_COMMON_HEADERS, media_type=CONTENT_TYPE)
+
+
+def status_app(routes: StatusRoutes, extra: Sequence[Route] = ()) -> Starlette:
+    """A Starlette app with only these routes (tests; a status server beside an older controller)."""
+    return Starlette(routes=[*routes.routes(), *extra])
+
+
+class _RedactAccessLog(logging.Filter):
+    """Masks credentials (`?token=...`) in access log lines before any handler formats them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_line(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact_line(record.msg)
+        return True
+
+
+def install_access_log_redaction(logger_name: str = "uvicorn.access") -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _RedactAccessLog) for f in logger.filters):
+        logger.addFilter(_RedactAccessLog())
