@@ -461,6 +461,13 @@ if [[ $action == stop ]]; then
   fleet_log "serve: not serving: the controller's verdict is $(directive_reason)"
   finish 0 "not serving: controller verdict $(directive_reason)"
 fi
+if [[ $action == serve ]]; then
+  # The spec's heartbeat interval (serving.heartbeat_minutes) comes with the verdict.
+  hb=$(jq -r '.heartbeat_s // empty' "$DIRECTIVE_FILE" 2>/dev/null || true)
+  if number "$hb" && [[ ! $hb =~ ^0+(\.0+)?$ ]]; then
+    FLEET_HEARTBEAT_S=$hb
+  fi
+fi
 case $action in
   serve) how="controller verdict: $(directive_reason)" ;;
   none) how="the controller gives no verdicts (no directive route); serving as before" ;;
