@@ -98,14 +98,29 @@ LATER = T0 + timedelta(hours=3)
 OTHER_DIGEST = "sha256:" + "b2" * 32
 
 
-CUDA_ERROR_TAIL = (
-    *PARAMS_OK_LOG,
-    "cuzk-daemon: listening on 127.0.0.1:9820",
-    "  [1/10] ok — 121.4s",
-    "Error: CUDA error 999: unknown error",
-    "cuzk-bench: connection refused",
-    "benchmark.sh: cuzk-bench exited with status 1, 1/10 proofs",
-)
+def _gpu_panic_tail(payload: str) -> tuple[str, ...]:
+    """A GPU failure as the real daemon reports it (curio e0294b0f extern/supraseal-c2/src/lib.rs:316 panics with
+    sppark's error; the panic message is on the next line, Rust >= 1.73), then the bench gives up."""
+    return (
+        *PARAMS_OK_LOG,
+        "cuzk-daemon: 2026-12-02T18:24:00.102260Z  INFO cuzk_daemon: cuzk-daemon ready, serving on 127.0.0.1:9820",
+        "  [1/10] COMPLETED — 121.4s (prove=38411 ms, queue=3 ms)",
+        "cuzk-daemon: thread 'tokio-runtime-worker' panicked at /build/curio/extern/supraseal-c2/src/lib.rs:316:9:",
+        f"cuzk-daemon: {payload}",
+        "Error: Prove RPC failed",
+        "",
+        "Caused by:",
+        f'    status: Internal, message: "partition 0 GPU task panicked: task 57 panicked with message '
+        f'\\"{payload}\\"", '
+        "details: [], metadata: MetadataMap { headers: {} }",
+        "benchmark.sh: cuzk-bench exited with status 1, 1/10 proofs",
+    )
+
+
+#: A machine-class CUDA failure: the container sees no GPU (cudaErrorNoDevice, negated by sppark).
+CUDA_ERROR_TAIL = _gpu_panic_tail("sppark::Error #-100")
+#: An image-class CUDA failure: our kernels fault (cudaErrorIllegalAddress) - on every machine alike.
+IMAGE_CUDA_TAIL = _gpu_panic_tail("sppark::Error #-700")
 
 
 def spec_from_text(text: str = SPEC_YAML) -> FleetSpec:

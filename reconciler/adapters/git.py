@@ -30,7 +30,7 @@ TRAILER_KEYS = ("Fleet-Machine", "Fleet-Verdict", "Fleet-Image", "Fleet-Instance
 #: Directories whose content the bot owns: uncommitted changes there are recomputed, never protected.
 RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/")
 
-_TRAILER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+_TRAILER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*\Z")
 # Field and record separators for parsing `git log` output; they never occur in commit messages we write.
 _FS, _RS = "\x1f", "\x1e"
 
@@ -117,7 +117,7 @@ def _check_request(req: CommitRequest) -> None:
     if not req.summary.strip() or "\n" in req.summary.strip():
         raise GitStoreError(f"commit summary {req.summary!r} must be one non-empty line")
     for key, value in req.trailers:
-        if not _TRAILER_KEY.match(key) or "\n" in value or not value.strip():
+        if not _TRAILER_KEY.fullmatch(key) or "\n" in value or not value.strip():
             raise GitStoreError(f"trailer {key!r}: {value!r} must be a token key and a one-line non-empty value")
     for change in req.changes:
         check_repo_path(change.path)
@@ -303,7 +303,7 @@ class GitStore:
 
     def trailer_values(self, key: str, ref: str | None = None) -> set[str]:
         """Every value of trailer `key` in the history of `ref` (default: the remote branch, as last fetched)."""
-        if not _TRAILER_KEY.match(key):
+        if not _TRAILER_KEY.fullmatch(key):
             raise GitStoreError(f"trailer key {key!r} is not a token")
         ref = ref or self.remote_ref
         try:

@@ -271,7 +271,7 @@ def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> Reco
             rec = _read_record(file, parse_machine_record, cache)
         except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
             problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
-            if _SAFE_ID.match(file.stem):
+            if _SAFE_ID.fullmatch(file.stem):
                 unreadable.add(file.stem)
             continue
         machines[rec.machine_id] = rec

@@ -25,6 +25,7 @@ READ_TOKEN_ENV = "FLEET_READ_TOKEN"  # noqa: S105
 VAST_API_KEY_ENV = "VAST_API_KEY"
 IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
 WEBHOOK_URL_ENV = "FLEET_WEBHOOK_URL"
+CI_ENV = "CI"
 
 #: Every variable the package reads, with what it is for (README and `fleet --help` list these).
 ENVIRONMENT = {
@@ -34,6 +35,7 @@ ENVIRONMENT = {
     VAST_API_KEY_ENV: "vast.ai API key (backend vastai)",
     IMAGE_DIGEST_ENV: "desired worker image digest sha256:<hex> (stale-image checks)",
     WEBHOOK_URL_ENV: "webhook URL for verdicts, breaker trips, spend cap, orphans (a secret)",
+    CI_ENV: "true/1 in CI: `fleet demo` never waits for Ctrl-C there",
 }
 
 
@@ -75,6 +77,7 @@ class Settings:
     vast_api_key: Secret | None = None
     image_digest: str | None = None
     webhook_url: Secret | None = None
+    ci: bool = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -87,7 +90,7 @@ class Settings:
         digest = env.get(IMAGE_DIGEST_ENV, "").strip() or None
         return cls(controller_secret=secret(CONTROLLER_SECRET_ENV), admin_token=secret(ADMIN_TOKEN_ENV),
                    read_token=secret(READ_TOKEN_ENV), vast_api_key=secret(VAST_API_KEY_ENV), image_digest=digest,
-                   webhook_url=secret(WEBHOOK_URL_ENV))
+                   webhook_url=secret(WEBHOOK_URL_ENV), ci=env.get(CI_ENV, "").strip().lower() in ("true", "1"))
 
 
 WEBHOOK_ENV_PREFIX = "FLEET_WEBHOOK_"

@@ -22,11 +22,12 @@ into a finished record, while its logs stay readable.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -262,6 +263,7 @@ class ControllerStore:
         self._lock = threading.Lock()  # guards the connection
         self._queue_lock = threading.Lock()  # guards the group-commit queue
         self._queue: list[_PendingWrite] = []
+        self._group_thread: int | None = None
         try:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         except sqlite3.Error as exc:
@@ -307,14 +309,56 @@ class ControllerStore:
 
     # --- writes ------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Writes made by this thread inside the block share one transaction, committed when it ends.
+
+        For a single-threaded caller that answers many requests at once (the asyncio HTTP edge): each write
+        still runs alone (a savepoint: one that fails leaves the others intact) and its result is returned
+        at once, but nothing is durable until the block exits, so the caller must answer only after that.
+        If the final COMMIT fails the block raises and none of the writes happened.
+        """
+        with self._lock:
+            self._group_thread = threading.get_ident()
+            try:
+                yield
+                if self._conn.in_transaction:
+                    self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._group_thread = None
+
+    def _in_group(self) -> bool:
+        return self._group_thread is not None and self._group_thread == threading.get_ident()
+
+    def _grouped_write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        conn = self._conn
+        if not conn.in_transaction:
+            conn.execute("BEGIN IMMEDIATE")
+        conn.execute("SAVEPOINT grouped_write")
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK TO grouped_write")
+            conn.execute("RELEASE grouped_write")
+            raise
+        conn.execute("RELEASE grouped_write")
+        return result
+
     def _transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `body` in a committed transaction; return only once it is committed.
+        """Run `body` in a committed transaction; return only once it is committed (or, inside `group`,
+        once it ran: the group commits).
 
         Group commit: a write queues itself, and whichever thread gets the connection runs every queued
         write in one transaction and commits once for all. Under concurrent workers this turns N commits
         (each a WAL append) into one; alone, a write is still its own transaction. A write's caller is
         answered only after the COMMIT that contains it.
         """
+        if self._in_group():
+            return self._grouped_write(body)
         pending = _PendingWrite(body)
         with self._queue_lock:
             self._queue.append(pending)
@@ -576,6 +620,8 @@ class ControllerStore:
 
     def _snapshot(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run the SELECTs of one read in a single transaction: a consistent view across tables."""
+        if self._in_group():
+            return body(self._conn)  # inside the group's transaction: it sees the group's own writes
         with self._lock:
             self._conn.execute("BEGIN")
             try:
@@ -631,33 +677,68 @@ class ControllerStore:
         events: dict[str, list[tuple[PhaseEvent, datetime]]] = {}
         event_sql = ("SELECT instance_id, phase, status, at, received_at, exit_code, message, log_tail, details "  # noqa: S608
                      f"FROM events {where} ORDER BY id")
+        unreadable: dict[str, str] = {}
         for row in conn.execute(event_sql, args):
-            event = PhaseEvent(phase=row[1], status=row[2], at=datetime.fromisoformat(row[3]), exit_code=row[5],
-                               message=row[6], log_tail=tuple(json.loads(row[7])), details=json.loads(row[8]))
-            events.setdefault(row[0], []).append((event, datetime.fromisoformat(row[4])))
-        results = {row[0]: (json.loads(row[2]), datetime.fromisoformat(row[1])) for row in conn.execute(
-            f"SELECT instance_id, received_at, body FROM results {where}", args)}  # noqa: S608
+            try:
+                event = PhaseEvent(phase=row[1], status=row[2], at=datetime.fromisoformat(row[3]),
+                                   exit_code=row[5], message=row[6], log_tail=tuple(json.loads(row[7])),
+                                   details=json.loads(row[8]))
+                events.setdefault(row[0], []).append((event, datetime.fromisoformat(row[4])))
+            except (ValueError, TypeError) as exc:
+                unreadable.setdefault(row[0], f"an event is unreadable: {type(exc).__name__}: {exc}")
+        results: dict[str, tuple[Any, datetime]] = {}
+        for row in conn.execute(f"SELECT instance_id, received_at, body FROM results {where}", args):  # noqa: S608
+            try:
+                results[row[0]] = (json.loads(row[2]), datetime.fromisoformat(row[1]))
+            except (ValueError, TypeError) as exc:
+                unreadable.setdefault(row[0], f"the result is unreadable: {type(exc).__name__}: {exc}")
         # One index-backed query per instance (last N by primary key) rather than a window over every
         # stored line: the loop reads all reports each pass, and rings hold thousands of lines each.
         tails = {row[0]: self._tail(conn, row[0], REPORT_TAIL_LINES) for row in instances}
         out = []
         for row in instances:
-            iid = row[0]
-            evs = events.get(iid, [])
-            result_doc, result_received = results.get(iid, (None, None))
-            report = InstanceReport(
-                instance_id=iid, registered_at=datetime.fromisoformat(row[1]), pool=row[3], slot=row[4],
-                machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
-                image_version=row[10], events=tuple(e for e, _ in evs),
-                result=None if result_doc is None else _result_from_doc(result_doc),
-                log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]))
-            meta = InstanceMeta(
-                worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
-                gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],
-                worker_dropped=row[16], event_received_at=tuple(r for _, r in evs),
-                result_received_at=result_received)
-            out.append((report, meta))
+            if row[0] in unreadable:
+                out.append(self._quarantined(row, f"stored report unreadable: {unreadable[row[0]]}"))
+                continue
+            try:
+                out.append(self._report_of(row, events, results, tails))
+            except (ValueError, TypeError, KeyError, OverflowError) as exc:
+                # One unreadable instance (a row written by an older or buggy controller) must not stop the
+                # loop from judging every other one: it is quarantined with its reason.
+                out.append(self._quarantined(row, f"stored report unreadable: {type(exc).__name__}: {exc}"))
         return out
+
+    @staticmethod
+    def _quarantined(row: Sequence[Any], reason: str) -> tuple[InstanceReport, InstanceMeta]:
+        try:
+            registered = datetime.fromisoformat(row[1])
+        except (TypeError, ValueError):
+            registered = datetime.min.replace(tzinfo=UTC)
+        report = InstanceReport(instance_id=str(row[0]), registered_at=registered, pool=row[3],
+                                machine_id=row[5] if isinstance(row[5], str) else None, quarantine=reason)
+        return report, InstanceMeta(worker_registered_at=registered, registrations=0, hostname=None, gpus=(),
+                                    stored_log_lines=0, ring_dropped=0, worker_dropped=0, event_received_at=(),
+                                    result_received_at=None)
+
+    @staticmethod
+    def _report_of(row: Sequence[Any], events: Mapping[str, list[tuple[PhaseEvent, datetime]]],
+                   results: Mapping[str, tuple[Any, datetime]], tails: Mapping[str, list[str]]
+                   ) -> tuple[InstanceReport, InstanceMeta]:
+        iid = row[0]
+        evs = events.get(iid, [])
+        result_doc, result_received = results.get(iid, (None, None))
+        report = InstanceReport(
+            instance_id=iid, registered_at=datetime.fromisoformat(row[1]), pool=row[3], slot=row[4],
+            machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
+            image_version=row[10], events=tuple(e for e, _ in evs),
+            result=None if result_doc is None else _result_from_doc(result_doc),
+            log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]))
+        meta = InstanceMeta(
+            worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
+            gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],
+            worker_dropped=row[16], event_received_at=tuple(r for _, r in evs),
+            result_received_at=result_received)
+        return report, meta
 
     def instance_count(self) -> int:
         """Cheap liveness probe for /healthz (stats() counts every log line)."""

@@ -1,9 +1,11 @@
 """`fleet controller serve|token`: run the worker-report API on its own, or mint a worker token.
 
-`serve` is the standalone shell around `reconciler.controller.ControllerServer` + `ControllerStore` (the
-reconcile loop embeds the same server in its own process). Secrets come from the environment
-(FLEET_CONTROLLER_SECRET, FLEET_ADMIN_TOKEN) or files, never from argv (visible in `ps`), and are never
-printed or logged. Without a controller secret it refuses to start: anyone could forge worker reports.
+`serve` is the standalone shell around `reconciler.adapters.controller.server.ControllerServer` (uvicorn +
+Starlette) + `ControllerStore` (the reconcile loop embeds the same server in its own process). Routes beside
+the API (live page, /metrics) come from `controller_routes`, the one place the cli adds them. Secrets come
+from the environment (FLEET_CONTROLLER_SECRET, FLEET_ADMIN_TOKEN) or files, never from argv (visible in
+`ps`), and are never printed or logged. Without a controller secret it refuses to start: anyone could
+forge worker reports.
 """
 
 from __future__ import annotations
@@ -15,18 +17,51 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from reconciler.adapters.controller.protocol import INSTANCE_ID
-from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.settings import ADMIN_TOKEN_ENV, CONTROLLER_SECRET_ENV, SettingError, secret_setting, settings
 from reconciler.adapters.store import ControllerStore, StoreError
 from reconciler.domain.tokens import SecretError, check_secret, instance_token
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
 
 SECRET_ENV = CONTROLLER_SECRET_ENV
 
 
 class ConfigError(Exception):
     """A setting the command cannot run without; the message says which and how to provide it."""
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                        help="serve HTTPS with this certificate chain (PEM; needs --tls-key)")
+    parser.add_argument("--tls-key", type=Path, default=None, metavar="PEM",
+                        help="private key of --tls-cert (PEM)")
+
+
+def tls_files(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """(cert, key) from --tls-cert/--tls-key, None for plain HTTP; ConfigError when only one is given or a
+    file is unusable (checked before anything listens)."""
+    cert, key = args.tls_cert, args.tls_key
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigError("--tls-cert and --tls-key go together (the certificate chain and its private key)")
+    from reconciler.adapters.controller.server import tls_context  # uvicorn/starlette only when serving
+
+    try:
+        tls_context(cert, key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return cert, key
+
+
+def controller_routes(store: ControllerStore) -> list[BaseRoute]:
+    """Starlette routes mounted before the controller API (e.g. the live page at `/`, `/metrics`); the
+    adapter stays free of render/flows imports because the cli passes them in (see build_app)."""
+    return []
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--ring-lines", type=int, default=5000,
                        help="log lines kept per instance (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_tls_arguments(serve)
     serve.set_defaults(func=run_serve)
 
     token = actions.add_parser("token", help="print the worker token for an instance id")
@@ -94,6 +130,7 @@ def run_serve(args: argparse.Namespace) -> int:
         admin_token = load_admin_token(args.admin_token_file)
         if args.ring_lines < 1:
             raise ConfigError(f"--ring-lines must be >= 1, got {args.ring_lines}")
+        tls = tls_files(args)
         store = ControllerStore(args.db, ring_lines=args.ring_lines)
     except (ConfigError, StoreError) as exc:
         print(f"fleet controller serve: {exc}", file=sys.stderr)
@@ -106,8 +143,12 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
             "logs and reports", args.host)
+    from reconciler.adapters.controller.server import ControllerServer  # uvicorn/starlette only when serving
+
     server = ControllerServer(store, secret, admin_token, args.host, args.port, allow_open_reads=args.allow_open_reads,
-                              require_machine_claim=not args.allow_unclaimed_machine_ids)
+                              require_machine_claim=not args.allow_unclaimed_machine_ids,
+                              tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
+                              extra_routes=controller_routes(store))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -137,7 +178,7 @@ def run_token(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"fleet controller token: {exc}", file=sys.stderr)
         return 2
-    if not INSTANCE_ID.match(args.instance_id):
+    if not INSTANCE_ID.fullmatch(args.instance_id):
         print(f"fleet controller token: instance id {args.instance_id!r} is not valid "
               "(expected [A-Za-z0-9][A-Za-z0-9_.-]*, at most 128 characters)", file=sys.stderr)
         return 2

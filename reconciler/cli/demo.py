@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -45,6 +47,7 @@ from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs
 from reconciler.domain.status import status_view
+from reconciler.domain.surfaces import CommitLine
 from reconciler.flows.judge import PassResult, run_pass
 from reconciler.flows.provision import ApplyReport, Image, apply_fleet
 from reconciler.render.html import render_html
@@ -73,6 +76,23 @@ class DemoSettings:
     machines_file: Path = DEMO_MACHINES_FILE
     worker_image: Path = REPO_ROOT / "worker-image"
     params_file_bytes: int = 2 << 20
+    #: After the machine faults: a broken image build is rolled out, the breaker blames it, a fixed one recovers.
+    image_story: bool = True
+    #: Keep the live status page up after the story until interrupted (interactive runs only).
+    wait: bool = False
+
+
+@dataclass
+class ImageStory:
+    """The seed's incident replayed: what the demo rolled out and what the fleet did about it."""
+
+    broken_digest: str
+    fixed_digest: str | None = None
+    tripped: bool = False
+    root_cause: str | None = None  # the one line that says what broke (printed first)
+    held: list[str] = field(default_factory=list)  # machines whose failure the breaker held (not marked bad)
+    paused: list[str] = field(default_factory=list)  # apply lines that held a pool back
+    recovered: bool = False
 
 
 @dataclass
@@ -83,6 +103,8 @@ class DemoOutcome:
     commits: list[str] = field(default_factory=list)
     bad_machines: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)  # slot -> machine_id
+    story: ImageStory | None = None
+    page_url: str | None = None
 
 
 def demo_spec(controller_url: str, params_url: str, proofs: int, time_scale: float) -> str:
@@ -208,7 +230,8 @@ def check_tools(which: Callable[[str], str | None] = shutil.which) -> None:
 
 
 def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> DemoOutcome:
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             wait_for_interrupt: Callable[[], None] | None = None) -> DemoOutcome:
     check_tools()
     workdir = settings.workdir.resolve()
     prepare_workspace(workdir)
@@ -216,18 +239,30 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
     make_params(workdir / "params-mirror", settings.params_file_bytes)
     store = ControllerStore(workdir / "controller.db", ring_lines=2000)
     secret = secrets.token_bytes(32)
+    read_token = secrets.token_urlsafe(24)
     from reconciler.adapters.controller.server import ControllerServer
+    from reconciler.cli.surfaces import build_surfaces, slot_prices
 
+    state_path = workdir / "state" / SLOT_STATE_FILE
+    surfaces = build_surfaces(
+        spec_dir=workdir / "reconciler" / "fleet-spec", store=store, admin_token=None, read_token=read_token,
+        desired_image_digest=None, last_pass_file=None, commits=lambda: _page_commits(workdir / "reconciler"),
+        prices=slot_prices(state_path.parent), refresh_s=2.0)
+    options: dict[str, object] = {}
+    if "extra_routes" in inspect.signature(ControllerServer).parameters:
+        options["extra_routes"] = surfaces.routes
     controller = ControllerServer(store, secret, admin_token=secrets.token_hex(16), allow_open_reads=True,
-                                  require_machine_claim=True)
+                                  require_machine_claim=True, **options)  # type: ignore[arg-type]
     market: LocalMarketplace | None = None
     provider: SlotProvider | None = None
-    state_path = workdir / "state" / SLOT_STATE_FILE
     try:
         controller.start()
         with contextlib.ExitStack() as stack:
             mirror = stack.enter_context(_started(ParamsMirrorServer(workdir / "params-mirror")))
             echo(f"controller API on {controller.url}; params mirror on {mirror.url}")
+            page_url = f"{controller.url}/?token={read_token}" if options else None
+            if page_url:
+                echo(f"live status page: {page_url}")
             spec_text = demo_spec(controller.url, mirror.url, settings.proofs, settings.time_scale)
             origin = init_origin(workdir, spec_text)
             echo(f"git origin {origin}: operator committed {SPEC_PATH}")
@@ -241,45 +276,172 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
             provider = SlotProvider(market, secret, on_destroyed=destroyed)
             image = Image(str(settings.worker_image.resolve()), directory_digest(settings.worker_image))
             echo(f"worker image {settings.worker_image} digest {image.digest[:19]}...")
-            outcome = _converge(settings, bot, ci, store, provider, state_path, image, echo, clock, sleep)
+            surfaces.source.set_desired_image_digest(image.digest)
+            loop = _Loop(settings, bot, ci, store, provider, state_path, echo, clock, sleep, surfaces.on_pass)
+            outcome = loop.converge(image, "machine faults")
+            if outcome.converged and settings.image_story:
+                outcome.story, image, after = _image_story(settings, loop, image, outcome, workdir, surfaces)
+                # The summary is of the whole run: where the slots are now and every machine recorded bad.
+                outcome.converged = after.converged
+                outcome.bad_machines, outcome.kept = after.bad_machines, after.kept
+                outcome.passes, outcome.commits = loop.passes, list(loop.commits)
+                outcome.elapsed_s = loop.clock() - loop.start
+            outcome.page_url = page_url
             _final_report(settings, outcome, ci, store, image, echo)
+            if wait_for_interrupt is not None and settings.wait and page_url:
+                echo(f"live status page stays up at {page_url} - press Ctrl-C to stop the demo")
+                with contextlib.suppress(KeyboardInterrupt):
+                    wait_for_interrupt()
             return outcome
     finally:
         _teardown(provider, state_path, echo)
         controller.stop()
+        surfaces.close()
         store.close()
 
 
-def _converge(settings: DemoSettings, bot: GitStore, ci: GitStore, store: ControllerStore, provider: SlotProvider,
-              state_path: Path, image: Image, echo: Callable[[str], None], clock: Callable[[], float],
-              sleep: Callable[[float], None]) -> DemoOutcome:
-    start = clock()
-    seen: set[tuple[str, str]] = set()
-    outcome = DemoOutcome(converged=False, elapsed_s=0.0, passes=0)
-    applied_at: str | None = None
-    while clock() - start < settings.deadline_s:
-        # CI: every push to origin runs the provisioner (here `apply_fleet`; in production `pulumi up`).
-        head = ci.sync()
-        if head != applied_at:
-            echo(f"[{clock() - start:5.1f}s] ci: origin at {head[:8]} -> apply")
-            report = _apply(ci, provider, state_path, image, lambda line: echo(f"          apply: {line}"))
-            applied_at = head if not report.failed else None
-        sleep(settings.poll_s)
-        _print_progress(store.reports(), seen, lambda line: echo(f"[{clock() - start:5.1f}s] {line}"))
-        # The reconciler: judge finished benchmarks, commit records, push.
-        result = run_pass(bot, store, datetime.now(UTC), desired_image_digest=image.digest, directive_sink=store)
-        outcome.passes += 1
-        _print_pass(result, lambda line: echo(f"[{clock() - start:5.1f}s] {line}"))
-        if result.commit:
-            outcome.commits.append(result.commit)
-        if result.commit is None and head == applied_at and _all_slots_proven(ci, state_path):
-            outcome.converged = True
-            break
-    outcome.elapsed_s = clock() - start
-    records = load_records(ci.workdir / "fleet-spec")
-    outcome.bad_machines = sorted(records.bad_machine_ids())
-    outcome.kept = {slot: out.machine_id for slot, out in sorted(load_slot_state(state_path).items())}
-    return outcome
+def _page_commits(clone: Path) -> list[CommitLine]:
+    """Recent commits for the live page, through its own GitStore (the loop's is busy in another thread)."""
+    if not (clone / ".git").exists():
+        return []
+    with GitStore(clone) as git:
+        return git.recent_commits(12)
+
+
+class _Loop:
+    """CI's provisioner and the reconciler, driven in turns like production: every push to origin runs the
+    provisioner (`apply_fleet` here, `pulumi up` in production); every poll the reconciler judges and pushes."""
+
+    def __init__(self, settings: DemoSettings, bot: GitStore, ci: GitStore, store: ControllerStore,
+                 provider: SlotProvider, state_path: Path, echo: Callable[[str], None], clock: Callable[[], float],
+                 sleep: Callable[[float], None], on_pass: Callable[[PassResult], None]):
+        self.settings, self.bot, self.ci, self.store = settings, bot, ci, store
+        self.provider, self.state_path, self.echo = provider, state_path, echo
+        self.clock, self.sleep, self.on_pass = clock, sleep, on_pass
+        self.start = clock()
+        self.seen: set[tuple[str, str]] = set()
+        self.passes = 0
+        self.commits: list[str] = []
+
+    def say(self, line: str) -> None:
+        self.echo(f"[{self.clock() - self.start:5.1f}s] {line}")
+
+    def run(self, image: Image, done: Callable[[PassResult, bool], bool],
+            on_apply: Callable[[str], None] | None = None) -> bool:
+        """Turns until `done(last pass, applied at the tip)` or the deadline; True when done."""
+        started = self.clock()
+        applied_at: str | None = None
+        while self.clock() - started < self.settings.deadline_s:
+            head = self.ci.sync()
+            if head != applied_at:
+                self.say(f"ci: origin at {head[:8]} -> apply (image {image.digest[:19]})")
+
+                def show(line: str) -> None:
+                    self.echo(f"          apply: {line}")
+                    if on_apply is not None:
+                        on_apply(line)
+
+                report = _apply(self.ci, self.provider, self.state_path, image, show)
+                applied_at = head if not report.failed else None
+            self.sleep(self.settings.poll_s)
+            _print_progress(self.store.reports(), self.seen, self.say)
+            result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=image.digest,
+                              directive_sink=self.store)
+            self.passes += 1
+            self.on_pass(result)
+            _print_pass(result, self.say)
+            if result.commit:
+                self.commits.append(result.commit)
+            if done(result, head == applied_at):
+                return True
+        return False
+
+    def converge(self, image: Image, phase: str) -> DemoOutcome:
+        started = self.clock()
+        converged = self.run(image, lambda result, applied: result.commit is None and applied
+                             and _all_slots_proven(self.ci, self.state_path))
+        outcome = DemoOutcome(converged=converged, elapsed_s=self.clock() - started, passes=self.passes,
+                              commits=list(self.commits))
+        self.ci.sync()
+        records = load_records(self.ci.workdir / "fleet-spec")
+        outcome.bad_machines = sorted(records.bad_machine_ids())
+        outcome.kept = {slot: out.machine_id for slot, out in sorted(load_slot_state(self.state_path).items())}
+        self.say(f"{phase}: {'converged' if converged else 'DID NOT converge'}; bad machines: "
+                 f"{', '.join(outcome.bad_machines) or 'none'}")
+        return outcome
+
+
+#: The broken build of the story: a refactor hard-coded the benchmark's daemon address to the wrong port, so
+#: every benchmark of this image exits 1 after 0 proofs with "connection refused" - the seed's incident.
+BROKEN_BUILD_LINE = ('FLEET_DAEMON_ADDR="http://127.0.0.1:9821"  # v2 build: daemon address hard-coded '
+                     "(wrong port) - the demo's broken image")
+
+
+def make_image_build(source: Path, dest: Path, version: str, *, broken: bool) -> Path:
+    """A copy of the worker image as another build: `broken` breaks every benchmark the way the seed's incident
+    did; otherwise it differs from the source only by its version file (a new digest, same behaviour)."""
+    shutil.copytree(source, dest, symlinks=True)
+    (dest / "BUILD_VERSION").write_text(f"{version}\n")
+    if broken:
+        script = dest / "benchmark.sh"
+        first, _, rest = script.read_text().partition("\n")
+        script.write_text(f"{first}\n{BROKEN_BUILD_LINE}\n{rest}")
+    return dest
+
+
+def _image_story(settings: DemoSettings, loop: _Loop, good: Image, before: DemoOutcome, workdir: Path,
+                 surfaces: Any) -> tuple[ImageStory, Image, DemoOutcome]:
+    echo = loop.echo
+    builds = workdir / "image-builds"
+    broken_dir = make_image_build(settings.worker_image, builds / "v2-broken", "v2", broken=True)
+    broken = Image(str(broken_dir), directory_digest(broken_dir))
+    story = ImageStory(broken_digest=broken.digest)
+    echo("")
+    echo(f"=== a new worker image build v2 ({broken.digest[:19]}) is rolled out to every slot ===")
+    surfaces.source.set_desired_image_digest(broken.digest)
+    bad_before = set(before.bad_machines)
+
+    def on_apply(line: str) -> None:
+        if "paused" in line or "hold" in line.lower():
+            story.paused.append(line)
+
+    def judged_everything(result: PassResult, applied: bool) -> bool:
+        for v in result.verdicts:
+            if v.image_digest == broken.digest and v.held_by and v.machine_id:
+                story.held.append(v.machine_id)
+        if result.breaker_trips and not story.tripped:
+            story.tripped = True
+            trip = result.breaker_trips[0]
+            failing = next((v for v in result.verdicts if v.image_digest == broken.digest and v.is_failure), None)
+            cause = failing.root_cause() if failing is not None else trip.reason
+            story.root_cause = (f"ROOT CAUSE: image {broken.digest[:19]} (build v2), not the machines: {cause} - "
+                                f"the same failure ({trip.signature}) on machines {', '.join(trip.machines)}")
+            echo("")
+            echo(story.root_cause)
+            echo(f"circuit breaker tripped: {trip.reason}")
+            echo("")
+        if not (story.tripped and applied):
+            return False
+        slots = load_slot_state(loop.state_path)
+        judged = {b.instance_id for rec in load_records(loop.ci.workdir / "fleet-spec").machines.values()
+                  for b in rec.benchmarks}
+        return all(o.instance_id in judged for o in slots.values() if o.image_digest == broken.digest)
+
+    loop.run(broken, judged_everything, on_apply)
+    records = load_records(loop.ci.workdir / "fleet-spec")
+    newly_bad = sorted(records.bad_machine_ids() - bad_before)
+    echo(f"image v2: breaker {'tripped' if story.tripped else 'DID NOT trip'}; machines newly recorded bad: "
+         f"{', '.join(newly_bad) or 'none'}")
+
+    fixed_dir = make_image_build(settings.worker_image, builds / "v3-fixed", "v3", broken=False)
+    fixed = Image(str(fixed_dir), directory_digest(fixed_dir))
+    story.fixed_digest = fixed.digest
+    echo("")
+    echo(f"=== the fixed build v3 ({fixed.digest[:19]}) is rolled out; the paused pools resume ===")
+    surfaces.source.set_desired_image_digest(fixed.digest)
+    after = loop.converge(fixed, "fixed image v3")
+    story.recovered = after.converged
+    return story, fixed, after
 
 
 def _apply(ci: GitStore, provider: SlotProvider, state_path: Path, image: Image,
@@ -347,14 +509,19 @@ def _final_report(settings: DemoSettings, outcome: DemoOutcome, ci: GitStore, st
     view = status_view(spec, records, store.reports(), datetime.now(UTC), desired_image_digest=image.digest)
     page = settings.workdir.resolve() / "status.html"
     write_text_atomic(page, render_html(view, spec_source=f"origin:{SPEC_PATH}"))
+    story = outcome.story
     echo("")
+    if story is not None and story.root_cause:
+        # The root cause first: the seed's lesson is that it must not sit in a log nobody reads.
+        echo(story.root_cause)
+        echo("")
     echo("=== fleet status ===")
     echo(render_text(view).rstrip())
     echo(f"(the same as a page with rate plots and timelines: {page})")
     echo("")
     echo("=== audit trail: git log of origin (reconciler commits) ===")
-    echo(_git("log", "--format=%h %an: %s%n%(trailers:key=Fleet-Machine,key=Fleet-Verdict,key=Fleet-Instance)",
-              "origin/main", cwd=ci.workdir).rstrip())
+    echo(_git("log", "--format=%h %an: %s%n%(trailers:key=Fleet-Machine,key=Fleet-Verdict,key=Fleet-Image,"
+                     "key=Fleet-Instance)", "origin/main", cwd=ci.workdir).rstrip())
     for machine_id in outcome.bad_machines:
         echo("")
         echo(f"=== fleet why {machine_id} ===")
@@ -364,6 +531,11 @@ def _final_report(settings: DemoSettings, outcome: DemoOutcome, ci: GitStore, st
     echo(f"demo {state} in {outcome.elapsed_s:.1f}s over {outcome.passes} reconcile passes, "
          f"{len(outcome.commits)} record commit(s); bad machines: {', '.join(outcome.bad_machines) or 'none'}; "
          f"slots: {', '.join(f'{s}={m}' for s, m in outcome.kept.items())}")
+    if story is not None:
+        echo(f"image story: v2 {story.broken_digest[:19]} broken -> breaker "
+             f"{'tripped' if story.tripped else 'DID NOT trip'}, failures held on machines "
+             f"{', '.join(sorted(set(story.held))) or 'none'} (not marked bad); v3 "
+             f"{(story.fixed_digest or '?')[:19]} {'recovered every pool' if story.recovered else 'DID NOT recover'}")
 
 
 def _why(repo: Path, machine_id: str) -> str:
@@ -415,15 +587,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
                    help="real seconds the cuzk-bench stand-in sleeps per simulated second")
     p.add_argument("--proofs", type=int, default=4, help="proofs per benchmark")
+    p.add_argument("--no-image-story", action="store_true",
+                   help="stop after the machine faults (skip the broken-image build and its recovery)")
+    wait = p.add_mutually_exclusive_group()
+    wait.add_argument("--wait", dest="wait", action="store_true", default=None,
+                      help="keep the live status page up at the end until Ctrl-C (default when interactive)")
+    wait.add_argument("--no-wait", dest="wait", action="store_false",
+                      help="exit at the end (default when stdin is not a terminal or CI=true)")
     p.set_defaults(func=run)
 
 
+def should_wait(flag: bool | None, stdin_is_tty: bool, ci: bool) -> bool:
+    """Keep the page up only for a person at a terminal: never in CI or when run without a terminal (tests,
+    `make demo` in a pipeline), unless asked explicitly."""
+    if flag is not None:
+        return flag
+    return stdin_is_tty and not ci
+
+
+def _wait_forever() -> None:
+    import threading
+
+    threading.Event().wait()
+
+
 def run(args: argparse.Namespace) -> int:
+    from reconciler.adapters.settings import settings as read_settings
+
+    wait = should_wait(args.wait, sys.stdin.isatty(), read_settings().ci)
     settings = DemoSettings(workdir=args.workdir, deadline_s=args.deadline, time_scale=args.time_scale,
-                            proofs=args.proofs)
+                            proofs=args.proofs, image_story=not args.no_image_story, wait=wait)
     try:
-        outcome = run_demo(settings, echo=lambda line: print(line, flush=True))
+        outcome = run_demo(settings, echo=lambda line: print(line, flush=True), wait_for_interrupt=_wait_forever)
     except DemoError as exc:
         print(f"fleet demo: {exc}", file=sys.stderr)
         return 1
-    return 0 if outcome.converged else 1
+    story_ok = outcome.story is None or (outcome.story.tripped and outcome.story.recovered)
+    return 0 if outcome.converged and story_ok else 1

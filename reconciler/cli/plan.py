@@ -1,4 +1,4 @@
-"""`fleet plan [--json]`: what `fleet apply` (or `pulumi up`) would do, without doing it.
+"""`fleet plan [--format text|json|markdown]`: what `fleet apply` (or `pulumi up`) would do, without doing it.
 
 The PR check beside `fleet validate`: needs no credentials. With no `--state-dir` it compares the desired
 pools with the records only (bad machines known, paused pools) and says so; with `--state-dir` it also
@@ -18,12 +18,14 @@ from typing import Any
 
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, describe_error, load_slot_state
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
+from reconciler.domain.forecast import fleet_forecast
 from reconciler.domain.marketplace import MarketplaceError
 from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError
 from reconciler.domain.spec import FleetSpec
 from reconciler.flows.provision import ApplyError, load_inputs, resolve_image
+from reconciler.render.markdown import render_plan_markdown
 
 RECORDS_ONLY_NOTE = ("no --state-dir given: showing desired pools against the records only (no running "
                      "instances known, no actions)")
@@ -32,7 +34,10 @@ RECORDS_ONLY_NOTE = ("no --state-dir given: showing desired pools against the re
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="show desired pools vs records/slots and the actions apply would take")
     add_backend_arguments(p, required=False)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--format", choices=("text", "json", "markdown"), default=None,
+                   help="text (default), json, or markdown: the PR comment with the slot diff and each pool's "
+                        "expected proofs/h and $/h from the machines' history")
+    p.add_argument("--json", action="store_true", help="the same as --format json")
     p.set_defaults(func=run)
 
 
@@ -67,12 +72,22 @@ def run(args: argparse.Namespace) -> int:
         notes.insert(0, RECORDS_ONLY_NOTE)
     rows = pool_rows(spec, records, observed, slot_plan, digest)
     all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
-    if args.json:
+    output = "json" if args.json else (args.format or "text")
+    forecasts = fleet_forecast(spec, records)
+    if output == "markdown":
+        actions = ([{"kind": a.kind, "slot": a.slot, "reason": a.reason, "detail": a.detail}
+                    for a in slot_plan.actions] if slot_plan else None)
+        sys.stdout.write(render_plan_markdown(pools=rows, actions=actions, forecasts=forecasts, image_digest=digest,
+                                              notes=all_notes, record_problems=records.problems))
+        return 0
+    if output == "json":
         doc: dict[str, Any] = {
             "spec": str(args.spec), "records_only": observed is None, "image_digest": digest, "pools": rows,
             "actions": [asdict(a) for a in slot_plan.actions] if slot_plan else [],
             "converged": slot_plan.converged if slot_plan else None, "notes": all_notes,
-            "record_problems": list(records.problems)}
+            "record_problems": list(records.problems),
+            "forecast": [{**asdict(f), "slo_proofs_per_hour": f.slo_proofs_per_hour,
+                          "cap_usd_per_hour": f.cap_usd_per_hour, "meets_slo": f.meets_slo} for f in forecasts]}
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0

@@ -11,7 +11,6 @@ pass its result is written to `<workdir>.last-pass.json`, which `fleet status --
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import signal
 import sys
@@ -72,6 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --listen: the provisioner's state dir (`fleet apply --state-dir`), for $/h per pool")
     p.add_argument("--metrics-open", action="store_true",
                    help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
+    from reconciler.cli.controller import add_tls_arguments
+
+    add_tls_arguments(p)
     p.set_defaults(func=run_command)
 
 
@@ -107,6 +109,9 @@ def run_command(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print(f"fleet reconcile: --interval must be > 0 seconds, got {args.interval:g}", file=sys.stderr)
         return 2
+    if args.listen is None and (args.tls_cert is not None or args.tls_key is not None):
+        print("fleet reconcile: --tls-cert/--tls-key secure the controller API, which needs --listen", file=sys.stderr)
+        return 2
     if args.listen is None and not args.controller_db.is_file():
         print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
@@ -127,7 +132,7 @@ def run_command(args: argparse.Namespace) -> int:
             surfaces = _surfaces(args, store, git, desired, status_file)
             if surfaces is None:
                 return 2
-            server = _start_controller(store, args.listen, surfaces.routes)
+            server = _start_controller(store, args.listen, args, surfaces.routes)
             if server is None:
                 return 2
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
@@ -202,27 +207,22 @@ def _read_token() -> str | None:
     return token.reveal() if token is not None else None
 
 
-def _start_controller(store: Any, address: tuple[str, int], routes: Sequence[Any] = ()) -> Any:
+def _start_controller(store: Any, address: tuple[str, int], args: argparse.Namespace,
+                      routes: Sequence[Any] = ()) -> Any:
     """The controller API on `address`, sharing `store`; None (after saying why) if it cannot start."""
     from reconciler.adapters.controller.server import ControllerServer
-    from reconciler.cli.controller import ConfigError, load_admin_token, load_secret
+    from reconciler.cli.controller import ConfigError, load_admin_token, load_secret, tls_files
 
     try:
         secret = load_secret(None)
         admin_token = load_admin_token(None)
+        tls = tls_files(args)
     except ConfigError as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
-    options: dict[str, Any] = {}
-    if routes:
-        # The Starlette edge takes the status page and /metrics as extra routes (controller-app.md).
-        if "extra_routes" in inspect.signature(ControllerServer).parameters:
-            options["extra_routes"] = list(routes)
-        else:
-            print("fleet reconcile --listen: this controller edge cannot serve the status page and /metrics yet",
-                  file=sys.stderr)
     server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True,
-                              **options)
+                              tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
+                              extra_routes=list(routes))
     try:
         server.start()
     except OSError as exc:

@@ -2,20 +2,24 @@
 
 Pure, used by `loop.decide` after `verdict.judge` and by `fleet status` to show both guards' state.
 
-Circuit breaker: when the same image digest fails with the same signature on K distinct machines within
-the window (spec.circuit_breaker), the image - not the machines - is the suspect. From then on every
-failure with that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), and an
-image-suspect record names the pools, machines and instances; the planner pauses a pool while an active
-suspect for the desired digest names it (`planner.pool_pause`). Only failures with a log signature (or a
-fallback signature such as `timeout`) correlate; below-min-rate is a measurement of one machine and never
-trips it. Humans clear a suspect with `status: cleared`: the failures the record already lists are then
+Circuit breaker: when the same image digest fails with the same signature on K distinct machines within the
+window (spec.circuit_breaker), the image - not the machines - is the suspect. From then on every failure with
+that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), and an image-suspect
+record names the pools, machines and instances; the planner pauses a pool while an active suspect for the
+desired digest names it (`planner.pool_pause`). Only image-class evidence counts against an image (issue 14
+item 5; `verdicts.counts_against_image`): a failure whose blame is `image` (our software: application Xids,
+illegal address, missing kernels, our scripts, our daemon not answering). Machine-class failures (hardware
+Xids, ECC, GPU lost, CUDA device errors), network and params failures, configuration faults (pool sized
+wrong), marketplace stops and unexplained failures never do, and neither does below-min-rate (a measurement of
+one machine). Humans clear a suspect with `status: cleared`: the failures the record already lists are then
 forgiven, and only K NEW machines trip it again. A deleted record is forgotten: the next failure with that
 digest + signature re-counts the whole window (like a pardoned machine, only a NEW failure re-adds it).
 
-Kill budget: per pool, at most `spec.kill_budget.allowed(pool.count)` machines newly marked bad within
-the window; further machine-blamed verdicts are recorded with `held_by: kill-budget` (blame kept, not
-bad) so a human can look before more capacity is thrown away. A machine already bad costs nothing.
-"""
+Kill budget: per pool, at most `spec.kill_budget.allowed(pool.count)` machines newly marked bad within the
+window (only verdicts that mark a machine bad spend it: machine blame, a network second strike; configuration,
+params, image and marketplace blame never do); further machine-blamed verdicts are recorded with `held_by:
+kill-budget` (blame kept, not bad) so a human can look before more capacity is thrown away. A machine already
+bad costs nothing."""
 
 from __future__ import annotations
 
@@ -27,9 +31,11 @@ from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet, check_image_digest
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
-from reconciler.domain.verdicts import CORRELATED_VERDICTS
+from reconciler.domain.verdicts import CORRELATED_VERDICTS as CORRELATED_VERDICTS  # re-exported
+from reconciler.domain.verdicts import counts_against_image
 
-#: Verdicts that say "this attempt broke"; below-min-rate and stale-image never correlate.
+#: Verdicts that say "this attempt broke" (CORRELATED_VERDICTS, from the registry); below-min-rate and
+#: stale-image never correlate, and only image-class blame counts (`counts_against_image`).
 _SIG_SEPARATOR = ", "
 
 
@@ -72,7 +78,7 @@ def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
 
 
 def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
-    if entry.verdict not in CORRELATED_VERDICTS or not entry.signature or not entry.image_digest:
+    if not counts_against_image(entry.verdict, entry.blame) or not entry.signature or not entry.image_digest:
         return None
     try:
         at = parse_time(entry.at)
@@ -82,7 +88,7 @@ def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
 
 
 def verdict_failure(v: Verdict) -> Failure | None:
-    if v.verdict not in CORRELATED_VERDICTS or not v.signature or not v.image_digest or not v.machine_id:
+    if not counts_against_image(v.verdict, v.blame) or not v.signature or not v.image_digest or not v.machine_id:
         return None
     return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)
 

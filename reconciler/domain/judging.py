@@ -40,6 +40,8 @@ class PassDecision:
     pending: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     kill_budgets: Mapping[str, KillBudget] = field(default_factory=dict)
+    #: (instance id, reason) of reports that cannot be judged; the others were judged regardless.
+    quarantined: tuple[tuple[str, str], ...] = ()
 
     @property
     def recorded(self) -> tuple[Verdict, ...]:
@@ -47,14 +49,19 @@ class PassDecision:
         return tuple(v for v in self.verdicts if v.machine_id in self.machine_records)
 
     def summary(self) -> str:
+        """The commit subject: the root cause of the pass's most important verdict FIRST (issue 14), then counts.
+
+        `fleet: machine 40213 benchmark-error: benchmark exit 1, 0/10 proofs: Error: ... (blame: image) [2 verdicts;
+        1 held by circuit-breaker; image sha256:a1a1 suspect: daemon-connection-refused]`."""
         recorded = self.recorded
         bad = [v for v in recorded if v.marks_bad]
         held = [v for v in recorded if v.held_by]
-        parts = []
-        if len(bad) == 1:
-            parts.append(f"1 bad: machine {bad[0].machine_id} {bad[0].reason}")
-        elif bad:
+        noun = "verdict" if len(recorded) == 1 else "verdicts"
+        parts = [f"{len(recorded)} {noun}"]
+        if len(bad) > 1:
             parts.append(f"{len(bad)} bad: machines {', '.join(sorted({str(v.machine_id) for v in bad}))}")
+        elif bad:
+            parts.append(f"1 bad: machine {bad[0].machine_id}")
         if held:
             parts.append(f"{len(held)} held by {'/'.join(sorted({str(v.held_by) for v in held}))}")
         for digest, rec in sorted(self.image_records.items()):
@@ -64,9 +71,11 @@ class PassDecision:
             minutes = sum(float(v.evidence.get("saved", {}).get("minutes", 0)) for v in early)
             usd = sum(float(v.evidence.get("saved", {}).get("usd_at_most", 0)) for v in early)
             parts.append(f"early verdict saved ~{minutes:.0f} min, <= ${usd:.2f}")
-        noun = "verdict" if len(recorded) == 1 else "verdicts"
-        detail = f" ({'; '.join(parts)})" if parts else ""
-        return f"fleet: {len(recorded)} {noun}{detail}"
+        first = next(iter(bad), None) or next((v for v in recorded if v.is_failure), None) or \
+            next(iter(recorded), None)
+        if first is None:
+            return f"fleet: {'; '.join(parts)}"
+        return f"fleet: machine {first.machine_id} {first.root_cause()} [{'; '.join(parts)}]"
 
     def body(self) -> str:
         lines = []
@@ -114,9 +123,16 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     pending: list[str] = []
     candidates: list[Verdict] = []
     unrecordable: list[Verdict] = []
+    quarantined: list[tuple[str, str]] = []
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
         serving = report.instance_id in judged
         if serving and (report.instance_id not in passed or report.instance_id in judged_serving):
+            continue
+        if report.quarantine is not None:
+            if serving:
+                continue
+            quarantined.append((report.instance_id, report.quarantine))
+            notes.append(f"instance {report.instance_id}: quarantined, not judged: {report.quarantine}")
             continue
         pool = _pool(spec, report.pool)
         if pool is None:
@@ -124,26 +140,39 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                 notes.append(f"instance {report.instance_id}: pool {report.pool!r} is not in the spec; not judged")
             continue
         machine_id = _machine_id(report.machine_id)
+        history = machines.get(machine_id) if machine_id else None
+        prior = _params_strikes(history, candidates, machine_id)
         verdict: Verdict | None
-        if serving:
-            others = next((t for t, i in signals if i != report.instance_id), None)
-            verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
-            if verdict is None:
-                continue
-        else:
-            history = machines.get(machine_id) if machine_id else None
-            prior = _params_strikes(history, candidates, machine_id)
-            verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
-                            prior_params_failures=prior)
-            if verdict is None:
-                verdict = judge_early(report, pool, spec.early_verdict, now)
-            if verdict is None:
+        try:
+            if serving:
+                others = next((t for t, i in signals if i != report.instance_id), None)
+                verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
+            else:
+                verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
+                                prior_params_failures=prior)
+                if verdict is None:
+                    verdict = judge_early(report, pool, spec.early_verdict, now)
+        except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as exc:
+            # A report the judge cannot read must not stop the others: quarantined with its reason.
+            reason = f"cannot be judged: {type(exc).__name__}: {exc}"
+            quarantined.append((report.instance_id, reason))
+            notes.append(f"instance {report.instance_id}: quarantined, not judged: {reason}")
+            continue
+        if verdict is None:
+            if not serving:
                 pending.append(report.instance_id)
-                continue
+            continue
         if machine_id is None:
-            notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
-                         f"{report.machine_id!r} is missing or unsafe")
             unrecordable.append(verdict)
+            if report.machine_id is None:
+                notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: machine id "
+                             "None is missing or unsafe")
+            else:
+                reason = (f"machine id {report.machine_id!r} is missing or unsafe: not a valid id (full match of "
+                          "[A-Za-z0-9][A-Za-z0-9_.-]*, no '..')")
+                quarantined.append((report.instance_id, reason))
+                notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded, quarantined: "
+                             f"{reason}")
         elif machine_id in records.unreadable_machine_ids:
             notes.append(f"instance {report.instance_id}: {verdict.root_cause()}; not recorded: the record of "
                          f"machine {machine_id} is unreadable (fix it; it is never overwritten)")
@@ -162,7 +191,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         changed[v.machine_id] = current.with_entry(entry, host_id=v.host_id, gpu_name=v.gpu_name)
     return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
                         image_records=guarded.image_records,
-                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets)
+                        pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,
+                        quarantined=tuple(quarantined))
 
 
 def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:

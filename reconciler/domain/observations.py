@@ -41,6 +41,21 @@ class PhaseEvent:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: cuzk-bench's per-proof labels (curio extern/cuzk/cuzk-bench/src/main.rs:1015-1023 status_label).
+PROOF_LABELS = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN")
+
+
+@dataclass(frozen=True)
+class ProofResult:
+    """One proof of a benchmark batch: cuzk-bench's `  [i/N] LABEL — 12.3s (prove=... ms, queue=... ms)`,
+    plus, when the worker found it, the failure reason from the daemon's log (cuzk-bench never prints it)."""
+
+    index: int
+    label: str
+    seconds: float | None = None
+    reason: str | None = None
+
+
 @dataclass(frozen=True)
 class BenchmarkResult:
     outcome: str
@@ -56,6 +71,11 @@ class BenchmarkResult:
     concurrency: int | None = None
     image_digest: str | None = None
     log_tail: tuple[str, ...] = ()
+    #: Additive (protocol additions of issue 13): per-proof results and the daemon's filtered log. Empty when
+    #: an older worker sent the result; the judge then reads the labels from the bench output in `log_tail`
+    #: and the daemon's lines (`cuzk-daemon: ...`) from the instance's log ring.
+    proofs: tuple[ProofResult, ...] = ()
+    daemon_log: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,9 @@ class InstanceReport:
     log_tail: tuple[str, ...] = ()
     dropped_log_lines: int = 0
     destroyed_at: datetime | None = None
+    #: Why this report cannot be judged (unreadable stored data, an identifier that is not valid): it is
+    #: quarantined, shown with this reason, and never stops the judging of the others.
+    quarantine: str | None = None
 
     def first(self, phase: str, status: str) -> PhaseEvent | None:
         return next((e for e in self.events if e.phase == phase and e.status == status), None)

@@ -27,8 +27,8 @@ RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
 #: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
 STAGES = ("admission", "serving")
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 
 
 class RecordError(errors.PermanentError, ValueError):
@@ -44,14 +44,14 @@ def check_machine_id(machine_id: object) -> str:
     records directory (`../x`, `a/b`, hidden files, NUL).
     """
     text = str(machine_id) if isinstance(machine_id, int) and not isinstance(machine_id, bool) else machine_id
-    if not isinstance(text, str) or not _SAFE_ID.match(text) or ".." in text:
+    if not isinstance(text, str) or not _SAFE_ID.fullmatch(text) or ".." in text:
         raise RecordError(f"machine_id {machine_id!r} is not a safe id (expected [A-Za-z0-9][A-Za-z0-9_.-]*, "
                           "at most 64 characters, no '..')")
     return text
 
 
 def check_image_digest(digest: object) -> str:
-    if not isinstance(digest, str) or not _DIGEST.match(digest):
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise RecordError(f"image digest {digest!r} is not of the form sha256:<64 hex>")
     return digest
 

@@ -1,25 +1,31 @@
-"""Failure signatures: which line of a worker's log tail says who broke the benchmark.
+"""Failure signatures: which line of a worker's log says who broke the benchmark, and why.
 
-Used by `verdict.py` to assign blame to a failed instance (machine / image / network / unknown) and by
-`breaker.py`, which correlates failures by signature name across machines. Pure data and one pure function.
+Used by `verdict.py` (blame and the root-cause line of every failed verdict) and, through the verdicts'
+signature names, by `breaker.py`. Pure data and pure functions; the strings come from the real tools, each
+group citing its source (curio `extern/cuzk` and `extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid
+catalogue, aria2c and curl exit codes, glibc, bash, the kernel); `tests/fixtures/tails/` holds whole real
+tails for every entry.
 
-Precedence is the table order, and the first signature that matches ANY line wins:
-1. Hardware/driver signatures come first. A GPU fault cascades into software symptoms (the daemon dies,
-   the bench then prints "connection refused", a script prints a traceback), so when both kinds appear the
-   hardware line is the cause. If our image itself provokes CUDA errors everywhere, the circuit breaker
-   (same digest + same signature on K machines) catches it and stops marking machines bad.
-   Exception: "CUDA driver version is insufficient" is listed before the generic CUDA error: the image was
-   built for a newer driver than the spec's `min_cuda` lets in, which is our fault, not the host's.
-2. Network signatures next: a failed or corrupt download cascades into missing files and tracebacks.
-   A checksum mismatch counts as network: aria2 resumes (`--continue`) partial files, and a corrupt
-   transfer is the common cause; a bad disk that corrupts every fetch still gets the machine excluded by
-   the params-failed policy (bad on the second params failure, see verdict.py).
-3. Software signatures (our image: scripts, binaries, the local cuzk daemon).
-4. Ambiguous signatures (disk full, host OOM): recognised so the breaker can correlate them, but
-   blamed "unknown", which never marks a machine bad: our spec (disk_gb, concurrency) may be the cause.
+How a tail is read (`logical_lines`):
+1. Each line is cleaned: the worker's ring timestamp (`2026-12-03T06:40:00Z `), ANSI colour and the daemon's
+   own tracing timestamp are stripped; a stream tag the worker adds (`cuzk-daemon: `, `tunnel: `) is kept
+   and used to keep streams apart.
+2. Multi-line reports are joined into one logical line, within one stream: a Rust panic (`thread '..'
+   panicked at <file>:<line>:<col>:` with the message on the NEXT line, Rust >= 1.73), an anyhow chain
+   (`Error: X`, blank, `Caused by:`, `    0: Y` ...; unnumbered with one cause), an aria2c exception and
+   its `  -> [...]` causes.
+3. Noise never matches and is never a root cause: aria2c progress lines, cuzk's timing lines
+   (`CUZK_TIMING:`, `CUZK_NTT_H:`, `TIMELINE,`, `FIN_TIMING`/`GPU_TIMING`, `pacer:`), per-proof result lines,
+   Rust's backtrace hint; tunnel lines unless the tunnel itself is the failing phase.
 
-To extend: add a Signature to SIGNATURES at the right precedence and a realistic log line to
-tests/unit/test_signatures.py.
+Precedence: every signature has a priority; the highest-priority match anywhere in the tail wins, the
+earliest line on a tie. Hardware first (a GPU fault cascades into software symptoms), then memory kills
+and disk (a daemon killed for memory is followed by "connection refused", which must not outrank it), then
+decoded CUDA errors, params set-up, our software, network, and last the cascade symptoms (our daemon not
+answering, an RPC that failed because the daemon died).
+
+To extend: add a Signature at the right priority, a realistic line to tests/unit/test_signatures.py and,
+for a new failure mode, a whole tail with its source to tests/fixtures/tails/.
 """
 
 from __future__ import annotations
@@ -28,110 +34,268 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-SIGNATURE_BLAMES = ("machine", "image", "network", "unknown")
+from reconciler.domain.verdicts import BLAMES
 
 
 @dataclass(frozen=True)
 class Signature:
     name: str
     blame: str
+    priority: int
     pattern: re.Pattern[str]
     description: str
+    #: For configuration/params blame: the spec setting to change (shown with the verdict).
+    setting: str | None = None
+    #: What a numeric code in the line means, when the line shows only the number (CUDA, aria2c, curl).
+    explains: str | None = None
+    #: Match the line with its stream tag only (a tagged line's body alone would lose `cuzk-daemon:` context).
+    whole_line: bool = False
 
     def __post_init__(self) -> None:
-        if self.blame not in SIGNATURE_BLAMES:
-            raise ValueError(f"signature {self.name!r}: blame {self.blame!r} not in {SIGNATURE_BLAMES}")
+        if self.blame not in BLAMES or self.blame == "none":
+            raise ValueError(f"signature {self.name!r}: blame {self.blame!r} not a failure blame in {BLAMES}")
 
 
-def _sig(name: str, blame: str, regex: str, description: str) -> Signature:
-    return Signature(name, blame, re.compile(regex, re.IGNORECASE), description)
+def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, setting: str | None = None,
+         explains: str | None = None, whole_line: bool = False, flags: int = re.IGNORECASE) -> Signature:
+    return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line)
 
 
-#: "Xid 79", "NVRM: Xid (PCI:0000:01:00): 79, pid=..." -> the number after it is the fault code.
-_XID = r"\bXid(?: \(PCI:[0-9a-f:.]+\))?:?\s+"
-_LOOPBACK = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|cuzk|daemon)"
+# Settings named by configuration/params verdicts (fleet-spec/schema/fleet.schema.json).
+SETTING_VRAM = "pools[].gpu_name (a GPU with more memory) or pools[].benchmark.concurrency"
+SETTING_HOST_RAM = "pools[].min_host_ram_gb (and the daemon's [memory] total_budget)"
+SETTING_DISK = "pools[].disk_gb"
+SETTING_MIRROR = "params.base_url (the mirror must serve every file of the manifest)"
+SETTING_PARAMS_SET = "params (sector_size / base_url): the params dir lacks a file the proof needs"
+SETTING_BENCH_INPUT = "params.base_url (ship c1.json in the mirror) or the worker's FLEET_BENCH_C1"
 
-SIGNATURES: tuple[Signature, ...] = (
-    # --- 1. machine: GPU hardware and host driver -----------------------------------------------------
-    _sig("gpu-fell-off-bus", "machine", rf"fallen off the bus|{_XID}79\b",
+# --- decoding tables ------------------------------------------------------------------------------------
+#: cudaError_t (CUDA 12 runtime): code -> (enum name, cudaGetErrorString, blame, signature name, setting).
+#: sppark reports them negated (`sppark::Error #-2`, sppark util/exception.cuh:12-21) in builds without
+#: TAKE_RESPONSIBILITY_FOR_ERROR_MESSAGE, else as `<expr>@<file>:<line> failed: "<text>"`.
+CUDA_ERRORS: dict[int, tuple[str, str, str, str, str | None]] = {
+    2: ("cudaErrorMemoryAllocation", "out of memory", "configuration", "cuda-out-of-memory", SETTING_VRAM),
+    3: ("cudaErrorInitializationError", "initialization error", "machine", "cuda-init-error", None),
+    35: ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", "image",
+         "cuda-driver-too-old-for-image", None),
+    46: ("cudaErrorDevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable", "machine",
+         "cuda-devices-unavailable", None),
+    100: ("cudaErrorNoDevice", "no CUDA-capable device is detected", "machine", "cuda-no-device", None),
+    209: ("cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device", "image",
+          "cuda-no-kernel-image", None),
+    214: ("cudaErrorECCUncorrectable", "uncorrectable ECC error encountered", "machine", "gpu-ecc", None),
+    222: ("cudaErrorUnsupportedPtxVersion", "the provided PTX was compiled with an unsupported toolchain.", "image",
+          "cuda-unsupported-ptx", None),
+    700: ("cudaErrorIllegalAddress", "an illegal memory access was encountered", "image", "cuda-illegal-address",
+          None),
+}
+
+#: NVIDIA Xid catalogue (docs.nvidia.com/deploy/xid-errors): 13/31/43 are filed under "restart the
+#: application" (our software faulted the GPU); the rest here are hardware or driver (the machine).
+XID_APPLICATION = (13, 31, 43)
+XID_ECC = (48, 63, 64, 92, 94, 95)
+XID_FELL_OFF_BUS = (79,)
+XID_GSP_TIMEOUT = (119,)
+
+#: aria2c EXIT STATUS (aria2 manual) grouped by meaning.
+ARIA2_NOT_FOUND = (3, 4)
+ARIA2_DISK_FULL = (9,)
+ARIA2_DNS = (19,)
+ARIA2_NETWORK = (1, 2, 5, 6, 7, 8, 22, 29)
+ARIA2_CHECKSUM = (32,)
+ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
+                 5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
+                 9: "not enough disk space", 19: "name resolution failed", 22: "bad HTTP response",
+                 29: "server overloaded or in maintenance", 32: "checksum validation failed"}
+#: curl EXIT CODES (curl man page) grouped by meaning.
+CURL_NOT_FOUND = (22,)
+CURL_DNS = (6,)
+CURL_CONNECT = (7,)
+CURL_TIMEOUT = (28,)
+CURL_DISK = (23,)
+CURL_NETWORK = (16, 18, 52, 55, 56, 92)
+CURL_MEANING = {6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+                22: "HTTP error (-f)", 23: "write error", 28: "operation timed out", 52: "empty reply",
+                55: "send failure", 56: "receive failure", 92: "HTTP/2 stream error"}
+
+
+def _codes(codes: Iterable[int]) -> str:
+    return "(?:" + "|".join(str(c) for c in codes) + r")\b"
+
+
+_XID = r"\bXid(?: \(PCI:[0-9a-fA-F:.]+\))?:?\s+"
+
+
+def _xid(codes: Iterable[int]) -> str:
+    return _XID + _codes(codes)
+
+
+def _aria2(codes: Iterable[int]) -> str:
+    # aria2c's own line (`errorCode=3`) or the worker's account (`aria2c failed to download URL (exit code 3)`).
+    return rf"(?:\berrorCode=|\baria2c\b.*\bexit code ){_codes(codes)}"
+
+
+def _curl(codes: Iterable[int]) -> str:
+    return rf"(?:^curl: \(|\bcurl exit code |\bcurl\b.*\bexit code ){_codes(codes)}"
+
+
+def _cuda(code: int) -> str:
+    enum, text, *_ = CUDA_ERRORS[code]
+    return rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+
+
+def _cuda_sigs(priority: int) -> list[Signature]:
+    out = []
+    for code, (enum, text, blame, name, setting) in CUDA_ERRORS.items():
+        if blame == "machine":
+            continue  # in the hardware group, at hardware priority
+        out.append(_sig(name, blame, priority, _cuda(code), f"CUDA error {code} ({enum}): {text}",
+                        setting=setting, explains=f"{enum} ({code}): {text}"))
+    return out
+
+
+# What our own daemon looks like from the bench or the worker (loopback or the daemon named).
+_OUR_DAEMON = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|unix://|cuzk|daemon)"
+
+SIGNATURES: tuple[Signature, ...] = tuple(sorted((
+    # --- 100: GPU hardware, host driver and runtime: the machine ------------------------------------
+    _sig("gpu-fell-off-bus", "machine", 100, rf"fallen off the bus|{_xid(XID_FELL_OFF_BUS)}",
          "the GPU disappeared from PCIe (Xid 79): hardware or power"),
-    _sig("gpu-ecc", "machine",
-         rf"uncorrectable ECC|ECC error|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|{_XID}(?:48|63|64|94|95)\b",
-         "uncorrectable GPU memory error"),
-    _sig("gpu-xid", "machine", rf"{_XID}\d+",
-         "the NVIDIA kernel driver logged an Xid fault"),
-    _sig("gpu-oom", "machine",
-         r"CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY"
-         r"|out of memory \(CUDA\)|failed to allocate .* on (?:the )?(?:GPU|device)",
-         "GPU memory exhausted: another tenant on the GPU or less VRAM than the model has"),
-    _sig("cuda-runtime-too-new", "image",
-         r"CUDA driver version is insufficient for CUDA runtime version|cudaErrorInsufficientDriver"
-         r"|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-         "our image needs a newer driver than the spec's min_cuda admits (fix the image or min_cuda)"),
-    _sig("no-cuda-device", "machine",
-         r"no CUDA-capable device is detected|CUDA_ERROR_NO_DEVICE|cudaErrorNoDevice|No devices were found",
-         "the container sees no GPU"),
-    _sig("nvidia-driver-unreachable", "machine",
-         r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
+    _sig("gpu-ecc", "machine", 100,
+         rf"uncorrectable ECC|double bit error|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|sppark::Error #-214\b"
+         rf"|{_xid(XID_ECC)}",
+         "GPU memory errors (Xid 48/63/64/92/94/95, uncorrectable ECC): the GPU needs reset or service"),
+    _sig("gpu-gsp-timeout", "machine", 100, rf"{_xid(XID_GSP_TIMEOUT)}|waiting for RPC response from GPU\d* GSP",
+         "the GPU's GSP firmware stopped answering (Xid 119): driver or hardware"),
+    _sig("gpu-lost", "machine", 100, r"GPU is lost|GPU has been lost",
+         "the driver lost the GPU (nvidia-smi): reboot or service"),
+    _sig("nvidia-driver-unreachable", "machine", 100,
+         r"couldn't communicate with the NVIDIA driver"
          r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)",
          "the host's NVIDIA driver is not loaded or not reachable from the container"),
-    _sig("nvidia-driver-mismatch", "machine", r"Driver/library version mismatch",
-         "the host's kernel driver and user-space NVIDIA libraries differ (host upgraded without reboot)"),
-    _sig("nvidia-libs-missing", "machine",
+    _sig("nvidia-driver-mismatch", "machine", 100, r"Driver/library version mismatch",
+         "the host's kernel driver and user-space NVIDIA libraries differ (upgraded without reboot)"),
+    _sig("nvidia-no-device", "machine", 100, r"^(?:fleet: nvidia-smi failed: )?No devices were found",
+         "nvidia-smi sees no GPU in the container"),
+    _sig("cuda-no-device", "machine", 100,
+         rf"{_cuda(100)}|No CUDA devices available|CUDA_ERROR_NO_DEVICE",
+         "the container sees no usable GPU (cudaErrorNoDevice / supraseal's ngpus() == 0)",
+         explains="cudaErrorNoDevice (100): no CUDA-capable device is detected"),
+    _sig("cuda-init-error", "machine", 100, _cuda(3), "CUDA could not initialise the driver",
+         explains="cudaErrorInitializationError (3): initialization error"),
+    _sig("cuda-devices-unavailable", "machine", 100, _cuda(46),
+         "the GPU is busy or unavailable (exclusive mode held by another process)",
+         explains="cudaErrorDevicesUnavailable (46): device busy or unavailable"),
+    _sig("nvidia-libs-missing", "machine", 100,
          r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file",
          "the host's container runtime did not inject the NVIDIA driver libraries or devices"),
-    _sig("cuda-error", "machine",
-         r"CUDA error\b|CUDA_ERROR_\w+|\bcudaError\w+|an illegal memory access was encountered",
-         "a CUDA call failed on this GPU"),
-    # --- 2. network: fetching params ------------------------------------------------------------------
-    _sig("checksum-mismatch", "network",
-         r"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match|invalid)|Checksum error",
-         "a downloaded file is corrupt (counted as network; repeated params failures mark the machine bad)"),
-    _sig("download-error", "network", r"\berrorCode=\d+|download aborted|Download (?:failed|error)",
-         "aria2c or the params fetcher gave up on a download"),
-    _sig("dns-failure", "network",
-         r"Could not resolve host|Temporary failure in name resolution|Name or service not known"
-         r"|no such host",
-         "the machine cannot resolve names"),
-    _sig("connection-timeout", "network",
-         r"Connection timed out|Operation timed out|connect(?:ion)? timeout|Network is unreachable"
-         r"|Connection reset by peer",
-         "the machine's network dropped or stalled a connection"),
-    _sig("remote-connection-refused", "network", rf"^(?!.*{_LOOPBACK}).*connection refused",
-         "a remote server refused the connection (a params mirror, not our daemon)"),
-    # --- 3. image: our scripts, binaries and the local daemon ------------------------------------------
-    _sig("daemon-connection-refused", "image", rf"(?=.*connection refused)(?=.*{_LOOPBACK})",
-         "the benchmark could not reach our own cuzk daemon (it did not start or crashed at startup)"),
-    _sig("command-not-found", "image", r"\S+: (?:command )?not found\s*$|: command not found\b",
+    _sig("host-no-gpu-runtime", "machine", 100,
+         r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
+         "the host's docker has no working NVIDIA container runtime"),
+    # --- 95: application Xids: our software faulted the GPU ------------------------------------------
+    _sig("gpu-xid-application", "image", 95, _xid(XID_APPLICATION),
+         "NVIDIA Xid 13/31/43: an application fault (NVIDIA: restart the application) - our software"),
+    # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
+    _sig("host-out-of-memory", "configuration", 90,
+         r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
+         r"|memory allocation of \d+ bytes failed|Cannot allocate memory",
+         "host RAM exhausted: the kernel OOM killer, the cgroup limit, or a failed allocation",
+         setting=SETTING_HOST_RAM),
+    _sig("process-killed", "configuration", 90,
+         r"^(?:\S+: )?(?:line \d+: )?\s*\d+ Killed\s+.*cuzk|^Killed\s+.*cuzk|\bcuzk[\w-]* .*\bkilled by signal 9\b",
+         "our cuzk process was SIGKILLed (bash job notification): the OOM killer, host RAM for the workload",
+         setting=SETTING_HOST_RAM),
+    _sig("srs-memory-budget", "configuration", 90, r"insufficient memory budget for SRS",
+         "the daemon's memory budget cannot hold the SRS (curio srs_manager.rs:190-199)",
+         setting=SETTING_HOST_RAM),
+    _sig("disk-full", "configuration", 90,
+         rf"No space left on device|Disk quota exceeded|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
+         "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
+         setting=SETTING_DISK),
+    # --- 85: decoded CUDA errors (out of memory -> configuration; kernels/PTX/faults -> image) ---------
+    *_cuda_sigs(85),
+    # --- 80: params set-up --------------------------------------------------------------------------
+    _sig("params-not-found", "params", 80,
+         rf"{_aria2(ARIA2_NOT_FOUND)}|{_curl(CURL_NOT_FOUND)}|returned error: 40[34]\b",
+         "the params mirror does not serve a file (HTTP 404/403): the mirror or params.base_url",
+         setting=SETTING_MIRROR, explains="aria2c 3 / curl 22: resource not found"),
+    _sig("srs-param-file-missing", "params", 80, r"SRS param file not found",
+         "the daemon cannot find the SRS .params file for the proof (curio srs_manager.rs:173-178)",
+         setting=SETTING_PARAMS_SET),
+    _sig("bench-input-missing", "params", 80,
+         r"benchmark input (?:\(c1\.json\) )?missing|failed to read \S*c1\.json|--c1 required",
+         "the benchmark's c1.json is missing or unreadable", setting=SETTING_BENCH_INPUT),
+    _sig("srs-load-failed", "configuration", 75, r"failed to load SRS from",
+         "supraseal could not load the SRS into pinned host RAM (groth16_srs.cuh:268-271)",
+         setting=SETTING_HOST_RAM),
+    # --- 70: our software ----------------------------------------------------------------------------
+    _sig("segfault", "image", 70, r"Segmentation fault|SIGSEGV|segfault at",
+         "a binary in the image crashed (SIGSEGV)"),
+    _sig("command-not-found", "image", 70, r"\S+: (?:command )?not found\s*$|: command not found\b",
          "a program our scripts call is not in the image"),
-    _sig("exec-format-error", "image", r"exec format error|cannot execute binary file",
+    _sig("shared-library-missing", "image", 70, r"error while loading shared libraries",
+         "a library our binaries need is missing from the image"),
+    _sig("exec-format-error", "image", 70, r"exec format error|cannot execute binary file",
          "a binary in the image was built for another platform"),
-    _sig("permission-denied", "image", r"Permission denied",
-         "a script or file in the image is not executable/readable"),
-    _sig("script-syntax-error", "image",
+    _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
-         r"|unexpected end of file|SyntaxError:",
-         "a shell or Python script in the image does not parse or uses an unset variable"),
-    _sig("jq-error", "image", r"\bjq: error\b",
-         "our jq filter failed on the bench output or config"),
-    _sig("python-traceback", "image", r"Traceback \(most recent call last\)",
-         "a Python script in the image raised"),
-    _sig("rust-panic", "image", r"thread '[^']*' panicked at",
+         r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
+         "a shell, jq or Python script in the image failed"),
+    _sig("bench-usage-error", "image", 70, r"unknown proof type:|error: unexpected argument|error: invalid value",
+         "our worker called cuzk-bench with arguments it does not accept"),
+    _sig("daemon-config-error", "image", 70, r"failed to load config from|TOML parse error",
+         "the daemon rejected the cuzk.toml our worker wrote"),
+    _sig("permission-denied", "image", 70, r"Permission denied",
+         "a script or file in the image is not executable/readable"),
+    # --- 65: proofs that did not verify (verdict.py decides: intermittent -> machine, all -> image) -----
+    _sig("proof-self-check", "image", 65, r"self-check FAILED|self-check failed|self-check error",
+         "a proof failed cuzk's PoRep self-check (wrong c1.json for --sector-num/--miner-id if every proof "
+         "fails; a flaky GPU if only some do)"),
+    # --- 60: the machine's network while fetching ----------------------------------------------------
+    _sig("checksum-mismatch", "network", 60,
+         rf"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)|{_aria2(ARIA2_CHECKSUM)}",
+         "a downloaded file is corrupt (a corrupt transfer; repeated params failures mark the machine bad)"),
+    _sig("dns-failure", "network", 60,
+         rf"Could not resolve host|Temporary failure in name resolution|Name or service not known|no such host"
+         rf"|Name resolution for \S+ failed|{_aria2(ARIA2_DNS)}|{_curl(CURL_DNS)}",
+         "the machine cannot resolve names", explains="aria2c 19 / curl 6: name resolution failed"),
+    _sig("connection-reset", "network", 60, r"Connection reset by peer|Network problem has occurred",
+         "the machine's connection dropped"),
+    _sig("network-timeout", "network", 60,
+         rf"Connection timed out|Operation timed out|Network is unreachable|{_curl(CURL_TIMEOUT)}",
+         "the machine's network stalled", explains="curl 28: operation timed out"),
+    _sig("connection-failed", "network", 60,
+         rf"{_curl(CURL_CONNECT)}|^(?!.*{_OUR_DAEMON}).*(?:connection refused|Couldn't connect to server)",
+         "a remote server refused or could not be reached (a params mirror, not our daemon)",
+         explains="curl 7: failed to connect", whole_line=True),
+    _sig("download-failed-network", "network", 60,
+         rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
+         "the download failed on the network (aria2c 1/2/5/6/7/8/22/29, curl 16/18/52/55/56/92)",
+         explains="aria2c/curl network failure"),
+    _sig("download-aborted", "network", 58, r"Download aborted|download failed",
+         "a download was aborted (aria2c's line before its errorCode)"),
+    _sig("params-too-slow", "network", 60, r"params fetch exceeded FLEET_PARAMS_TIMEOUT_S",
+         "the params fetch did not finish before its deadline"),
+    # --- 55: the marketplace or host stopped the worker -----------------------------------------------
+    _sig("worker-stopped", "marketplace", 55, r"received SIG(?:TERM|INT|HUP) during phase|worker stopped by SIG",
+         "the container was stopped from outside (the marketplace or the host)"),
+    # --- 50: any other panic in our binaries ---------------------------------------------------------
+    _sig("rust-panic", "image", 50, r"thread '[^']*' panicked at|panicked with message",
          "a binary in the image panicked"),
-    _sig("missing-file", "image", r"No such file or directory",
-         "a file our scripts expect is missing from the image or was never produced"),
-    # --- 4. ambiguous: recognised, blamed unknown --------------------------------------------------------
-    _sig("disk-full", "unknown", r"No space left on device|Disk quota exceeded",
-         "the instance disk filled up (the spec's disk_gb, or the host)"),
-    _sig("host-oom", "unknown", r"Out of memory: Killed process|oom-kill|\bKilled\s+\S*cuzk|Cannot allocate memory",
-         "host RAM exhausted (the host, or the spec's concurrency)"),
-)
+    # --- 30: cascade symptoms: our daemon is gone; anything more specific above is the cause -----------
+    _sig("daemon-connection-refused", "image", 30,
+         rf"(?=.*(?:connection refused|tcp connect error|failed to connect to daemon))(?=.*{_OUR_DAEMON})",
+         "the benchmark could not reach our own cuzk daemon (it did not start or crashed)", whole_line=True),
+    _sig("daemon-rpc-failed", "image", 30, r"(?:Prove|PreloadSRS|GetStatus|GetMetrics) RPC failed",
+         "an RPC to our daemon failed (the daemon died or returned an error)"),
+), key=lambda s: -s.priority))
 
 
 @dataclass(frozen=True)
 class SignatureMatch:
     signature: Signature
     line: str
+    index: int = 0
 
     @property
     def name(self) -> str:
@@ -141,36 +305,162 @@ class SignatureMatch:
     def blame(self) -> str:
         return self.signature.blame
 
+    def text(self) -> str:
+        """The line, with the meaning of a bare numeric code appended (`sppark::Error #-2 [= ...: out of memory]`,
+        `aria2c failed ... (exit code 7) [= aria2c 7: unfinished downloads]`)."""
+        meaning = code_meaning(self.line) or self.signature.explains
+        if meaning and _BARE_CODE.search(self.line) and meaning.split(": ", 1)[-1].lower() not in self.line.lower():
+            return f"{self.line} [= {meaning}]"
+        return self.line
 
-_CHAIN_CONTINUATION = re.compile(r"^\s*Caused by:\s*$|^\s+\d+: ")
+
+_BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit code \d+|^curl: \(\d+\)|\berrorCode=\d+\s*$")
+_SPPARK_CODE = re.compile(r"sppark::Error #-(\d+)")
+_TOOL_CODE = re.compile(r"\b(aria2c|curl)\b.*?\bexit code (\d+)|^(curl): \((\d+)\)")
 
 
-def logical_lines(lines: Iterable[str]) -> list[str]:
-    """Join Rust error chains into their head line.
+def code_meaning(line: str) -> str | None:
+    """What a numeric error code in `line` means: a negated cudaError_t from sppark, an aria2c or curl exit code."""
+    m = _SPPARK_CODE.search(line)
+    if m and int(m.group(1)) in CUDA_ERRORS:
+        enum, text, *_ = CUDA_ERRORS[int(m.group(1))]
+        return f"{enum} ({m.group(1)}): {text}"
+    m = _TOOL_CODE.search(line)
+    if m:
+        tool, code = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(3), int(m.group(4)))
+        table = ARIA2_MEANING if tool == "aria2c" else CURL_MEANING
+        if code in table:
+            return f"{tool} {code}: {table[code]}"
+    return None
 
-    cuzk-bench reports errors anyhow-style over several lines (`Error: failed to connect to daemon at
-    http://127.0.0.1:9820`, blank, `Caused by:`, `    1: tcp connect error: Connection refused`). Judged
-    line by line, the last line alone looks like a remote server refusing us; joined, it is our own daemon.
-    """
-    out: list[str] = []
-    last_text = -1  # index in `out` of the last non-blank line
-    for raw in lines:
-        line = raw.rstrip("\r\n")
-        if last_text >= 0 and _CHAIN_CONTINUATION.match(line):
-            out[last_text] += " | " + line.strip()
-            del out[last_text + 1:]  # blank lines inside the chain
+
+# --- reading a tail -------------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+_RING_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) ?")
+_TAG = re.compile(r"^(cuzk-daemon|cuzk-bench(?: status)?|tunnel): ?")
+_TRACING_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z\s+(?=(?:TRACE|DEBUG|INFO|WARN|ERROR)\b)")
+_PANIC_HEAD = re.compile(r"thread '[^']*' panicked at \S+:\d+:\d+:\s*$")
+_CAUSED_BY = re.compile(r"^\s*Caused by:\s*$")
+_CAUSE = re.compile(r"^\s+(?:\d+: )?(\S.*)$")
+_ARIA2_CAUSE = re.compile(r"^\s+-> \[")
+_NOISE = re.compile(
+    r"^\[#[0-9a-f]+ .*\]$"                       # aria2c progress: [#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]
+    r"|^\s*(?:CUZK_TIMING|CUZK_NTT_H):|^TIMELINE,"   # supraseal-c2 / cuzk-core timing on stderr
+    r"|^(?:TRACE|DEBUG|INFO)\s+\S+: (?:FIN_TIMING|GPU_TIMING|pacer:)"
+    r"|^\s*\[\d+/\d+\] (?:COMPLETED|FAILED|CANCELLED|TIMEOUT|UNKNOWN) "  # per-proof lines: counted, not causes
+    r"|^note: run with `RUST_BACKTRACE=1`")
+_TUNNEL = re.compile(r"^(?:fleet: )?tunnel: ")
+
+
+@dataclass(frozen=True)
+class LogicalLine:
+    """One cleaned (and possibly joined) line: `text` as shown, `tag` the stream it came from."""
+
+    text: str
+    tag: str = ""
+    noise: bool = False
+    tunnel: bool = False
+
+
+def clean_line(raw: str) -> tuple[str, str]:
+    """(tag, body): ring timestamp, ANSI colour, CR and the daemon's own timestamp removed."""
+    line = _ANSI.sub("", raw.replace("\r", "")).rstrip("\n")
+    line = _RING_TS.sub("", line, count=1)
+    tag = ""
+    m = _TAG.match(line)
+    if m:
+        tag, line = m.group(1), line[m.end():]
+    line = _TRACING_TS.sub("", line, count=1)
+    return tag, line
+
+
+def read_tail(lines: Iterable[str]) -> list[LogicalLine]:
+    """Clean and join a tail into logical lines (see the module docstring)."""
+    items = [clean_line(raw) for raw in lines]
+    used: set[int] = set()
+    out: list[LogicalLine] = []
+    for i, (tag, body) in enumerate(items):
+        if i in used:
             continue
-        out.append(line)
-        if line.strip():
-            last_text = len(out) - 1
+        if _PANIC_HEAD.search(body):
+            j = _next_in_stream(items, used, i + 1, tag, skip_blank=False)
+            if j is not None and items[j][1].strip():
+                body = f"{body.rstrip()} {items[j][1].strip()}"
+                used.add(j)
+        elif body.startswith("Error: "):
+            j = _next_in_stream(items, used, i + 1, tag, skip_blank=True)
+            if j is not None and _CAUSED_BY.match(items[j][1]):
+                chain = [i for i in range(i + 1, j + 1) if items[i][0] == tag]  # blanks and `Caused by:`
+                causes: list[str] = []
+                for k in range(j + 1, len(items)):
+                    if items[k][0] != tag:
+                        continue  # another stream interleaved: keep it, keep reading ours
+                    m = _CAUSE.match(items[k][1])
+                    if not m:
+                        break
+                    chain.append(k)
+                    if not causes or causes[-1] != m.group(1).strip():
+                        causes.append(m.group(1).strip())
+                used.update(chain)
+                body = " | ".join([body, *causes])
+        elif body.lstrip().startswith("Exception: ["):
+            k = i + 1
+            while k < len(items) and items[k][0] == tag and _ARIA2_CAUSE.match(items[k][1]):
+                body += " | " + items[k][1].strip()
+                used.add(k)
+                k += 1
+        text = f"{tag}: {body.strip()}" if tag else body.strip()
+        out.append(LogicalLine(text=text, tag=tag, noise=bool(_NOISE.search(body.strip())) or not body.strip(),
+                               tunnel=tag == "tunnel" or bool(_TUNNEL.match(body))))
     return out
 
 
-def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES) -> SignatureMatch | None:
-    """The highest-precedence signature found in `lines`, with the first (logical) line it matched."""
-    lines = logical_lines(lines)
-    for sig in table:
-        for line in lines:
-            if sig.pattern.search(line):
-                return SignatureMatch(sig, line.strip())
+def _next_in_stream(items: list[tuple[str, str]], used: set[int], start: int, tag: str, *,
+                    skip_blank: bool) -> int | None:
+    for j in range(start, min(len(items), start + 50)):
+        if j in used or items[j][0] != tag:
+            continue
+        if skip_blank and not items[j][1].strip():
+            continue
+        return j
     return None
+
+
+def logical_lines(lines: Iterable[str]) -> list[str]:
+    """The cleaned, joined lines of a tail (noise included), as text."""
+    return [line.text for line in read_tail(lines)]
+
+
+def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES, *,
+             include_tunnel: bool = False) -> SignatureMatch | None:
+    """The highest-priority signature found anywhere in `lines` (earliest line on a tie).
+
+    Noise never matches; tunnel lines only with `include_tunnel` (when the tunnel is the failing phase)."""
+    candidates = [(i, ln) for i, ln in enumerate(read_tail(lines))
+                  if not ln.noise and (include_tunnel or not ln.tunnel)]
+    best: SignatureMatch | None = None
+    for sig in table:
+        if best is not None and sig.priority < best.signature.priority:
+            break
+        for i, ln in candidates:
+            if sig.pattern.search(ln.text) or (ln.tag and not sig.whole_line
+                                               and sig.pattern.search(ln.text[len(ln.tag) + 2:])):
+                if best is None or i < best.index:
+                    best = SignatureMatch(sig, ln.text, i)
+                break
+    return best
+
+
+_ERRORISH = re.compile(r"\b(?:error|errors|failed|failure|fatal|panicked|exception|denied|refused|killed|abort(?:ed)?"
+                       r"|cannot|could not|unable|timed out|exceeded)\b", re.IGNORECASE)
+
+
+def error_line(lines: Iterable[str], *, include_tunnel: bool = False) -> str | None:
+    """Without a signature: the last line that reads like an error (never noise or a tunnel line), else the
+    last meaningful line."""
+    usable = [ln for ln in read_tail(lines) if not ln.noise and (include_tunnel or not ln.tunnel)]
+    for ln in reversed(usable):
+        if _ERRORISH.search(ln.text) and not re.search(r"\b(?:INFO|DEBUG|TRACE)\b", ln.text[:40]):
+            return ln.text
+    return usable[-1].text if usable else None

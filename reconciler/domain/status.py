@@ -18,7 +18,7 @@ from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.serving import judge_early, saved, serving_health
 from reconciler.domain.spec import FleetSpec, PoolSpec
-from reconciler.domain.verdict import judge
+from reconciler.domain.verdict import judge, root_cause_text
 
 #: phase_times() keys -> the labels of the seed's dashboard timeline, in lifecycle order.
 TIMELINE_LABELS = {
@@ -144,7 +144,9 @@ class FleetStatus:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        out["instances"] = [{**asdict(i), "timeline": dict(i.timeline)} for i in self.instances]
+        # The root cause first (issue 14): a reader of the JSON sees why before what.
+        out["instances"] = [{"root_cause": i.root_cause, **asdict(i), "timeline": dict(i.timeline)}
+                            for i in self.instances]
         return out
 
 
@@ -156,9 +158,9 @@ def _recorded_entries(records: RecordSet) -> dict[str, tuple[str, BenchmarkEntry
     return out
 
 
-def _root_cause(reason: str, blame: str, held_by: str | None) -> str:
-    held = f", held by {held_by}" if held_by else ""
-    return f"{reason} (blame: {blame}{held})"
+def _root_cause(entry: BenchmarkEntry) -> str:
+    setting = entry.evidence.get("setting") if isinstance(entry.evidence, Mapping) else None
+    return root_cause_text(entry.reason, entry.blame, entry.held_by, setting if isinstance(setting, str) else None)
 
 
 def _recorded_rates(records: RecordSet) -> list[RatePoint]:
@@ -218,7 +220,7 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             _, entry = recorded[report.instance_id]
             verdict, blame, held_by, marks_bad, is_recorded = (entry.verdict, entry.blame, entry.held_by,
                                                                entry.marks_bad, True)
-            cause = _root_cause(entry.reason, entry.blame, entry.held_by)
+            cause = _root_cause(entry)
         elif report.pool in pools_by_name:
             judged = judge(report, pools_by_name[report.pool], now, desired_image_digest=desired_image_digest)
             if judged is not None:

@@ -15,7 +15,7 @@ import re
 from reconciler.domain import errors
 
 #: A well-formed token: 64 lowercase hex characters (SHA-256 output).
-TOKEN_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+TOKEN_PATTERN = re.compile(r"[0-9a-f]{64}\Z")
 
 #: Shortest controller secret we accept: below this an HMAC key is guessable.
 MIN_SECRET_BYTES = 16
@@ -53,7 +53,7 @@ def verify_instance_token(secret: bytes, instance_id: str, presented: str) -> bo
 
 
 def is_well_formed_token(presented: str) -> bool:
-    return TOKEN_PATTERN.match(presented) is not None
+    return TOKEN_PATTERN.fullmatch(presented) is not None
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -1,49 +1,66 @@
 """Judge one instance: what the worker reported + its pool spec + now -> a verdict with blame and evidence.
 
-The pure heart of the reconcile pass (`loop.decide` calls `judge` per unjudged report, then lets
-`breaker.py` hold machine-blamed verdicts). No I/O, no clock: `now` is an argument.
+The pure heart of the reconcile pass (`judging.decide` calls `judge` per unjudged report, then lets
+`breaker.py` hold machine-blamed verdicts). No I/O, no clock: `now` is an argument. What each verdict kind
+and blame class means lives in the registry (`verdicts.py`); which log line explains a failure in
+`signatures.py`.
 
-Verdicts (the seed's lesson: "0 proofs/hour" may be the machine OR our image):
-- ok / below-min-rate: the benchmark completed with a throughput line; rate vs the pool's min rate.
-  Below the rate is the machine's fault (evidence: proofs/hour and s/proof).
-- benchmark-error: the benchmark or its daemon exited non-zero, or printed no throughput. Blame by the
-  log tail's signature (signatures.py); no signature -> "unknown", which never marks a machine bad.
-- params-failed: the params fetch failed, or had not finished by the deadline. Blame "network" unless
-  the tail shows a machine or image signature. Policy: a machine's network gets one strike - the first
-  network-blamed params failure is recorded but does not mark the machine bad (mirrors and CDNs have bad
-  minutes); the second one on the same machine (PARAMS_FAILURES_BEFORE_BAD) does.
+Judged from proof results, not exit codes (cuzk-bench exits 0 with FAILED proofs):
+- ok / below-min-rate: every proof COMPLETED and a rate (which counts completed proofs only) vs the pool's
+  min rate. Below it is the machine's fault. A benchmark with 0 completed proofs is never "slow".
+- benchmark-error: the benchmark or its daemon exited non-zero, printed no throughput, or any proof was
+  not COMPLETED. Blame by the highest-priority signature over the WHOLE evidence: the result's tail, the
+  failing phase's tail, the instance's log ring (which carries the daemon's lines) and the daemon log.
+  Proofs failing cuzk's self-check: some of them (others verify) -> a flaky GPU, machine; all of them ->
+  our inputs (c1.json vs --sector-num/--miner-id), image. No signature -> "unknown" (never marks bad).
+- params-failed: the params fetch failed, or had not finished by the deadline. Network blame is a strike:
+  the first network-blamed params failure is recorded without marking the machine bad (mirrors and CDNs
+  have bad minutes); the second on the same machine (PARAMS_FAILURES_BEFORE_BAD) does. A mirror 404 is
+  `params` blame and a full disk `configuration`: never a strike.
 - timeout: no result by the deadline = benchmark start (registration if it never started) +
-  pool.benchmark.timeout_minutes, or the worker itself reported outcome timeout. Partial proofs count:
-  blame is the tail's signature if any, else "machine" if it proved some but below the min rate, else
-  "unknown" (zero proofs and no signature looks like a hang, which may be ours).
-- stale-image: the instance ran another digest than the desired one. Applies to every failing verdict
-  (never the machine's fault); a passing benchmark on an older image is still proof the machine is good.
+  pool.benchmark.timeout_minutes, or the worker itself reported outcome timeout. Partial proofs count.
+- stale-image: the instance ran another digest than the desired one (never the machine's fault).
+
+Every verdict carries a root-cause line (issue 14): phase, exit code, proofs done/asked and the most
+specific error line of the whole tail (never a progress, timing or tunnel line unless the tunnel is the
+failing phase). It starts the verdict's `reason`, which status, the commit subject and `fleet why` show first.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.domain.observations import InstanceReport, PhaseEvent, format_time
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.redact import redact_line, redact_lines
-from reconciler.domain.signatures import SignatureMatch, classify
+from reconciler.domain.signatures import SignatureMatch, classify, clean_line, error_line, read_tail
 from reconciler.domain.spec import PoolSpec
+from reconciler.domain.verdicts import blame_class
 
 #: Log lines kept as evidence in a record (the store keeps more; git history should stay readable).
 EVIDENCE_LOG_LINES = 30
+#: Daemon log lines kept as evidence (filtered: no timing noise, no colour).
+EVIDENCE_DAEMON_LINES = 15
 #: Network-blamed params failures on one machine (since its last passing benchmark) that mark it bad.
 PARAMS_FAILURES_BEFORE_BAD = 2
+#: Longest error line shown in a root cause (chains are shortened to head ... last cause).
+ROOT_CAUSE_CHARS = 240
 
 HELD_BY_CIRCUIT_BREAKER = "circuit-breaker"
 HELD_BY_KILL_BUDGET = "kill-budget"
 
+SIGNATURE_INTERMITTENT_SELF_CHECK = "proof-self-check-intermittent"
+
 #: Failed phases that end the benchmark attempt by themselves. A failed tunnel (Lotus API, not needed by
 #: the standalone benchmark) or report/serve step does not: the result or the deadline decides.
 _VERDICT_PHASES = {"params": "params-failed", "daemon": "benchmark-error", "benchmark": "benchmark-error"}
+
+#: `  [3/10] FAILED — 41.3s (prove=0 ms, queue=12 ms)` (cuzk-bench main.rs:561-569 / 597-605).
+_PROOF_LINE = re.compile(r"^\s*\[(\d+)/(\d+)\]\s+(COMPLETED|FAILED|CANCELLED|TIMEOUT|UNKNOWN)\b(?:\s+\S+\s+([\d.]+)s)?")
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,8 @@ class Verdict:
     seconds_per_proof: float | None = None
     min_rate_proofs_per_hour: float | None = None
     held_by: str | None = None
+    #: The spec setting a configuration/params verdict asks to change (pool name filled in).
+    setting: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -76,9 +95,8 @@ class Verdict:
         return self.verdict != "ok"
 
     def root_cause(self) -> str:
-        """One line for status and commit bodies, e.g. `benchmark-error exit 1: ... (blame: image)`."""
-        held = f", held by {self.held_by}" if self.held_by else ""
-        return f"{self.reason} (blame: {self.blame}{held})"
+        """One line for status, commit messages and `fleet why`: the reason, then who must act."""
+        return root_cause_text(self.reason, self.blame, self.held_by, self.setting)
 
     def held(self, by: str) -> Verdict:
         """This verdict, not marking the machine bad because a breaker holds it.
@@ -97,9 +115,36 @@ class Verdict:
             held_by=self.held_by, evidence=self.evidence)
 
 
+def root_cause_text(reason: str, blame: str, held_by: str | None = None, setting: str | None = None) -> str:
+    """`<reason> (blame: <blame>[; change <setting>][, held by <guard>])`: shared by verdicts and records."""
+    change = f"; change {setting}" if setting else ""
+    held = f", held by {held_by}" if held_by else ""
+    return f"{reason} (blame: {blame}{change}{held})"
+
+
 def deadline(report: InstanceReport, pool: PoolSpec) -> datetime:
     started = report.first("benchmark", "started")
     return (started.at if started else report.registered_at) + timedelta(minutes=pool.benchmark.timeout_minutes)
+
+
+def proof_results(result: BenchmarkResult) -> tuple[ProofResult, ...]:
+    """Per-proof labels: the result's own (protocol additions) or parsed from cuzk-bench's output lines."""
+    if result.proofs:
+        return result.proofs
+    out: dict[int, ProofResult] = {}
+    for raw in result.log_tail:
+        m = _PROOF_LINE.match(clean_line(raw)[1])
+        if m:
+            out[int(m.group(1))] = ProofResult(int(m.group(1)), m.group(3),
+                                               float(m.group(4)) if m.group(4) else None)
+    return tuple(out[i] for i in sorted(out))
+
+
+def daemon_lines(report: InstanceReport) -> tuple[str, ...]:
+    """The daemon's log: shipped with the result (protocol additions), else its lines in the log ring."""
+    if report.result is not None and report.result.daemon_log:
+        return report.result.daemon_log
+    return tuple(line for line in report.log_tail if clean_line(line)[0] == "cuzk-daemon")
 
 
 def judge(report: InstanceReport, pool: PoolSpec, now: datetime, *, desired_image_digest: str | None = None,
@@ -113,122 +158,221 @@ def judge(report: InstanceReport, pool: PoolSpec, now: datetime, *, desired_imag
         return None
     digest = report.image_digest or (report.result.image_digest if report.result else None)
     if desired_image_digest and digest and digest != desired_image_digest and base.is_failure:
-        return replace(base, verdict="stale-image", blame="image", marks_bad=False, signature=None,
+        return replace(base, verdict="stale-image", blame="image", marks_bad=False, signature=None, setting=None,
                        reason=f"stale-image {_short_digest(digest)} (desired {_short_digest(desired_image_digest)}):"
                               f" {base.reason}")
     return base
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """What the judge knows about one attempt, gathered once."""
+
+    phase: str
+    exit_code: int | None
+    completed: int
+    requested: int
+    tail: tuple[str, ...]        # the tail of the failing step (result or failed event), kept as evidence
+    evidence: tuple[str, ...]    # every line that may explain it: tail + ring (from the phase on) + daemon log
+    include_tunnel: bool = False
 
 
 def _judge_outcome(report: InstanceReport, pool: PoolSpec, now: datetime,
                    prior_params_failures: int) -> Verdict | None:
     result = report.result
     failure = next((e for e in report.events if e.status == "failed" and e.phase in _VERDICT_PHASES), None)
+    requested = result.requested if result is not None else pool.benchmark.proofs
     if result is not None:
+        proofs = proof_results(result)
         tail = result.log_tail or (failure.log_tail if failure else ()) or report.log_tail
         exit_code = result.exit_code if result.exit_code is not None else (failure.exit_code if failure else None)
+        completed = result.completed
+        if proofs and not result.completed:
+            completed = sum(1 for p in proofs if p.label == "COMPLETED")
+        failed_proofs = [p for p in proofs if p.label != "COMPLETED"]
+        failed = max(result.failed, len(failed_proofs))
+        attempt = _attempt(report, "benchmark", exit_code, completed, requested or len(proofs), tail, failure)
         if result.outcome == "completed":
             rate = result.proofs_per_hour
             if rate is None and result.seconds_per_proof:
                 rate = 3600.0 / result.seconds_per_proof
-            if rate is not None and result.completed > 0:
-                return _rated(report, pool, now, rate, result.seconds_per_proof, tail, exit_code)
-            why = "no throughput line" if rate is None else f"0 of {result.requested} proofs completed"
-            return _errored(report, pool, now, "benchmark-error", "benchmark", exit_code, tail, None,
-                            known_cause=why)
+            if failed > 0:
+                return _proofs_failed(report, pool, now, attempt, failed, proofs, rate, result.seconds_per_proof)
+            if rate is not None and completed > 0:
+                return _rated(report, pool, now, attempt, rate, result.seconds_per_proof)
+            why = "no throughput line" if rate is None or completed else f"0 of {attempt.requested} proofs completed"
+            return _errored(report, pool, now, "benchmark-error", attempt, known_cause=why)
         if result.outcome == "timeout":
             started = result.started_at or _started_at(report)
-            return _timed_out(report, pool, now, result.completed, result.requested, started, result.at,
-                              result.proofs_per_hour, tail, exit_code)
-        return _errored(report, pool, now, "benchmark-error", "benchmark", exit_code, tail,
-                        failure.message if failure and failure.message else None)
+            return _timed_out(report, pool, now, attempt, started, result.at, result.proofs_per_hour)
+        return _errored(report, pool, now, "benchmark-error", attempt,
+                        message=failure.message if failure and failure.message else None)
     if failure is not None:
-        return _errored(report, pool, now, _VERDICT_PHASES[failure.phase], failure.phase, failure.exit_code,
-                        failure.log_tail or report.log_tail, failure.message, prior_params_failures)
+        progress = _last_progress(report)
+        attempt = _attempt(report, failure.phase, failure.exit_code, progress[0], progress[1] or requested,
+                           failure.log_tail or report.log_tail, failure)
+        return _errored(report, pool, now, _VERDICT_PHASES[failure.phase], attempt, message=failure.message,
+                        prior_params_failures=prior_params_failures)
     due = deadline(report, pool)
     if now < due or (report.destroyed_at is not None and report.destroyed_at < due):
         # Still running; or destroyed before its deadline (by us or the market): not evidence of anything.
         return None
     if report.first("params", "done") is None:
         waited = (due - report.registered_at).total_seconds() / 60
-        return _errored(report, pool, now, "params-failed", "params", None, report.log_tail, None,
-                        prior_params_failures,
+        attempt = _attempt(report, "params", None, 0, requested, report.log_tail, None)
+        return _errored(report, pool, now, "params-failed", attempt, prior_params_failures=prior_params_failures,
                         known_cause=f"params not fetched {waited:.0f} min after registration")
     progress = _last_progress(report)
-    return _timed_out(report, pool, now, progress[0], progress[1] or pool.benchmark.proofs, _started_at(report),
-                      due, None, report.log_tail, None)
+    attempt = _attempt(report, "benchmark", None, progress[0], progress[1] or requested, report.log_tail, None)
+    return _timed_out(report, pool, now, attempt, _started_at(report), due, None, result_lost=True)
 
 
-def _rated(report: InstanceReport, pool: PoolSpec, now: datetime, rate: float, spp: float | None,
-           tail: Sequence[str], exit_code: int | None) -> Verdict:
+def _attempt(report: InstanceReport, phase: str, exit_code: int | None, completed: int, requested: int,
+             tail: Sequence[str], failure: PhaseEvent | None) -> _Attempt:
+    ring = _ring_since_phase(report, phase)
+    extra = tuple(failure.log_tail) if failure is not None and tuple(failure.log_tail) != tuple(tail) else ()
+    daemon = report.result.daemon_log if report.result is not None else ()
+    evidence = (*ring, *extra, *tail, *daemon)
+    return _Attempt(phase, exit_code, completed, requested, tuple(tail), evidence,
+                    include_tunnel=phase == "tunnel")
+
+
+_RING_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) ")
+
+
+def _ring_since_phase(report: InstanceReport, phase: str) -> tuple[str, ...]:
+    """The instance's log ring from the failing phase's start: an earlier phase's recovered hiccup (a DNS
+    retry while fetching params) must not explain a later benchmark failure. Lines without a ring
+    timestamp are kept."""
+    if phase == "params":
+        return report.log_tail
+    done = report.first("params", "done")
+    if done is None:
+        return report.log_tail
+    since = format_time(done.at - timedelta(seconds=5))
+    return tuple(line for line in report.log_tail
+                 if not (m := _RING_TIME.match(line)) or m.group(1) >= since)
+
+
+def _rated(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt, rate: float,
+           spp: float | None) -> Verdict:
     min_rate = pool.min_rate_proofs_per_hour
     spp = spp if spp is not None else (3600.0 / rate if rate > 0 else None)
     per = f" ({spp:.1f} s/proof)" if spp is not None else ""
     if rate >= min_rate:
         verdict, blame, bad = "ok", "none", False
-        reason = f"ok {rate:.1f}/h >= {min_rate:g}/h{per}"
+        line = f"{rate:.1f}/h >= {min_rate:g}/h{per}"
     else:
         verdict, blame, bad = "below-min-rate", "machine", True
-        reason = f"below-min-rate {rate:.1f}/h < {min_rate:g}/h{per}"
-    return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=bad, reason=reason,
-                    phase="benchmark", exit_code=exit_code, tail=tail, match=None, rate=rate, spp=spp)
+        line = f"{rate:.1f}/h < {min_rate:g}/h{per}"
+    return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=bad,
+                    reason=f"{verdict}: {_where(attempt)}: {line}", attempt=attempt, match=None, rate=rate,
+                    spp=spp)
 
 
-def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, phase: str,
-             exit_code: int | None, tail: Sequence[str], message: str | None,
-             prior_params_failures: int = 0, *, known_cause: str | None = None) -> Verdict:
-    """`known_cause`: what we established ourselves (beats the log's last line); `message`: the worker's own
-    summary (used only when the log says nothing)."""
-    match = classify(tail) or (classify(report.log_tail) if tail is not report.log_tail else None)
+def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt, failed: int,
+                   proofs: Sequence[ProofResult], rate: float | None, spp: float | None) -> Verdict:
+    """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
+    labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
+    reasons = [p.reason for p in proofs if p.reason]
+    match = classify([*attempt.evidence, *reasons])
+    signature = match.name if match else None
+    blame = match.blame if match else "unknown"
+    if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
+        # Some proofs verify and some do not on the same inputs: the GPU computes wrong results at times.
+        blame, signature = "machine", SIGNATURE_INTERMITTENT_SELF_CHECK
+    what = f"{failed} {'/'.join(labels)}"
+    cause = match.text() if match else (error_line(attempt.evidence) or f"{what}; no reason in the daemon log")
+    return _failed_verdict(report, pool, now, "benchmark-error", attempt, blame, match, signature,
+                           f"{_clip(redact_line(cause))} [{what}]", rate=rate if attempt.completed else None,
+                           spp=spp if attempt.completed else None)
+
+
+def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, attempt: _Attempt, *,
+             message: str | None = None, prior_params_failures: int = 0, known_cause: str | None = None) -> Verdict:
+    """`known_cause`: what we established ourselves; `message`: the worker's own summary (used when the log
+    says nothing)."""
+    match = classify(attempt.evidence, include_tunnel=attempt.include_tunnel)
     if match is not None:
-        blame, cause = match.blame, match.line
+        blame, cause = match.blame, match.text()
     else:
         blame = "network" if verdict == "params-failed" else "unknown"
-        cause = known_cause or _last_line(tail) or message or "no log lines"
-    cause = _clip(redact_line(cause))
-    if blame == "network" and verdict == "params-failed":
-        strike = prior_params_failures + 1
-        marks_bad = strike >= PARAMS_FAILURES_BEFORE_BAD
-        cause += f" [network strike {strike} of {PARAMS_FAILURES_BEFORE_BAD}]"
+        cause = (error_line(attempt.evidence, include_tunnel=attempt.include_tunnel) or message or known_cause
+                 or "no log lines")
+        if known_cause and cause != known_cause:
+            cause = f"{known_cause}; last error: {cause}"
+    code = f"-exit-{attempt.exit_code}" if attempt.exit_code else ""
+    signature = match.name if match else f"{verdict}-unrecognized{code}"
+    return _failed_verdict(report, pool, now, verdict, attempt, blame, match, signature,
+                           _clip(redact_line(cause)), prior_params_failures=prior_params_failures)
+
+
+def _failed_verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, attempt: _Attempt,
+                    blame: str, match: SignatureMatch | None, signature: str | None, cause: str, *,
+                    prior_params_failures: int = 0, rate: float | None = None, spp: float | None = None,
+                    extra: Mapping[str, Any] | None = None, head: str | None = None) -> Verdict:
+    marks = blame_class(blame).marks_machine
+    suffix = ""
+    if marks == "strike":
+        if verdict == "params-failed":
+            strike = prior_params_failures + 1
+            marks_bad = strike >= PARAMS_FAILURES_BEFORE_BAD
+            suffix = f" [network strike {strike} of {PARAMS_FAILURES_BEFORE_BAD}]"
+        else:
+            marks_bad = False  # a network line during the benchmark (which needs no network) is not a strike
     else:
-        # A network signature during the benchmark itself (which needs no network) is not a strike.
-        marks_bad = blame == "machine"
-    code = f" exit {exit_code}" if exit_code is not None else ""
-    signature = match.name if match else f"{verdict}-unrecognized" + (f"-exit-{exit_code}" if exit_code else "")
-    return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=marks_bad,
-                    reason=f"{verdict}{code}: {cause}", phase=phase, exit_code=exit_code, tail=tail,
-                    match=match, signature=signature)
+        marks_bad = marks == "yes"
+    setting = _setting(match, pool) if blame in ("configuration", "params") else None
+    reason = f"{head or verdict}: {_where(attempt)}: {cause}{suffix}"
+    return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=marks_bad, reason=reason,
+                    attempt=attempt, match=match, signature=signature, rate=rate, spp=spp, setting=setting,
+                    extra=extra)
 
 
-def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, completed: int, requested: int,
-               started: datetime | None, ended: datetime, rate: float | None, tail: Sequence[str],
-               exit_code: int | None) -> Verdict:
+def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt,
+               started: datetime | None, ended: datetime, rate: float | None, *, result_lost: bool = False) -> Verdict:
     min_rate = pool.min_rate_proofs_per_hour
-    if rate is None and started is not None and ended > started:
+    completed, requested = attempt.completed, attempt.requested
+    all_done = requested > 0 and completed >= requested
+    if rate is None and started is not None and ended > started and not all_done:
         rate = completed * 3600.0 / (ended - started).total_seconds()
-    match = classify(tail) or classify(report.log_tail)
+    match = classify(attempt.evidence)
     if match is not None:
         blame = match.blame
+        cause = match.text()
+    elif all_done and result_lost:
+        blame, cause = "unknown", "every proof reported done, but the result never reached the controller"
     elif completed > 0 and rate is not None and rate < min_rate:
-        blame = "machine"
+        blame, cause = "machine", f"{rate:.1f}/h partial < {min_rate:g}/h"
     else:
         blame = "unknown"
-    partial = f" ({rate:.1f}/h partial, min {min_rate:g}/h)" if rate is not None else ""
-    cause = f": {_clip(redact_line(match.line))}" if match else ""
-    reason = (f"timeout after {pool.benchmark.timeout_minutes:g} min: {completed}/{requested} proofs"
-              f"{partial}{cause}")
-    return _verdict(report, pool, now, verdict="timeout", blame=blame, marks_bad=blame == "machine",
-                    reason=reason, phase="benchmark", exit_code=exit_code, tail=tail, match=match, rate=rate,
-                    signature=match.name if match else "timeout", extra={"completed": completed,
-                                                                         "requested": requested})
+        cause = error_line(attempt.evidence) or "no result and no error in the log"
+    partial = (f" ({rate:.1f}/h partial, min {min_rate:g}/h)"
+               if rate is not None and not all_done and "partial" not in cause else "")
+    head = f"timeout after {pool.benchmark.timeout_minutes:g} min"
+    return _failed_verdict(report, pool, now, "timeout", attempt, blame, match,
+                           match.name if match else "timeout", _clip(redact_line(cause)) + partial, rate=rate,
+                           extra={"completed": completed, "requested": requested}, head=head)
+
+
+def _where(attempt: _Attempt) -> str:
+    code = "?" if attempt.exit_code is None else str(attempt.exit_code)
+    return f"{attempt.phase} exit {code}, {attempt.completed}/{attempt.requested} proofs"
+
+
+def _setting(match: SignatureMatch | None, pool: PoolSpec) -> str | None:
+    if match is None or match.signature.setting is None:
+        return None
+    return match.signature.setting.replace("pools[]", f"pools[{pool.name}]")
 
 
 def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: str, blame: str, marks_bad: bool,
-             reason: str, phase: str, exit_code: int | None, tail: Sequence[str], match: SignatureMatch | None,
-             rate: float | None = None, spp: float | None = None, signature: str | None = None,
+             reason: str, attempt: _Attempt, match: SignatureMatch | None, rate: float | None = None,
+             spp: float | None = None, signature: str | None = None, setting: str | None = None,
              extra: Mapping[str, Any] | None = None) -> Verdict:
     evidence: dict[str, Any] = {
-        "phase": phase,
-        "exit_code": exit_code,
+        "phase": attempt.phase,
+        "exit_code": attempt.exit_code,
         "proofs_per_hour": _round(rate),
         "seconds_per_proof": _round(spp),
         "gpu_name": report.gpu_name,
@@ -240,21 +384,38 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
         "phases": {name: format_time(at) for name, at in report.phase_times().items()},
     }
     if report.result is not None:
-        evidence["proofs"] = {"requested": report.result.requested, "completed": report.result.completed,
+        evidence["proofs"] = {"requested": report.result.requested, "completed": attempt.completed,
                               "failed": report.result.failed}
+        labels = proof_results(report.result)
+        if labels and any(p.label != "COMPLETED" for p in labels):
+            evidence["proofs"]["labels"] = [p.label for p in labels]
     if extra:
         evidence.update(extra)
     if match is not None:
-        evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line),
-                                 "means": match.signature.description}
-    evidence["log_tail"] = redact_lines(list(tail)[-EVIDENCE_LOG_LINES:])
+        evidence["signature"] = {"name": signature or match.name, "blame": blame,
+                                 "line": redact_line(match.text()), "means": match.signature.description}
+    if setting:
+        evidence["setting"] = setting
+    if verdict != "ok":
+        daemon = [ln.text for ln in read_tail(daemon_lines(report)) if not ln.noise][-EVIDENCE_DAEMON_LINES:]
+        if daemon:
+            evidence["daemon_log"] = redact_lines(daemon)
+    evidence["log_tail"] = redact_lines([_plain_line(line) for line in list(attempt.tail)[-EVIDENCE_LOG_LINES:]])
     evidence = {k: v for k, v in evidence.items() if v is not None}
     return Verdict(
         instance_id=report.instance_id, verdict=verdict, blame=blame, marks_bad=marks_bad, reason=reason, at=now,
         pool=pool.name, machine_id=report.machine_id, host_id=report.host_id, gpu_name=report.gpu_name,
         contract_id=report.contract_id, image_digest=report.image_digest, signature=signature,
-        phase=phase, exit_code=exit_code, proofs_per_hour=_round(rate), seconds_per_proof=_round(spp),
-        min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour, evidence=evidence)
+        phase=attempt.phase, exit_code=attempt.exit_code, proofs_per_hour=_round(rate),
+        seconds_per_proof=_round(spp), min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour, setting=setting,
+        evidence=evidence)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _plain_line(line: str) -> str:
+    return _ANSI.sub("", line)
 
 
 def _started_at(report: InstanceReport) -> datetime | None:
@@ -274,13 +435,24 @@ def _last_progress(report: InstanceReport) -> tuple[int, int | None]:
             requested if isinstance(requested, int) else None)
 
 
-def _last_line(lines: Sequence[str]) -> str | None:
-    return next((line.strip() for line in reversed(lines) if line.strip()), None)
+def _clip(text: str, limit: int = ROOT_CAUSE_CHARS) -> str:
+    """One line of at most `limit` characters: long paths/URLs shortened, chains cut to head and last cause."""
+    text = " ".join(_shorten_token(t) for t in text.split())
+    if len(text) <= limit:
+        return text
+    parts = text.split(" | ")
+    if len(parts) >= 2:  # a joined chain: keep its head and its most specific (last) cause
+        head, last = parts[0], parts[-1][: limit // 2]
+        sep = " | … | " if len(parts) > 2 else " | "
+        room = limit - len(sep) - len(last)
+        if len(head) > room:
+            head = head[: room - 1] + "…"
+        return f"{head}{sep}{last}"
+    return text[: limit - 1] + "…"
 
 
-def _clip(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _shorten_token(token: str, limit: int = 64) -> str:
+    return token if len(token) <= limit else f"{token[:28]}…{token[-28:]}"
 
 
 def _round(value: float | None) -> float | None:

@@ -5,6 +5,21 @@ rate (and so feeds offer ranking and the status charts), whether the circuit bre
 across machines, whether it can ever mark a machine bad, and its label for renderers. The record schema's
 enum (fleet-spec/schema/machine-record.schema.json) must list the same names; a test holds them equal.
 `verdict.judge` decides WHICH kind applies; this table says what that kind then implies.
+
+Blame classes (issue 13) live here too: who must act, whether a verdict with that blame marks the machine
+bad, and whether it is evidence against the image (the circuit breaker counts only image-class failures,
+issue 14 item 5).
+- machine: the rented machine (GPU hardware or driver, host runtime, too slow). Marks the machine bad.
+- image: our software (worker scripts, the cuzk build, benchmark inputs). Never marks a machine bad; the only
+  evidence the circuit breaker counts against an image digest.
+- network: the machine's network while fetching params. A strike: the Nth such failure marks it bad
+  (verdict.PARAMS_FAILURES_BEFORE_BAD).
+- params: the params source or its set-up (mirror 404, missing SRS or c1.json): fix `params.*`.
+- configuration: the pool is sized or set up wrong for the workload (VRAM, host RAM, disk): the verdict names
+  the setting to change; neither the machine nor the image is at fault.
+- marketplace: the marketplace or host stopped or withheld the instance (stop signals).
+- unknown: no signature explains the failure; never marks a machine bad.
+- none: a passing verdict.
 """
 
 from __future__ import annotations
@@ -47,6 +62,58 @@ VERDICTS: tuple[str, ...] = tuple(VERDICT_KINDS)
 RATE_VERDICTS = frozenset(k.name for k in VERDICT_KINDS.values() if k.measures_rate)
 CORRELATED_VERDICTS = frozenset(k.name for k in VERDICT_KINDS.values() if k.correlates)
 
+
+
+@dataclass(frozen=True)
+class BlameClass:
+    name: str
+    #: "yes": a verdict with this blame marks the machine bad; "strike": only the Nth params failure; "no": never.
+    marks_machine: str
+    counts_against_image: bool  # evidence the circuit breaker counts against the image digest
+    owner: str  # who must act (status, commit messages)
+    meaning: str
+
+
+BLAME_CLASSES: dict[str, BlameClass] = {b.name: b for b in (
+    BlameClass("none", "no", False, "nobody", "the benchmark passed"),
+    BlameClass("machine", "yes", False, "the machine (excluded from offers)",
+               "GPU hardware or driver, host runtime, or too slow"),
+    BlameClass("image", "no", True, "us: the worker image", "our software: scripts, the cuzk build, benchmark inputs"),
+    BlameClass("network", "strike", False, "the machine's network (strikes)",
+               "the machine's network failed while fetching params"),
+    BlameClass("params", "no", False, "us: the params set-up",
+               "the params source or set-up: mirror, manifest, missing SRS or c1.json"),
+    BlameClass("configuration", "no", False, "us: the pool's settings",
+               "the pool is sized or set up wrong for the workload (VRAM, host RAM, disk)"),
+    BlameClass("marketplace", "no", False, "the marketplace",
+               "the marketplace or host stopped or withheld the instance"),
+    BlameClass("unknown", "no", False, "nobody yet (unexplained)",
+               "no signature explains the failure; read the evidence"),
+)}
+
 #: Who a verdict blames. `none` for passing verdicts; `unknown` when the evidence names nobody (never bad).
-#: `marketplace`: the host or the market went away (a lost machine); expires soon, like network faults.
-BLAMES: tuple[str, ...] = ("none", "machine", "image", "network", "unknown", "marketplace")
+BLAMES: tuple[str, ...] = tuple(BLAME_CLASSES)
+
+
+def blame_class(name: str) -> BlameClass:
+    """The registered blame class; an unregistered name is a programming error (the KeyError names it)."""
+    try:
+        return BLAME_CLASSES[name]
+    except KeyError:
+        raise KeyError(f"blame {name!r} is not registered in domain/verdicts.py (known: {', '.join(BLAMES)})") \
+            from None
+
+
+def verdict_kind(name: str) -> VerdictKind:
+    try:
+        return VERDICT_KINDS[name]
+    except KeyError:
+        raise KeyError(f"verdict {name!r} is not registered in domain/verdicts.py (known: {', '.join(VERDICTS)})") \
+            from None
+
+
+def counts_against_image(verdict: str, blame: str) -> bool:
+    """Whether a verdict with this blame is evidence against its image digest (the circuit breaker)."""
+    kind = VERDICT_KINDS.get(verdict)
+    cls = BLAME_CLASSES.get(blame)
+    return bool(kind and kind.correlates and cls and cls.counts_against_image)

@@ -71,6 +71,12 @@ class LiveStatusSource:
         self._lock = threading.Lock()
         self._state: tuple[float, LiveState] | None = None
 
+    def set_desired_image_digest(self, digest: str | None) -> None:
+        """A new image was rolled out (the demo): stale-image and pause checks follow it from the next load."""
+        with self._lock:
+            self._digest = digest
+            self._state = None
+
     def state(self) -> LiveState:
         with self._lock:  # one load at a time; concurrent readers wait for and share it
             if self._state is not None and self._monotonic() - self._state[0] < self._ttl:

@@ -120,10 +120,13 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
     ev = e.evidence
     held = f", held by {e.held_by}" if e.held_by else ""
     marks = "marks the machine bad" if e.marks_bad else "does not mark the machine bad"
+    setting = ev.get("setting")
+    change = f"    change:    {setting}" if isinstance(setting, str) else None
     out = [f"  instance {e.instance_id}" + (f" (contract {e.contract_id})" if e.contract_id else "")
            + (f", pool {e.pool}" if e.pool else "") + f", judged {e.at}",
+           f"    root cause: {e.reason}",  # first (issue 14): phase, exit code, proofs, the error line
            f"    verdict:   {e.verdict} (blame: {e.blame}{held}; {marks})",
-           f"    reason:    {e.reason}"]
+           *([change] if change else [])]
     rate = "-" if e.proofs_per_hour is None else f"{e.proofs_per_hour:g} proofs/h"
     spp = f" ({e.seconds_per_proof:g} s/proof)" if e.seconds_per_proof is not None else ""
     minimum = "-" if e.min_rate_proofs_per_hour is None else f"{e.min_rate_proofs_per_hour:g}"
@@ -132,6 +135,10 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
                + (f"   signature: {e.signature}" if e.signature else ""))
     out.append(f"    image:     {_show(e.image_digest or ev.get('image_digest'))}")
     out += _after_admission_lines(e)
+    daemon_log = ev.get("daemon_log")
+    if isinstance(daemon_log, list) and daemon_log and tail:
+        out.append(f"    daemon log ({len(daemon_log[-tail:])} line(s), timing noise filtered):")
+        out += [f"      | {line}" for line in daemon_log[-tail:]]
     log_tail = ev.get("log_tail")
     if isinstance(log_tail, list) and log_tail and tail:
         shown = log_tail[-tail:]

@@ -69,11 +69,11 @@ def render_text(view: FleetStatus) -> str:
         verdict = f" {i.verdict}" if i.verdict and i.verdict != i.state else ""
         standing = f" [machine {i.standing}]" if i.standing and i.standing not in ("ok", i.state) else ""
         lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}{standing}")
+        if i.root_cause:  # the root cause first (issue 14), then how the attempt went
+            lines.append(f"      {i.root_cause}")
         lines.append(f"      {render_timeline(i.timeline)}")
         if i.serving is not None:
             lines.append(f"      serving: {i.serving.summary}{_gpu_text(i.serving.gpus)}")
-        if i.root_cause:
-            lines.append(f"      {i.root_cause}")
     if view.bad_machines:
         lines += ["", "machines excluded or on probation:"]
     for b in view.bad_machines:

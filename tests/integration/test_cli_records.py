@@ -99,7 +99,7 @@ def test_why_shows_every_verdict_commit_with_evidence(fleet_repo: Path, capsys: 
     assert "| CUDA error: an illegal memory access was encountered" in newest
     assert "rtx4090-0-bbb" not in newest  # only the entry this commit judged
     assert "instance rtx4090-0-bbb (contract 9001)" in oldest
-    assert "reason:    20.0 proofs/h is below the pool minimum 40" in oldest
+    assert "root cause: 20.0 proofs/h is below the pool minimum 40" in oldest  # shown first (issue 14)
     assert "rate:      20 proofs/h (180 s/proof) vs min 40" in oldest
     assert f"image:     {DIGEST}" in oldest
     assert "| throughput:    0.333 proofs/min (180.0s/proof)" in oldest

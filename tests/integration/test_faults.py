@@ -369,7 +369,7 @@ def test_reconciler_killed_while_pushing_is_recovered_exactly_once(origin: Path,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         proc.communicate()
-    assert "fleet: 1 verdict" in git(bot, "log", "-1", "--format=%s")
+    assert "[1 verdict" in git(bot, "log", "-1", "--format=%s")
     assert origin_log(origin) == before and origin_file(origin, machine_file("123")) is None
 
     hook.unlink()

@@ -56,8 +56,8 @@ def test_verdicts_land_as_bot_commits_with_trailers_and_a_rerun_is_a_no_op(origi
     source = FakeReports([completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0)])
     result = run_pass(store, source, LATER)
     assert result.ok and result.pushed and result.commit is not None
-    assert origin_log(origin)[0] == (f"{BOT_NAME}|fleet: 2 verdicts (1 bad: machine 123 below-min-rate 20.0/h "
-                                     "< 29/h (180.0 s/proof))")
+    assert origin_log(origin)[0] == (f"{BOT_NAME}|fleet: machine 123 below-min-rate: benchmark exit 0, 10/10 proofs: "
+                                     "20.0/h < 29/h (180.0 s/proof) (blame: machine) [2 verdicts; 1 bad: machine 123]")
     assert trailers(origin, "Fleet-Instance") == ["pro-0-a", "pro-1-a"]
     assert trailers(origin, "Fleet-Machine") == ["123", "456"]
     record = parse_machine_record(origin_file(origin, M123) or "", Path(M123))
@@ -75,7 +75,7 @@ def test_crash_between_commit_and_push_is_recovered_by_the_next_pass(origin: Pat
     with pytest.raises(ProcessDied):
         run_pass(bot_store(origin, tmp_path, DiesBeforePush), source, LATER)
     bot = tmp_path / "bot"
-    assert "fleet: 1 verdict" in git(bot, "log", "-1", "--format=%s")  # committed locally...
+    assert "[1 verdict" in git(bot, "log", "-1", "--format=%s")  # committed locally...
     assert origin_file(origin, M123) is None  # ...never pushed
 
     restarted = bot_store(origin, tmp_path)
@@ -198,7 +198,7 @@ def test_fleet_reconcile_once_then_status_show_the_root_cause(origin: Path, tmp_
             "--image-digest", DIGEST]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "committed" in out and "benchmark-error exit 1: Error: connection refused" in out
+    assert "committed" in out and "benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused" in out
     record = parse_machine_record(origin_file(origin, "fleet-spec/machines/40213.yaml") or "",
                                   Path("fleet-spec/machines/40213.yaml"))
     assert record.benchmarks[0].blame == "image" and record.status == "ok"
@@ -210,7 +210,8 @@ def test_fleet_reconcile_once_then_status_show_the_root_cause(origin: Path, tmp_
     assert "reconciler: last pass" in status and "nothing new" in status
     assert ("registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started "
             "+25m00s -> bench-failed +27m00s -> result +27m00s") in status
-    assert ("benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820 "
+    assert ("benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
+            "connecting to 127.0.0.1:9820 "
             "(blame: image)") in status
     assert main(["status", "--workdir", str(workdir), "--controller-db", str(db), "--json"]) == 0
     view = json.loads(capsys.readouterr().out)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,7 +125,14 @@ def test_machine_id_with_path_tricks_never_becomes_a_path(controller: Controller
                                                             machine_id: str) -> None:
     bare, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
     iid = "pro-0-d07d07"
-    assert controller.post(iid, "register", register_doc(iid, machine_id)).status_code == 200
+    # The API refuses such an id at the edge (full match), naming the field...
+    refused = controller.post(iid, "register", register_doc(iid, machine_id))
+    assert refused.status_code == 400 and any(p["path"] == "$.machine_id" for p in refused.json()["detail"])
+    # ...and a row that got into the store some other way (an older controller) never becomes a path either.
+    assert controller.post(iid, "register", register_doc(iid, "40213")).status_code == 200
+    with sqlite3.connect(controller.store.path) as conn:
+        conn.execute("UPDATE instances SET machine_id = ? WHERE instance_id = ?", (machine_id, iid))
+    conn.close()
     assert controller.post(iid, "events", {"protocol": 1, "phase": "benchmark", "status": "failed",
                                            "at": "2026-12-02T18:27:00Z", "exit_code": 1,
                                            "log_tail": CUDA_TAIL}).status_code == 200

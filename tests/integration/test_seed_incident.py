@@ -44,7 +44,7 @@ def _check_first_record(records: RecordSet) -> None:
     assert entry.evidence["proofs"]["completed"] == 0
     assert "Error: connection refused (os error 111) connecting to 127.0.0.1:9820" in entry.evidence["log_tail"]
     assert entry.evidence["phases"]["params-done"] == "2026-12-02T18:22:00Z"
-    assert entry.reason.startswith("benchmark-error exit 1: Error: connection refused")
+    assert entry.reason.startswith("benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused")
 
 
 def test_seed_incident_through_decide() -> None:
@@ -78,14 +78,18 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
     first = run_pass(store, source, LATER, desired_image_digest=DIGEST)
     assert first.pushed
     _check_first_record(load_records(store.workdir / "fleet-spec"))
-    assert origin_log(origin, "%s")[0] == ("fleet: 1 verdict")
+    # The commit subject leads with the root cause (issue 14): the operator sees why without digging.
+    assert origin_log(origin, "%s")[0] == (
+        "fleet: machine 40213 benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
+        "connecting to 127.0.0.1:9820 (blame: image) [1 verdict]")
 
     source.items.append(SECOND)
     second = run_pass(store, source, LATER + timedelta(minutes=10), desired_image_digest=DIGEST)
     assert second.pushed
     summary = origin_log(origin, "%s")[0]
-    assert summary == (f"fleet: 1 verdict (1 held by circuit-breaker; image {DIGEST[:19]} suspect: "
-                       "daemon-connection-refused)")
+    assert summary.startswith("fleet: machine 51877 benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection")
+    assert summary.endswith(f"(blame: image, held by circuit-breaker) [1 verdict; 1 held by circuit-breaker; image "
+                            f"{DIGEST[:19]} suspect: daemon-connection-refused]")
     assert trailers(origin, "Fleet-Image") == [DIGEST]
     suspect = parse_image_record(origin_file(origin, IMAGE_RECORD) or "", Path(IMAGE_RECORD))
     assert suspect.machines == ("40213", "51877") and suspect.instances == (FIRST.instance_id, SECOND.instance_id)
@@ -94,8 +98,8 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
     source.items += [SLOW, THIRD]
     third = run_pass(store, source, LATER + timedelta(hours=1), desired_image_digest=DIGEST)
     assert third.pushed
-    assert origin_log(origin, "%s")[0].startswith("fleet: 2 verdicts (1 bad: machine 62001 below-min-rate 20.0/h "
-                                                  "< 29/h")
+    assert origin_log(origin, "%s")[0].startswith(
+        "fleet: machine 62001 below-min-rate: benchmark exit 0, 10/10 proofs: 20.0/h < 29/h")
     slow = parse_machine_record(origin_file(origin, "fleet-spec/machines/62001.yaml") or "",
                                 Path("fleet-spec/machines/62001.yaml"))
     assert slow.status == "bad" and slow.host_id == "7781" and slow.machine_id == "62001"
@@ -125,11 +129,13 @@ def test_status_after_the_incident_shows_pause_budget_timelines_and_root_causes(
     assert pool.state == f"paused: image {DIGEST[:19]} suspect (daemon-connection-refused)"
     by_id = {i.instance_id: i for i in view.instances}
     assert by_id[FIRST.instance_id].root_cause == (
-        "benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820 "
+        "benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
+        "connecting to 127.0.0.1:9820 "
         "(blame: image)")
     assert by_id[SECOND.instance_id].root_cause is not None
     assert by_id[SECOND.instance_id].root_cause.endswith("(blame: image, held by circuit-breaker)")
-    assert by_id[SLOW.instance_id].root_cause == ("below-min-rate 20.0/h < 29/h (180.0 s/proof) (blame: machine)")
+    assert by_id[SLOW.instance_id].root_cause == ("below-min-rate: benchmark exit 0, 10/10 proofs: 20.0/h < 29/h "
+                                                  "(180.0 s/proof) (blame: machine)")
     assert by_id[running.instance_id].state == "benchmarking" and by_id[running.instance_id].root_cause is None
     assert [label for label, _ in by_id[FIRST.instance_id].timeline] == [
         "registered", "params-done", "bench-started", "bench-failed", "result"]

@@ -94,13 +94,16 @@ def check_incident_dom(dom: DomCollector) -> None:
     assert {b.attrs["data-instance"] for b in dom.find("svg", class_="timeline")} == {
         r.instance_id for r in (FIRST, SECOND, SLOW, RUNNING, FAST, HOSTILE)}
     first = text_of(dom.find("div", data_instance=FIRST.instance_id)[0])
-    assert ("benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820 "
+    assert ("benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
+            "connecting to 127.0.0.1:9820 "
             "(blame: image)") in first
     assert "registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started +25m00s" in first
     destroyed = dom.find("div", data_instance=FAST.instance_id)[0]
     assert destroyed.attrs["data-state"] == "destroyed" and "destroyed +1h30m" in text_of(destroyed)
     assert table_rows(dom, "bad-machines") == [["62001", "7781", "RTX PRO 4000", "rtx-pro-4000", "below-min-rate",
-                                               "machine", "below-min-rate 20.0/h < 29/h (180.0 s/proof)",
+                                               "machine",
+                                               "below-min-rate: benchmark exit 0, 10/10 proofs: "
+                                               "20.0/h < 29/h (180.0 s/proof)",
                                                "2026-12-02T22:00:00Z"]]
     (suspect,) = table_rows(dom, "image-suspects")
     assert suspect[:4] == [DIGEST[:19], "daemon-connection-refused", "rtx-pro-4000", "40213, 51877"]

@@ -1,8 +1,13 @@
-"""Circuit breaker and kill budget over judged history + this pass's verdicts (pure)."""
+"""Circuit breaker and kill budget over judged history + this pass's verdicts (pure).
+
+Only image-class evidence counts against an image (issue 14 item 5): one test per blame class shows that
+the same failure on many machines trips the breaker only when it is our software's."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+
+import pytest
 
 from reconciler.domain.breaker import apply_guards, kill_budgets
 from reconciler.domain.records import ImageSuspectRecord, RecordSet
@@ -10,11 +15,13 @@ from tests.scenarios import (
     CUDA_ERROR_TAIL,
     DAEMON_REFUSED_TAIL,
     DIGEST,
+    IMAGE_CUDA_TAIL,
     LATER,
     OTHER_DIGEST,
     SPEC,
     completed_report,
     error_report,
+    params_failed_report,
     records_of,
     verdict_of,
 )
@@ -35,28 +42,82 @@ def test_same_software_failure_on_a_second_machine_trips_and_records_the_image()
 
 
 def test_breaker_saves_good_machines_from_an_image_that_provokes_cuda_errors() -> None:
-    a, b, c = (verdict_of(error_report(f"p-{m}", m, CUDA_ERROR_TAIL, pool="rtx4090", gpu_name="RTX 4090"))
+    # Our kernels fault (cudaErrorIllegalAddress) on every machine: image-class, so the breaker trips.
+    a, b, c = (verdict_of(error_report(f"p-{m}", m, IMAGE_CUDA_TAIL, pool="rtx4090", gpu_name="RTX 4090"))
                for m in ("111", "222", "333"))
-    assert a.marks_bad and a.blame == "machine"
+    assert a.blame == "image" and not a.marks_bad
     out = apply_guards(SPEC, RecordSet(), [a, b, c], LATER)
-    assert [v.marks_bad for v in out.verdicts] == [True, False, False]
+    assert [v.marks_bad for v in out.verdicts] == [False, False, False]
     assert [v.held_by for v in out.verdicts] == [None, "circuit-breaker", "circuit-breaker"]
     assert out.image_records[DIGEST].machines == ("111", "222", "333")
-    assert out.image_records[DIGEST].signature == "cuda-error"
+    assert out.image_records[DIGEST].signature == "cuda-illegal-address"
 
 
 def test_active_suspect_holds_later_failures_and_grows() -> None:
-    suspect = ImageSuspectRecord(DIGEST, "cuda-error", "suspect", ("111", "222"), "2026-12-01T00:00:00Z",
+    suspect = ImageSuspectRecord(DIGEST, "cuda-illegal-address", "suspect", ("111", "222"), "2026-12-01T00:00:00Z",
                                  pools=("rtx4090",), instances=("p-111", "p-222"), reason="tripped earlier")
-    late = verdict_of(error_report("p-444", "444", CUDA_ERROR_TAIL, pool="rtx4090"), LATER + timedelta(days=5))
+    late = verdict_of(error_report("p-444", "444", IMAGE_CUDA_TAIL, pool="rtx4090"), LATER + timedelta(days=5))
     out = apply_guards(SPEC, RecordSet(images={DIGEST: suspect}), [late], LATER + timedelta(days=5))
     assert out.verdicts[0].held_by == "circuit-breaker" and not out.verdicts[0].marks_bad
     assert out.image_records[DIGEST].machines == ("111", "222", "444")
 
 
+#: One failure per blame class that is NOT the image's, as real tails; the same on three machines never trips.
+NOT_THE_IMAGE = {
+    "machine-xid-79": (["[ 9132.551027] NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has "
+                        "fallen off the bus.", "Error: Prove RPC failed"], "machine", "benchmark"),
+    "machine-ecc": (["NVRM: Xid (PCI:0000:01:00): 48, pid=812, name=cuzk-daemon, An uncorrectable double bit error "
+                     "(DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0."],
+                    "machine", "benchmark"),
+    "machine-gpu-lost": (["fleet: nvidia-smi failed: Unable to determine the device handle for GPU0000:01:00.0: GPU "
+                          "is lost.  Reboot the system to recover this GPU"], "machine", "benchmark"),
+    "machine-cuda-device": (list(CUDA_ERROR_TAIL), "machine", "benchmark"),
+    "network-dns": (["Exception: [AbstractCommand.cc:351] errorCode=19 Name resolution for params.example.com "
+                     "failed:Temporary failure in name resolution"], "network", "params"),
+    "params-mirror-404": (["Exception: [AbstractCommand.cc:351] errorCode=3 URI=https://m/v28.params",
+                           "  -> [HttpSkipResponseCommand.cc:215] errorCode=3 Resource not found"], "params", "params"),
+    "configuration-oom": (['/opt/fleet/entrypoint.sh: line 225:   812 Killed                  cuzk-daemon --config x',
+                           *DAEMON_REFUSED_TAIL[-2:]], "configuration", "benchmark"),
+    "configuration-vram": (["cuzk-daemon: sppark::Error #-2"], "configuration", "benchmark"),
+    "marketplace-stop": (["fleet: received SIGTERM during phase benchmark"], "marketplace", "benchmark"),
+    "unknown": (["Error: empty response"], "unknown", "benchmark"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_THE_IMAGE))
+def test_failures_that_are_not_the_images_never_trip_the_breaker(case: str) -> None:
+    tail, blame, phase = NOT_THE_IMAGE[case]
+    if phase == "params":
+        reports = [params_failed_report(f"p-{m}", m, tail, pool="rtx4090") for m in ("111", "222", "333")]
+    else:
+        reports = [error_report(f"p-{m}", m, tail, pool="rtx4090") for m in ("111", "222", "333")]
+    verdicts = [verdict_of(r) for r in reports]
+    assert {v.blame for v in verdicts} == {blame}
+    out = apply_guards(SPEC, RecordSet(), verdicts, LATER)
+    assert out.image_records == {} and all(v.held_by != "circuit-breaker" for v in out.verdicts)
+    # Recorded history of the same failures does not trip it either.
+    later = verdict_of(error_report("p-444", "444", tail, pool="rtx4090") if phase != "params"
+                       else params_failed_report("p-444", "444", tail, pool="rtx4090"))
+    assert apply_guards(SPEC, records_of(verdicts), [later], LATER).image_records == {}
+
+
+@pytest.mark.parametrize("case", ["configuration-oom", "configuration-vram", "params-mirror-404", "marketplace-stop",
+                                  "unknown"])
+def test_only_machine_evidence_spends_the_kill_budget(case: str) -> None:
+    tail, _, phase = NOT_THE_IMAGE[case]
+    make = params_failed_report if phase == "params" else error_report
+    verdicts = [verdict_of(make(f"p-{m}", m, tail, pool="rtx-pro-4000")) for m in ("111", "222", "333")]
+    out = apply_guards(SPEC, RecordSet(), verdicts, LATER)
+    assert out.kill_budgets["rtx-pro-4000"].used == () and not any(v.marks_bad for v in out.verdicts)
+    machine = [verdict_of(error_report(f"q-{m}", m, NOT_THE_IMAGE["machine-xid-79"][0])) for m in ("111", "222")]
+    spent = apply_guards(SPEC, RecordSet(), machine, LATER)
+    assert spent.kill_budgets["rtx-pro-4000"].used == ("111",)  # pool of 2 allows 1; the 2nd is held
+    assert spent.verdicts[1].held_by == "kill-budget"
+
+
 def test_different_signature_or_digest_or_an_old_failure_does_not_trip() -> None:
     first = verdict_of(error_report("p-111", "111", DAEMON_REFUSED_TAIL))
-    other_sig = verdict_of(error_report("p-222", "222", CUDA_ERROR_TAIL))
+    other_sig = verdict_of(error_report("p-222", "222", IMAGE_CUDA_TAIL))
     other_digest = verdict_of(error_report("p-333", "333", DAEMON_REFUSED_TAIL, digest=OTHER_DIGEST))
     out = apply_guards(SPEC, records_of([first]), [other_sig, other_digest], LATER)
     assert out.image_records == {} and all(v.held_by is None for v in out.verdicts)

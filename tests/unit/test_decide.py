@@ -40,7 +40,9 @@ def test_commit_names_each_verdict_in_summary_body_and_trailers() -> None:
     reports = [completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0, host_id="9")]
     decision = decide(SPEC, reports, RecordSet(), set(), None, LATER)
     request = _request(decision)
-    assert request.summary == "fleet: 2 verdicts (1 bad: machine 123 below-min-rate 20.0/h < 29/h (180.0 s/proof))"
+    # The root cause of the most important verdict first (issue 14), then the counts.
+    assert request.summary == ("fleet: machine 123 below-min-rate: benchmark exit 0, 10/10 proofs: 20.0/h < 29/h "
+                               "(180.0 s/proof) (blame: machine) [2 verdicts; 1 bad: machine 123]")
     assert "- machine 123 (host 7781, RTX PRO 4000, pool rtx-pro-4000) instance pro-0-a: below-min-rate" in request.body
     assert request.trailers == (("Fleet-Machine", "123"), ("Fleet-Machine", "456"),
                                 ("Fleet-Verdict", "below-min-rate"), ("Fleet-Verdict", "ok"),

@@ -1,136 +1,160 @@
-"""Failure signatures: every table entry is matched by realistic log lines, precedence is as documented,
-and a healthy benchmark log matches nothing."""
+"""Failure signatures: every table entry is matched by real log lines, tails are cleaned and joined before
+matching (worker timestamps, ANSI colour, multi-line panics and anyhow chains), codes are decoded (CUDA,
+Xid, aria2c, curl), precedence is as documented, and a healthy benchmark log matches nothing.
+
+Whole tails with their sources live in tests/fixtures/tails/ (tests/unit/test_tails_corpus.py); these are
+single lines and small joins, the unit level of the same strings.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from reconciler.domain.signatures import SIGNATURES, classify, logical_lines
+from reconciler.domain.signatures import (
+    CUDA_ERRORS,
+    SIGNATURES,
+    XID_APPLICATION,
+    XID_ECC,
+    classify,
+    clean_line,
+    code_meaning,
+    error_line,
+    logical_lines,
+    read_tail,
+)
+from reconciler.domain.verdicts import BLAMES
 
-#: Realistic lines (dmesg, nvidia-smi, cuzk, aria2c, bash, jq, Python) for every signature in the table.
+PANIC = "thread 'tokio-runtime-worker' panicked at /build/curio/extern/supraseal-c2/src/lib.rs:316:9:"
+
+#: Real lines (curio e0294b0f, sppark, NVIDIA driver, aria2c, curl, glibc, bash, kernel) for every signature.
 EXAMPLES: dict[str, list[str]] = {
     "gpu-fell-off-bus": [
-        "[ 8123.456789] NVRM: Xid (PCI:0000:01:00): 79, pid=2741, GPU has fallen off the bus.",
-        "Xid 79",
-        "Unable to determine the device handle for GPU 0000:01:00.0: GPU is lost.  GPU has fallen off the bus",
+        "[ 8123.456789] NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.",
     ],
     "gpu-ecc": [
-        "CUDA error 214: uncorrectable ECC error encountered",
-        "NVRM: Xid (PCI:0000:3b:00): 48, pid=912, An uncorrectable double bit error (DBE) has been detected",
-        "Error: CudaError(CUDA_ERROR_ECC_UNCORRECTABLE)",
+        "NVRM: Xid (PCI:0000:3b:00): 48, pid=912, name=cuzk-daemon, An uncorrectable double bit error (DBE) has "
+        "been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+        "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.",
+        "NVRM: Xid (PCI:0000:10:1c): 95, pid=1896, name=cuzk-daemon, Uncontained: LTC TAG (0x2,0x0). RST: Yes",
+        "sppark::Error #-214",
     ],
-    "gpu-xid": [
-        "[  512.000001] NVRM: Xid (PCI:0000:41:00): 13, pid=3310, Graphics Exception: ESR 0x50",
-        "NVRM: Xid (PCI:0000:81:00): 31, pid=88, Ch 00000010, intr 10000000. MMU Fault",
+    "gpu-gsp-timeout": [
+        "NVRM: Xid (PCI:0000:01:00): 119, pid=812, name=cuzk-daemon, Timeout after 6s of waiting for RPC response "
+        "from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20800a4c 0x4).",
     ],
-    "gpu-oom": [
-        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-        "Error: cudaErrorMemoryAllocation: out of memory while allocating NTT buffers",
-        "thread 'main' panicked at 'CUDA_ERROR_OUT_OF_MEMORY', supraseal-c2/src/lib.rs:82:9",
-        "RuntimeError: CUDA error: out of memory",
-    ],
-    "cuda-runtime-too-new": [
-        "CUDA error 35: CUDA driver version is insufficient for CUDA runtime version",
-        "cuzk-daemon: init failed: cudaErrorInsufficientDriver",
-    ],
-    "no-cuda-device": [
-        "CUDA error 100: no CUDA-capable device is detected",
-        "No devices were found",
-        "Error: GPU init: CUDA_ERROR_NO_DEVICE",
-    ],
+    "gpu-lost": ["Unable to determine the device handle for GPU0000:01:00.0: GPU is lost.  Reboot the system"],
     "nvidia-driver-unreachable": [
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
         "latest NVIDIA driver is installed and running.",
         "Failed to initialize NVML: Unknown Error",
     ],
-    "nvidia-driver-mismatch": [
-        "Failed to initialize NVML: Driver/library version mismatch",
-    ],
+    "nvidia-driver-mismatch": ["Failed to initialize NVML: Driver/library version mismatch"],
+    "nvidia-no-device": ["No devices were found", "fleet: nvidia-smi failed: No devices were found"],
+    "cuda-no-device": ["sppark::Error #-100", "No CUDA devices available",
+                       'cudaGetDeviceCount(&n)@sppark/util/all_gpus.cpp:12 failed: '
+                       '"no CUDA-capable device is detected"'],
+    "cuda-init-error": ["sppark::Error #-3"],
+    "cuda-devices-unavailable": ["sppark::Error #-46"],
     "nvidia-libs-missing": [
-        "nvidia-smi: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file: "
-        "No such file or directory",
-        "mknod: /dev/nvidia0: No such file or directory",
+        "cuzk-daemon: error while loading shared libraries: libcuda.so.1: cannot open shared object file: No such "
+        "file or directory",
+        "nvidia-smi: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file",
     ],
-    "cuda-error": [
-        "CUDA error 999: unknown error",
-        "Error: CudaError(CUDA_ERROR_ILLEGAL_ADDRESS) at cuzk/src/prover.rs:211",
-        "GPU kernel failed: an illegal memory access was encountered",
-        "cudaErrorLaunchFailure: unspecified launch failure",
+    "host-no-gpu-runtime": [
+        'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].'],
+    "gpu-xid-application": [
+        "[  512.000001] NVRM: Xid (PCI:0000:41:00): 13, pid=3310, name=cuzk-daemon, Graphics SM Warp Exception",
+        "NVRM: Xid (PCI:0000:81:00): 31, pid=88, name=cuzk-daemon, Ch 00000010, intr 10000000. MMU Fault",
+        "NVRM: Xid (PCI:0000:81:00): 43, pid=88, name=cuzk-daemon, Ch 00000010",
     ],
-    "checksum-mismatch": [
-        "ERROR: checksum mismatch for v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_"
-        "hasher-82a357d2f2ca81dc61bb45f4a762807aedee1b0a53fd6c4e77b46a01bfef7820.params",
-        "blake2b of /var/tmp/filecoin-proof-parameters/v28-proof-of-spacetime.vk does not match the manifest",
+    "host-out-of-memory": [
+        "[ 8123.440211] Out of memory: Killed process 812 (cuzk-daemon) total-vm:412339812kB, anon-rss:130872112kB",
+        "Memory cgroup out of memory: Killed process 812 (cuzk-daemon) total-vm:412339812kB",
+        "oom_kill 1",
+        "memory allocation of 68719476736 bytes failed",
+        "/opt/fleet/benchmark.sh: fork: Cannot allocate memory",
     ],
-    "download-error": [
-        "02/12 18:03:11 [ERROR] CUID#7 - Download aborted. URI=https://proofs.filecoin.io/v28-stacked.params",
-        "Exception: [AbstractCommand.cc:351] errorCode=1 URI=https://proofs.filecoin.io/v28-stacked.params",
-        "download aborted",
+    "process-killed": [
+        '/opt/fleet/entrypoint.sh: line 225:   812 Killed                  cuzk-daemon --config "$FLEET_CONF"',
+        "bash: line 1:  4242 Killed                  cuzk-bench batch -t porep -c 10 -j 2",
     ],
-    "dns-failure": [
-        "curl: (6) Could not resolve host: proofs.filecoin.io",
-        "Temporary failure in name resolution",
-        "dial tcp: lookup proofs.filecoin.io on 8.8.8.8:53: no such host",
-    ],
-    "connection-timeout": [
-        "curl: (28) Failed to connect to proofs.filecoin.io port 443 after 130012 ms: Connection timed out",
-        "socket error: Connection reset by peer",
-        "connect: Network is unreachable",
-    ],
-    "remote-connection-refused": [
-        "curl: (7) Failed to connect to params-mirror.internal port 8080 after 3 ms: Connection refused",
-    ],
-    "daemon-connection-refused": [
-        "cuzk-bench: connection refused",
-        "Error: connection refused (os error 111) connecting to 127.0.0.1:9820",
-        "Error: transport error: tcp connect error: Connection refused (os error 111) [::1]:9820",
-    ],
-    "command-not-found": [
-        "/opt/fleet/benchmark.sh: line 31: cuzk-bench: command not found",
-        "sh: 1: aria2c: not found",
-    ],
-    "exec-format-error": [
-        "exec /usr/local/bin/cuzk-daemon: exec format error",
-        "bash: /usr/local/bin/cuzk-bench: cannot execute binary file: Exec format error",
-    ],
-    "permission-denied": [
-        "/opt/fleet/entrypoint.sh: line 12: /opt/fleet/benchmark.sh: Permission denied",
-    ],
-    "script-syntax-error": [
-        "/opt/fleet/benchmark.sh: line 57: syntax error near unexpected token `fi'",
-        "/opt/fleet/entrypoint.sh: line 8: FLEET_TOKEN: unbound variable",
-        "SyntaxError: '(' was never closed",
-    ],
-    "jq-error": [
-        "jq: error (at <stdin>:14): Cannot index string with string \"throughput\"",
-    ],
-    "python-traceback": [
-        "Traceback (most recent call last):",
-    ],
-    "rust-panic": [
-        "thread 'main' panicked at cuzk-bench/src/main.rs:140:37:",
-    ],
-    "missing-file": [
-        "Error: cannot open /opt/fleet/c1.json: No such file or directory (os error 2)",
-        "cp: cannot stat '/opt/fleet/cuzk.toml': No such file or directory",
-    ],
+    "srs-memory-budget": [
+        "ERROR cuzk_core::engine: Phase 7: C1 parse/SRS load failed error=insufficient memory budget for SRS "
+        "porep-32g (44 GiB), available: 21 GiB, total: 62 GiB"],
     "disk-full": [
-        "02/12 18:20:01 [ERROR] CUID#12 - write error: No space left on device",
+        "Exception: [AbstractCommand.cc:403] errorCode=9 Failed to write into the file x.params, cause: No space "
+        "left on device",
+        "curl: (23) Failure writing output to destination, passed 16384 returned 4294967295",
+        "fleet: ERROR: aria2c failed to download https://m/x.params (exit code 9)",
     ],
-    "host-oom": [
-        "/opt/fleet/benchmark.sh: line 40:  4242 Killed                  cuzk-bench batch -t porep -c 10 -j 2",
-        "Out of memory: Killed process 4242 (cuzk-daemon) total-vm:140000000kB",
+    "cuda-out-of-memory": ["sppark::Error #-2",
+                           'cudaMalloc(&cache.ptr, sz_bytes)@cuda/groth16_cuda.cu:182 failed: "out of memory"'],
+    "cuda-driver-too-old-for-image": ["sppark::Error #-35",
+                                      "CUDA driver version is insufficient for CUDA runtime version"],
+    "cuda-no-kernel-image": ["sppark::Error #-209", "no kernel image is available for execution on the device"],
+    "cuda-unsupported-ptx": ["sppark::Error #-222", "the provided PTX was compiled with an unsupported toolchain."],
+    "cuda-illegal-address": ["sppark::Error #-700", "an illegal memory access was encountered"],
+    "params-not-found": [
+        "Exception: [AbstractCommand.cc:351] errorCode=3 URI=https://m/v28.params",
+        "curl: (22) The requested URL returned error: 404",
+        "fleet: ERROR: could not download https://m/manifest.txt (curl exit code 22)",
     ],
+    "srs-param-file-missing": [
+        "ERROR cuzk_core::engine: Phase 7: C1 parse/SRS load failed error=SRS param file not found for Porep32G: "
+        "/data/zk/params/v28-stacked-proof-of-replication.params"],
+    "bench-input-missing": ["Error: --c1 required for PoRep proof type",
+                            "fleet: ERROR: benchmark input (c1.json) missing: set FLEET_BENCH_C1"],
+    "srs-load-failed": ["ERROR cuzk_core::engine: Phase 7: C1 parse/SRS load failed error=failed to load SRS from "
+                        "/data/zk/params/v28.params"],
+    "segfault": ["/opt/fleet/entrypoint.sh: line 225:   812 Segmentation fault      (core dumped) cuzk-daemon"],
+    "command-not-found": ["/opt/fleet/benchmark.sh: line 31: cuzk-bench: command not found",
+                          "sh: 1: aria2c: not found"],
+    "shared-library-missing": [
+        "cuzk-daemon: error while loading shared libraries: libcudart.so.12: cannot open shared object file"],
+    "exec-format-error": ["exec /usr/local/bin/cuzk-daemon: exec format error"],
+    "script-error": ["/opt/fleet/benchmark.sh: line 57: syntax error near unexpected token `fi'",
+                     "/opt/fleet/entrypoint.sh: line 8: FLEET_TOKEN: unbound variable",
+                     'jq: error (at <stdin>:14): Cannot index string with string "throughput"',
+                     "Traceback (most recent call last):"],
+    "bench-usage-error": ["Error: unknown proof type: porep-c3. Use: porep, snap, wpost, winning"],
+    "daemon-config-error": ['Error: failed to load config from "/var/lib/fleet/cuzk.toml"'],
+    "permission-denied": ["/opt/fleet/entrypoint.sh: line 12: /opt/fleet/benchmark.sh: Permission denied"],
+    "proof-self-check": [
+        "ERROR cuzk_core::engine: Phase 7: PoRep proof self-check FAILED — proof will NOT be returned to caller "
+        "job_id=0b6f7c3e proof_len=1920 sector=1 miner=1000"],
+    "checksum-mismatch": ["fleet: ERROR: checksum mismatch for v28.params after 2 downloads: blake2b-512 expected a"],
+    "dns-failure": [
+        "Exception: [AbstractCommand.cc:351] errorCode=19 Name resolution for m.example failed:Temporary failure in "
+        "name resolution",
+        "curl: (6) Could not resolve host: params.example.com"],
+    "connection-reset": ["Exception: [AbstractCommand.cc:351] errorCode=6 Network problem has occurred. "
+                         "cause:Connection reset by peer"],
+    "network-timeout": ["curl: (28) Operation timed out after 600000 milliseconds with 1 out of 2 bytes received"],
+    "connection-failed": [
+        "curl: (7) Failed to connect to params.example.com port 443 after 41 ms: Couldn't connect to server"],
+    "download-failed-network": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 7)"],
+    "download-aborted": ["12/03 06:05:01 [ERROR] CUID#7 - Download aborted. URI=https://m/v28.params"],
+    "params-too-slow": ["fleet: ERROR: params fetch exceeded FLEET_PARAMS_TIMEOUT_S=3600s while downloading x"],
+    "worker-stopped": ["fleet: received SIGTERM during phase benchmark"],
+    "rust-panic": [f"{PANIC} b_g2_msm caught exception"],
+    "daemon-connection-refused": ["Error: failed to connect to daemon at http://127.0.0.1:9820 | transport error",
+                                  "cuzk-bench: connection refused"],
+    "daemon-rpc-failed": ["Error: Prove RPC failed"],
 }
 
-#: cuzk-bench, cuzk-daemon and aria2c output of a healthy run: nothing in it is a failure signature.
+#: cuzk-bench, cuzk-daemon and aria2c output of a healthy run (real formats): nothing in it is a failure.
 HEALTHY_LOG = [
-    "[#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]",
-    "02/12 18:05:40 [NOTICE] Download complete: /var/tmp/filecoin-proof-parameters/v28-stacked.params",
-    "cuzk-daemon: listening on 127.0.0.1:9820",
-    "GPU 0: NVIDIA RTX PRO 4000 Blackwell (UUID: GPU-2b1c6f3e-0000-4a2b-9c1d-8e7f6a5b4c3d)",
-    "  [1/10] ok — 118.2s",
-    "  [2/10] ok — 121.0s",
+    "2026-12-03T06:05:02Z [#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]",
+    "2026-12-03T06:05:40Z 12/03 06:05:40 [NOTICE] Download complete: /data/zk/params/v28-stacked.params",
+    "2026-12-03T06:20:01Z cuzk-daemon: 2026-12-03T06:20:01.102260Z  INFO cuzk_daemon: cuzk-daemon ready, serving on "
+    "127.0.0.1:9820",
+    "2026-12-03T06:20:09Z cuzk-daemon: 2026-12-03T06:20:09.004211Z  WARN cuzk_core::pinned_pool: cudaHostAlloc "
+    "failed size_gib=12.0 cuda_err=2",
+    "CUZK_TIMING: gpu_tid=0 tail_msm_ms=311 gpu_total_ms=9107",
+    "=== Batch Benchmark ===",
+    "  [1/10] COMPLETED — 118.2s (prove=38411 ms, queue=3 ms)",
+    "  [2/10] COMPLETED — 121.0s (prove=38390 ms, queue=2 ms)",
     "=== Batch Summary ===",
     "completed:     10",
     "failed:        0",
@@ -138,18 +162,21 @@ HEALTHY_LOG = [
 ]
 
 
-def test_every_signature_has_examples() -> None:
+def test_every_signature_has_examples_and_a_registered_blame() -> None:
     names = [s.name for s in SIGNATURES]
     assert len(names) == len(set(names)), "signature names must be unique (the breaker correlates by name)"
     assert set(EXAMPLES) == set(names)
+    assert all(s.blame in BLAMES for s in SIGNATURES)
+    assert [s.priority for s in SIGNATURES] == sorted((s.priority for s in SIGNATURES), reverse=True)
+    configured = [s for s in SIGNATURES if s.blame in ("configuration", "params")]
+    assert configured and all(s.setting for s in configured), "a configuration fault must say what to change"
 
 
 @pytest.mark.parametrize(("name", "line"), [(n, line) for n, lines in EXAMPLES.items() for line in lines])
-def test_realistic_line_matches_its_signature(name: str, line: str) -> None:
+def test_real_line_matches_its_signature(name: str, line: str) -> None:
     match = classify([line])
     assert match is not None, f"{line!r} matched nothing"
     assert match.name == name
-    assert match.line == line.strip()
 
 
 def test_healthy_benchmark_log_matches_nothing() -> None:
@@ -157,67 +184,122 @@ def test_healthy_benchmark_log_matches_nothing() -> None:
     assert classify([]) is None
 
 
+def test_worker_timestamps_ansi_and_the_daemons_own_timestamp_are_stripped() -> None:
+    raw = ("2026-12-03T07:05:00Z cuzk-daemon: \x1b[2m2026-12-03T07:05:00.118802Z\x1b[0m \x1b[31mERROR\x1b[0m "
+           "\x1b[2mcuzk_core::engine\x1b[0m\x1b[2m:\x1b[0m boom")
+    assert clean_line(raw) == ("cuzk-daemon", "ERROR cuzk_core::engine: boom")
+    assert clean_line("2026-12-03T07:05:00Z fleet: x") == ("", "fleet: x")
+
+
+def test_a_two_line_rust_panic_is_joined_per_stream() -> None:
+    # Rust >= 1.73 prints the message on the line after `panicked at`; another stream may interleave.
+    tail = [f"2026-12-03T06:31:40Z cuzk-daemon: {PANIC}", "2026-12-03T06:31:40Z fleet: waiting",
+            "2026-12-03T06:31:40Z cuzk-daemon: sppark::Error #-2"]
+    lines = logical_lines(tail)
+    assert lines == [f"cuzk-daemon: {PANIC} sppark::Error #-2", "fleet: waiting"]
+    match = classify(tail)
+    assert match is not None and match.name == "cuda-out-of-memory" and match.blame == "configuration"
+    assert match.text().endswith("[= cudaErrorMemoryAllocation (2): out of memory]")
+
+
+def test_an_anyhow_chain_with_timestamps_is_joined_and_is_our_daemon() -> None:
+    # The worker prefixes every ring line (blank ones too) with its timestamp; the refusal alone is remote.
+    tail = ["2026-12-02T18:23:00Z Error: failed to connect to daemon at http://127.0.0.1:9820",
+            "2026-12-02T18:23:00Z ", "2026-12-02T18:23:00Z Caused by:", "2026-12-02T18:23:00Z     0: transport error",
+            "2026-12-02T18:23:00Z     1: tcp connect error", "2026-12-02T18:23:00Z     2: tcp connect error",
+            "2026-12-02T18:23:00Z     3: Connection refused (os error 111)", "2026-12-02T18:23:00Z next"]
+    assert logical_lines(tail) == ["Error: failed to connect to daemon at http://127.0.0.1:9820 | transport error | "
+                                   "tcp connect error | Connection refused (os error 111)", "next"]
+    match = classify(tail)
+    assert match is not None and (match.name, match.blame) == ("daemon-connection-refused", "image")
+    # One cause prints unnumbered (anyhow): still joined.
+    assert logical_lines(["Error: failed to read /x/c1.json", "", "Caused by:",
+                          "    No such file or directory (os error 2)"]) == [
+        "Error: failed to read /x/c1.json | No such file or directory (os error 2)"]
+
+
+def test_memory_kill_outranks_the_connection_refused_that_follows() -> None:
+    tail = ['/opt/fleet/entrypoint.sh: line 225:   812 Killed                  cuzk-daemon --config x',
+            "Error: failed to connect to daemon at http://127.0.0.1:9820", "", "Caused by:",
+            "    0: transport error", "    1: Connection refused (os error 111)"]
+    match = classify(tail)
+    assert match is not None and (match.name, match.blame) == ("process-killed", "configuration")
+    assert match.signature.setting is not None and "min_host_ram_gb" in match.signature.setting
+
+
 def test_hardware_beats_the_software_symptoms_it_causes() -> None:
-    # The GPU falls off the bus mid-run: the daemon dies, the bench then cannot reach it.
-    tail = [
-        "  [3/10] ok — 119.8s",
-        "NVRM: Xid (PCI:0000:01:00): 79, pid=2741, GPU has fallen off the bus.",
-        "cuzk-bench: connection refused",
-        "Traceback (most recent call last):",
-    ]
+    tail = ["  [3/10] COMPLETED — 119.8s (prove=38411 ms, queue=3 ms)",
+            "NVRM: Xid (PCI:0000:01:00): 13, pid=2741, name=cuzk-daemon, Graphics SM Warp Exception",
+            "NVRM: Xid (PCI:0000:01:00): 79, pid=2741, GPU has fallen off the bus.",
+            "/opt/fleet/entrypoint.sh: line 225:   812 Segmentation fault      (core dumped) cuzk-daemon",
+            "cuzk-bench: connection refused"]
     match = classify(tail)
     assert match is not None and match.name == "gpu-fell-off-bus" and match.blame == "machine"
 
 
-def test_daemon_refusal_is_image_but_remote_refusal_is_network() -> None:
+@pytest.mark.parametrize("xid", [*XID_APPLICATION, *XID_ECC, 79, 119])
+def test_xid_by_class(xid: int) -> None:
+    match = classify([f"NVRM: Xid (PCI:0000:01:00): {xid}, pid=1, name=cuzk-daemon, text"])
+    assert match is not None
+    assert match.blame == ("image" if xid in XID_APPLICATION else "machine")
+
+
+def test_pci_bus_number_is_not_read_as_an_xid_code_and_unknown_xids_are_not_guessed() -> None:
+    match = classify(["NVRM: Xid (PCI:0000:79:00): 13, pid=1, Graphics Exception"])
+    assert match is not None and match.name == "gpu-xid-application"
+    assert classify(["NVRM: Xid (PCI:0000:01:00): 45, pid=1, Ch 00000010"]) is None
+
+
+@pytest.mark.parametrize("code", sorted(CUDA_ERRORS))
+def test_cuda_codes_decode_in_both_forms(code: int) -> None:
+    enum, text, blame, name, _ = CUDA_ERRORS[code]
+    bare = classify([f"sppark::Error #-{code}"])
+    worded = classify([f'cudaMalloc(&p, n)@sppark/util/gpu_t.cuh:73 failed: "{text}"'])
+    assert bare is not None and worded is not None
+    assert bare.name == worded.name == name and bare.blame == worded.blame == blame
+    assert code_meaning(f"sppark::Error #-{code}") == f"{enum} ({code}): {text}"
+
+
+@pytest.mark.parametrize(("line", "blame"), [
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 3)", "params"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 9)", "configuration"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 19)", "network"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 1)", "network"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 6)", "network"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 7)", "network"),
+    ("fleet: ERROR: could not download https://m/manifest.txt (curl exit code 22)", "params"),
+    ("fleet: ERROR: could not download https://m/manifest.txt (curl exit code 6)", "network"),
+    ("fleet: ERROR: curl failed to download https://m/x (exit code 23)", "configuration"),
+    ("fleet: ERROR: curl failed to download https://m/x (exit code 28)", "network"),
+])
+def test_downloader_exit_codes_by_meaning(line: str, blame: str) -> None:
+    match = classify([line])
+    assert match is not None and match.blame == blame
+    assert "[= " in match.text()  # the bare code is explained
+
+
+def test_progress_timing_and_tunnel_lines_are_never_causes() -> None:
+    tail = ["[#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]", "CUZK_TIMING: gpu_tid=0 tail_msm_ms=1",
+            "TIMELINE,1234,GPU_START,job,0", "tunnel: ssh: connect to host b.example port 22: Connection refused",
+            "fleet: tunnel: ssh to fleet@b.example exited with code 255; restarting in 15s"]
+    assert classify(tail) is None
+    assert error_line(tail) is None
+    tunnel = classify(tail, include_tunnel=True)
+    assert tunnel is not None and tunnel.name == "connection-failed"
+    assert all(line.noise or line.tunnel for line in read_tail(tail))
+
+
+def test_the_daemon_refusal_is_image_but_a_remote_refusal_is_network() -> None:
     local = classify(["Error: connection refused (os error 111) 127.0.0.1:9820"])
     remote = classify(["curl: (7) Failed to connect to 10.0.0.5 port 80: Connection refused"])
     assert local is not None and local.blame == "image"
     assert remote is not None and remote.blame == "network"
 
 
-def test_network_beats_the_missing_file_it_causes() -> None:
-    tail = [
-        "Exception: [AbstractCommand.cc:351] errorCode=1 URI=https://proofs.filecoin.io/v28.params",
-        "Error: cannot open /var/tmp/filecoin-proof-parameters/v28.params: No such file or directory",
-    ]
-    match = classify(tail)
-    assert match is not None and match.name == "download-error" and match.blame == "network"
-
-
-def test_driver_too_old_for_our_image_is_not_the_machines_fault() -> None:
-    match = classify(["CUDA error 35: CUDA driver version is insufficient for CUDA runtime version"])
-    assert match is not None and match.blame == "image"
-
-
-def test_pci_bus_number_is_not_read_as_an_xid_code() -> None:
-    match = classify(["NVRM: Xid (PCI:0000:79:00): 13, pid=1, Graphics Exception"])
-    assert match is not None and match.name == "gpu-xid"
-
-
 def test_a_404_page_text_is_not_command_not_found() -> None:
     assert classify(["Error: resource not found in manifest"]) is None
 
 
-def test_cuzk_bench_multiline_error_chain_is_our_daemon_not_the_network() -> None:
-    # What cuzk-bench prints (anyhow error chain) when our own daemon is not listening: the refusal is on
-    # a continuation line without the address, which alone would read as a remote server refusing.
-    tail = [
-        "=== Batch Benchmark ===",
-        "Error: failed to connect to daemon at http://127.0.0.1:9820",
-        "",
-        "Caused by:",
-        "    0: transport error",
-        "    1: tcp connect error: Connection refused (os error 111)",
-    ]
-    match = classify(tail)
-    assert match is not None
-    assert (match.name, match.blame) == ("daemon-connection-refused", "image")
-    assert match.line.startswith("Error: failed to connect to daemon") and "Connection refused" in match.line
-
-
-def test_error_chain_joining_leaves_unrelated_lines_alone() -> None:
-    joined = logical_lines(["Error: x", "", "Caused by:", "    0: y", "next"])
-    assert joined == ["Error: x | Caused by: | 0: y", "next"]
-    assert logical_lines(["  [1/4] ok — 70.3s", "", "=== Batch Summary ==="]) == \
-        ["  [1/4] ok — 70.3s", "", "=== Batch Summary ==="]
+def test_error_line_prefers_the_last_error_over_progress() -> None:
+    assert error_line(["fleet: params: downloading x", "Error: empty response", "[#1 1GiB/2GiB(50%) CN:1]"]) == \
+        "Error: empty response"

@@ -67,7 +67,8 @@ def test_the_page_shows_header_pools_rates_timelines_bad_machines_and_suspects()
     blocks = {b.attrs["data-instance"]: b for b in dom.find("div", class_="instance")}
     assert list(blocks) == [i.instance_id for i in view.instances]
     first = text_of(blocks[FIRST.instance_id])
-    assert ("benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820 "
+    assert ("benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
+            "connecting to 127.0.0.1:9820 "
             "(blame: image)") in first
     assert "registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started +25m00s" in first
     assert text_of(blocks[SECOND.instance_id]).count("held by circuit-breaker") == 1
@@ -80,7 +81,9 @@ def test_the_page_shows_header_pools_rates_timelines_bad_machines_and_suspects()
 
     # Blamed on the image: 40213 and 51877 are never bad machines; the slow one is, with its root cause.
     assert table_rows(dom, "bad-machines") == [["62001", "7781", "RTX PRO 4000", "rtx-pro-4000", "below-min-rate",
-                                               "machine", "below-min-rate 20.0/h < 29/h (180.0 s/proof)",
+                                               "machine",
+                                               "below-min-rate: benchmark exit 0, 10/10 proofs: "
+                                               "20.0/h < 29/h (180.0 s/proof)",
                                                "2026-12-02T22:00:00Z"]]
     suspects = text_of(dom.find("section", id="image-suspects")[0])
     assert "daemon-connection-refused" in suspects and "40213, 51877" in suspects

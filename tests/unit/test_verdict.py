@@ -35,14 +35,14 @@ def test_completed_above_min_rate_is_ok_and_never_bad() -> None:
     v = judge(completed_report("pro-0-a", "40213", 35.0), POOL, LATER)
     assert v is not None
     assert (v.verdict, v.blame, v.marks_bad) == ("ok", "none", False)
-    assert v.reason == "ok 35.0/h >= 29/h (102.9 s/proof)"
+    assert v.reason == "ok: benchmark exit 0, 10/10 proofs: 35.0/h >= 29/h (102.9 s/proof)"
 
 
 def test_below_min_rate_blames_the_machine_with_rate_evidence() -> None:
     v = judge(completed_report("pro-0-b", "40213", 20.0), POOL, LATER)
     assert v is not None
     assert (v.verdict, v.blame, v.marks_bad) == ("below-min-rate", "machine", True)
-    assert v.reason == "below-min-rate 20.0/h < 29/h (180.0 s/proof)"
+    assert v.reason == "below-min-rate: benchmark exit 0, 10/10 proofs: 20.0/h < 29/h (180.0 s/proof)"
     assert v.evidence["proofs_per_hour"] == 20.0 and v.evidence["seconds_per_proof"] == 180.0
     assert v.evidence["host_id"] == "7781" and v.evidence["machine_id"] == "40213"
     assert v.evidence["phases"]["params-done"] == "2026-12-02T18:22:00Z"
@@ -56,7 +56,8 @@ def test_benchmark_error_with_software_signature_is_the_images_fault() -> None:
     assert (v.verdict, v.blame, v.marks_bad) == ("benchmark-error", "image", False)
     assert v.signature == "daemon-connection-refused"
     assert v.exit_code == 1 and v.evidence["exit_code"] == 1
-    assert v.reason == "benchmark-error exit 1: Error: connection refused (os error 111) connecting to 127.0.0.1:9820"
+    assert v.reason == ("benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
+                        "connecting to 127.0.0.1:9820")
     assert v.root_cause().endswith("(blame: image)")
     assert v.evidence["log_tail"][-1] == "benchmark.sh: cuzk-bench exited with status 1, 0/10 proofs"
     assert v.evidence["proofs"] == {"requested": 10, "completed": 0, "failed": 0}
@@ -65,7 +66,7 @@ def test_benchmark_error_with_software_signature_is_the_images_fault() -> None:
 def test_benchmark_error_with_gpu_signature_marks_the_machine_bad() -> None:
     v = judge(error_report("pro-0-d", "40213", CUDA_ERROR_TAIL), POOL, LATER)
     assert v is not None
-    assert (v.verdict, v.blame, v.marks_bad, v.signature) == ("benchmark-error", "machine", True, "cuda-error")
+    assert (v.verdict, v.blame, v.marks_bad, v.signature) == ("benchmark-error", "machine", True, "cuda-no-device")
 
 
 def test_unrecognised_failure_is_unknown_and_never_marks_bad() -> None:
@@ -117,7 +118,7 @@ def test_slow_partial_benchmark_times_out_and_blames_the_machine() -> None:
     assert v is not None
     assert (v.verdict, v.blame, v.marks_bad) == ("timeout", "machine", True)
     assert v.proofs_per_hour == 1.0  # 2 proofs in 120 minutes
-    assert v.reason.startswith("timeout after 120 min: 2/10 proofs (1.0/h partial")
+    assert v.reason.startswith("timeout after 120 min: benchmark exit ?, 2/10 proofs: 1.0/h partial < 29/h")
 
 
 def test_zero_proof_hang_without_signature_is_unknown() -> None:
@@ -179,9 +180,13 @@ def test_secrets_in_the_tail_never_reach_the_evidence() -> None:
     assert "3f9a1c0d2e4b5a69" not in text and "[REDACTED]" in text
 
 
-@pytest.mark.parametrize("gpu_line", ["NVRM: Xid (PCI:0000:01:00): 79, pid=2741, GPU has fallen off the bus.",
-                                      "RuntimeError: CUDA error: out of memory"])
-def test_hardware_lines_beat_the_connection_refused_they_cause(gpu_line: str) -> None:
+@pytest.mark.parametrize(("gpu_line", "blame"), [
+    ("NVRM: Xid (PCI:0000:01:00): 79, pid=2741, GPU has fallen off the bus.", "machine"),
+    ("cuzk-daemon: sppark::Error #-100", "machine"),
+    # VRAM too small for the workload: the pool is sized wrong, neither machine nor image (issue 13).
+    ('cudaMalloc(&cache.ptr, sz_bytes)@cuda/groth16_cuda.cu:182 failed: "out of memory"', "configuration")])
+def test_gpu_lines_beat_the_connection_refused_they_cause(gpu_line: str, blame: str) -> None:
     tail = [*DAEMON_REFUSED_TAIL[:-2], gpu_line, *DAEMON_REFUSED_TAIL[-2:]]
     v = judge(error_report("pro-0-t", "40213", tail), POOL, LATER)
-    assert v is not None and v.blame == "machine" and v.marks_bad
+    assert v is not None and v.blame == blame and v.marks_bad == (blame == "machine")
+    assert gpu_line.split(": ", 1)[-1][:30] in v.reason

@@ -11,7 +11,7 @@ import logging
 import re
 import sqlite3
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache, partial
 from typing import Any
@@ -39,6 +39,7 @@ from reconciler.adapters.store import (
     ResultConflict,
     UnknownInstance,
 )
+from reconciler.domain.identifiers import identifier_problems
 from reconciler.domain.tokens import (
     bearer_token,
     check_secret,
@@ -61,6 +62,18 @@ class Response:
     status: int
     body: Mapping[str, Any]
     close: bool = False
+    #: The request carried a valid worker or admin token (the HTTP edge stops counting the connection as
+    #: unauthenticated).
+    authenticated: bool = False
+
+
+@dataclass(frozen=True)
+class BodyNeeded:
+    """`ControllerApi.begin` accepted the head of a worker report: read `length` body bytes, then `finish`."""
+
+    action: str
+    instance_id: str
+    length: int
 
 
 @dataclass(frozen=True)
@@ -98,17 +111,46 @@ class ControllerApi:
         self._expected_token = lru_cache(maxsize=4096)(partial(instance_token, self.secret))
 
     def handle(self, request: Request) -> Response:
+        """The whole request at once, the body read through `request.read_body` (synchronous callers)."""
+        step = self.begin(request)
+        if not isinstance(step, BodyNeeded):
+            return step
+        try:
+            body = request.read_body(step.length)
+        except ApiError as exc:
+            return self.error_response(request, exc)
+        return self.finish(request, step, body)
+
+    def begin(self, request: Request) -> Response | BodyNeeded:
+        """Everything before the body: route, instance id, token, Content-Type and -Length. Nothing is read
+        from an unauthenticated client or past the size limit; an async edge reads the body, then `finish`."""
         try:
             return self._route(request)
         except ApiError as exc:
-            if exc.status in (401, 403):
-                log.warning("rejected %s %s: %s", request.method, urlsplit(request.target).path, exc.error)
-            return Response(exc.status, {"error": exc.error, "detail": exc.detail}, close=exc.close)
+            return self.error_response(request, exc)
         except sqlite3.Error as exc:
-            log.error("store error on %s %s: %s", request.method, urlsplit(request.target).path, exc)
-            return Response(503, {"error": "store unavailable", "detail": "temporary; retry later"})
+            return self._store_unavailable(request, exc)
 
-    def _route(self, request: Request) -> Response:
+    def finish(self, request: Request, step: BodyNeeded, body: bytes) -> Response:
+        try:
+            return replace(self._ingest(step.action, step.instance_id, parse_json_body(body)), authenticated=True)
+        except ApiError as exc:
+            return replace(self.error_response(request, exc), authenticated=True)
+        except sqlite3.Error as exc:
+            return replace(self._store_unavailable(request, exc), authenticated=True)
+
+    @staticmethod
+    def error_response(request: Request, exc: ApiError) -> Response:
+        if exc.status in (401, 403):
+            log.warning("rejected %s %s: %s", request.method, urlsplit(request.target).path, exc.error)
+        return Response(exc.status, {"error": exc.error, "detail": exc.detail}, close=exc.close)
+
+    @staticmethod
+    def _store_unavailable(request: Request, exc: sqlite3.Error) -> Response:
+        log.error("store error on %s %s: %s", request.method, urlsplit(request.target).path, exc)
+        return Response(503, {"error": "store unavailable", "detail": "temporary; retry later"})
+
+    def _route(self, request: Request) -> Response | BodyNeeded:
         parts = urlsplit(request.target)
         path, method = parts.path, request.method
         if match := _WORKER_ROUTE.match(path):
@@ -116,10 +158,9 @@ class ControllerApi:
             instance_id = self._instance_id(match["id"])
             if match["action"] == "destroyed":
                 self._require_admin(request)
-                return self._destroyed(instance_id)
+                return replace(self._destroyed(instance_id), authenticated=True)
             self._require_instance_token(request, instance_id)
-            doc = self._json_body(request)
-            return self._ingest(match["action"], instance_id, doc)
+            return BodyNeeded(match["action"], instance_id, self._body_length(request))
         if match := _DIRECTIVE_ROUTE.match(path):
             # What the reconciler decided (serve, stop, wait); the worker polls it (worker-image/serve.sh).
             self._require_method(request, "GET")
@@ -128,31 +169,32 @@ class ControllerApi:
             directive = self.store.directive(instance_id)
             if directive is None:
                 directive = {"protocol": 1, "action": "wait", "reason": "no verdict yet"}
-            return Response(200, directive)
+            return Response(200, directive, authenticated=True)
         if path == "/healthz":
             self._require_method(request, "GET")
             return Response(200, {"status": "ok", "instances": self.store.instance_count()})
         if path == "/api/instances":
             self._require_method(request, "GET")
-            self._require_reader(request)
-            return Response(200, {"instances": [summary_to_json(r) for r in self.store.reports()]})
+            admin = self._require_reader(request)
+            return Response(200, {"instances": [summary_to_json(r) for r in self.store.reports()]}, authenticated=admin)
         if match := _INSTANCE_ROUTE.match(path):
             self._require_method(request, "GET")
             instance_id = self._instance_id(match["id"])
-            self._require_reader(request)
+            admin = self._require_reader(request)
             found = self.store.detail(instance_id)
             if found is None:
                 raise ApiError(404, "unknown instance", f"instance {instance_id!r} never registered")
-            return Response(200, report_to_json(*found))
+            return Response(200, report_to_json(*found), authenticated=admin)
         if match := _LOGS_ROUTE.match(path):
             self._require_method(request, "GET")
             instance_id = self._instance_id(match["id"])
-            self._require_reader(request)
+            admin = self._require_reader(request)
             view = self.store.log_view(instance_id, self._tail_param(parts.query))
             if view is None:
                 raise ApiError(404, "unknown instance", f"instance {instance_id!r} never registered")
             return Response(200, {"instance_id": view.instance_id, "lines": list(view.lines),
-                                  "dropped": view.dropped, "destroyed_at": _time(view.destroyed_at)})
+                                  "dropped": view.dropped, "destroyed_at": _time(view.destroyed_at)},
+                            authenticated=admin)
         raise ApiError(404, "not found", f"no endpoint {method} {_clip(path, 200)}", close=self.has_body(request))
 
     # --- checks ---
@@ -166,7 +208,7 @@ class ControllerApi:
             raise ApiError(405, "method not allowed", f"use {allowed}", close=self.has_body(request))
 
     def _instance_id(self, raw: str) -> str:
-        if not INSTANCE_ID.match(raw):
+        if not INSTANCE_ID.fullmatch(raw):
             raise ApiError(400, "invalid instance id",
                            f"{_clip(raw, 140)!r} does not match [A-Za-z0-9][A-Za-z0-9_.-]{{0,127}}", close=True)
         return raw
@@ -190,9 +232,12 @@ class ControllerApi:
         if not same_secret(self.admin_token, self._presented(request)):
             raise ApiError(403, "forbidden", "admin token is not valid", close=True)
 
-    def _require_reader(self, request: Request) -> None:
-        if not self.allow_open_reads:
-            self._require_admin(request)
+    def _require_reader(self, request: Request) -> bool:
+        """True when the reader presented the admin token (False: open reads, nobody authenticated)."""
+        if self.allow_open_reads:
+            return False
+        self._require_admin(request)
+        return True
 
     def _tail_param(self, query: str) -> int:
         try:
@@ -204,7 +249,7 @@ class ControllerApi:
             raise ApiError(400, "bad query", "tail must be one non-negative integer")
         return min(int(values[0]), self.store.ring_lines)
 
-    def _json_body(self, request: Request) -> Any:
+    def _body_length(self, request: Request) -> int:
         content_type = request.content_type or ""
         if content_type.split(";", 1)[0].strip().lower() != "application/json":
             raise ApiError(415, "unsupported media type",
@@ -219,7 +264,7 @@ class ControllerApi:
         length = int(request.content_lengths[0])
         if length > self.max_body_bytes:
             raise ApiError(413, "body too large", f"{length} bytes; the limit is {self.max_body_bytes}", close=True)
-        return parse_json_body(request.read_body(length))
+        return length
 
     # --- effects ---
 
@@ -241,6 +286,8 @@ class ControllerApi:
         if action == "events" and is_event_batch(doc):
             return self._ingest_event_batch(instance_id, validate_event_batch(doc))
         validate_report(_KIND_BY_ACTION[action], doc)
+        if action in ("register", "result") and (problems := identifier_problems(doc)):
+            raise ApiError(400, "schema violation", problems)
         try:
             if action == "register":
                 if doc["instance_id"] != instance_id:

@@ -29,7 +29,7 @@ MAX_JSON_DEPTH = 32
 MAX_SAFE_INTEGER = 2**53 - 1  # beyond this JSON numbers are not exact in most clients; and SQLite is 64-bit
 MAX_REPORTED_PROBLEMS = 10
 
-INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 
 #: Which $defs of the protocol schema each worker endpoint accepts.
 _KIND_BY_ACTION = {"register": "register", "events": "event", "logs": "log_batch", "result": "result"}
@@ -204,7 +204,7 @@ def fast_valid(kind: str, doc: Any) -> bool:
         message = doc.get("message")
         return (doc.keys() <= {"protocol", "phase", "status", "at", "exit_code", "message", "log_tail", "details"}
                 and doc.get("phase") in rules.phases and doc.get("status") in rules.statuses
-                and isinstance(doc.get("at"), str) and rules.time.match(doc["at"]) is not None
+                and isinstance(doc.get("at"), str) and rules.time.fullmatch(doc["at"]) is not None
                 and (doc.get("exit_code") is None or _is_int(doc["exit_code"]))
                 and (message is None or (isinstance(message, str) and len(message) <= rules.max_message))
                 and ("log_tail" not in doc or _strings(doc["log_tail"], rules.max_tail, rules.max_line))

@@ -1,350 +1,696 @@
-"""The controller's HTTP edge: serves `ControllerApi` to workers and humans over HTTP.
+"""Controller HTTP edge: uvicorn (httptools parser, uvloop) + Starlette around the transport-free ControllerApi.
+
+Where it sits: workers (curl, over the internet) and the admin client speak HTTP to this module; it turns a
+request into `api.Request`, lets `ControllerApi` decide (route, auth, validation, store) and writes the JSON
+answer. Nothing here knows about the store or the protocol schema.
+
+What the edge adds to uvicorn, and why (uvicorn alone would let a slowloris client starve workers):
+- Head deadline: a request head must be complete `head_timeout_s` after the connection opened (or after the
+  first byte of a keep-alive request). uvicorn only has an idle keep-alive timer, and every received byte
+  resets it, so a client trickling one header byte at a time would hold a connection forever.
+- Body deadline: the body must arrive within `body_timeout_s` of the head (408 otherwise).
+- A cap on concurrent *unauthenticated* connections (`max_unauthenticated`): a connection counts until one
+  of its requests has authenticated (worker token or admin token). At the cap, a new connection evicts the
+  oldest unauthenticated one that is not in the middle of a request, so a flood of slow connections cannot
+  lock workers out (uvicorn's `limit_concurrency` would: it answers 503 to everyone once the count is
+  reached, authenticated or not).
+- Head limits (100 headers, 64 KiB per line, 128 KiB in all: 431) and answers to malformed heads as JSON
+  `{"error", "detail"}` with the wording of the earlier http.server-based edge; a real listen backlog
+  (2048, not socketserver's 5, so a burst of workers is queued, not reset); optional TLS.
+- Closing with an unread body half-closes and drains the socket for a moment first (bounded bytes and time):
+  closing with unread input makes the kernel send RST, which can destroy an error answer (413) before the
+  client reads it.
+
+Extension point: `build_app(api, extra_routes=[...])` mounts more Starlette routes (the live page at `/`,
+`/metrics`) before the API's catch-all; the cli passes them, so this adapter imports neither render nor flows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import email.utils
 import json
 import logging
-import re
 import socket
+import sqlite3
+import ssl
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from reconciler.adapters.controller.api import ControllerApi, Request, Response
-from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError, _clip
-from reconciler.adapters.store import (
-    ControllerStore,
-)
+import httptools
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, Request, Response
+from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
+from reconciler.adapters.store import ControllerStore
 
 log = logging.getLogger(__name__)
-REQUEST_TIMEOUT_S = 30.0
-MAX_CONNECTIONS = 256
-LINGER_SECONDS = 2.0
-LINGER_MAX_BYTES = 4 * MAX_BODY_BYTES
 
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# --- HTTP shell -------------------------------------------------------------------------------------------
-
-#: Header limits of http.client.parse_headers, which this replaces on the request path.
-MAX_HEADER_LINE = 65536
-MAX_HEADERS = 100
-#: RFC 9110 field-name (token) ':' OWS value OWS. Anything else in a request head is refused (400), as is
-#: obsolete line folding: a lenient parser here is how request smuggling starts.
-_HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*(.*?)[ \t]*\r?\n")
+SERVER_NAME = "fleet-controller/1"
+#: Key of the per-connection handle in `scope["extensions"]` (how the app tells the edge "authenticated").
+EDGE_EXTENSION = "fleet.edge"
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
 
 
-class _Headers:
-    """Request headers by lowercase name, the part of email.message.Message the handler uses (`get`,
-    `get_all`). Parsing a head with the email package cost ~70 us, as much as a store write."""
+@dataclass(frozen=True)
+class EdgeLimits:
+    """Deadlines and caps of the HTTP edge; defaults suit workers posting over the internet."""
 
-    __slots__ = ("_values",)
-
-    def __init__(self, values: dict[str, list[str]]):
-        self._values = values
-
-    def get(self, name: str, default: str | None = None) -> str | None:
-        values = self._values.get(name.lower())
-        return values[0] if values else default
-
-    def get_all(self, name: str) -> list[str] | None:
-        return self._values.get(name.lower())
-
-
-class _DateHeader:
-    """`Date:` value, formatted once per second rather than per response."""
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._text = ""
-
-    def __call__(self) -> str:
-        second = int(time.time())
-        if second != self._second:
-            self._text, self._second = email.utils.formatdate(second, usegmt=True), second
-        return self._text
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 30.0
+    max_unauthenticated: int = 512
+    backlog: int = 2048
+    max_header_line: int = 65536
+    max_headers: int = 100
+    max_head_bytes: int = 128 * 1024
+    linger_s: float = 2.0
+    linger_max_bytes: int = 4 * MAX_BODY_BYTES
+    graceful_shutdown_s: float = 5.0
 
 
-_http_date = _DateHeader()
+def _date() -> str:
+    return email.utils.formatdate(time.time(), usegmt=True)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "fleet-controller/1"
-    sys_version = ""
-    server: _HttpServer
-    headers: Any  # _Headers on the request path (the stdlib types it as email.message.Message)
+def _error_bytes(status: int, error: str, detail: Any) -> bytes:
+    body = json.dumps({"error": error, "detail": detail}, ensure_ascii=True).encode("ascii")
+    head = (f"HTTP/1.1 {status} {_PHRASES.get(status, 'Error')}\r\nServer: {SERVER_NAME}\r\nDate: {_date()}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+            "Connection: close\r\n\r\n")
+    return head.encode("latin-1") + body
 
-    def parse_request(self) -> bool:
-        """The request line by http.server's rules (same answers to bad lines), then the headers with
-        `_read_headers` instead of the email package."""
-        self.command = None  # type: ignore[assignment]  # as http.server: set in case of error on the first line
-        self.request_version = self.default_request_version
-        self.close_connection = True
-        self.requestline = requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
-        words = requestline.split()
-        if not words:
-            return False
-        if len(words) >= 3:
-            version = words[-1]
-            numbers = version[5:].split(".") if version.startswith("HTTP/") else []
-            if len(numbers) != 2 or not all(n.isascii() and n.isdigit() and len(n) <= 10 for n in numbers):
-                self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request version ({version!r})")
+
+# --- malformed heads: the answers of the earlier edge ----------------------------------------------------
+
+_VERSION_ERRORS = ("Invalid major version", "Invalid minor version", "Expected dot", "Expected HTTP/",
+                   "Invalid HTTP version", "Expected SOURCE method")
+_LINE_END_ERRORS = ("Expected CRLF", "Missing expected CR", "Missing expected LF", "Expected LF")
+_HEADER_ERRORS = ("Invalid header token", "Invalid header field char", "Invalid header value char",
+                  "Unexpected whitespace after header value", "Unexpected space after start line")
+
+
+def classify_parse_error(head: bytes, exc: Exception) -> tuple[int, str, str]:
+    """(status, error, detail) for a head llhttp refused, worded as http.server/our earlier parser did, so
+    clients and logs keep telling the same story: unknown method with a well-formed line is 405."""
+    message = str(exc)
+    first = head.split(b"\n", 1)[0].rstrip(b"\r").decode("latin-1")
+    words = first.split()
+    if isinstance(exc, httptools.HttpParserInvalidMethodError):
+        if len(words) == 3 and words[1].startswith("/") and words[2].startswith("HTTP/"):
+            return 405, "method not allowed", f"method {words[0][:32]!r} is not supported"
+        return 400, "Bad request syntax", f"{first[:100]!r}"
+    if any(message.startswith(prefix) for prefix in _LINE_END_ERRORS):
+        return 400, "Bad request syntax", f"{message}: lines of a request head end with CRLF (RFC 9112 2.2)"
+    if any(message.startswith(prefix) for prefix in _VERSION_ERRORS) and len(words) >= 3:
+        return 400, f"Bad request version ({words[-1][:32]!r})", message
+    if any(message.startswith(prefix) for prefix in _HEADER_ERRORS):
+        return 400, "Bad header line", f"{message}; every header line must be 'Name: value' (CRLF)"
+    if "Content-Length" in message or "Transfer-Encoding" in message:
+        return 400, "bad Content-Length", message
+    return 400, "Bad request syntax", message
+
+
+class _Refuse(Exception):
+    def __init__(self, status: int, error: str, detail: str):
+        super().__init__(error)
+        self.status, self.error, self.detail = status, error, detail
+
+
+# --- connections -------------------------------------------------------------------------------------------
+
+
+class UnauthenticatedConnections:
+    """The connections that have not yet made an authenticated request, oldest first, capped."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"max_unauthenticated must be >= 1, got {limit}")
+        self.limit = limit
+        self._waiting: dict[EdgeProtocol, None] = {}
+        self.peak = 0
+        self.evicted = 0
+        self.refused = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def admit(self, conn: EdgeProtocol) -> bool:
+        if len(self._waiting) >= self.limit:
+            victim = next((c for c in self._waiting if c.evictable()), None)
+            if victim is None:
+                self.refused += 1
                 return False
-            if (int(numbers[0]), int(numbers[1])) >= (2, 0):
-                self.send_error(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"Invalid HTTP version ({version[5:]})")
-                return False
-            self.close_connection = (int(numbers[0]), int(numbers[1])) < (1, 1)
-            self.request_version = version
-        if not 2 <= len(words) <= 3:
-            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request syntax ({requestline!r})")
-            return False
-        command, path = words[:2]
-        if len(words) == 2:
-            self.close_connection = True
-            if command != "GET":
-                self.send_error(HTTPStatus.BAD_REQUEST, f"Bad HTTP/0.9 request type ({command!r})")
-                return False
-        if path.startswith("//"):
-            path = "/" + path.lstrip("/")  # as http.server (gh-87389): never an absolute URI without scheme
-        self.command, self.path = command, path
-        headers = self._read_headers()
-        if headers is None:
-            return False
-        self.headers = headers
-        connection = (headers.get("Connection") or "").lower()
-        if connection == "close":
-            self.close_connection = True
-        elif connection == "keep-alive":
-            self.close_connection = False
-        if (headers.get("Expect") or "").lower() == "100-continue" and self.request_version >= "HTTP/1.1":
-            return bool(self.handle_expect_100())
+            self.evicted += 1
+            self._waiting.pop(victim, None)
+            victim.evict()
+        self._waiting[conn] = None
+        self.peak = max(self.peak, len(self._waiting))
         return True
 
-    def _read_headers(self) -> _Headers | None:
-        values: dict[str, list[str]] = {}
-        count = 0
-        while True:
-            line = self.rfile.readline(MAX_HEADER_LINE + 1)
-            if len(line) > MAX_HEADER_LINE:
-                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long", "header line")
-                return None
-            if line in (b"\r\n", b"\n", b""):
-                return _Headers(values)
-            count += 1
-            if count > MAX_HEADERS:
-                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers",
-                                f"got more than {MAX_HEADERS} headers")
-                return None
-            match = _HEADER_LINE.fullmatch(line)
-            if match is None:
-                self.send_error(HTTPStatus.BAD_REQUEST, "Bad header line",
-                                f"{_clip(line.decode('iso-8859-1').rstrip(), 100)!r} is not 'Name: value'")
-                return None
-            values.setdefault(match[1].decode("ascii").lower(), []).append(match[2].decode("iso-8859-1"))
+    def authenticated(self, conn: EdgeProtocol) -> None:
+        self._waiting.pop(conn, None)
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.request_timeout)  # idle keep-alive and slow bodies end
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def gone(self, conn: EdgeProtocol) -> None:
+        self._waiting.pop(conn, None)
 
-    def _read_exactly(self, length: int) -> bytes:
-        chunks, remaining = [], length
-        try:
-            while remaining > 0:
-                chunk = self.rfile.read(remaining)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                remaining -= len(chunk)
-        except TimeoutError:
-            raise ApiError(408, "request timeout", "body not received in time", close=True) from None
-        if remaining:
-            raise ApiError(400, "incomplete body", f"got {length - remaining} of {length} bytes", close=True)
-        return b"".join(chunks)
 
-    def _serve(self) -> None:
-        consumed = False
+class _LingeringTransport:
+    """The connection's transport as uvicorn sees it: `close()` first drains unread input (see module doc)."""
 
-        def read_body(length: int) -> bytes:
-            nonlocal consumed
-            consumed = True
-            return self._read_exactly(length)
-
-        request = Request(method=self.command, target=self.path, read_body=read_body,
-                          authorization=self.headers.get("Authorization"),
-                          content_type=self.headers.get("Content-Type"),
-                          content_lengths=tuple(v.strip() for v in self.headers.get_all("Content-Length") or ()),
-                          transfer_encoding=self.headers.get("Transfer-Encoding"))
-        try:
-            response = self.server.api.handle(request)
-        except Exception:
-            log.exception("internal error on %s %s", self.command, urlsplit(self.path).path)
-            response = Response(500, {"error": "internal error", "detail": None}, close=True)
-        if not consumed and ControllerApi.has_body(request):
-            # The unread body would be parsed as the next request: this connection cannot be reused.
-            response = replace(response, close=True)
-        self._send(response)
-
-    do_GET = do_POST = _serve
+    def __init__(self, transport: asyncio.Transport, owner: EdgeProtocol):
+        self._transport = transport
+        self._owner = owner
+        self._closing = False
+        self._corked: list[bytes] | None = None
 
     def __getattr__(self, name: str) -> Any:
-        # Any other method (PUT, BREW, ...) gets a JSON 404/405 from the router, not http.server's 501.
-        if name.startswith("do_"):
-            return self._serve
-        raise AttributeError(name)
+        return getattr(self._transport, name)
 
-    def do_HEAD(self) -> None:
-        self._send(Response(405, {}, close=True), head=True)
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._corked is not None:
+            self._corked.append(bytes(data))
+        else:
+            self._transport.write(data)
 
-    def _send(self, response: Response, head: bool = False) -> None:
-        body = json.dumps(response.body, ensure_ascii=True).encode("ascii")
-        if log.isEnabledFor(logging.DEBUG):
-            self.log_request(response.status)
-        head_lines = [f"{self.protocol_version} {response.status} {_PHRASES.get(response.status, 'Error')}",
-                      f"Server: {self.version_string()}", f"Date: {_http_date()}", "Content-Type: application/json",
-                      f"Content-Length: {len(body)}", "Cache-Control: no-store"]
-        if response.close:
-            head_lines.append("Connection: close")
-            self.close_connection = True
-        # One write for status, headers and body: one TCP segment, one wakeup of the client.
-        self.wfile.write(("\r\n".join(head_lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))
-        if response.close:
-            self._linger()
+    def cork(self) -> None:
+        """Hold writes until `uncork`: status line, headers and body leave in one send (one syscall, one
+        segment; uvicorn writes the head and the body separately)."""
+        if self._corked is None:
+            self._corked = []
 
-    def _linger(self) -> None:
-        """Before closing on an unread body, half-close and drain it for a moment (bounded bytes and time):
-        closing with unread data makes the kernel send RST, which can destroy the error response before
-        the client reads it (a worker would see "connection reset" instead of "413 body too large")."""
-        with contextlib.suppress(OSError):
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_SECONDS)
-            deadline = time.monotonic() + LINGER_SECONDS
-            drained = 0
-            while drained < LINGER_MAX_BYTES and time.monotonic() < deadline:
-                chunk = self.connection.recv(65536)
-                if not chunk:
-                    break
-                drained += len(chunk)
+    def uncork(self) -> None:
+        held, self._corked = self._corked, None
+        if held and not self._transport.is_closing():
+            self._transport.write(b"".join(held))
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Protocol-level errors raised by http.server itself (bad request line, headers too long): JSON too."""
-        self.close_connection = True
-        try:
-            phrase = HTTPStatus(code).phrase
-        except ValueError:
-            phrase = "error"
-        body = json.dumps({"error": message or phrase, "detail": explain}, ensure_ascii=True).encode("ascii")
-        self.send_response(code, phrase)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Connection", "close")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD" and code >= 200 and code not in (204, 304):
-            self.wfile.write(body)
+    def is_closing(self) -> bool:
+        return self._closing or self._transport.is_closing()
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class _HttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], api: ControllerApi, request_timeout: float, max_connections: int):
-        self.api = api
-        self.request_timeout = request_timeout
-        self.max_connections = max_connections
-        self._open: set[socket.socket] = set()
-        self._open_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            full = len(self._open) >= self.max_connections
-            if not full:
-                self._open.add(request)
-        if full:
-            log.warning("refusing connection from %s: %d connections open", client_address[0], self.max_connections)
-            super().shutdown_request(request)
+    def close(self) -> None:
+        if self._closing:
             return
-        super().process_request(request, client_address)
+        self.uncork()
+        self._closing = True
+        self._owner.closing()
 
-    def shutdown_request(self, request: Any) -> None:
-        with self._open_lock:
-            self._open.discard(request)
-        super().shutdown_request(request)
+    def hard_close(self) -> None:
+        self.uncork()
+        self._closing = True
+        self._transport.close()
 
-    def close_all_connections(self) -> None:
-        with self._open_lock:
-            connections = list(self._open)
-        for conn in connections:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head/body deadlines, head limits, the unauthenticated cap, lingering
+    close and JSON answers to malformed heads. `limits` and `guard` are set on a per-server subclass."""
+
+    limits: EdgeLimits = EdgeLimits()
+    guard: UnauthenticatedConnections
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._edge_transport: _LingeringTransport | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._awaiting_head = True
+        self._head_bytes = 0
+        self._head_prefix = b""
+        self._header_count = 0
+        self._lingering = False
+        self._lingered = 0
+        self._done = False
+        self._eof = False
+        self.is_authenticated = False
+
+    # --- life cycle ---
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._edge_transport = _LingeringTransport(transport, self)
+        super().connection_made(self._edge_transport)  # type: ignore[arg-type]
+        if not self.guard.admit(self):
+            log.warning("refusing a connection from %s: %d unauthenticated connections are busy",
+                        (self.client or ("?",))[0], self.guard.limit)
+            self._edge_transport.hard_close()
+            return
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._done = True
+        self.guard.gone(self)
+        for timer in (self._head_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        super().connection_lost(exc)
+
+    def evictable(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def evict(self) -> None:
+        log.info("closing an unauthenticated connection from %s to admit a new one", (self.client or ("?",))[0])
+        if self._edge_transport is not None:
+            self._edge_transport.hard_close()
+
+    def mark_authenticated(self) -> None:
+        if not self.is_authenticated:
+            self.is_authenticated = True
+            self.guard.authenticated(self)
+
+    # --- deadlines ---
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None and not self._done:
+            self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self._done or not self._awaiting_head:
+            return
+        if self._head_bytes:
+            self._refuse(408, "request timeout",
+                         f"request head not complete within {self.limits.head_timeout_s:g} s")
+        elif self._edge_transport is not None:
+            self._edge_transport.hard_close()  # nothing was sent on this connection: nothing to answer
+
+    # --- parsing ---
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._lingered += len(data)
+            if self._lingered > self.limits.linger_max_bytes and self._edge_transport is not None:
+                self._edge_transport.hard_close()
+            return
+        if self._done:
+            return
+        self._unset_keepalive_if_required()
+        if self._awaiting_head:
+            self._head_bytes += len(data)
+            if len(self._head_prefix) < 8192:
+                self._head_prefix += data[:8192]
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Refuse):
+                self._refuse(cause.status, cause.error, cause.detail)
+            else:
+                raise
+            return
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "Bad request syntax", "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserError as exc:
+            status, error, detail = classify_parse_error(self._head_prefix, exc)
+            self._refuse(status, error, detail)
+            return
+        if self._awaiting_head and self._head_bytes > self.limits.max_head_bytes:
+            self._refuse(431, "Request header fields too large",
+                         f"request head longer than {self.limits.max_head_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._awaiting_head = True
+        self._header_count = 0
+        self._arm_head_timer()
+        self.scope["extensions"] = {EDGE_EXTENSION: self}  # type: ignore[dict-item]  # ASGI allows any value
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > self.limits.max_header_line:
+            raise _Refuse(414, "URI too long", f"request target longer than {self.limits.max_header_line} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            raise _Refuse(431, "Too many headers", f"got more than {self.limits.max_headers} headers")
+        if len(name) + len(value) + 2 > self.limits.max_header_line:
+            raise _Refuse(431, "Line too long", f"a header line is longer than {self.limits.max_header_line} bytes")
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        self._awaiting_head = False
+        self._head_bytes = 0
+        self._head_prefix = b""
+        version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):
+            raise _Refuse(505, f"Invalid HTTP version ({version})", "this server speaks HTTP/1.0 and HTTP/1.1")
+        super().on_headers_complete()
+        # uvicorn closes every HTTP/1.0 connection; `Connection: keep-alive` asks to keep it (RFC 9112 9.3).
+        if version == "1.0" and self.parser.should_keep_alive() and self.cycle is not None:
+            self.cycle.keep_alive = True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._eof and not self.pipeline and self.cycle is not None and self.cycle.response_complete:
+            self._edge_transport.hard_close() if self._edge_transport is not None else None
+
+    # --- answers and closing ---
+
+    def _refuse(self, status: int, error: str, detail: str) -> None:
+        """Answer a head the server will not process, then close (draining unread input)."""
+        self._cancel_head_timer()
+        if self._edge_transport is None or self._done or self._lingering:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._edge_transport.hard_close()  # a response is in progress: no second one on this connection
+            return
+        log.info("refused a request from %s: %d %s", (self.client or ("?",))[0], status, error)
+        self._edge_transport.write(_error_bytes(status, error, detail))
+        self._edge_transport.close()
+
+    def closing(self) -> None:
+        """uvicorn closes the connection: half-close and drain while unread input may still arrive."""
+        transport = self._edge_transport
+        assert transport is not None
+        unread = (self._awaiting_head and self._head_bytes > 0) or (
+            self.cycle is not None and self.cycle.more_body)
+        if not unread or not transport.can_write_eof() or self._done:
+            transport.hard_close()
+            return
+        self._lingering = True
+        with contextlib.suppress(Exception):
+            transport.write_eof()
+            transport.resume_reading()
+        self._linger_timer = self.loop.call_later(self.limits.linger_s, transport.hard_close)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's contract
+        """A half-closed client (it sent everything, then shut down writing) still gets every answer."""
+        if self._lingering or self._done:
+            return None
+        busy = self.pipeline or (self.cycle is not None and not self.cycle.response_complete)
+        if not busy:
+            return None
+        self._eof = True
+        if self.cycle is not None and self.cycle.more_body:
+            # The body will never be completed: let the app see what arrived (it answers "incomplete body").
+            self.cycle.more_body = False
+            self.cycle.message_event.set()
+        return True
+
+    def send_400_response(self, msg: str) -> None:  # uvicorn's plain-text 400, replaced by the JSON answer
+        self._refuse(400, "Bad request syntax", msg)
+
+
+def _edge_protocol(limits: EdgeLimits) -> tuple[type[EdgeProtocol], UnauthenticatedConnections]:
+    guard = UnauthenticatedConnections(limits.max_unauthenticated)
+    protocol = type("ServerEdgeProtocol", (EdgeProtocol,), {"limits": limits, "guard": guard})
+    return protocol, guard
+
+
+# --- the ASGI app ----------------------------------------------------------------------------------------
+
+
+def _json_response(response: Response) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    body = json.dumps(response.body, ensure_ascii=True).encode("ascii")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii")),
+               (b"cache-control", b"no-store")]
+    if response.close:
+        headers.append((b"connection", b"close"))
+    return headers, body
+
+
+async def _read_body(receive: Receive, length: int, timeout_s: float) -> bytes:
+    """Exactly `length` bytes of the request body, or ApiError 400 (short) / 408 (too slow)."""
+    chunks: list[bytes] = []
+    received = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while received < length:
+                message = await receive()  # immediate when the body came with the head (the usual case)
+                if message["type"] != "http.request":
+                    break
+                chunk = message.get("body", b"")
+                chunks.append(chunk)
+                received += len(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        raise ApiError(408, "request timeout", f"body not received within {timeout_s:g} s", close=True) from None
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if len(body) < length:
+        raise ApiError(400, "incomplete body", f"got {len(body)} of {length} bytes", close=True)
+    return body[:length]
+
+
+class GroupCommit:
+    """Reports that are ready in the same event-loop turn are stored in one SQLite transaction.
+
+    Each request still gets its own answer (a write that is refused or fails alone does not affect the
+    others: a savepoint each), but the COMMIT, which is most of a small write's cost, is paid once per
+    turn. Every answer is sent only after that COMMIT: a 2xx still means "in the database".
+    """
+
+    def __init__(self, api: ControllerApi):
+        self.api = api
+        self._queue: list[tuple[Request, BodyNeeded, bytes, asyncio.Future[Response]]] = []
+        self._scheduled = False
+        self.flushes = 0
+        self.writes = 0
+
+    def finish(self, request: Request, step: BodyNeeded, body: bytes) -> asyncio.Future[Response]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Response] = loop.create_future()
+        self._queue.append((request, step, body, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)  # after the other requests of this turn queued theirs
+        return future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        batch, self._queue = self._queue, []
+        self.flushes += 1
+        self.writes += len(batch)
+        responses: list[Response] = []
+        try:
+            with self.api.store.group():
+                for request, step, body, _ in batch:
+                    try:
+                        responses.append(self.api.finish(request, step, body))
+                    except Exception:
+                        log.exception("internal error on %s %s", request.method, step.action)
+                        responses.append(Response(500, {"error": "internal error", "detail": None}, close=True))
+        except sqlite3.Error as exc:
+            log.error("store commit failed for %d reports: %s", len(batch), exc)
+            responses = [Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
+                                  authenticated=True)] * len(batch)
+        for (_, _, _, future), response in zip(batch, responses, strict=True):
+            if not future.done():
+                future.set_result(response)
+
+
+def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_timeout_s) -> ASGIApp:
+    """The controller API as an ASGI app: head -> api.begin -> (body) -> api.finish -> JSON answer."""
+    commits = GroupCommit(api)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        authorization = content_type = transfer_encoding = None
+        lengths: list[str] = []
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"content-length":
+                lengths.append(value.decode("latin-1").strip())
+            elif name == b"transfer-encoding":
+                transfer_encoding = value.decode("latin-1")
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+        query: bytes = scope.get("query_string", b"")
+        target = raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        request = Request(method=scope["method"], target=target, read_body=_no_sync_body,
+                          authorization=authorization, content_type=content_type,
+                          content_lengths=tuple(lengths), transfer_encoding=transfer_encoding)
+        step = api.begin(request)
+        if isinstance(step, BodyNeeded):
+            try:
+                body = await _read_body(receive, step.length, body_timeout_s)
+            except ApiError as exc:
+                response = api.error_response(request, exc)
+            else:
+                response = await commits.finish(request, step, body)
+        else:
+            response = step
+        edge: EdgeProtocol | None = scope.get("extensions", {}).get(EDGE_EXTENSION)
+        if response.authenticated and edge is not None:
+            edge.mark_authenticated()
+        headers, body_bytes = _json_response(response)
+        transport = edge._edge_transport if edge is not None else None
+        if transport is not None:
+            transport.cork()
+        try:
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            await send({"type": "http.response.body", "body": body_bytes})
+        finally:
+            if transport is not None:
+                transport.uncork()
+
+    return app
+
+
+def _no_sync_body(length: int) -> bytes:
+    raise RuntimeError("the ASGI edge reads bodies asynchronously (api.begin/finish)")
+
+
+def build_app(api: ControllerApi, extra_routes: Sequence[BaseRoute] = (), *,
+              body_timeout_s: float = EdgeLimits.body_timeout_s) -> Starlette:
+    """The controller's Starlette app: `extra_routes` first (e.g. the live page at `/`, `/metrics`); every
+    request no route matches goes to the controller API, which answers its own JSON 404/405."""
+    app = Starlette(routes=list(extra_routes))
+    # The API is the router's default, not a catch-all route: a route pattern would not match every path
+    # (`.` stops at a newline in `/api/v1/instances/x%0A/register`), and the API answers its own 404/405.
+    app.router.default = controller_asgi(api, body_timeout_s)
+    app.router.redirect_slashes = False
+    return app
+
+
+# --- the server -----------------------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that tells a waiting thread when it listens (or failed to)."""
+
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets=sockets)
+        finally:
+            self.ready.set()
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """Server TLS context: TLS 1.2+, the certificate chain and key from PEM files (clear error if unusable)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(certfile=str(cert), keyfile=str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use TLS certificate {cert} with key {key}: {exc}") from None
+    return context
 
 
 class ControllerServer:
-    """The controller API on a real socket. `port=0` picks a free port; `url` tells which."""
+    """The controller API on a real socket (uvicorn in a background thread). `port=0` picks a free port;
+    `url` tells which. `extra_routes` are mounted before the API (see build_app)."""
 
     def __init__(self, store: ControllerStore, secret: bytes, admin_token: str | None, host: str = "127.0.0.1",
                  port: int = 0, *, allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-                 request_timeout: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS,
-                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False):
+                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False,
+                 limits: EdgeLimits | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
+                 extra_routes: Iterable[BaseRoute] = ()):
         self.api = ControllerApi(store, secret, admin_token, allow_open_reads=allow_open_reads,
                                  max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim)
         self.host, self.port = host, port
-        self.request_timeout = request_timeout
-        self.max_connections = max_connections
-        self._server: _HttpServer | None = None
+        self.limits = limits or EdgeLimits()
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+        if tls_cert is not None and tls_key is not None:
+            tls_context(tls_cert, tls_key)  # a clear error now rather than a dead server thread later
+        self._tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
+        self.app = build_app(self.api, list(extra_routes), body_timeout_s=self.limits.body_timeout_s)
+        self.protocol, self.guard = _edge_protocol(self.limits)
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
 
     @property
     def url(self) -> str:
-        if self._server is None:
+        if self._socket is None:
             raise RuntimeError("controller server is not started")
-        host, port = self._server.server_address[:2]
-        host = host.decode() if isinstance(host, bytes) else host
+        host, port = self._socket.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}"
+        return f"{'https' if self._tls else 'http'}://{shown}:{port}"
+
+    def _bind(self) -> socket.socket:
+        info = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if info[0] == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(info[4])
+            sock.listen(self.limits.backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def start(self) -> ControllerServer:
         if self._server is not None:
             return self
-        self._server = _HttpServer((self.host, self.port), self.api, self.request_timeout, self.max_connections)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="controller-http", daemon=True)
-        self._thread.start()
+        sock = self._bind()
+        tls: dict[str, Any] = {} if self._tls is None else {"ssl_certfile": str(self._tls[0]),
+                                                              "ssl_keyfile": str(self._tls[1])}
+        config = uvicorn.Config(
+            self.app, http=self.protocol, loop="uvloop", lifespan="off", log_config=None, access_log=False,
+            server_header=False, headers=[("Server", SERVER_NAME)], backlog=self.limits.backlog,
+            timeout_keep_alive=int(max(1, self.limits.keep_alive_s)),
+            timeout_graceful_shutdown=int(max(1, self.limits.graceful_shutdown_s)), proxy_headers=False, **tls)
+        server = _Server(config)
+        thread = threading.Thread(target=self._run, args=(server, sock), name="controller-http", daemon=True)
+        self._server, self._thread, self._socket = server, thread, sock
+        thread.start()
+        if not server.ready.wait(timeout=30) or not server.started:
+            self.stop()
+            raise OSError(f"controller server did not start on {self.host}:{self.port}")
         log.info("controller listening on %s", self.url)
         return self
 
+    @staticmethod
+    def _run(server: _Server, sock: socket.socket) -> None:
+        import uvloop
+
+        try:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(server.serve(sockets=[sock]))
+        except BaseException:
+            log.exception("controller server stopped with an error")
+        finally:
+            server.ready.set()
+
     def serve_forever(self) -> None:
-        """Run in the calling thread until stop() is called from another (the CLI's signal handler)."""
+        """Run until stop() is called from another thread (the CLI's signal handler)."""
         self.start()
         assert self._thread is not None
         self._thread.join()
 
     def stop(self) -> None:
-        server, thread = self._server, self._thread
+        server, thread, sock = self._server, self._thread, self._socket
         if server is None:
             return
-        server.shutdown()
-        server.close_all_connections()
-        server.server_close()
+        server.should_exit = True
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=10)
+            thread.join(timeout=self.limits.graceful_shutdown_s + 10)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
         self._server = self._thread = None
 
     def __enter__(self) -> ControllerServer:
