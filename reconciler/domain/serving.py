@@ -224,9 +224,9 @@ def _degraded(report: InstanceReport, pool: PoolSpec, settings: ServingSettings,
         gpu = f"; GPU {max(temps):g} C"  # type: ignore[type-var]
         if clocks and all(_num(c) is not None for c in clocks[0]):
             gpu += f", SM clock {clocks[0][0]:g}/{clocks[0][1]:g} MHz"
-    reason = (f"degraded {pph:.1f}/h < {threshold:.1f}/h (min {pool.min_rate_proofs_per_hour:g}/h - "
-              f"{settings.degraded_margin:.0%}) for {minutes:.0f} min while serving: {rate.completed} proofs in "
-              f"{rate.busy_s / 60:.0f} busy min{gpu}")
+    reason = (f"degraded: serving: {pph:.1f}/h < {threshold:.1f}/h (min {pool.min_rate_proofs_per_hour:g}/h - "
+              f"{settings.degraded_margin:.0%}) for {minutes:.0f} min: {rate.completed} proofs in "
+              f"{rate.busy_s / 60:.1f} busy min{gpu}")
     evidence = {
         "stage": "serving", "proofs_per_hour": round(pph, 2), "threshold_proofs_per_hour": round(threshold, 2),
         "window_minutes": settings.window_minutes, "below_since": format_time(health.below_since),
@@ -248,10 +248,10 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
         blame, cause = "marketplace", None
     silent_min = (now - last).total_seconds() / 60
     if failure_message is not None:
-        reason = f"lost while serving: {cause}"
+        reason = f"lost: serving: {cause}"
     else:
-        reason = (f"lost: no heartbeat for {silent_min:.0f} min (> {settings.lost_after_minutes:g} min) while "
-                  "serving" + (f": {cause}" if cause else "; the marketplace's host went silent"))
+        reason = (f"lost: serving: no heartbeat for {silent_min:.0f} min (> {settings.lost_after_minutes:g} min)"
+                  + (f": {cause}" if cause else "; the marketplace's host went silent"))
     evidence = {"stage": "serving", "last_signal": format_time(last), "silent_minutes": round(silent_min, 1),
                 "lost_after_minutes": settings.lost_after_minutes,
                 "log_tail": redact_lines(list(tail)[-EVIDENCE_LOG_LINES:])}
@@ -374,9 +374,9 @@ def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSe
     if check is None or check.best_case_proofs_per_hour >= pool.min_rate_proofs_per_hour:
         return None
     best = min(check.measured)
-    reason = (f"{EARLY} best case {check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h "
-              f"after {len(check.measured)} measured of {check.requested} proofs (best {best:.1f} s/proof, -j "
-              f"{check.concurrency}); ended early: saved ~{check.saved_minutes:.1f} min, <= "
+    reason = (f"{EARLY}: benchmark after {len(check.measured)} measured of {check.requested} proofs: best case "
+              f"{check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h (best {best:.1f} "
+              f"s/proof, -j {check.concurrency}); ended early: saved ~{check.saved_minutes:.1f} min, <= "
               f"${check.saved_usd_at_most:.2f}")
     evidence = {
         "stage": "admission", "early": {

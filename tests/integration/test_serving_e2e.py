@@ -249,7 +249,7 @@ def test_a_machine_that_slows_down_while_serving_is_degraded_recorded_and_replac
     record = world.records().machines["m-fast"]
     entry = record.benchmarks[-1]
     assert (record.status, entry.verdict, entry.blame, entry.stage) == ("bad", "degraded", "machine", "serving")
-    assert entry.reason.startswith("degraded ") and entry.evidence["window"]["completed"] >= 0
+    assert entry.reason.startswith("degraded: serving: ") and entry.evidence["window"]["completed"] >= 0
     assert entry.expires_at is not None  # expires by blame (machine: 720 h here)
     assert any("degraded" in s for s in world.commit_subjects())
     # The directive stops serving; the provisioner replaces the slot with the spare machine.

@@ -78,7 +78,7 @@ def test_degraded_only_after_staying_below_for_the_whole_period() -> None:
     report = serving_report("i-1", [*slow, 2, 2])  # heartbeats up to 120: 35 min below
     verdict = judge_serving(report, POOL, SERVING, at(121), fleet_last_signal=at(121))
     assert verdict is not None and verdict.verdict == "degraded" and verdict.blame == "machine" and verdict.marks_bad
-    assert verdict.reason.startswith("degraded 24.0/h < 26.1/h (min 29/h - 10%) for 35 min while serving")
+    assert verdict.reason.startswith("degraded: serving: 24.0/h < 26.1/h (min 29/h - 10%) for 35 min")
     assert verdict.evidence["stage"] == "serving" and verdict.evidence["window"]["completed"] == 20
 
 
@@ -223,7 +223,7 @@ def test_directives_follow_the_records() -> None:
     got = directives([waiting, ok, slow], RecordSet(machines=decision.machine_records), SERVING, at(65))
     assert got["i-wait"].action == "wait"
     assert (got["i-ok"].action, got["i-ok"].verdict, got["i-ok"].heartbeat_s) == ("serve", "ok", 300.0)
-    assert got["i-slow"].action == "stop" and got["i-slow"].reason.startswith("below-min-rate 20.0/h")
+    assert got["i-slow"].action == "stop" and got["i-slow"].reason.startswith("below-min-rate")
 
 
 # --- expiry and probation -------------------------------------------------------------------------------
