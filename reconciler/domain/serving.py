@@ -441,7 +441,10 @@ def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: 
         if report.destroyed_at is not None:
             continue
         mine = entries.get(report.instance_id, [])
-        failing = next((b for b in reversed(mine) if b.verdict != "ok"), None)
+        # A serving verdict held by a guard (kill budget) keeps the machine serving: stopping it would leave
+        # the slot idle without a replacement. A failed admission never serves.
+        failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)),
+                       None)
         machine = machine_of.get(report.instance_id)
         if failing is not None:
             out[report.instance_id] = Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)

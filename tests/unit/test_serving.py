@@ -207,9 +207,13 @@ def test_kill_budget_holds_serving_verdicts_too() -> None:
         "i-old", "2026-12-02T18:30:00Z", "below-min-rate", "machine", True, "slow", pool="rtx-pro-4000"),)),
         "40213": MachineRecord("40213", "ok", benchmarks=(BenchmarkEntry(
             "i-1", "2026-12-02T19:05:00Z", "ok", "none", False, "ok", pool="rtx-pro-4000"),))})
-    decision = decide(spec, [serving_report("i-1", [2] * 12)], records, {"i-1"}, None, at(126))
+    report = serving_report("i-1", [2] * 12)
+    decision = decide(spec, [report], records, {"i-1"}, None, at(126))
     (verdict,) = decision.recorded
     assert verdict.verdict == "degraded" and verdict.held_by == "kill-budget" and not verdict.marks_bad
+    # Held: recorded, but the machine keeps serving (stopping it would leave the slot idle, unreplaced).
+    after = RecordSet(machines={**records.machines, **decision.machine_records})
+    assert directives([report], after, SERVING, at(126))["i-1"].action == "serve"
 
 
 # --- directives -----------------------------------------------------------------------------------------
