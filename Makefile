@@ -38,6 +38,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check reconciler infra tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/actionlint .github/workflows/*.yml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

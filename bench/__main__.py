@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import bench_git, bench_ingest, bench_pass, bench_ranking
+from bench import bench_git, bench_ingest, bench_pass, bench_program, bench_ranking, bench_records
 from bench.common import Figure
 
 BENCHES: dict[str, Callable[[], list[Figure]]] = {
@@ -24,6 +24,8 @@ BENCHES: dict[str, Callable[[], list[Figure]]] = {
     "git": bench_git.run,
     "ingest": bench_ingest.run,
     "ranking": bench_ranking.run,
+    "program": bench_program.run,
+    "records": bench_records.run,
 }
 RESULTS = Path(__file__).with_name("results.md")
 NOTES = Path(__file__).with_name("notes.md")

@@ -23,7 +23,7 @@ from reconciler.adapters.record_files import render_machine_record
 SIZES = (1_000, 10_000)
 #: Machines in the fleet: (a) a steady fleet: only history grows; (b) the fleet grows with it (more record files).
 SCENARIOS = ((1_000, "steady fleet of 1,000 machines"), (3_000, "fleet growing to 3,000 machines"))
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.3  # issue 16: commit+push growth 1k -> 10k commits in a growing fleet
 _ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
 
 
@@ -144,7 +144,7 @@ def _scenario(fleet_machines: int, label: str, repeats: int) -> list[Figure]:
         ratio = medians[SIZES[-1]] / medians[SIZES[0]]
         figures.append(Figure(f"commit time growth 1k -> 10k record commits ({label})", ratio, "x",
                               f"{medians[SIZES[0]]:.3f} s -> {medians[SIZES[-1]]:.3f} s",
-                              target=f"< {TARGET_RATIO:g}x", passed=ratio < TARGET_RATIO))
+                              target=f"<= {TARGET_RATIO:g}x", passed=ratio <= TARGET_RATIO))
     return figures
 
 

@@ -9,8 +9,10 @@ Readers (`trailer_values`, `history_for_machine`) answer "what was judged, and w
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -264,28 +266,49 @@ class GitStore:
         return backoff_delay(retry, self.base_delay_s, self.max_delay_s, self._rng.random())
 
     def _commit(self, request: CommitRequest) -> str | None:
+        """Write the changed files, then commit them with plumbing: one `git update-index` for exactly the
+        changed paths, `write-tree` (the index's cache-tree: only the changed directories are rehashed),
+        `commit-tree` and `update-ref` against the parent we built on. Porcelain `git add` per file plus
+        `git commit` re-examined the whole work tree on every pass, a cost that grew with the fleet."""
         _check_request(request)
-        with self._repo.git.custom_environment(GIT_LITERAL_PATHSPECS="1"):
-            root = self._workdir.resolve()
-            for change in request.changes:
-                target = self._workdir / change.path
-                if not target.parent.resolve().is_relative_to(root):  # a committed symlink must not lead out
-                    raise GitStoreError(f"file path {change.path!r} leads outside the repository via a symlink")
-                if change.content is None:
-                    target.unlink(missing_ok=True)
-                    self._repo.git.rm("--cached", "--quiet", "--ignore-unmatch", "--", change.path)
-                else:
-                    try:
-                        write_text_atomic(target, change.content)
-                    except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
-                        raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
-                    self._repo.git.add("--", change.path)
-            if not self._repo.git.diff("--cached", "--name-only"):
-                return None
-            with self._repo.git.custom_environment(GIT_AUTHOR_NAME=BOT_NAME, GIT_AUTHOR_EMAIL=BOT_EMAIL,
-                                                   GIT_COMMITTER_NAME=BOT_NAME, GIT_COMMITTER_EMAIL=BOT_EMAIL):
-                self._repo.git.commit("--quiet", "--no-verify", "--cleanup=whitespace", "-m", request.message())
-        return self.head()
+        root = self._workdir.resolve()
+        for change in request.changes:
+            target = self._workdir / change.path
+            if not target.parent.resolve().is_relative_to(root):  # a committed symlink must not lead out
+                raise GitStoreError(f"file path {change.path!r} leads outside the repository via a symlink")
+            if change.content is None:
+                target.unlink(missing_ok=True)
+            else:
+                try:
+                    write_text_atomic(target, change.content)
+                except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
+                    raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
+        if request.changes:  # --remove: a path whose file is gone leaves the index
+            self._plumbing(["update-index", "--add", "--remove", "-z", "--stdin"],
+                           "".join(f"{c.path}\0" for c in request.changes))
+        tree = self._plumbing(["write-tree"]).strip()
+        parent = self._plumbing(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"], check=False).strip()
+        if parent and tree == self._plumbing(["rev-parse", f"{parent}^{{tree}}"]).strip():
+            return None  # nothing changed: no empty commits
+        identity = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+                    "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
+        sha = self._plumbing(["commit-tree", tree, *(["-p", parent] if parent else [])],
+                             _clean_message(request.message()), env=identity).strip()
+        # Against the parent we built on: if HEAD moved meanwhile, fail rather than drop a commit.
+        self._plumbing(["update-ref", "-m", f"commit: {request.summary.strip()}", "HEAD", sha,
+                        parent or "0" * 40])
+        return sha
+
+    def _plumbing(self, args: list[str], stdin: str | None = None, *, env: Mapping[str, str] | None = None,
+                  check: bool = True) -> str:
+        """One git plumbing command in the work tree (literal pathspecs, no prompts); GitStoreError on failure."""
+        proc = subprocess.run(["git", *args], cwd=self._workdir, input=stdin, capture_output=True, text=True,
+                              check=False, env={**os.environ, "GIT_LITERAL_PATHSPECS": "1", "GIT_TERMINAL_PROMPT": "0",
+                                                **(env or {})})
+        if check and proc.returncode != 0:
+            raise GitStoreError(f"git {args[0]} failed in {self._workdir}: "
+                                f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+        return proc.stdout
 
     def _push(self) -> None:
         refspec = f"refs/heads/{self.branch}:refs/heads/{self.branch}"
@@ -386,6 +409,19 @@ class GitStore:
                 from None
 
 
+def _clean_message(text: str) -> str:
+    """What `git commit --cleanup=whitespace` makes of a message: trailing spaces and leading, trailing and
+    repeated blank lines removed, one final newline."""
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if line or (out and out[-1]):
+            out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
 def parse_trailers(text: str) -> dict[str, tuple[str, ...]]:
     """`Key: value` lines -> {key: (values in order)}; a commit may name several machines."""
     out: dict[str, list[str]] = {}
@@ -401,3 +437,106 @@ def _git_error(exc: Exception) -> str:
         text = exc.stderr.strip() if isinstance(exc.stderr, str) else str(exc.stderr)
         return text.removeprefix("stderr:").strip().strip("'").strip() or f"exit {exc.status}"
     return str(exc)
+
+
+# --- the audit trail without gitpython -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MachineTrail:
+    """What `git log` says about one machine's record on a ref: its verdict commits (newest first, each with
+    the record as of that commit), the newest commit that touched the record, and the record at the ref."""
+
+    workdir: Path
+    verdicts: tuple[VerdictCommit, ...]
+    last_change: LastChange | None
+    current_text: str | None
+
+
+class GitReader:
+    """Read-only audit queries through plain `git` (no gitpython, no tree parsing in Python).
+
+    `machine_trail` runs one path-limited `git log` (only the commits that touched the machine's record file,
+    with their trailers and the record's blob id) and one `git cat-file --batch` for the record's content at
+    each of them: two processes however long the history (gitpython parsed a tree per commit: ~47 ms each).
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+
+    @classmethod
+    def discover(cls, path: Path) -> GitReader:
+        """The reader of the checkout containing `path`; GitStoreError if there is none."""
+        try:
+            proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True,
+                                  text=True, check=False, env=_plain_git_env())
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise GitStoreError(f"{path} is not inside a git checkout (use --repo): {exc}") from None
+        top = proc.stdout.strip()
+        if proc.returncode != 0 or not top:
+            raise GitStoreError(f"{path} is not inside a git checkout (use --repo)")
+        return cls(Path(top))
+
+    def _run(self, args: list[str], stdin: bytes | None = None) -> bytes:
+        proc = subprocess.run(["git", *args], cwd=self.workdir, input=stdin, capture_output=True, check=False,
+                              env=_plain_git_env())
+        if proc.returncode != 0:
+            detail = proc.stderr.decode("utf-8", errors="replace").strip()
+            raise GitStoreError(f"git {args[0]} failed in {self.workdir}: {detail or f'exit {proc.returncode}'}")
+        return proc.stdout
+
+    def machine_trail(self, machine_id: str, *, ref: str = "HEAD", spec_dir: str = "fleet-spec") -> MachineTrail:
+        record_path = check_repo_path(f"{spec_dir}/machines/{machine_id}.yaml")
+        if ref.startswith("-"):
+            raise GitStoreError(f"ref {ref!r} is not a revision")
+        fmt = f"--format={_RS}%H{_FS}%cI{_FS}%an <%ae>{_FS}%s{_FS}%(trailers:only,unfold){_FS}"
+        out = self._run(["log", fmt, "--raw", "--no-abbrev", "--no-renames", ref, "--", record_path])
+        rows = []
+        for chunk in out.decode("utf-8", errors="replace").split(_RS):
+            if not chunk.strip():
+                continue
+            sha, date, author, summary, trailer_text, raw = chunk.split(_FS, 5)
+            blob, status = None, ""
+            for line in raw.splitlines():  # ":100644 100644 <old> <new> M\t<path>"
+                meta, _, path = line.partition("\t")
+                parts = meta.split()
+                if path == record_path and len(parts) >= 5:
+                    blob, status = parts[3], parts[4]
+            rows.append((sha, date, author, summary, parse_trailers(trailer_text), blob, status))
+        wanted = [f"{ref}:{record_path}"] + [blob for *_, blob, status in rows if blob and not status.startswith("D")]
+        texts = self._cat_blobs(wanted)
+        current = texts.get(f"{ref}:{record_path}")
+        verdicts = tuple(
+            VerdictCommit(sha, date, author, summary, trailers,
+                          None if blob is None or status.startswith("D") else texts.get(blob))
+            for sha, date, author, summary, trailers, blob, status in rows
+            if machine_id in trailers.get("Fleet-Machine", ()))
+        last = None
+        if rows:
+            sha, date, author, summary, _, blob, status = rows[0]
+            deleted = status.startswith("D") or (blob is None and current is None)
+            last = LastChange(sha, date, author, summary, deleted)
+        return MachineTrail(self.workdir, verdicts, last, current)
+
+    def _cat_blobs(self, names: list[str]) -> dict[str, str]:
+        """`git cat-file --batch` for every object name at once; names git does not have are left out."""
+        out: dict[str, str] = {}
+        if not names:
+            return out
+        data = self._run(["cat-file", "--batch"], stdin="".join(f"{n}\n" for n in names).encode())
+        pos = 0
+        for name in names:
+            end = data.index(b"\n", pos)
+            header = data[pos:end].decode("utf-8", errors="replace")
+            pos = end + 1
+            if header.endswith(" missing") or header.endswith(" ambiguous"):
+                continue
+            size = int(header.rsplit(" ", 1)[1])
+            out[name] = data[pos:pos + size].decode("utf-8", errors="replace")
+            pos += size + 1  # the content is followed by a newline
+        return out
+
+
+def _plain_git_env() -> dict[str, str]:
+    """The environment for read-only git: no pager, no prompts, English messages."""
+    return {**os.environ, "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}

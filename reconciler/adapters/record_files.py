@@ -7,6 +7,7 @@ atomically. Git is elsewhere (`reconciler.adapters.git`).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -16,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import jsonschema
 import yaml
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters import record_codec
 from reconciler.domain.records import (
     _SAFE_ID,
     IMAGES_DIR,
@@ -35,6 +36,9 @@ from reconciler.domain.records import (
     check_machine_id,
 )
 
+if TYPE_CHECKING:
+    import jsonschema
+
 # --- files ---------------------------------------------------------------------------------------------
 
 # libyaml parses and emits a 17 KB record ~8x faster than pure-Python PyYAML; the results are the same
@@ -46,7 +50,15 @@ _YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDump
 
 @cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
+    import jsonschema  # ~0.1 s to import: only when a record fails the compiled check (for the messages)
+
     return jsonschema.Draft202012Validator(json.loads((SCHEMA_DIR / name).read_text()))
+
+
+@cache
+def _fast_check(name: str) -> Callable[[Any], bool] | None:
+    """The schema compiled once into a plain check (None if it uses a keyword the compiler lacks)."""
+    return record_codec.compile_schema(json.loads((SCHEMA_DIR / name).read_text()))
 
 
 
@@ -67,7 +79,8 @@ def _dump(doc: dict[str, Any]) -> str:
 
 
 def render_machine_record(record: MachineRecord) -> str:
-    return _HEADER + _dump(record.to_yaml_dict())
+    """The record file: its own fields as block YAML, then one benchmark entry per line (record_codec)."""
+    return record_codec.render_record(_HEADER, record.to_yaml_dict())
 
 
 def render_image_record(record: ImageSuspectRecord) -> str:
@@ -76,6 +89,9 @@ def render_image_record(record: ImageSuspectRecord) -> str:
 
 
 def _schema_errors(doc: Any, schema: str, file: Path) -> list[str]:
+    fast = _fast_check(schema)
+    if fast is not None and fast(doc):  # equal to jsonschema's is_valid (tests/unit/test_record_codec.py)
+        return []
     out = []
     for err in sorted(_validator(schema).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
@@ -85,6 +101,10 @@ def _schema_errors(doc: Any, schema: str, file: Path) -> list[str]:
 
 def _load_yaml(text: str, file: Path) -> Any:
     """The YAML document in `text`, or RecordError naming the file (never another exception)."""
+    try:
+        return record_codec.parse_fast(text)
+    except record_codec.NotFast:
+        pass
     try:
         _refuse_aliases(text, file)
         return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (CSafeLoader or SafeLoader)
@@ -120,19 +140,31 @@ def _refuse_aliases(text: str, file: Path) -> None:
                           "write the values out")
 
 
-def parse_machine_record(text: str, file: Path) -> MachineRecord:
+def parse_machine_record(text: str, file: Path, *, check_name: bool = True) -> MachineRecord:
+    """The record in `text` (read from `file`). `check_name=False`: the caller checks the file name itself
+    (`check_record_name`), as the record index does (it parses a blob once for whatever name it has)."""
+    doc = parse_machine_doc(text, file)
+    if check_name:
+        check_record_name(doc["machine_id"], file)
+    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
+    return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
+                         gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+
+
+def parse_machine_doc(text: str, file: Path) -> dict[str, Any]:
+    """The schema-checked document of a machine record (machine_id as a string), or RecordError."""
     doc = _load_yaml(text, file)
     if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
         doc["machine_id"] = str(doc["machine_id"])
     errors = _schema_errors(doc, "machine-record.schema.json", file)
     if errors:
         raise RecordError("; ".join(errors))
-    if file.stem != doc["machine_id"]:
-        raise RecordError(f"{file}: $.machine_id: {doc['machine_id']!r} does not match the file name "
-                          f"{file.name!r}")
-    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
-    return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
-                         gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+    return cast(dict[str, Any], doc)
+
+
+def check_record_name(machine_id: str, file: Path) -> None:
+    if file.stem != machine_id:
+        raise RecordError(f"{file}: $.machine_id: {machine_id!r} does not match the file name {file.name!r}")
 
 
 def _str_or_none(v: Any) -> str | None:
@@ -266,6 +298,24 @@ def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> Reco
     unreadable: set[str] = set()
     if cache is not None:
         cache.begin()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a bulk parse allocates millions of objects that all stay alive: cyclic GC passes are waste
+    try:
+        _load_into(spec_dir, cache, machines, images, problems, unreadable)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    if cache is not None:
+        cache.end()
+        if cache.parsed > 1000:
+            # The loop keeps these records for its lifetime: out of the collector's generations, later
+            # collections do not walk them again (objects still go when nothing refers to them).
+            gc.freeze()
+    return RecordSet(machines, images, tuple(problems), frozenset(unreadable))
+
+
+def _load_into(spec_dir: Path, cache: RecordCache | None, machines: dict[str, MachineRecord],
+               images: dict[str, ImageSuspectRecord], problems: list[str], unreadable: set[str]) -> None:
     for file in _yaml_files(spec_dir / MACHINES_DIR, problems):
         try:
             rec = _read_record(file, parse_machine_record, cache)
@@ -282,9 +332,6 @@ def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> Reco
             problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
             continue
         images[img.image_digest] = img
-    if cache is not None:
-        cache.end()
-    return RecordSet(machines, images, tuple(problems), frozenset(unreadable))
 
 
 def write_text_atomic(path: Path, text: str) -> None:

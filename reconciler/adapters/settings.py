@@ -26,6 +26,7 @@ VAST_API_KEY_ENV = "VAST_API_KEY"
 IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
 WEBHOOK_URL_ENV = "FLEET_WEBHOOK_URL"
 CI_ENV = "CI"
+CACHE_HOME_ENV = "XDG_CACHE_HOME"
 
 #: Every variable the package reads, with what it is for (README and `fleet --help` list these).
 ENVIRONMENT = {
@@ -36,6 +37,7 @@ ENVIRONMENT = {
     IMAGE_DIGEST_ENV: "desired worker image digest sha256:<hex> (stale-image checks)",
     WEBHOOK_URL_ENV: "webhook URL for verdicts, breaker trips, spend cap, orphans (a secret)",
     CI_ENV: "true/1 in CI: `fleet demo` never waits for Ctrl-C there",
+    CACHE_HOME_ENV: "where the record index of a spec directory outside git is kept (default ~/.cache)",
 }
 
 
@@ -78,6 +80,7 @@ class Settings:
     image_digest: str | None = None
     webhook_url: Secret | None = None
     ci: bool = False
+    cache_home: Path | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -88,9 +91,11 @@ class Settings:
             return Secret(value, f"${name}") if value else None
 
         digest = env.get(IMAGE_DIGEST_ENV, "").strip() or None
+        cache_home = env.get(CACHE_HOME_ENV, "").strip()
         return cls(controller_secret=secret(CONTROLLER_SECRET_ENV), admin_token=secret(ADMIN_TOKEN_ENV),
                    read_token=secret(READ_TOKEN_ENV), vast_api_key=secret(VAST_API_KEY_ENV), image_digest=digest,
-                   webhook_url=secret(WEBHOOK_URL_ENV), ci=env.get(CI_ENV, "").strip().lower() in ("true", "1"))
+                   webhook_url=secret(WEBHOOK_URL_ENV), ci=env.get(CI_ENV, "").strip().lower() in ("true", "1"),
+                   cache_home=Path(cache_home) if cache_home else None)
 
 
 WEBHOOK_ENV_PREFIX = "FLEET_WEBHOOK_"
@@ -101,6 +106,13 @@ def webhook_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
     `reconciler.adapters.webhooks.targets_from_env`. The URLs are secrets: never print this mapping."""
     env = os.environ if environ is None else environ
     return {k: v for k, v in env.items() if k.startswith(WEBHOOK_ENV_PREFIX)}
+
+
+def named_secret(name: str, environ: Mapping[str, str] | None = None) -> Secret | None:
+    """A secret held in an environment variable the spec names (e.g. a webhook's `url_env`)."""
+    env = os.environ if environ is None else environ
+    value = env.get(name, "").strip()
+    return Secret(value, f"${name}") if value else None
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:

@@ -38,7 +38,9 @@ from reconciler.domain.slots import (
     SlotInputError,
     SlotInputs,
     SlotOutputs,
+    broad_query,
     describe_constraints,
+    describe_shortfall,
     new_nonce,
     slot_diff,
     worker_env,
@@ -77,9 +79,10 @@ class SlotProvider:
         offers = self.marketplace.search_offers(query)
         ranked = rank_offers(offers, inputs.pool, inputs.measured, inputs.priors, inputs.bad_machine_ids)
         if not ranked:
-            raise NoOfferError(f"slot {inputs.slot}: no offer fits pool {inputs.pool.name} "
-                               f"({describe_constraints(inputs.pool)}; {len(inputs.bad_machine_ids)} bad machine(s) "
-                               f"excluded; market returned {len(offers)} offer(s)); will retry on the next apply")
+            raise NoOfferError(f"slot {inputs.slot}: no offer fits pool {inputs.pool.name}: "
+                               f"{self._shortfall(inputs)} (pool wants {describe_constraints(inputs.pool)}; "
+                               f"{len(inputs.bad_machine_ids)} bad machine(s) excluded); will retry on the next "
+                               "apply (under Pulumi: the hourly `pulumi up`)")
         instance_id = f"{inputs.slot}-{self._nonce()}"
         token = instance_token(self._secret, instance_id)
         errors: list[str] = []
@@ -105,6 +108,15 @@ class SlotProvider:
                 expected_proofs_per_hour=candidate.expected_proofs_per_hour, ranking_basis=candidate.basis,
                 created_at=self._clock())
         raise PermanentMarketplaceError(f"slot {inputs.slot}: every candidate offer was refused: " + "; ".join(errors))
+
+    def _shortfall(self, inputs: SlotInputs) -> str:
+        """What the market lacked, from a second, broad search (GPU model only). Best effort: a failed look
+        must not hide the NoOffer itself."""
+        try:
+            return describe_shortfall(inputs.pool, inputs.bad_machine_ids,
+                                      self.marketplace.search_offers(broad_query(inputs.pool)))
+        except MarketplaceError as exc:
+            return f"could not look at the market more broadly ({exc})"
 
     def diff(self, old: SlotOutputs, new: SlotInputs) -> SlotDiff:
         return slot_diff(old, new)

@@ -27,12 +27,14 @@ from reconciler.domain.spec import (
     FleetSpec,
     ImageSettings,
     KillBudgetSettings,
+    NotificationSettings,
     ParamsSettings,
     PoolSpec,
     RecordExpirySettings,
     ServingSettings,
     SpecError,
     SpecProblem,
+    WebhookSettings,
 )
 
 SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
@@ -181,6 +183,16 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         add(("serving", "degraded_after_minutes"),
             f"got {after}, expected at least serving.heartbeat_minutes ({heartbeat}): a single heartbeat would "
             "be a verdict", "warning")
+    notifications: dict[str, Any] = doc["notifications"] if isinstance(doc.get("notifications"), dict) else {}
+    hooks: list[Any] = notifications["webhooks"] if isinstance(notifications.get("webhooks"), list) else []
+    named: dict[str, int] = {}
+    for i, hook in enumerate(hooks):
+        name = hook.get("name") if isinstance(hook, dict) else None
+        if isinstance(name, str):
+            if name in named:
+                add(("notifications", "webhooks", i, "name"),
+                    f"webhook {name!r} is named twice (also webhooks[{named[name]}]); names must be unique")
+            named.setdefault(name, i)
     return problems
 
 
@@ -244,6 +256,10 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         early_verdict=EarlyVerdictSettings(**doc.get("early_verdict", {})),
         record_expiry=_record_expiry(doc.get("record_expiry", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
+        notifications=NotificationSettings(webhooks=tuple(
+            WebhookSettings(name=w["name"], url_env=w["url_env"], format=w.get("format", "generic"),
+                            events=tuple(w.get("events", ())))
+            for w in doc.get("notifications", {}).get("webhooks", []))),
         source=source,
         warnings=tuple(warnings),
     )

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from reconciler.domain import errors
-from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, parse_time
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, parse_time
 from reconciler.domain.redact import redact_line, redact_lines
 
 SCHEMA_VERSION = 2
@@ -188,6 +188,11 @@ def _redacted_event(doc: Mapping[str, Any]) -> dict[str, Any]:
 def _redacted_result(doc: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(doc)
     out["log_tail"] = redact_lines(out.get("log_tail", []))
+    if out.get("daemon_log_tail"):
+        out["daemon_log_tail"] = redact_lines(out["daemon_log_tail"])
+    if out.get("proofs"):
+        out["proofs"] = [{**p, "reason": redact_line(p["reason"])} if isinstance(p, Mapping) and p.get("reason")
+                         else p for p in out["proofs"]]
     return out
 
 
@@ -199,7 +204,11 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         exit_code=doc.get("exit_code"), proofs_per_hour=doc.get("proofs_per_hour"),
         seconds_per_proof=doc.get("seconds_per_proof"), proof_type=doc.get("proof_type"),
         concurrency=doc.get("concurrency"), image_digest=doc.get("image_digest"),
-        log_tail=tuple(doc.get("log_tail", ())))
+        log_tail=tuple(doc.get("log_tail", ())),
+        # Protocol additions (issue 13; optional): per-proof results and the daemon's filtered log.
+        proofs=tuple(ProofResult(p["index"], p["label"], p.get("seconds"), p.get("reason"))
+                     for p in doc.get("proofs") or () if isinstance(p, Mapping)),
+        daemon_log=tuple(doc.get("daemon_log_tail") or ()))
 
 
 _INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from reconciler.adapters.controller.client import admin_client_from
 from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace
 from reconciler.adapters.slot_provider import (
     SLOT_STATE_FILE,
@@ -71,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         image = resolve_image(args.backend, args.image, args.image_digest, spec, state_dir)
         secret = read_controller_secret(args.controller_secret_file)
         # With $FLEET_ADMIN_TOKEN set, destroyed instances are reported to the spec's controller.
+        from reconciler.adapters.controller.client import admin_client_from  # httpx: only when applying
+
         notifier = admin_client_from(spec.controller.url)
         provider = SlotProvider(make_marketplace(args, state_dir), secret,
                                 on_destroyed=(lambda out: notifier.mark_destroyed(out.instance_id)) if notifier

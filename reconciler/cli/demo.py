@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import random
@@ -47,7 +46,7 @@ from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs
 from reconciler.domain.status import status_view
-from reconciler.domain.surfaces import CommitLine
+from reconciler.domain.surfaces import CommitLine, LiveSnapshot
 from reconciler.flows.judge import PassResult, run_pass
 from reconciler.flows.provision import ApplyReport, Image, apply_fleet
 from reconciler.render.html import render_html
@@ -92,6 +91,7 @@ class ImageStory:
     root_cause: str | None = None  # the one line that says what broke (printed first)
     held: list[str] = field(default_factory=list)  # machines whose failure the breaker held (not marked bad)
     paused: list[str] = field(default_factory=list)  # apply lines that held a pool back
+    rented_after_trip: list[str] = field(default_factory=list)  # must stay empty: a paused pool rents nothing
     recovered: bool = False
 
 
@@ -248,11 +248,8 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
         spec_dir=workdir / "reconciler" / "fleet-spec", store=store, admin_token=None, read_token=read_token,
         desired_image_digest=None, last_pass_file=None, commits=lambda: _page_commits(workdir / "reconciler"),
         prices=slot_prices(state_path.parent), refresh_s=2.0)
-    options: dict[str, object] = {}
-    if "extra_routes" in inspect.signature(ControllerServer).parameters:
-        options["extra_routes"] = surfaces.routes
     controller = ControllerServer(store, secret, admin_token=secrets.token_hex(16), allow_open_reads=True,
-                                  require_machine_claim=True, **options)  # type: ignore[arg-type]
+                                  require_machine_claim=True, extra_routes=surfaces.routes)
     market: LocalMarketplace | None = None
     provider: SlotProvider | None = None
     try:
@@ -260,9 +257,8 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
         with contextlib.ExitStack() as stack:
             mirror = stack.enter_context(_started(ParamsMirrorServer(workdir / "params-mirror")))
             echo(f"controller API on {controller.url}; params mirror on {mirror.url}")
-            page_url = f"{controller.url}/?token={read_token}" if options else None
-            if page_url:
-                echo(f"live status page: {page_url}")
+            page_url = f"{controller.url}/?token={read_token}"
+            echo(f"live status page: {page_url}")
             spec_text = demo_spec(controller.url, mirror.url, settings.proofs, settings.time_scale)
             origin = init_origin(workdir, spec_text)
             echo(f"git origin {origin}: operator committed {SPEC_PATH}")
@@ -287,7 +283,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
                 outcome.passes, outcome.commits = loop.passes, list(loop.commits)
                 outcome.elapsed_s = loop.clock() - loop.start
             outcome.page_url = page_url
-            _final_report(settings, outcome, ci, store, image, echo)
+            _final_report(settings, outcome, ci, store, image, echo, surfaces.source.snapshot)
             if wait_for_interrupt is not None and settings.wait and page_url:
                 echo(f"live status page stays up at {page_url} - press Ctrl-C to stop the demo")
                 with contextlib.suppress(KeyboardInterrupt):
@@ -404,6 +400,8 @@ def _image_story(settings: DemoSettings, loop: _Loop, good: Image, before: DemoO
     def on_apply(line: str) -> None:
         if "paused" in line or "hold" in line.lower():
             story.paused.append(line)
+        if story.tripped and "rented machine" in line:
+            story.rented_after_trip.append(line)
 
     def judged_everything(result: PassResult, applied: bool) -> bool:
         for v in result.verdicts:
@@ -502,13 +500,14 @@ def _print_pass(result: PassResult, echo: Callable[[str], None]) -> None:
 
 
 def _final_report(settings: DemoSettings, outcome: DemoOutcome, ci: GitStore, store: ControllerStore, image: Image,
-                  echo: Callable[[str], None]) -> None:
+                  echo: Callable[[str], None], snapshot: Callable[[], LiveSnapshot]) -> None:
     ci.sync()
     spec = load_spec(ci.workdir / SPEC_PATH)
     records = load_records(ci.workdir / "fleet-spec")
     view = status_view(spec, records, store.reports(), datetime.now(UTC), desired_image_digest=image.digest)
     page = settings.workdir.resolve() / "status.html"
-    write_text_atomic(page, render_html(view, spec_source=f"origin:{SPEC_PATH}"))
+    # The static export of the live page (same templates), with spend, SLO and the recent commits.
+    write_text_atomic(page, render_html(view, spec_source=f"origin:{SPEC_PATH}", extras=snapshot().extras))
     story = outcome.story
     echo("")
     if story is not None and story.root_cause:

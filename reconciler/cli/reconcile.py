@@ -24,23 +24,12 @@ from typing import TYPE_CHECKING, Any
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
 from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
-from reconciler.domain.records import RecordError, check_image_digest
+from reconciler.cli._shared import desired_digest_arg, last_pass_path
+from reconciler.domain.records import RecordError
 from reconciler.flows.judge import PassResult, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
-
-
-def last_pass_path(workdir: Path) -> Path:
-    """Beside the clone, not in it: the bot's work tree holds only what git tracks."""
-    workdir = Path(workdir)
-    return workdir.parent / f"{workdir.name}.last-pass.json"
-
-
-def desired_digest_arg(value: str | None) -> str | None:
-    """--image-digest, else $FLEET_IMAGE_DIGEST, else None (stale-image checks off)."""
-    value = value if value is not None else settings().image_digest
-    return check_image_digest(value) if value else None
 
 
 def _listen_address(text: str) -> tuple[str, int]:
@@ -177,6 +166,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str | None,
               status_file: Path) -> Surfaces | None:
     """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
+    from reconciler.adapters.spec_files import load_spec
     from reconciler.adapters.webhooks import WebhookConfigError
     from reconciler.cli.controller import ConfigError, load_admin_token
     from reconciler.cli.surfaces import (
@@ -185,18 +175,28 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
         slot_prices,
         webhook_targets,
     )
+    from reconciler.domain.spec import SpecError
 
     try:
+        notifications = load_spec(git.workdir / "fleet-spec" / "fleet.yaml").notifications
+    except SpecError:
+        notifications = None  # the loop stalls and says why; webhooks from the environment still work
+    try:
+        targets, notes = webhook_targets(notifications)
         surfaces = build_surfaces(
             spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
             read_token=_read_token(), desired_image_digest=desired, last_pass_file=status_file,
             commits=lambda: git.recent_commits(15),
             prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
-            refresh_s=args.status_refresh, metrics_open=args.metrics_open,
-            webhook_targets=webhook_targets())
+            refresh_s=args.status_refresh, metrics_open=args.metrics_open, webhook_targets=targets,
+            secure_cookie=args.tls_cert is not None)
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
+    for note in notes:
+        print(f"fleet reconcile --listen: {note}", file=sys.stderr)
+    if targets:
+        print(f"webhooks: {', '.join(f'{t.name} ({t.format})' for t in targets)}", flush=True)
     if surfaces.note:
         print(f"fleet reconcile --listen: {surfaces.note}", file=sys.stderr)
     return surfaces

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler.adapters.record_files import load_records
+from reconciler.adapters.record_index import load_indexed
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 
 REASON_WIDTH = 100
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if not spec_dir.is_dir():
         print(f"fleet records: {spec_dir} is not a directory (use --spec-dir)", file=sys.stderr)
         return 1
-    records = load_records(spec_dir)
+    records = load_indexed(spec_dir)
     if args.json:
         json.dump(to_json(records), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -54,8 +54,8 @@ def deciding_entry(record: MachineRecord) -> BenchmarkEntry | None:
 
 def to_json(records: RecordSet) -> dict[str, Any]:
     bad = []
-    for rec in _bad(records):
-        entry = deciding_entry(rec)
+    for rec in records.bad_machines():
+        entry = rec.marking or rec.last  # what deciding_entry picks for a bad record
         bad.append({"machine_id": rec.machine_id, "host_id": rec.host_id, "gpu_name": rec.gpu_name,
                     "verdict": entry.verdict if entry else None, "reason": entry.reason if entry else rec.note,
                     "at": entry.at if entry else None, "instance_id": entry.instance_id if entry else None})
@@ -74,8 +74,8 @@ def render_text(records: RecordSet, spec_dir: Path) -> str:
     out = [f"{spec_dir}: {counts['machines']} machine record(s)" + (f" ({by_status})" if by_status else "")
            + f", {counts['image_suspects_active']} active image suspect(s), {len(records.problems)} unreadable"]
     bad_rows = []
-    for rec in _bad(records):
-        e = deciding_entry(rec)
+    for rec in records.bad_machines():
+        e = rec.marking or rec.last
         bad_rows.append([rec.machine_id, rec.host_id or "-", rec.gpu_name or "-", e.verdict if e else "-",
                          e.at if e else "-", _clip((e.reason if e else rec.note) or "set bad by hand")])
     out += ["", f"Bad machines ({len(bad_rows)}): excluded from every offer query"]
@@ -95,19 +95,13 @@ def render_text(records: RecordSet, spec_dir: Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def _bad(records: RecordSet) -> list[MachineRecord]:
-    return sorted((r for r in records.machines.values() if r.is_bad), key=lambda r: r.machine_id)
-
-
 def _perf(records: RecordSet) -> list[Any]:
     return sorted(records.perf_history().values(), key=lambda p: (-p.median_proofs_per_hour, p.machine_id))
 
 
 def _counts(records: RecordSet) -> dict[str, Any]:
-    by_status: dict[str, int] = {}
-    for rec in records.machines.values():
-        by_status[rec.status] = by_status.get(rec.status, 0) + 1
-    return {"machines": len(records.machines), "machines_by_status": dict(sorted(by_status.items())),
+    by_status = records.status_counts()
+    return {"machines": len(records.machines), "machines_by_status": by_status,
             "image_suspects_active": len(records.suspect_images()), "unreadable": len(records.problems)}
 
 

@@ -10,7 +10,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from reconciler.adapters.record_files import load_records
+from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import RecordError
@@ -51,7 +51,7 @@ def _instant(text: str) -> datetime:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.cli.reconcile import desired_digest_arg, last_pass_path
+    from reconciler.cli._shared import desired_digest_arg, last_pass_path
 
     spec_dir: Path = args.workdir / "fleet-spec" if args.workdir else (args.spec_dir or Path("fleet-spec"))
     html_out: Path | None = args.html
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         if html_out is not None:
             # A page that vanishes when the spec breaks hides the one thing the reader must know.
             stalled = FleetStatus(at=format_time(now), pools=(), instances=(), suspects=(),
-                                  record_problems=load_records(spec_dir).problems, last_pass=last_pass,
+                                  record_problems=load_indexed(spec_dir).problems, last_pass=last_pass,
                                   notes=(f"spec stalled: {exc}",), desired_image_digest=desired)
             _write_html(html_out, stalled, spec_dir / "fleet.yaml")
         return 1
@@ -99,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
         if html_out is None:
             return 1
     notes = () if observation_error is None else (f"observation failed, instances not shown: {observation_error}",)
-    view = status_view(spec, load_records(spec_dir), reports, now,
-                       desired_image_digest=desired, last_pass=last_pass, notes=notes)
+    view = status_view(spec, load_indexed(spec_dir), reports, now,
+                       desired_image_digest=desired, last_pass=last_pass, notes=notes,
+                       include_rates=html_out is not None or args.json)
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0

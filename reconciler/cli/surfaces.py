@@ -16,9 +16,10 @@ from typing import Any
 
 from starlette.routing import BaseRoute
 
-from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, webhook_environment
-from reconciler.adapters.webhooks import WebhookNotifier, WebhookTarget, targets_from_env
-from reconciler.domain.events import FleetEvent, breaker_event, verdict_event
+from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, named_secret, webhook_environment
+from reconciler.adapters.webhooks import WebhookConfigError, WebhookNotifier, WebhookTarget, targets_from_env
+from reconciler.domain.events import EVENT_KINDS, FleetEvent, breaker_event, verdict_event
+from reconciler.domain.spec import NotificationSettings
 from reconciler.domain.surfaces import CommitLine, Orphan
 from reconciler.flows.judge import PassResult
 from reconciler.flows.live_status import LiveStatusSource, StatusStore
@@ -90,8 +91,23 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
     return Surfaces(routes, metrics, source, notifier, note=note)
 
 
-def webhook_targets(environ: Mapping[str, str] | None = None) -> list[WebhookTarget]:
-    return targets_from_env(webhook_environment(environ))
+def webhook_targets(notifications: NotificationSettings | None = None,
+                    environ: Mapping[str, str] | None = None) -> tuple[list[WebhookTarget], list[str]]:
+    """Targets from the environment (FLEET_WEBHOOK_*) and from the spec's `notifications.webhooks` (each names
+    the variable holding its URL), and notes for spec targets whose variable is not set (they stay off)."""
+    targets = targets_from_env(webhook_environment(environ))
+    notes = []
+    for hook in notifications.webhooks if notifications is not None else ():
+        url = named_secret(hook.url_env, environ)
+        if url is None:
+            notes.append(f"webhook {hook.name} (spec): ${hook.url_env} is not set; it stays off")
+            continue
+        kinds = frozenset(hook.events) if hook.events else frozenset(EVENT_KINDS)
+        try:
+            targets.append(WebhookTarget(hook.name, url.reveal(), hook.format, kinds))
+        except WebhookConfigError as exc:
+            raise WebhookConfigError(f"notifications.webhooks {hook.name} (${hook.url_env}): {exc}") from None
+    return targets, notes
 
 
 def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-from reconciler.adapters.git import GitStore, GitStoreError
+from reconciler.adapters.git import GitReader, GitStoreError
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
 from reconciler.flows.why import DEFAULT_TAIL, explain, render_text, to_json
@@ -35,10 +35,8 @@ def run(args: argparse.Namespace) -> int:
     spec_dir = PurePosixPath(args.spec_dir).as_posix()
     record_path = f"{spec_dir}/machines/{machine_id}.yaml"
     try:
-        with GitStore.discover(args.repo or Path.cwd()) as store:
-            commits = store.history_for_machine(machine_id, ref="HEAD", spec_dir=spec_dir)
-            current = store.file_at("HEAD", record_path)
-            last = store.last_change(record_path, ref="HEAD")
+        # Two git processes: a path-limited log of the record (trailers + blob ids) and one cat-file batch.
+        trail = GitReader.discover(args.repo or Path.cwd()).machine_trail(machine_id, ref="HEAD", spec_dir=spec_dir)
     except GitStoreError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
         return 2
@@ -47,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fleet why: --at {args.at!r}: {exc}", file=sys.stderr)
         return 2
-    history = explain(machine_id, record_path, commits, current, last, now)
+    history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change, now)
     if history.status == "unknown":
-        print(f"fleet why: machine {machine_id} is unknown in {store.workdir}: no {record_path} and no commit "
+        print(f"fleet why: machine {machine_id} is unknown in {trail.workdir}: no {record_path} and no commit "
               f"with a 'Fleet-Machine: {machine_id}' trailer on the checked-out branch", file=sys.stderr)
         return 1
     if args.json:

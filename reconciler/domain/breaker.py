@@ -107,10 +107,9 @@ def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str
     """Per pool: machines newly marked bad within the kill-budget window (from the records)."""
     since = now - timedelta(hours=spec.kill_budget.window_hours)
     used: dict[str, set[str]] = {p.name: set() for p in spec.pools}
-    for rec in records.machines.values():
-        for entry in rec.benchmarks:
-            if entry.marks_bad and entry.pool in used and _at(entry) >= since:
-                used[entry.pool].add(rec.machine_id)
+    for machine_id, pool, at in records.bad_marks():  # from indexed columns when the records are indexed
+        if pool in used and _parsed_at(at) >= since:
+            used[pool].add(machine_id)
     return {p.name: KillBudget(p.name, spec.kill_budget.allowed(p.count), tuple(sorted(used[p.name])))
             for p in spec.pools}
 
@@ -197,7 +196,11 @@ def _merged(existing: Iterable[str], new: Iterable[str]) -> tuple[str, ...]:
 
 
 def _at(entry: BenchmarkEntry) -> datetime:
+    return _parsed_at(entry.at)
+
+
+def _parsed_at(at: str) -> datetime:
     try:
-        return parse_time(entry.at)
+        return parse_time(at)
     except ValueError:
         return datetime.min.replace(tzinfo=UTC)  # unreadable time: outside every window

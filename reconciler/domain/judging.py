@@ -122,6 +122,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
     candidates: list[Verdict] = []
+    by_machine: dict[str | None, list[Verdict]] = {}  # this pass's candidates per machine (params strikes)
     unrecordable: list[Verdict] = []
     quarantined: list[tuple[str, str]] = []
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
@@ -141,7 +142,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             continue
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
-        prior = _params_strikes(history, candidates, machine_id)
+        prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
         verdict: Verdict | None
         try:
             if serving:
@@ -179,6 +180,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             unrecordable.append(verdict)
         else:
             candidates.append(verdict)
+            by_machine.setdefault(machine_id, []).append(verdict)
     guarded = apply_guards(spec, records, candidates, now)
     notes += guarded.notes
     changed: dict[str, MachineRecord] = {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-PHASES = ("register", "tunnel", "params", "daemon", "benchmark", "report", "serve")
+PHASES = ("register", "tunnel", "params", "daemon", "warmup", "benchmark", "report", "serve")
 EVENT_STATUSES = ("started", "progress", "done", "failed")
 OUTCOMES = ("completed", "error", "timeout")
 

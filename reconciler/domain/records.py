@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from reconciler.domain.verdicts import RATE_VERDICTS
 
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
+
 
 #: Record statuses: `bad` excludes the machine until its newest bad entry expires (then probation);
 #: `banned` (an operator's PR) never expires; `pardoned` (an operator's PR) is rentable.
@@ -85,7 +86,14 @@ class BenchmarkEntry:
         return _time_or_none(self.expires_at)
 
     def to_yaml_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None and v != {}}
+        # Field by field rather than asdict(): asdict deep-copies the evidence only to have it replaced below
+        # (that copy was most of the cost of rendering a record).
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "evidence" or value is None or value == {}:
+                continue
+            out[f.name] = _plain(value) if isinstance(value, Mapping | list | tuple) else value
         if self.evidence:
             out["evidence"] = _plain(self.evidence)
         return out
@@ -117,29 +125,7 @@ class MachineRecord:
         """Where the machine stands at `now`: ok, bad (until its expiry, or permanent), probation, pardoned,
         banned. Probation: the newest bad entry expired less than its probation period ago; the machine may
         be rented again, and its next bad verdict is permanent."""
-        last = self.last_bad_entry()
-        if self.status == "banned":
-            return Standing("banned", True, "banned by an operator (never expires)")
-        if self.status == "pardoned":
-            return Standing("pardoned", False, "pardoned by an operator")
-        expires = last.expiry() if last else None
-        until = _time_or_none(last.probation_until) if last else None
-        if self.status == "bad":
-            if last is None:
-                return Standing("bad", True, "marked bad (no bad entry: set by hand)")
-            if expires is None:
-                why = ("permanent: failed again on probation" if last.probation
-                       else "no expiry (a record written before expiry existed, or a blame that never expires)")
-                return Standing("permanent" if last.probation else "bad", True, why)
-            if now is None or now < expires:
-                return Standing("bad", True, f"bad until {last.expires_at}", expires)
-            return Standing("probation", False, f"probation since {last.expires_at}"
-                            + (f" until {last.probation_until}" if last.probation_until else ""), until)
-        if last is not None and expires is not None and now is not None and expires <= now and (
-                until is None or now < until):
-            return Standing("probation", False, f"probation since {last.expires_at}"
-                            + (f" until {last.probation_until}" if last.probation_until else ""), until)
-        return Standing("ok", False, "ok")
+        return standing_of(self.status, self.last_bad_entry(), now)
 
     def judged_instances(self) -> frozenset[str]:
         return frozenset(b.instance_id for b in self.benchmarks)
@@ -176,6 +162,32 @@ class Standing:
     excluded: bool
     detail: str
     until: datetime | None = None
+
+
+def standing_of(status: str, last: BenchmarkEntry | None, now: datetime | None) -> Standing:
+    """A record's standing from its status and its newest entry that marked the machine bad."""
+    if status == "banned":
+        return Standing("banned", True, "banned by an operator (never expires)")
+    if status == "pardoned":
+        return Standing("pardoned", False, "pardoned by an operator")
+    expires = last.expiry() if last else None
+    until = _time_or_none(last.probation_until) if last else None
+    on_probation = (f"probation since {last.expires_at}" + (f" until {last.probation_until}" if last
+                                                            and last.probation_until else "")) if last else ""
+    if status == "bad":
+        if last is None:
+            return Standing("bad", True, "marked bad (no bad entry: set by hand)")
+        if expires is None:
+            if last.probation:
+                return Standing("permanent", True, "permanent: failed again on probation")
+            return Standing("bad", True, "no expiry (a record written before expiry existed, or a blame that never "
+                                         "expires)")
+        if now is None or now < expires:
+            return Standing("bad", True, f"bad until {last.expires_at}", expires)
+        return Standing("probation", False, on_probation, until)
+    if expires is not None and now is not None and expires <= now and (until is None or now < until):
+        return Standing("probation", False, on_probation, until)
+    return Standing("ok", False, "ok")
 
 
 def _time_or_none(text: str | None) -> datetime | None:
@@ -226,6 +238,29 @@ class MachinePerf:
 
 
 @dataclass(frozen=True)
+class BadMachine:
+    """A machine its record says is bad, with the two entries the views show: the newest entry that marked it
+    bad (None: set bad by hand) and its newest entry (the pool it counts against)."""
+
+    machine_id: str
+    host_id: str | None
+    gpu_name: str | None
+    note: str | None
+    marking: BenchmarkEntry | None
+    last: BenchmarkEntry | None
+    status: str = "bad"  # bad | banned
+
+    @classmethod
+    def of(cls, record: MachineRecord) -> BadMachine:
+        marking = next((b for b in reversed(record.benchmarks) if b.marks_bad), None)
+        last = record.benchmarks[-1] if record.benchmarks else None
+        return cls(record.machine_id, record.host_id, record.gpu_name, record.note, marking, last, record.status)
+
+    def standing(self, now: datetime | None) -> Standing:
+        return standing_of(self.status, self.marking, now)
+
+
+@dataclass(frozen=True)
 class RecordSet:
     """All records of a spec directory, plus the files that could not be read (never overwritten).
 
@@ -239,15 +274,80 @@ class RecordSet:
     unreadable_machine_ids: frozenset[str] = frozenset()
     _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    @classmethod
+    def with_views(cls, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord],
+                   problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
+                   bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf],
+                   status_counts: Mapping[str, int],
+                   bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
+                   bad_machines: Callable[[], list[BadMachine]] | None = None) -> RecordSet:
+        """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
+        indexed columns without building every record. They must equal what the methods would compute
+        (tests/unit/test_record_index.py compares them)."""
+        out = cls(machines, images, problems, unreadable_machine_ids)
+        out._derived["bad"] = frozenset(bad_machine_ids) | unreadable_machine_ids
+        out._derived["perf"] = dict(perf)
+        out._derived["counts"] = dict(sorted(status_counts.items()))
+        if bad_marks is not None:
+            out._derived["marks_from"] = bad_marks
+        if bad_machines is not None:
+            out._derived["bad_view_from"] = bad_machines
+        return out
+
     def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
-        """Machines no offer query may return at `now` (expired bad records are on probation: rentable;
-        without `now` nothing expires). A record we cannot read is excluded too: when in doubt, the cheap
-        mistake is skipping one offer, not renting a machine a human may have just marked bad."""
-        key = f"bad@{now.isoformat() if now else ''}"
+        """Machines no offer query may return at `now`: recorded bad or banned, except bad records whose
+        expiry passed (probation: rentable again); without `now` nothing expires. A record we cannot read is
+        excluded too: when in doubt, the cheap mistake is skipping one offer, not renting a machine a human
+        may have just marked bad."""
+        if "bad" not in self._derived:
+            self._derived["bad"] = (frozenset(m for m, r in self.machines.items() if r.is_bad)
+                                    | self.unreadable_machine_ids)
+        recorded = cast(frozenset[str], self._derived["bad"])
+        if now is None:
+            return recorded
+        key = f"bad@{now.isoformat()}"
         if key not in self._derived:
-            self._derived[key] = (frozenset(m for m, r in self.machines.items() if r.is_bad_at(now))
+            self._derived[key] = (frozenset(b.machine_id for b in self.bad_machines() if b.standing(now).excluded)
                                   | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived[key])
+
+    def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
+        """The records of these machines (those that have one), in the order given. An indexed RecordSet
+        builds them in one go instead of one look-up each."""
+        wanted = [m for m in machine_ids if m in self.machines]
+        many = getattr(self.machines, "many", None)
+        return list(many(wanted)) if many is not None else [self.machines[m] for m in wanted]
+
+    def bad_records(self) -> list[MachineRecord]:
+        """The records with status bad, by machine id (not the unreadable ones: they have no record)."""
+        return self.records_of(sorted(self.bad_machine_ids() - self.unreadable_machine_ids))
+
+    def bad_machines(self) -> list[BadMachine]:
+        """The bad machines by id, each with its marking and newest entries (not the unreadable ones)."""
+        if "bad_view" not in self._derived:
+            source = self._derived.get("bad_view_from")
+            self._derived["bad_view"] = source() if source is not None else [
+                BadMachine.of(rec) for rec in self.bad_records()]
+        return list(self._derived["bad_view"])
+
+    def bad_marks(self) -> list[tuple[str, str | None, str]]:
+        """(machine id, pool, at) of every recorded verdict that marked its machine bad (the kill budget's
+        input), in record order."""
+        if "marks" not in self._derived:
+            source = self._derived.get("marks_from")
+            self._derived["marks"] = source() if source is not None else [
+                (rec.machine_id, e.pool, e.at) for rec in self.machines.values() for e in rec.benchmarks
+                if e.marks_bad]
+        return list(self._derived["marks"])
+
+    def status_counts(self) -> dict[str, int]:
+        """Machines per record status, by status name."""
+        if "counts" not in self._derived:
+            counts: dict[str, int] = {}
+            for rec in self.machines.values():
+                counts[rec.status] = counts.get(rec.status, 0) + 1
+            self._derived["counts"] = dict(sorted(counts.items()))
+        return dict(self._derived["counts"])
 
     def suspect_images(self) -> Mapping[str, ImageSuspectRecord]:
         return {d: r for d, r in self.images.items() if r.active}
@@ -269,8 +369,19 @@ def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
                                               statistics.median(rates), rates[-1])
     return out
 
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _plain(value: Any) -> Any:
     """Mappings/tuples -> dicts/lists so yaml.safe_dump can write them."""
+    kind = type(value)
+    if kind in _SCALARS:  # exact types first: the abc checks below cost more than the rest of a render
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): _plain(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -13,12 +13,13 @@ import math
 import secrets
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from datetime import datetime
 from typing import Any
 
 from reconciler.domain import errors
+from reconciler.domain.marketplace import Offer, OfferQuery
 from reconciler.domain.planner import (
     REASON_IMAGE_CHANGED,
     REASON_MACHINE_BAD,
@@ -26,7 +27,7 @@ from reconciler.domain.planner import (
     pool_pause,
     replace_reason,
 )
-from reconciler.domain.ranking import RankedOffer
+from reconciler.domain.ranking import RankedOffer, mismatch, offer_query
 from reconciler.domain.records import RecordSet
 from reconciler.domain.spec import FleetSpec, ParamsSettings, PoolSpec
 
@@ -430,6 +431,50 @@ def describe_constraints(pool: PoolSpec) -> str:
             f"{pool.min_reliability}, inet_down >= {pool.min_inet_down_mbps} Mbps, disk >= {pool.disk_gb} GB, "
             f"host RAM >= {pool.min_host_ram_gb} GB, CUDA >= {pool.min_cuda}"
             + (", verified hosts only" if pool.verified_only else ""))
+
+
+def broad_query(pool: PoolSpec, limit: int = 200) -> OfferQuery:
+    """The pool's GPU model and count only: what the market has at all, to say what a failed search lacked."""
+    return OfferQuery(gpu_name=pool.gpu_name, num_gpus=pool.gpus_per_instance, max_price_usd_per_hour=1e9,
+                      min_reliability=0.0, verified_only=False, limit=limit)
+
+
+def describe_shortfall(pool: PoolSpec, bad_machine_ids: frozenset[str], offers: Iterable[Offer]) -> str:
+    """Pure: why none of `offers` (a broad search: GPU model only) fits `pool` - what was short, counted.
+
+    E.g. "the market lists 7 RTX 4090 x1 offers: 3 on machines recorded bad (excluded), 2 above the price cap
+    $0.60/h (cheapest $0.72/h), 2 below reliability 0.98"."""
+    query = offer_query(pool, bad_machine_ids)
+    listed = [o for o in offers if o.gpu_name == pool.gpu_name and o.num_gpus == pool.gpus_per_instance]
+    if not listed:
+        return f"the market lists no {pool.gpu_name} x{pool.gpus_per_instance} offer right now (GPU short)"
+    counts: dict[str, int] = {}
+    over_cap: list[float] = []
+    for offer in listed:
+        why = mismatch(offer, query)
+        if why is None:
+            continue
+        if why.startswith("machine "):
+            key = "on machines recorded bad (excluded)"
+        elif why.startswith("price"):
+            key = f"above the price cap ${pool.max_price_usd_per_hour}/h"
+            over_cap.append(offer.price_usd_per_hour)
+        else:
+            key = why.split(" ")[0] if not why.startswith("host") else " ".join(why.split(" ")[:2])
+            key = {"reliability": f"below reliability {pool.min_reliability}",
+                   "inet_down": f"below inet_down {pool.min_inet_down_mbps} Mbps",
+                   "disk": f"below disk {pool.disk_gb} GB", "host RAM": f"below host RAM {pool.min_host_ram_gb} GB",
+                   "CUDA": f"below CUDA {pool.min_cuda}", "host not": "on unverified hosts"}.get(key, why)
+        counts[key] = counts.get(key, 0) + 1
+    parts = []
+    for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        if key.startswith("above the price cap"):
+            key += f" (cheapest of them ${min(over_cap):.2f}/h)"
+        parts.append(f"{n} {key}")
+    fitting = len(listed) - sum(counts.values())
+    tail = f"; {fitting} fit but were taken meanwhile" if fitting else ""
+    return (f"the market lists {len(listed)} {pool.gpu_name} x{pool.gpus_per_instance} offer(s): "
+            + ", ".join(parts) + tail)
 
 
 def digest_of_image_ref(ref: str) -> str:

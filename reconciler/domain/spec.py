@@ -161,6 +161,21 @@ class RecordExpirySettings:
 
 
 @dataclass(frozen=True)
+class WebhookSettings:
+    """A webhook target named in the spec; its URL is read from the environment variable `url_env` (a secret)."""
+
+    name: str
+    url_env: str
+    format: str = "generic"
+    events: tuple[str, ...] = ()  # empty: every kind
+
+
+@dataclass(frozen=True)
+class NotificationSettings:
+    webhooks: tuple[WebhookSettings, ...] = ()
+
+
+@dataclass(frozen=True)
 class FleetSpec:
     image: ImageSettings
     controller: ControllerSettings
@@ -172,6 +187,7 @@ class FleetSpec:
     early_verdict: EarlyVerdictSettings = field(default_factory=EarlyVerdictSettings)
     record_expiry: RecordExpirySettings = field(default_factory=RecordExpirySettings)
     gpu_priors: Mapping[str, float] = field(default_factory=dict)
+    notifications: NotificationSettings = field(default_factory=NotificationSettings)
     source: str = "<memory>"
     warnings: tuple[SpecProblem, ...] = ()
 

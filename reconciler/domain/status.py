@@ -150,11 +150,15 @@ class FleetStatus:
         return out
 
 
-def _recorded_entries(records: RecordSet) -> dict[str, tuple[str, BenchmarkEntry]]:
+def _recorded_entries(records: RecordSet, reports: Sequence[InstanceReport]) -> dict[str, tuple[str, BenchmarkEntry]]:
+    """The recorded entry of each reported instance. A verdict is recorded in the record of the report's own
+    machine (decide writes it there), so only those records are read, not the whole fleet's."""
+    wanted = {r.instance_id for r in reports}
     out: dict[str, tuple[str, BenchmarkEntry]] = {}
-    for rec in records.machines.values():
+    for rec in records.records_of(sorted({r.machine_id for r in reports if r.machine_id is not None})):
         for entry in rec.benchmarks:
-            out[entry.instance_id] = (rec.machine_id, entry)
+            if entry.instance_id in wanted:
+                out[entry.instance_id] = (rec.machine_id, entry)
     return out
 
 
@@ -170,19 +174,17 @@ def _recorded_rates(records: RecordSet) -> list[RatePoint]:
 
 
 def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, ...]:
-    """Machines recorded bad, banned, or on probation (an expired bad record), with where they stand now."""
+    """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
-    for rec in sorted(records.machines.values(), key=lambda r: r.machine_id):
-        standing = rec.standing(now)
-        if not rec.is_bad and standing.state != "probation":
-            continue
-        marking = rec.last_bad_entry()
+    for bad in records.bad_machines():
+        marking = bad.marking
+        standing = bad.standing(now)
         if marking is None:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, None, None, None,
-                                        rec.note or f"marked {rec.status} by hand (no verdict marked it)", None,
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
+                                        bad.note or f"marked {bad.status} by hand (no verdict marked it)", None,
                                         standing.state, standing.detail))
         else:
-            out.append(BadMachineStatus(rec.machine_id, rec.host_id, rec.gpu_name, marking.pool, marking.verdict,
+            out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, marking.pool, marking.verdict,
                                         marking.blame, marking.reason, marking.at, standing.state,
                                         standing.detail, marking.expires_at))
     return tuple(out)
@@ -204,12 +206,15 @@ def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now
 
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
-                notes: Sequence[str] = ()) -> FleetStatus:
-    recorded = _recorded_entries(records)
+                notes: Sequence[str] = (), include_rates: bool = True) -> FleetStatus:
+    """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
+    HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
+    reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
+    recorded = _recorded_entries(records, reports)
     pools_by_name = {p.name: p for p in spec.pools}
     instances: list[InstanceStatus] = []
-    rates = _recorded_rates(records)
-    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+    rates = _recorded_rates(records) if include_rates else []
+    for report in reports:
         times = report.phase_times()
         # Lifecycle order, not time order: registration is stamped by the controller's clock, phases by
         # the worker's, and a skewed worker clock must not make "registered" look like the last step.
@@ -226,7 +231,7 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             if judged is not None:
                 verdict, blame, marks_bad = judged.verdict, judged.blame, judged.marks_bad
                 cause = judged.root_cause() + " [not yet recorded]"
-                if report.machine_id is not None:
+                if report.machine_id is not None and include_rates:
                     rates.append(RatePoint(report.pool, report.machine_id, report.instance_id,
                                            format_time(judged.at), judged.verdict, judged.blame,
                                            judged.proofs_per_hour, False))
@@ -254,10 +259,13 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     budgets = kill_budgets(spec, records, now)
     suspects = records.suspect_images()
     pools = []
+    bad_by_pool: dict[str | None, set[str]] = {}  # a bad machine counts for the pool of its last benchmark
+    for bad in records.bad_machines():
+        if bad.last is not None:
+            bad_by_pool.setdefault(bad.last.pool, set()).add(bad.machine_id)
     for pool in spec.pools:
         alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]
-        bad_machines = {m for m, rec in records.machines.items() if rec.is_bad
-                        and rec.benchmarks and rec.benchmarks[-1].pool == pool.name}
+        bad_machines = bad_by_pool.get(pool.name, set())
         budget = budgets[pool.name]
         pause = pool_pause(pool.name, records, desired_image_digest)
         naming = [s for s in suspects.values() if pool.name in s.pools or not s.pools]
@@ -275,7 +283,8 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             ok=sum(1 for i in alive if i.state == "ok"), bad=len(bad_machines),
             min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour, kill_budget_used=len(budget.used),
             kill_budget_allowed=budget.allowed, state=state))
-    saved_minutes, saved_usd = saved(b for rec in records.machines.values() for b in rec.benchmarks)
+    # From the machines still recorded bad (their marking verdict): no need to build every record.
+    saved_minutes, saved_usd = saved(b.marking for b in records.bad_machines() if b.marking is not None)
     suspect_rows = tuple(SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason)
                          for s in sorted(suspects.values(), key=lambda s: s.tripped_at))
     return FleetStatus(at=format_time(now), pools=tuple(pools), instances=tuple(instances), suspects=suspect_rows,

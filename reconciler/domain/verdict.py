@@ -57,7 +57,8 @@ SIGNATURE_INTERMITTENT_SELF_CHECK = "proof-self-check-intermittent"
 
 #: Failed phases that end the benchmark attempt by themselves. A failed tunnel (Lotus API, not needed by
 #: the standalone benchmark) or report/serve step does not: the result or the deadline decides.
-_VERDICT_PHASES = {"params": "params-failed", "daemon": "benchmark-error", "benchmark": "benchmark-error"}
+_VERDICT_PHASES = {"params": "params-failed", "daemon": "benchmark-error", "warmup": "benchmark-error",
+                   "benchmark": "benchmark-error"}
 
 #: `  [3/10] FAILED — 41.3s (prove=0 ms, queue=12 ms)` (cuzk-bench main.rs:561-569 / 597-605).
 _PROOF_LINE = re.compile(r"^\s*\[(\d+)/(\d+)\]\s+(COMPLETED|FAILED|CANCELLED|TIMEOUT|UNKNOWN)\b(?:\s+\S+\s+([\d.]+)s)?")
@@ -232,26 +233,32 @@ def _attempt(report: InstanceReport, phase: str, exit_code: int | None, complete
     ring = _ring_since_phase(report, phase)
     extra = tuple(failure.log_tail) if failure is not None and tuple(failure.log_tail) != tuple(tail) else ()
     daemon = report.result.daemon_log if report.result is not None else ()
-    evidence = (*ring, *extra, *tail, *daemon)
+    # The daemon's reason for each failed proof (protocol additions): cuzk-bench never prints it.
+    reasons = tuple(p.reason for p in report.result.proofs if p.reason) if report.result is not None else ()
+    evidence = (*ring, *extra, *tail, *daemon, *reasons)
     return _Attempt(phase, exit_code, completed, requested, tuple(tail), evidence,
                     include_tunnel=phase == "tunnel")
 
 
-_RING_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) ")
+#: The worker's line when it starts the daemon (worker-image/entrypoint.sh): the benchmark's part of the ring.
+_DAEMON_START = re.compile(r"\bfleet: starting cuzk-daemon\b")
+#: Lines of the params fetch (aria2c, curl, the worker's params lines) before the daemon started.
+_FETCH_LINE = re.compile(r"\b(?:aria2c|curl|errorCode=|Download|params: |manifest|checksum|resolve)|^\s*-> \[",
+                         re.IGNORECASE)
 
 
 def _ring_since_phase(report: InstanceReport, phase: str) -> tuple[str, ...]:
-    """The instance's log ring from the failing phase's start: an earlier phase's recovered hiccup (a DNS
-    retry while fetching params) must not explain a later benchmark failure. Lines without a ring
-    timestamp are kept."""
+    """The instance's log ring as evidence for `phase`: for the daemon/benchmark phases, what the params fetch
+    logged before the daemon started is dropped (a DNS retry that recovered must not explain a later benchmark
+    failure), while everything else of the set-up stays (nvidia-smi at start, kernel lines). By content, not by
+    timestamp: the worker's clock may be skewed."""
+    lines = report.log_tail
     if phase == "params":
-        return report.log_tail
-    done = report.first("params", "done")
-    if done is None:
-        return report.log_tail
-    since = format_time(done.at - timedelta(seconds=5))
-    return tuple(line for line in report.log_tail
-                 if not (m := _RING_TIME.match(line)) or m.group(1) >= since)
+        return lines
+    start = next((i for i in range(len(lines) - 1, -1, -1) if _DAEMON_START.search(lines[i])), None)
+    if start is None:
+        return lines
+    return (*(line for line in lines[:start] if not _FETCH_LINE.search(line)), *lines[start:])
 
 
 def _rated(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt, rate: float,
@@ -274,8 +281,7 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
                    proofs: Sequence[ProofResult], rate: float | None, spp: float | None) -> Verdict:
     """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
     labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
-    reasons = [p.reason for p in proofs if p.reason]
-    match = classify([*attempt.evidence, *reasons])
+    match = classify(attempt.evidence)
     signature = match.name if match else None
     blame = match.blame if match else "unknown"
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:

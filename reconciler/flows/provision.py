@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler.adapters.marketplace import backend_named
-from reconciler.adapters.record_files import load_records
+from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.slot_provider import (
     SlotProvider,
     controller_secret_from,
@@ -174,7 +174,7 @@ def load_inputs(spec_path: Path, out: TextIO) -> tuple[FleetSpec, RecordSet]:
         spec = load_spec(spec_path)
     except SpecError as exc:
         raise ApplyError(str(exc)) from None
-    records = load_records(spec_path.parent)
+    records = load_indexed(spec_path.parent)
     for problem in records.problems:
         print(f"warning: {problem} (its machine is treated as bad)", file=out)
     return spec, records

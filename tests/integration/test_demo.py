@@ -134,7 +134,10 @@ def check_image_story(outcome: object, workdir: Path, lines: list[str]) -> None:
     assert sorted(m for m, r in records.items() if r["status"] == "bad") == ["41001", "41002", "42001"]
     # The breaker stopped provisioning: apply held the paused pools and rented nothing on the broken image after
     # the trip; the fixed build then passed its benchmark in every slot, after the trip commit.
-    assert story.paused and any("pool-paused" in line for line in story.paused), story.paused
+    for pool in ("rtx4090", "rtx-pro-4000"):
+        assert any(f"pool {pool} paused: image {broken[:19]} is suspect" in line and "not creating or replacing"
+                   in line for line in story.paused), story.paused
+    assert story.rented_after_trip == []
     passed_fixed = [(m, e["instance_id"]) for m, r in records.items() for e in r["benchmarks"]
                     if e.get("image_digest") == fixed and e["verdict"] == "ok"]
     assert {m for m, _ in passed_fixed} == set(outcome.kept.values())  # type: ignore[attr-defined]

@@ -6,6 +6,10 @@ by headless Chromium, whose screenshot is checked for the pools table and a char
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,3 +180,48 @@ def check_screenshot(path: Path) -> None:
     assert red_rows, "no min-rate line drawn (the rate chart is missing)"
     colours = {pixels[x, y] for x in range(0, width, 3) for y in range(0, height, 3)}
     assert len(colours) > 200, "the page looks blank"
+
+
+def test_fleet_reconcile_listen_serves_the_page_and_metrics_beside_the_api(chromium: str, tmp_path: Path) -> None:
+    """The real process: `fleet reconcile --listen` on the recorded incident, its page in Chromium, its /metrics
+    counting its own passes, the worker API still answering on the same port."""
+    fleet = make_live_fleet(tmp_path)
+    env = {**os.environ, "FLEET_CONTROLLER_SECRET": "c" * 40, "FLEET_ADMIN_TOKEN": ADMIN_TOKEN,
+           "FLEET_READ_TOKEN": READ_TOKEN, "FLEET_IMAGE_DIGEST": DIGEST, "PYTHONUNBUFFERED": "1"}
+    env.pop("FLEET_WEBHOOK_URL", None)
+    argv = [sys.executable, "-m", "reconciler.cli", "reconcile", "--repo", str(fleet.origin), "--workdir",
+            str(fleet.bot), "--controller-db", str(fleet.db), "--listen", "127.0.0.1:0", "--interval", "1",
+            "--slot-state-dir", str(fleet.state_dir), "--status-refresh", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        url = None
+        for line in proc.stdout:  # blocking reads of the process's own progress: no sleeps
+            seen.append(line)
+            if url is None and "controller listening on " in line:
+                url = line.split("controller listening on ", 1)[1].split()[0]
+            if url is not None and ("nothing new" in line or "committed" in line):
+                break
+        assert url is not None, "".join(seen)
+        auth = {"Authorization": f"Bearer {READ_TOKEN}"}
+        assert httpx.get(url + "/healthz").status_code == 200  # the controller API shares the port
+        dom = parse(httpx.get(url + "/", headers=auth).text)
+        assert [r[0] for r in table_rows(dom, "pools")] == ["rtx-pro-4000", "rtx4090"]
+        metrics = httpx.get(url + "/metrics", headers=auth).text
+        got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(metrics) for s in f.samples}
+        assert got[("fleet_reconcile_passes_total", (("outcome", "ok"),))] >= 1
+        assert got[("fleet_pool_usd_per_hour", (("pool", "rtx-pro-4000"),))] == RUNNING_PRICE
+        assert httpx.get(url + "/metrics").status_code == 401
+
+        shot = tmp_path / "reconcile.png"
+        taken = run_chromium(chromium, tmp_path, f"--screenshot={shot}", "--window-size=1400,1800",
+                             "--hide-scrollbars", f"{url}/?token={READ_TOKEN}")
+        assert taken.returncode == 0, taken.stderr[-2000:]
+        check_screenshot(shot)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert READ_TOKEN not in out and ADMIN_TOKEN not in out  # not in the access log, not anywhere

@@ -390,6 +390,36 @@ def test_vastai_backend_lifecycle_through_the_real_host(tmp_path: Path) -> None:
         rebuilt = {**after[slot], "image": f"registry.example/fleet/worker@{new_digest}", "image_digest": new_digest}
         assert list(engine.diff(slot, id_, fresh, rebuilt, slots[slot]).replaces) == ["image_digest"]
 
+        # a constraint change: update in place, nothing rented or destroyed
+        dearer = {**after[slot], "pool": {**after[slot]["pool"], "max_price_usd_per_hour": 0.7}}
+        assert engine.diff(slot, id_, fresh, dearer, slots[slot]).changes == provider_pb2.DiffResponse.DIFF_SOME
+        updated = engine.update(slot, id_, fresh, dearer, slots[slot])
+        assert updated["instance_id"] == id_ and updated["contract_id"] == fresh["contract_id"]
+        assert len(fake.requests_to("PUT", "/api/v0/asks/")) == 2 and not fake.requests_to("DELETE", "/api/v0/")
+        states[slot] = (id_, updated)
+
         for s, (i, st) in states.items():
             engine.delete(s, i, st, slots[s])
         assert len(fake.requests_to("DELETE", "/api/v0/instances/")) == 2
+
+
+def test_a_pool_that_cannot_be_filled_says_what_was_short(tmp_path: Path) -> None:
+    from tests.vast_fake import VastFake
+
+    spec_dir = tmp_path / "fleet-spec"
+    spec_dir.mkdir()
+    text = SPEC.format(context=WORKER_IMAGE, controller="https://controller.example", params="https://p.example")
+    (spec_dir / "fleet.yaml").write_text(text.replace("max_price_usd_per_hour: 0.60", "max_price_usd_per_hour: 0.30"))
+    digest = "sha256:" + "e" * 64
+    with VastFake(api_key=VAST_KEY) as fake, running_host(Project.load(REPO), tmp_path / "host.log") as host:
+        backend = {"kind": "vastai", "base_url": fake.base_url, "pool_data_dir": str(tmp_path / "pool-data")}
+        engine = host.client()
+        engine.configure(stack_config(**{"gpu-fleet:vastaiApiKey": Secret(VAST_KEY)}))
+        news = {**inputs_for(spec_dir, tmp_path / "pool-data", f"r.example/w@{digest}", digest)["p4090-0"],
+                "__provider": provider_blob(backend)}
+        with pytest.raises(grpc.RpcError) as caught:
+            engine.create("p4090-0", engine.check("p4090-0", {}, news)[0])
+        _, details = code_and_details(caught.value)
+        assert "NoOfferError: slot p4090-0: no offer fits pool p4090: the market lists 6 RTX 4090 x1 offer(s): " \
+               "6 above the price cap $0.3/h (cheapest of them $0.31/h)" in details
+        assert not fake.requests_to("PUT", "/api/v0/asks/")  # nothing rented

@@ -293,3 +293,22 @@ def test_group_commit_isolates_a_broken_write(store: ControllerStore) -> None:
     report = store.report("p-0-a")
     assert report is not None and report.pool == "rtx4090"  # the broken write's change was rolled back
     assert sorted(store.tail("p-0-a", 10)) == ["one", "two"]
+
+
+def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(store: ControllerStore) -> None:
+    """Protocol additions (issue 13): `proofs` and `daemon_log_tail` are stored (redacted) and read back."""
+    store.register("p-0-a", register_doc("p-0-a"))
+    daemon = ["cuzk-daemon: 2026-12-02T18:20:00.118802Z ERROR cuzk_core::engine: Phase 7: PoRep proof self-check "
+              "FAILED — proof will NOT be returned to caller job_id=0b6f proof_len=1920 sector=1 miner=1000",
+              "cuzk-daemon: curl -H 'Authorization: Bearer sekrit-bearer-9' https://mirror.example/x"]
+    proofs = [{"index": 1, "label": "COMPLETED", "seconds": 93.4, "prove_ms": 41234, "queue_ms": 0},
+              {"index": 2, "label": "FAILED", "seconds": 90.1, "prove_ms": 0, "queue_ms": 0,
+               "reason": "PoRep proof self-check failed: assembled proof did not verify (sector=1, miner=1000)"}]
+    assert store.set_result("p-0-a", {**RESULT, "completed": 1, "failed": 1, "proofs": proofs,
+                                      "daemon_log_tail": daemon}) == "stored"
+    report = store.report("p-0-a")
+    assert report is not None and report.result is not None
+    assert [(p.index, p.label, p.seconds) for p in report.result.proofs] == [(1, "COMPLETED", 93.4),
+                                                                            (2, "FAILED", 90.1)]
+    assert report.result.proofs[1].reason is not None and "self-check failed" in report.result.proofs[1].reason
+    assert report.result.daemon_log[0] == daemon[0] and "sekrit-bearer-9" not in report.result.daemon_log[1]

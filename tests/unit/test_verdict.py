@@ -190,3 +190,57 @@ def test_gpu_lines_beat_the_connection_refused_they_cause(gpu_line: str, blame: 
     v = judge(error_report("pro-0-t", "40213", tail), POOL, LATER)
     assert v is not None and v.blame == blame and v.marks_bad == (blame == "machine")
     assert gpu_line.split(": ", 1)[-1][:30] in v.reason
+
+
+def test_new_result_shape_per_proof_reasons_and_daemon_log_judge_without_a_ring() -> None:
+    """Protocol additions: labels and reasons come with the result; the daemon log rides along (no ring)."""
+    from reconciler.domain.observations import ProofResult
+
+    reason = "PoRep proof self-check failed: assembled proof did not verify (sector=1, miner=1000)"
+    proofs = tuple(ProofResult(i, "FAILED" if i in (4, 9) else "COMPLETED", 90.0, reason if i in (4, 9) else None)
+                   for i in range(1, 11))
+    result = BenchmarkResult(outcome="completed", at=T0 + timedelta(minutes=40), requested=10, completed=8, failed=2,
+                             exit_code=0, proofs_per_hour=36.9, seconds_per_proof=97.5, proofs=proofs,
+                             daemon_log=("cuzk-daemon: 2026-12-02T18:30:00.1Z  INFO cuzk_core::engine: ready",))
+    v = judge(make_report("pro-0-z", events=bench_events(), result=result), POOL, LATER)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad, v.signature) == ("benchmark-error", "machine", True,
+                                                              "proof-self-check-intermittent")
+    assert v.reason.startswith("benchmark-error: benchmark exit 0, 8/10 proofs: PoRep proof self-check failed")
+    assert v.evidence["proofs"]["labels"][3] == "FAILED" and v.proofs_per_hour == 36.9
+    # The same labels parsed from cuzk-bench's own lines (an older worker) give the same verdict.
+    lines = tuple(f"  [{p.index}/10] {p.label} — 90.0s (prove=0 ms, queue=0 ms)" for p in proofs)
+    old = BenchmarkResult(outcome="completed", at=result.at, requested=10, completed=8, failed=2, exit_code=0,
+                          proofs_per_hour=36.9, seconds_per_proof=97.5, log_tail=lines)
+    ring = ("2026-12-02T18:31:00Z cuzk-daemon: 2026-12-02T18:31:00.1Z ERROR cuzk_core::engine: Phase 7: PoRep proof "
+            "self-check FAILED — proof will NOT be returned to caller job_id=1 proof_len=1920 sector=1 miner=1000",)
+    w = judge(make_report("pro-0-z", events=bench_events(), result=old, log_tail=ring), POOL, LATER)
+    assert w is not None and (w.blame, w.signature) == ("machine", "proof-self-check-intermittent")
+    assert w.evidence["daemon_log"] and "self-check FAILED" in w.evidence["daemon_log"][0]
+
+
+def test_a_failed_warmup_is_a_benchmark_error_of_phase_warmup() -> None:
+    tail = ("Error: PreloadSRS RPC failed", "", "Caused by:",
+            '    status: Internal, message: "SRS param file not found for Porep32G: /data/zk/params/v28.params", '
+            "details: [], metadata: MetadataMap { headers: {} }")
+    events = [*bench_events()[:-1], ev("warmup", "started", 24.5), ev("warmup", "failed", 26, exit_code=1,
+                                                                      log_tail=tail)]
+    v = judge(make_report("pro-0-w", events=events, log_tail=tail), POOL, LATER)
+    assert v is not None
+    assert (v.verdict, v.blame, v.signature) == ("benchmark-error", "params", "srs-param-file-missing")
+    assert v.reason.startswith("benchmark-error: warmup exit 1, 0/10 proofs: Error: PreloadSRS RPC failed")
+
+
+def test_a_recovered_params_hiccup_never_explains_a_later_benchmark_failure() -> None:
+    ring = ("2026-12-02T18:05:00Z curl: (6) Could not resolve host: params.example.com",
+            "2026-12-02T18:05:01Z fleet: params: resuming v28.params at 1 of 2 bytes (curl)",
+            "2026-12-02T18:01:00Z fleet: nvidia-smi failed: No devices were found",  # skewed clock, kept
+            "2026-12-02T18:22:00Z fleet: starting cuzk-daemon --config /var/lib/fleet/cuzk.toml",
+            "2026-12-02T18:25:00Z Error: empty response")
+    v = judge(make_report("pro-0-h", events=[*bench_events(), ev("benchmark", "failed", 27, exit_code=1,
+                                                                 log_tail=ring[-1:])], log_tail=ring), POOL, LATER)
+    assert v is not None and (v.blame, v.signature) == ("machine", "nvidia-no-device")
+    v2 = judge(make_report("pro-0-i", events=[*bench_events(), ev("benchmark", "failed", 27, exit_code=1,
+                                                                  log_tail=ring[-1:])],
+                           log_tail=ring[:2] + ring[3:]), POOL, LATER)
+    assert v2 is not None and (v2.blame, v2.signature) == ("unknown", "benchmark-error-unrecognized-exit-1")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from reconciler.adapters.spec_files import check_spec_text
 from reconciler.adapters.webhooks import (
     WebhookConfigError,
     WebhookNotifier,
@@ -18,6 +19,7 @@ from reconciler.adapters.webhooks import (
     payload,
     targets_from_env,
 )
+from reconciler.cli.surfaces import webhook_targets
 from reconciler.domain.events import (
     BREAKER_TRIP,
     VERDICT,
@@ -26,6 +28,7 @@ from reconciler.domain.events import (
     orphan_destroyed_event,
     spend_cap_event,
 )
+from tests.scenarios import SPEC_YAML
 
 AT = datetime(2026, 12, 3, 7, 0, tzinfo=UTC)
 SLACK_URL = "https://hooks.slack.example/services/T000/B000/XXXXSECRETXXXX"
@@ -166,3 +169,31 @@ def test_targets_from_the_environment() -> None:
     assert "secret-value" not in str(info.value)
     with pytest.raises(WebhookConfigError, match="unknown event kind"):
         targets_from_env({"FLEET_WEBHOOK_URL": "http://h/x", "FLEET_WEBHOOK_EVENTS": "verdict,typo"})
+
+
+SPEC_WITH_HOOKS = SPEC_YAML + """\
+notifications:
+  webhooks:
+    - {name: ops, url_env: OPS_SLACK_WEBHOOK, format: slack, events: [breaker-trip, spend-cap]}
+    - {name: audit, url_env: AUDIT_HOOK_URL}
+"""
+
+
+def test_webhooks_named_in_the_spec_take_their_url_from_the_environment() -> None:
+    spec, problems = check_spec_text(SPEC_WITH_HOOKS, "fleet.yaml")
+    assert spec is not None and not [p for p in problems if p.severity == "error"], problems
+    targets, notes = webhook_targets(spec.notifications, {"OPS_SLACK_WEBHOOK": SLACK_URL})
+    (ops,) = targets
+    assert (ops.name, ops.format, ops.kinds, ops.url) == ("ops", "slack", frozenset({"breaker-trip", "spend-cap"}),
+                                                          SLACK_URL)
+    assert notes == ["webhook audit (spec): $AUDIT_HOOK_URL is not set; it stays off"]
+
+
+def test_the_spec_refuses_a_url_in_place_of_the_variable_and_duplicate_names() -> None:
+    leaked = SPEC_YAML + f"notifications:\n  webhooks:\n    - {{name: ops, url_env: '{SLACK_URL}'}}\n"
+    spec, problems = check_spec_text(leaked, "fleet.yaml")
+    assert spec is None and any("url_env" in p.json_path for p in problems), problems
+    twice = SPEC_YAML + ("notifications:\n  webhooks:\n    - {name: ops, url_env: A_URL}\n"
+                         "    - {name: ops, url_env: B_URL}\n")
+    spec, problems = check_spec_text(twice, "fleet.yaml")
+    assert spec is None and any("named twice" in p.message for p in problems), problems

@@ -1,0 +1,165 @@
+"""Read-only commands at 10,000 machines / 100,000 stored results, as a user runs them (a fresh `fleet`
+process each time), with the record index (reconciler/adapters/record_index.py):
+
+- cold: no index yet (first command in a fresh clone, or after the index was deleted): every record file is
+  read, hashed and parsed once, and the index written;
+- warm: the index is present: every file is only stat()ed;
+- reference, in the same run: the raw read of the same record files (open + read every byte, one process
+  already started), the floor any parse-everything approach stands on;
+- `fleet why` on a machine with 600 verdict commits in a history of ~1,200 commits;
+- `fleet --help`.
+Each figure is the median of 3 runs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Figure, timed
+from bench.data import DIGEST, machine_id_of, machine_records, spec_yaml, write_records
+from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
+from reconciler.adapters.record_files import render_machine_record
+
+MACHINES = 10_000
+ENTRIES_PER_MACHINE = 10
+REPEATS = 3
+WHY_COMMITS = 600
+COLD_TARGET_S = 3.0
+WARM_TARGET_S = 0.5
+WHY_TARGET_S = 0.5
+HELP_TARGET_S = 0.3
+RAW_FACTOR = 10.0
+_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+
+
+def _fleet(args: list[str], cwd: Path, env: dict[str, str]) -> float:
+    """Wall time of one `fleet ...` process (checked to succeed: exit 0, or 1 for findings)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "reconciler.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          check=False)
+    elapsed = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"fleet {' '.join(args)} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    return elapsed
+
+
+def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, check=False,
+                          env={**os.environ, **_GIT_ENV})
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout.decode()
+
+
+def _raw_read(machines_dir: Path) -> float:
+    def read_all() -> None:
+        with os.scandir(machines_dir) as entries:
+            for entry in entries:
+                with open(entry.path, "rb") as fh:
+                    fh.read()
+
+    return statistics.median(timed(read_all) for _ in range(REPEATS))
+
+
+def run() -> list[Figure]:
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory(prefix="bench-records-") as tmp:
+        root = Path(tmp) / "fleet"
+        spec_dir = root / "fleet-spec"
+        spec_dir.mkdir(parents=True)
+        _git(root, "init", "--quiet", "--initial-branch=main")
+        (spec_dir / "fleet.yaml").write_text(spec_yaml(), encoding="utf-8")
+        started = time.perf_counter()
+        write_records(spec_dir, MACHINES, ENTRIES_PER_MACHINE)
+        megabytes = sum(f.stat().st_size for f in (spec_dir / "machines").iterdir()) / 1e6
+        print(f"    wrote {MACHINES:,} record files ({megabytes:.0f} MB) in {time.perf_counter() - started:.0f} s",
+              flush=True)
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+        index = root / ".git" / "fleet" / "records.sqlite"
+        raw = _raw_read(spec_dir / "machines")
+        figures.append(Figure(f"raw read of the {MACHINES:,} record files ({megabytes:.0f} MB), reference", raw, "s",
+                              f"median of {REPEATS}: open + read every file in one running process, page cache "
+                              "warm; the floor for reading every record"))
+        commands = {
+            "records": ["records", "--spec-dir", "fleet-spec"],
+            "status": ["status", "--spec-dir", "fleet-spec", "--at", "2026-12-03T12:00:00Z"],
+            "plan": ["plan", "--spec", "fleet-spec/fleet.yaml", "--image-digest", DIGEST],
+        }
+        for name, args in commands.items():
+            cold = []
+            for _ in range(REPEATS):
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{index}{suffix}").unlink(missing_ok=True)
+                cold.append(_fleet(args, root, env))
+            warm = [_fleet(args, root, env) for _ in range(REPEATS)]
+            cold_s, warm_s = statistics.median(cold), statistics.median(warm)
+            passed = cold_s <= COLD_TARGET_S and cold_s <= RAW_FACTOR * raw
+            figures.append(Figure(
+                f"fleet {name}, cold (no index): {MACHINES:,} machines, {MACHINES * ENTRIES_PER_MACHINE:,} results",
+                cold_s, "s", f"median of {REPEATS} processes ({', '.join(f'{t:.2f}' for t in cold)} s); "
+                f"{cold_s / raw:.1f}x the raw read; parses every file and writes the index",
+                target=f"<= {COLD_TARGET_S:g} s and <= {RAW_FACTOR:g}x raw read", passed=passed))
+            figures.append(Figure(
+                f"fleet {name}, warm (index present)", warm_s, "s",
+                f"median of {REPEATS} processes ({', '.join(f'{t:.2f}' for t in warm)} s); stat()s every file, "
+                "answers from the index", target=f"<= {WARM_TARGET_S:g} s", passed=warm_s <= WARM_TARGET_S))
+            print(f"    {name}: cold {cold_s:.2f} s, warm {warm_s:.2f} s", flush=True)
+        figures.append(_why(Path(tmp)))
+        help_s = statistics.median(_fleet(["--help"], root, env) for _ in range(REPEATS))
+        figures.append(Figure("fleet --help", help_s, "s", f"median of {REPEATS} processes (interpreter start "
+                              "included); imports no command module", target=f"<= {HELP_TARGET_S:g} s",
+                              passed=help_s <= HELP_TARGET_S))
+    return figures
+
+
+def _data(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return b"data %d\n" % len(raw) + raw + b"\n"
+
+
+def _why(tmp: Path) -> Figure:
+    """A repo whose history has WHY_COMMITS verdict commits of one machine (its record growing to its last
+    30 entries, as a capped record would) interleaved with as many commits of other machines."""
+    repo = tmp / "why"
+    _git(tmp, "init", "--quiet", "--initial-branch=main", str(repo))
+    template = next(iter(machine_records(1, 30)))
+    target = template.machine_id
+    clock = 1_760_000_000
+    parts = []
+    for n in range(WHY_COMMITS * 2):
+        clock += 60
+        who = f"author {BOT_NAME} <{BOT_EMAIL}> {clock} +0000\ncommitter {BOT_NAME} <{BOT_EMAIL}> {clock} +0000\n"
+        if n % 2 == 0:
+            mid = target
+            k = n // 2
+            entries = template.benchmarks[: 1 + k % len(template.benchmarks)]
+            text = render_machine_record(type(template)(mid, status="bad", host_id=template.host_id,
+                                                        gpu_name=template.gpu_name, benchmarks=entries))
+            instance = entries[-1].instance_id
+        else:
+            mid = machine_id_of(1 + n % 500)
+            text = f"machine_id: '{mid}'\nstatus: ok\nbenchmarks: []\n"
+            instance = f"other-{n}"
+        message = f"fleet: 1 verdict (machine {mid})\n\nFleet-Machine: {mid}\nFleet-Instance: {instance}\n"
+        parts.append(f"commit refs/heads/main\n{who}".encode() + _data(message)
+                     + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + _data(text))
+    _git(repo, "fast-import", "--quiet", stdin=b"".join(parts))
+    _git(repo, "checkout", "--quiet", "main")
+    commits = len(_git(repo, "rev-list", "HEAD").split())
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
+    times = [_fleet(["why", target], repo, env) for _ in range(REPEATS)]
+    why_s = statistics.median(times)
+    return Figure(f"fleet why, machine with {WHY_COMMITS} verdict commits ({commits:,} commits in history)", why_s,
+                  "s", f"median of {REPEATS} processes ({', '.join(f'{t:.2f}' for t in times)} s); one path-limited "
+                  "git log + one git cat-file --batch", target=f"<= {WHY_TARGET_S:g} s", passed=why_s <= WHY_TARGET_S)
+
+
+if __name__ == "__main__":
+    for f in run():
+        print(f.name, "|", f.shown(), "|", f.detail, f.verdict())

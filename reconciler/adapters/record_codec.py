@@ -1,0 +1,418 @@
+"""Record file codec: the on-disk text of a machine record, written and read fast, still plain YAML.
+
+Place in the flow: `record_files` renders and parses records through this module; `record_index` bulk-parses
+new blobs with it. Nothing here touches the file system.
+
+Format (v2, written since the record index): the machine's own fields as block YAML (exactly as before, so
+a human still pardons with `status: pardoned`), then one benchmark entry per line as a YAML flow mapping
+written in JSON syntax:
+
+    # Written by the fleet reconciler. ...
+    machine_id: '40213'
+    status: bad
+    benchmarks:
+    - {"instance_id": "i-1", "at": "2026-12-02T18:00:00Z", "verdict": "ok", ..., "evidence": {...}}
+
+Every YAML reader reads it as before (a JSON object is a YAML flow mapping). A new verdict adds one line,
+so a record's diff stays one line per verdict. Reading: libyaml needs ~3.5 ms for a 17 KB record; the
+stdlib JSON decoder reads the same entries ~10x faster. The fast path is taken only where JSON and YAML 1.1
+(PyYAML) read the same document; anything else - a hand edit in block style, comments, anchors, floats YAML
+reads as strings (`1e5`), escapes or characters where the two differ - goes through the YAML loader, so the
+fast path changes speed, never meaning (property test: tests/unit/test_record_codec.py). Old block-YAML
+records keep loading through the YAML path.
+
+Validation: the JSON Schemas are compiled once into plain Python checks (`compile_schema`) for the keywords
+the record schemas use; a document the fast check accepts is valid for jsonschema too (same property test),
+and one it refuses is re-checked by jsonschema for the error messages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import yaml
+
+_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+ENTRIES_KEY = "benchmarks"
+
+# Characters PyYAML's reader refuses in a stream (yaml/reader.py NON_PRINTABLE), plus the ones YAML treats as
+# line breaks inside a quoted scalar (NEL, LS, PS: folded, where JSON keeps them) and tabs (JSON whitespace,
+# not always YAML whitespace). The writer escapes them; the reader falls back to YAML when it sees one.
+_DIVERGENT = re.compile("[^\x0a\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
+# PyYAML's float resolver (yaml/resolver.py): JSON numbers with a fraction or exponent that do not match it
+# are strings to YAML ("1e5", "1.5e3"), so they leave the fast path.
+_YAML_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?$")
+# JSON escapes YAML reads differently: "\/" is not a YAML 1.1 escape everywhere, and a surrogate pair written
+# as two \u escapes is one character to JSON but two to PyYAML.
+_DIVERGENT_ESCAPE = re.compile(r"\\(?:/|u[dD][89abAB])")
+_EXPONENT = re.compile(r"[0-9]e[-+][0-9]")
+_SURROGATE_ESCAPE = re.compile(r"\\ud[89ab]", re.IGNORECASE)
+_NON_ASCII_BMP = re.compile("[\x7f-\uffff]")
+_HEADER_LINE = re.compile(r"^([a-z_]+): (.*)$")
+_PLAIN_SAFE = re.compile(r"^[A-Za-z][A-Za-z0-9 ._()/+-]*[A-Za-z0-9._()/+-]$|^[A-Za-z]$")
+_YAML_WORDS = frozenset(w for base in ("yes", "no", "true", "false", "on", "off", "null", "y", "n")
+                        for w in (base, base.capitalize(), base.upper()))
+
+
+class NotFast(Exception):
+    """The text is outside the fast subset: read it with the YAML loader instead."""
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+
+def _escape_divergent(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def _json_safe(value: Any) -> bool:
+    """True if json.dumps writes `value` so that YAML reads back the same (floats with '.' and finite)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return False
+        text = repr(value)
+        return "e" not in text or "." in text
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_json_safe(v) for v in value)
+    return value is None or isinstance(value, str | int | bool)
+
+
+def entry_line(entry: Mapping[str, Any]) -> str | None:
+    """One benchmark entry as `- {json}` (no newline), or None if it cannot be written that way."""
+    try:
+        # ASCII only (the C encoder escapes the rest as \uXXXX), so a reader checks a line in a microsecond.
+        text = json.dumps(entry, allow_nan=False)
+    except (ValueError, TypeError):  # inf/nan, or a value JSON has no form for
+        return None
+    if ("e-" in text or "e+" in text) and _EXPONENT.search(text) and not _json_safe(entry):
+        return None  # a float printed with an exponent and no fraction is a string to YAML 1.1
+    if "\\ud" in text and _SURROGATE_ESCAPE.search(text):
+        # JSON writes a character beyond the BMP as a surrogate pair, which PyYAML reads as two characters:
+        # write those raw instead, and the rest of the non-ASCII as \uXXXX.
+        text = _NON_ASCII_BMP.sub(_escape_divergent, json.dumps(entry, ensure_ascii=False, allow_nan=False))
+    return "- " + text
+
+
+def render_record(header: str, doc: Mapping[str, Any]) -> str:
+    """`header` (comment lines) + the record document: own fields as block YAML, entries one per line.
+
+    Falls back to block YAML for the whole document when an entry holds a value JSON cannot carry to YAML
+    unchanged (a float like 1e-07 or inf)."""
+    fields = {k: v for k, v in doc.items() if k != ENTRIES_KEY}
+    entries = doc.get(ENTRIES_KEY, [])
+    if not isinstance(entries, list):
+        return header + dump_yaml(dict(doc))
+    lines = [entry_line(e) if isinstance(e, dict) else None for e in entries]
+    if any(line is None for line in lines):
+        return header + dump_yaml(dict(doc))
+    body = f"{ENTRIES_KEY}:\n" + "".join(f"{line}\n" for line in lines) if lines else f"{ENTRIES_KEY}: []\n"
+    return header + (dump_yaml(fields) if fields else "") + body
+
+
+def dump_yaml(doc: dict[str, Any]) -> str:
+    return yaml.dump(doc, Dumper=_YAML_DUMPER, sort_keys=False, allow_unicode=True, width=120)
+
+
+# --- reading ---------------------------------------------------------------------------------------------
+
+
+def _parse_float(text: str) -> float:
+    # A JSON number reaches here only with a fraction or an exponent: with a fraction and no exponent it is
+    # always a YAML float too; only exponents need the YAML pattern.
+    if ("e" in text or "E" in text) and not _YAML_FLOAT.match(text):
+        raise NotFast(f"number {text} is a string to YAML")
+    return float(text)
+
+
+def _parse_constant(text: str) -> Any:
+    raise NotFast(f"{text} is not a YAML number")
+
+
+_DECODER = json.JSONDecoder(parse_float=_parse_float, parse_constant=_parse_constant)
+
+
+def _header_scalar(value: str) -> Any:
+    """A header value in the forms the YAML dumper writes for short strings, else NotFast."""
+    if value in ("null", "~", ""):
+        return None
+    if _PLAIN_SAFE.match(value) and value not in _YAML_WORDS:
+        return value
+    if len(value) >= 2 and value[0] == "'" and value[-1] == "'":
+        inner = value[1:-1]
+        if "'" not in inner.replace("''", ""):
+            return inner.replace("''", "'")
+    raise NotFast(f"header value {value!r}")
+
+
+def parse_fast(text: str) -> dict[str, Any]:
+    """The record document of `text` as YAML would read it, or NotFast when the text is outside the subset
+    where that is certain (the caller then uses the YAML loader). `text` has universal newlines."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    i = 0
+    while i < len(lines) and lines[i].startswith("#"):
+        i += 1
+    header_start = i
+    entries: list[Any] | None = None
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if line == f"{ENTRIES_KEY}:":
+            entries = []
+            break
+        if line == f"{ENTRIES_KEY}: []":
+            entries = []
+            if i != len(lines):
+                raise NotFast("content after an empty benchmarks list")
+            break
+    if entries is None:
+        raise NotFast("no benchmarks line")
+    if _DIVERGENT.search("\n".join(lines[:i])):
+        raise NotFast("characters JSON and YAML read differently")
+    doc = _header(lines[header_start:i - 1])
+    decode = _DECODER.decode
+    for line in lines[i:]:
+        if not line.startswith("- {") or not line.endswith("}"):
+            raise NotFast("entry line not in flow style")
+        # Raw control characters other than tab are refused by the JSON decoder (strict) inside strings and
+        # are not JSON whitespace; tab and DEL are checked here, the rest of the divergent set only occurs in
+        # a non-ASCII line (the writer keeps lines ASCII).
+        if ("\t" in line or "\x7f" in line) if line.isascii() else _DIVERGENT.search(line) is not None:
+            raise NotFast("characters JSON and YAML read differently")
+        if "\\" in line and _DIVERGENT_ESCAPE.search(line):
+            raise NotFast("escape JSON and YAML read differently")
+        try:
+            entries.append(decode(line[2:]))
+        except ValueError:  # JSONDecodeError; a YAML reading may still succeed (or give the real error)
+            raise NotFast("entry line is not JSON") from None
+        except RecursionError:
+            raise NotFast("nested too deeply") from None
+    doc[ENTRIES_KEY] = entries
+    return doc
+
+
+def _header(lines: list[str]) -> dict[str, Any]:
+    """The record's own fields: the forms the dumper writes read directly; other block YAML (a hand-written
+    note, say) read by the YAML loader on these lines alone. Anything that could reach past the benchmarks
+    line (an unterminated quote or flow collection) fails here and sends the whole text to the YAML loader."""
+    doc: dict[str, Any] = {}
+    try:
+        for line in lines:
+            m = _HEADER_LINE.match(line)
+            if m is None or m.group(1) in doc:
+                raise NotFast(line)
+            doc[m.group(1)] = _header_scalar(m.group(2))
+    except NotFast:
+        chunk = "\n".join(lines)
+        if any(line.startswith(("---", "...", "%")) for line in lines) or "&" in chunk or "*" in chunk:
+            raise NotFast("header needs the YAML loader's document handling") from None
+        try:
+            loaded = yaml.load(chunk, Loader=_YAML_LOADER) if chunk.strip() else {}  # noqa: S506 (safe loader)
+        except (yaml.YAMLError, ValueError, TypeError, AttributeError, IndexError, OverflowError, RecursionError):
+            raise NotFast("header is not YAML on its own") from None
+        if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+            raise NotFast("header is not a mapping of names") from None
+        doc = loaded
+    if ENTRIES_KEY in doc:
+        raise NotFast("benchmarks given twice")
+    return doc
+
+
+# --- validation --------------------------------------------------------------------------------------------
+
+Check = Callable[[Any], bool]
+_ANNOTATIONS = frozenset({"$schema", "$id", "title", "description", "$comment", "default", "examples"})
+_TYPES: dict[str, Check] = {
+    "string": lambda v: isinstance(v, str),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality as jsonschema's enum/const use it: booleans are not numbers, 1 == 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Check | None:
+    """A fast yes/no check equal to jsonschema's `is_valid` for `schema`, or None if the schema uses a keyword
+    this compiler does not know (then the caller keeps using jsonschema alone)."""
+    try:
+        return _compile(schema, schema)
+    except _Unsupported:
+        return None
+
+
+def _compile(node: Mapping[str, Any], root: Mapping[str, Any]) -> Check:
+    keys = {k for k in node if k not in _ANNOTATIONS and k not in ("$defs", "definitions")}
+    special = _object_check(node, keys, root) or _leaf_check(node, keys)
+    if special is not None:
+        return special
+    checks = [_keyword(key, node[key], node, root) for key in node if key in keys]
+    if not checks:
+        return lambda v: True
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:
+        first, second = checks
+        return lambda v: first(v) and second(v)
+    return lambda v: all(c(v) for c in checks)
+
+
+def _object_check(node: Mapping[str, Any], keys: set[str], root: Mapping[str, Any]) -> Check | None:
+    """One closure for the usual object node (type object, properties, required, additionalProperties: false):
+    the record entries are checked ~100,000 times on a cold index build, so leaf properties (a type, a
+    string enum) are checked inline instead of through a function call each."""
+    if node.get("type") != "object" or not keys <= {"type", "properties", "required", "additionalProperties"}:
+        return None
+    if node.get("additionalProperties", True) not in (True, False):
+        return None
+    # name -> (types, bool_is_number_excluded, string options, general check); one of them applies
+    props: dict[str, tuple[tuple[type, ...] | None, bool, frozenset[str] | None, Check | None]] = {}
+    for name, sub in node.get("properties", {}).items():
+        leaf = _leaf_types(sub, root)
+        if leaf is not None:
+            props[name] = (leaf[0], leaf[1], None, None)
+        elif set(sub) - _ANNOTATIONS == {"enum"} and all(isinstance(o, str) for o in sub["enum"]):
+            props[name] = (None, False, frozenset(sub["enum"]), None)
+        else:
+            props[name] = (None, False, None, _compile(sub, root))
+    required = tuple(node.get("required", ()))
+    closed = node.get("additionalProperties") is False
+
+    def check(v: Any) -> bool:
+        if not isinstance(v, dict):
+            return False
+        for name in required:
+            if name not in v:
+                return False
+        for k, x in v.items():
+            prop = props.get(k)
+            if prop is None:
+                if closed:
+                    return False
+                continue
+            types, no_bool, options, fn = prop
+            if types is not None:
+                if not isinstance(x, types) or (no_bool and x.__class__ is bool):
+                    return False
+            elif options is not None:
+                if x.__class__ is not str or x not in options:
+                    return False
+            elif fn is not None and not fn(x):
+                return False
+        return True
+
+    return check
+
+
+def _leaf_types(node: Mapping[str, Any], root: Mapping[str, Any]) -> tuple[tuple[type, ...], bool] | None:
+    """(isinstance types, whether a bool must be refused) for a node that is only a `type`, else None."""
+    if set(node) - _ANNOTATIONS != {"type"}:
+        return None
+    names = {node["type"]} if isinstance(node["type"], str) else set(node["type"])
+    simple: dict[str, tuple[type, ...]] = {"string": (str,), "null": (type(None),), "object": (dict,),
+                                           "array": (list,), "boolean": (bool,), "number": (int, float)}
+    if not names <= simple.keys():
+        return None
+    types = tuple(t for n in sorted(names) for t in simple[n])
+    return types, "number" in names and "boolean" not in names
+
+
+def _leaf_check(node: Mapping[str, Any], keys: set[str]) -> Check | None:
+    """Type-only nodes, and enums of strings, as one isinstance or set look-up."""
+    if keys == {"enum"} and all(isinstance(o, str) for o in node["enum"]):
+        options = frozenset(node["enum"])
+        return lambda v: isinstance(v, str) and v in options
+    if keys != {"type"}:
+        return None
+    names = {node["type"]} if isinstance(node["type"], str) else set(node["type"])
+    simple: dict[str, type] = {"string": str, "null": type(None), "object": dict, "array": list, "boolean": bool}
+    if not names <= simple.keys() | {"number"}:
+        return None
+    plain = tuple(simple[n] for n in names if n in simple)
+    if "number" not in names:
+        return lambda v: isinstance(v, plain)
+    boolean_ok = "boolean" in names
+    return lambda v: isinstance(v, plain) or (isinstance(v, int | float) and (boolean_ok or not isinstance(v, bool)))
+
+
+def _keyword(key: str, value: Any, node: Mapping[str, Any], root: Mapping[str, Any]) -> Check:
+    """The check for one keyword of a schema node (JSON Schema 2020-12 semantics: a keyword about one type
+    passes values of other types)."""
+    if key == "$ref":
+        if not isinstance(value, str) or not value.startswith("#/"):
+            raise _Unsupported(key)
+        target: Any = root
+        for part in value[2:].split("/"):
+            target = target[part]
+        return _compile(target, root)
+    if key == "type":
+        names = [value] if isinstance(value, str) else list(value)
+        if any(n not in _TYPES for n in names):
+            raise _Unsupported(str(value))
+        fns = [_TYPES[n] for n in names]
+        return fns[0] if len(fns) == 1 else _any_of(fns)
+    if key == "enum":
+        options = list(value)
+        return lambda v: any(_same_json(v, o) for o in options)
+    if key == "required":
+        names = list(value)
+        return lambda v: not isinstance(v, dict) or all(n in v for n in names)
+    if key == "properties":
+        props = {name: _compile(sub, root) for name, sub in value.items()}
+        return lambda v: not isinstance(v, dict) or all(props[k](x) for k, x in v.items() if k in props)
+    if key == "additionalProperties":
+        if value is not False or "patternProperties" in node:
+            raise _Unsupported(key)
+        allowed = frozenset(node.get("properties", {}))
+        return lambda v: not isinstance(v, dict) or v.keys() <= allowed
+    if key == "items":
+        if not isinstance(value, Mapping):
+            raise _Unsupported(key)
+        item = _compile(value, root)
+        return lambda v: not isinstance(v, list) or all(item(x) for x in v)
+    if key == "pattern":
+        rx = re.compile(value)
+        return lambda v: not isinstance(v, str) or rx.search(v) is not None
+    if key in ("minLength", "maxLength"):
+        n = int(value)
+        if key == "minLength":
+            return lambda v: not isinstance(v, str) or len(v) >= n
+        return lambda v: not isinstance(v, str) or len(v) <= n
+    if key in ("minimum", "maximum"):
+        bound = value
+        number = _TYPES["number"]
+        if key == "minimum":
+            return lambda v: not number(v) or v >= bound
+        return lambda v: not number(v) or v <= bound
+    raise _Unsupported(key)
+
+
+def _any_of(fns: list[Check]) -> Check:
+    return lambda v: any(f(v) for f in fns)

@@ -1,0 +1,611 @@
+"""Parsed-record index: the record files of a spec directory, parsed once per git blob, kept in SQLite.
+
+Place in the flow: the read-only commands (`fleet records`, `status`, `plan`, `apply`) and the reconcile loop
+load their `RecordSet` through `RecordIndex.load(spec_dir)` instead of parsing every file on every start.
+The index is a cache, never the source of truth: the files in the work tree are. Delete it at any time
+(it lives in the checkout's git directory, `.git/fleet/records.sqlite`, or under `$XDG_CACHE_HOME/gpu-fleet/`
+for a spec directory outside git) and the next command rebuilds it; a corrupt one is rebuilt on the spot.
+
+How a load stays correct and cheap:
+- Every `*.yaml` under `machines/` and `images/` is stat()ed. A file whose (device, inode, size, mtime, ctime)
+  equals what the index saw, and that had settled (last changed more than RACY_NS before it was read, as git
+  treats "racily clean" index entries), has the blob id the index recorded. Any other file is read and hashed
+  as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
+  revert, a rewrite by the reconciler all change the stat and so the blob looked up.
+- A blob the index has not seen is parsed (GC paused for the bulk), validated once, and stored: its summary
+  columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
+  without evidence. The same content under the same name is never parsed twice, across processes.
+- The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
+  is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
+  only when read, from the file, checked against the blob id it was indexed under.
+Unreadable files are reported in `problems` exactly as `load_records` reports them (same text).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import marshal
+import os
+import pickle
+import sqlite3
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from reconciler import SCHEMA_DIR
+from reconciler.adapters.record_files import (
+    _decode,
+    check_record_name,
+    parse_image_record,
+    parse_machine_doc,
+    parse_machine_record,
+)
+from reconciler.adapters.settings import settings
+from reconciler.domain.records import (
+    _SAFE_ID,
+    IMAGES_DIR,
+    MACHINES_DIR,
+    BadMachine,
+    BenchmarkEntry,
+    ImageSuspectRecord,
+    MachinePerf,
+    MachineRecord,
+    RecordError,
+    RecordSet,
+)
+
+INDEX_NAME = "records.sqlite"
+#: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
+FORMAT = 3
+_PLACEHOLDER = "\x00record-file\x00"
+_ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
+_EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
+_PERF_VERDICTS = ("ok", "below-min-rate")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+  path TEXT PRIMARY KEY, dir TEXT NOT NULL, kind TEXT NOT NULL, dev INTEGER, ino INTEGER, size INTEGER,
+  mtime_ns INTEGER, ctime_ns INTEGER, settled INTEGER NOT NULL, blob TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
+CREATE TABLE IF NOT EXISTS blobs (
+  blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
+  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB,
+  PRIMARY KEY (blob, kind));
+"""
+
+
+def git_blob_id(raw: bytes) -> str:
+    """The id git gives these bytes as a blob (`git hash-object`), without running git."""
+    return hashlib.sha1(b"blob %d\x00" % len(raw) + raw, usedforsecurity=False).hexdigest()
+
+
+def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
+    """`<git dir>/fleet/records.sqlite` of the checkout holding `spec_dir` (a worktree's own git dir), else
+    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (cache_home: $XDG_CACHE_HOME, read by
+    the settings adapter, or ~/.cache)."""
+    start = spec_dir.resolve()
+    for folder in (start, *start.parents):
+        dot_git = folder / ".git"
+        if dot_git.is_dir():
+            return dot_git / "fleet" / INDEX_NAME
+        if dot_git.is_file():  # a worktree or submodule: "gitdir: <path>"
+            text = dot_git.read_text(encoding="utf-8", errors="replace").strip()
+            if text.startswith("gitdir:"):
+                git_dir = Path(text.removeprefix("gitdir:").strip())
+                return (folder / git_dir if not git_dir.is_absolute() else git_dir) / "fleet" / INDEX_NAME
+    base = cache_home or settings().cache_home or Path.home() / ".cache"
+    tag = hashlib.sha256(str(start).encode()).hexdigest()[:16]
+    return base / "gpu-fleet" / f"records-{tag}.sqlite"
+
+
+def _version() -> str:
+    h = hashlib.sha256(f"{FORMAT}:{_ENTRY_FIELDS}".encode())
+    for name in ("machine-record.schema.json", "image-suspect.schema.json"):
+        h.update((SCHEMA_DIR / name).read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    path: str  # absolute
+    file: str  # as the caller named it (problem texts name it so, like load_records)
+    kind: str  # "m" | "i"
+    stat: tuple[int, int, int, int, int]
+
+
+@dataclass
+class _Parsed:
+    """One blob's parse, as stored: a problem, or the summary columns plus the record without evidence."""
+
+    problem: str | None
+    key: str | None = None
+    status: str | None = None
+    gpu_name: str | None = None
+    perf: tuple[int, float, float] | None = None
+    data: bytes | None = None
+    marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
+    bad_view: bytes | None = None  # marshal (host, note, marking index, marking entry, last index, last entry)
+
+
+class StoredEvidence(Mapping[str, Any]):
+    """An entry's evidence, read from its record file on first use (checked against the indexed blob id)."""
+
+    __slots__ = ("_blob", "_index", "_source", "_value")
+
+    def __init__(self, source: _EvidenceSource, blob: str, index: int) -> None:
+        self._source, self._blob, self._index = source, blob, index
+        self._value: Mapping[str, Any] | None = None
+
+    def _get(self) -> Mapping[str, Any]:
+        if self._value is None:
+            self._value = self._source.evidence(self._blob, self._index)
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        return dict(self._get()) == other if isinstance(other, Mapping) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(dict(self._get()))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:  # dataclasses.asdict deep-copies fields
+        import copy
+
+        return copy.deepcopy(dict(self._get()), memo)
+
+
+class _EvidenceSource:
+    """Re-reads a record file for its entries' evidence; keeps the last few parsed blobs."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}  # blob -> a file that had this content when the index was read
+        self._docs: dict[str, list[Any]] = {}
+
+    def evidence(self, blob: str, index: int) -> Mapping[str, Any]:
+        entries = self._docs.get(blob)
+        if entries is None:
+            file = Path(self.files[blob])
+            raw = file.read_bytes()
+            if git_blob_id(raw) != blob:
+                raise RecordError(f"{file}: changed while it was being read (the record was indexed as blob "
+                                  f"{blob[:12]}); run the command again")
+            record = parse_machine_record(_decode(raw), file, check_name=False)
+            entries = [dict(e.evidence) for e in record.benchmarks]
+            if len(self._docs) >= 64:
+                self._docs.pop(next(iter(self._docs)))
+            self._docs[blob] = entries
+        return entries[index]
+
+
+class LazyMachines(Mapping[str, MachineRecord]):
+    """machine id -> MachineRecord, built from the index on first access; iterating values or items, or many
+    single look-ups (`dict(records.machines)`), build them all in a few queries."""
+
+    _SINGLE_LOOKUPS = 32
+
+    def __init__(self, index: RecordIndex, blobs: dict[str, str]) -> None:
+        self._index = index
+        self._blobs = blobs  # machine id -> blob id, in file-name order
+        self._built: dict[str, MachineRecord] = {}
+        self._misses = 0
+
+    def __getitem__(self, machine_id: str) -> MachineRecord:
+        rec = self._built.get(machine_id)
+        if rec is None:
+            blob = self._blobs[machine_id]
+            self._misses += 1
+            if self._misses > self._SINGLE_LOOKUPS:
+                self._build_all()
+                return self._built[machine_id]
+            rec = self._index._build_machines({blob})[blob]
+            self._built[machine_id] = rec
+        return rec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blobs
+
+    def _build_all(self) -> None:
+        if len(self._built) == len(self._blobs):
+            return
+        built = self._index._build_machines({b for m, b in self._blobs.items() if m not in self._built})
+        self._built = {m: self._built.get(m) or built[b] for m, b in self._blobs.items()}
+
+    def many(self, machine_ids: list[str]) -> list[MachineRecord]:
+        """The records of these machines, the missing ones built in one go."""
+        missing = {self._blobs[m] for m in machine_ids if m not in self._built}
+        if missing:
+            built = self._index._build_machines(missing)
+            for m in machine_ids:
+                if m not in self._built:
+                    self._built[m] = built[self._blobs[m]]
+        return [self._built[m] for m in machine_ids]
+
+    def values(self) -> Any:
+        self._build_all()
+        return self._built.values()
+
+    def items(self) -> Any:
+        self._build_all()
+        return self._built.items()
+
+
+class RecordIndex:
+    """The index of one spec directory's record files (see the module docstring). One thread at a time;
+    several processes may share the file (SQLite locking; a writer that cannot get the lock skips storing
+    and the next command stores instead). `parsed`, `hashed`, `reused`: counts of the last load."""
+
+    RACY_NS = 2_000_000_000
+
+    def __init__(self, path: Path, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self.path = path
+        self._clock_ns = clock_ns
+        self._evidence = _EvidenceSource()
+        self.rebuilt: str | None = None  # why the index was started afresh, if it was
+        self.parsed = self.hashed = self.reused = 0
+        self._db = self._open()
+
+    @classmethod
+    def for_spec_dir(cls, spec_dir: Path, **kw: Any) -> RecordIndex:
+        return cls(default_index_path(spec_dir), **kw)
+
+    # --- storage ----------------------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as exc:  # corrupt, not a database, wrong version: start afresh
+            self.rebuilt = f"{self.path}: {exc}; rebuilt"
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            try:
+                return self._connect()
+            except (sqlite3.DatabaseError, OSError) as again:
+                self.rebuilt = f"{self.path}: {again}; using an in-memory index"
+                return self._connect(memory=True)
+        except OSError as exc:  # unwritable directory: still answer, from memory
+            self.rebuilt = f"{self.path}: {exc}; using an in-memory index"
+            return self._connect(memory=True)
+
+    def _connect(self, memory: bool = False) -> sqlite3.Connection:
+        if not memory:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(":memory:" if memory else str(self.path), timeout=2.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            version = _version()
+            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is not None
+            stored = db.execute("SELECT value FROM meta WHERE key='version'").fetchone() if has_meta else None
+            if stored is None or stored[0] != version:
+                db.executescript("DROP TABLE IF EXISTS files; DROP TABLE IF EXISTS blobs; "
+                                 "DROP TABLE IF EXISTS meta;" + _SCHEMA)
+                db.execute("INSERT INTO meta VALUES ('version', ?)", (version,))
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RecordIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- loading ----------------------------------------------------------------------------------------
+
+    def load(self, spec_dir: str | Path) -> RecordSet:
+        """The RecordSet of `spec_dir`, equal to `record_files.load_records(spec_dir)`."""
+        try:
+            return self._load(Path(spec_dir))
+        except sqlite3.DatabaseError as exc:  # the file went bad under us: rebuild and answer once more
+            self._db.close()
+            self.rebuilt = f"{self.path}: {exc}; rebuilt"
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            self._db = self._open()
+            return self._load(Path(spec_dir))
+
+    def _load(self, spec_dir: Path) -> RecordSet:
+        self.parsed = self.hashed = self.reused = 0
+        problems: list[str] = []
+        listed = self._list(spec_dir, problems)
+        dir_key = os.path.abspath(spec_dir)
+        # One query: what the index knows of each file (stat, blob) and of its blob (summary columns).
+        known = {row[0]: row[1:] for row in self._db.execute(
+            "SELECT f.path, f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns, f.settled, f.blob, b.blob, b.problem, "
+            "b.key, b.status, b.gpu_name, b.perf_samples, b.perf_median, b.perf_last FROM files f "
+            "LEFT JOIN blobs b ON b.blob = f.blob AND b.kind = f.kind WHERE f.dir = ?", (dir_key,))}
+        blob_of: dict[str, str] = {}
+        raw_of: dict[str, bytes] = {}
+        stored: dict[tuple[str, str], tuple[Any, ...]] = {}
+        file_rows: list[tuple[Any, ...]] = []
+        read_problems: dict[str, str] = {}
+        for item in listed:
+            path = item.path
+            row = known.get(path)
+            # Unchanged and settled, and its blob still indexed (a pruned or unstored blob is read again).
+            if row is not None and row[5] and row[:5] == item.stat and row[7] is not None:
+                blob_of[path] = row[6]
+                stored[(row[6], item.kind)] = row[8:]
+                self.reused += 1
+                continue
+            read_at = self._clock_ns()
+            try:
+                with open(path, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    raw = fh.read()
+            except OSError as exc:
+                read_problems[path] = f"{item.file}: cannot read: {exc}"
+                continue
+            self.hashed += 1
+            blob = git_blob_id(raw)
+            blob_of[path] = blob
+            raw_of[path] = raw
+            settled = int(max(st.st_mtime_ns, st.st_ctime_ns) < read_at - self.RACY_NS)
+            file_rows.append((path, dir_key, item.kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                              st.st_ctime_ns, settled, blob))
+        wanted = {(blob_of[i.path], i.kind) for i in listed if i.path in blob_of} - stored.keys()
+        stored.update(self._summaries(wanted))
+        new: dict[tuple[str, str], _Parsed] = {}
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a bulk parse allocates millions of objects that all live: cyclic GC passes are waste
+        try:
+            for item in listed:
+                found = blob_of.get(item.path)
+                if found is None or (found, item.kind) in stored or (found, item.kind) in new:
+                    continue
+                new[(found, item.kind)] = self._parse(raw_of[item.path], item.kind)
+                self.parsed += 1
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        listed_paths = {i.path for i in listed}
+        self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
+        for key, parsed in new.items():
+            stored[key] = (parsed.problem, parsed.key, parsed.status, parsed.gpu_name, *(parsed.perf or (0, 0.0, 0.0)))
+        return self._assemble(listed, blob_of, stored, read_problems, problems)
+
+    def _list(self, spec_dir: Path, problems: list[str]) -> list[_Listed]:
+        out = []
+        for sub, kind in ((MACHINES_DIR, "m"), (IMAGES_DIR, "i")):
+            directory = spec_dir / sub
+            shown = str(directory)  # problem texts name files as load_records does: spec_dir / sub / name
+            absolute = os.path.abspath(directory)
+            try:
+                with os.scandir(directory) as entries:
+                    names = sorted(e.name for e in entries if e.name.endswith(".yaml"))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                problems.append(f"{directory}: cannot list records: {exc}")
+                continue
+            stat = os.stat
+            for name in names:
+                path = f"{absolute}/{name}"
+                try:
+                    st = stat(path)
+                    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                except OSError:
+                    key = (0, 0, -1, 0, 0)
+                out.append(_Listed(path, f"{shown}/{name}", kind, key))
+        return out
+
+    def _summaries(self, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[Any, ...]]:
+        out: dict[tuple[str, str], tuple[Any, ...]] = {}
+        blobs = sorted({blob for blob, _ in wanted})
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self._db.execute("SELECT blob, kind, problem, key, status, gpu_name, perf_samples, "  # noqa: S608
+                                        f"perf_median, perf_last FROM blobs WHERE blob IN ({marks})", chunk):
+                if (row[0], row[1]) in wanted:
+                    out[(row[0], row[1])] = row[2:]
+        return out
+
+    def _parse(self, raw: bytes, kind: str) -> _Parsed:
+        placeholder = Path(f"{_PLACEHOLDER}.yaml")
+        try:
+            text = _decode(raw)
+            if kind == "i":
+                img = parse_image_record(text, placeholder)
+                return _Parsed(None, key=img.image_digest, status=img.status, data=pickle.dumps(img, protocol=5))
+            doc = parse_machine_doc(text, placeholder)
+        except (RecordError, UnicodeDecodeError, TypeError) as exc:
+            message = str(exc) if isinstance(exc, RecordError) else f"{placeholder}: cannot read: {exc}"
+            return _Parsed(message)
+        # The entries as tuples in field order straight from the checked document: what parse_machine_record
+        # builds BenchmarkEntry objects from (absent optional fields are None, their default).
+        entries = tuple(tuple(map(b.get, _ENTRY_FIELDS)) for b in doc["benchmarks"])
+        pph = _ENTRY_FIELDS.index("proofs_per_hour")
+        verdict = _ENTRY_FIELDS.index("verdict")
+        rates = [e[pph] for e in entries if e[pph] is not None and e[verdict] in _PERF_VERDICTS]
+        perf = (len(rates), statistics.median(rates), rates[-1]) if rates else None
+        host_id = doc.get("host_id")
+        mid, status, gpu_name = doc["machine_id"], doc["status"], doc.get("gpu_name")
+        data = marshal.dumps((mid, status, None if host_id is None else str(host_id), gpu_name, doc.get("note"),
+                              entries))
+        marks_bad, pool, at = (_ENTRY_FIELDS.index(f) for f in ("marks_bad", "pool", "at"))
+        marks = marshal.dumps([(e[pool], e[at]) for e in entries if e[marks_bad]])
+        marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][marks_bad]), None)
+        last = len(entries) - 1 if entries else None
+        bad_view = marshal.dumps((None if host_id is None else str(host_id), doc.get("note"), marking,
+                                  None if marking is None else entries[marking], last,
+                                  None if last is None else entries[last]))
+        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
+                       bad_view=bad_view)
+
+    def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
+               new: dict[tuple[str, str], _Parsed]) -> None:
+        if not file_rows and not gone and not new:
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # another process is writing: it or the next command stores
+            return
+        try:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
+                  p.bad_view)
+                 for (blob, kind), p in new.items()])
+            self._db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
+            self._db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
+            blobs, files = (self._db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("blobs", "files"))  # noqa: S608
+            if blobs > 2 * files + 1000:  # contents no file has any more (old versions, other branches)
+                self._db.execute("DELETE FROM blobs WHERE blob NOT IN (SELECT blob FROM files)")
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError:
+            self._db.execute("ROLLBACK")
+
+    def _assemble(self, listed: list[_Listed], blob_of: dict[str, str],
+                  stored: dict[tuple[str, str], tuple[Any, ...]], read_problems: dict[str, str],
+                  problems: list[str]) -> RecordSet:
+        machines: dict[str, str] = {}
+        images: dict[str, ImageSuspectRecord] = {}
+        image_blobs: list[str] = []
+        unreadable: set[str] = set()
+        bad: set[str] = set()
+        perf: dict[str, MachinePerf] = {}
+        gpu_of: dict[str, str | None] = {}
+        status_of: dict[str, str] = {}
+        counts: dict[str, int] = {}
+        for item in listed:
+            is_machine = item.kind == "m"
+            stem = item.file.rsplit("/", 1)[-1][:-5]
+            if item.path in read_problems:
+                problems.append(read_problems[item.path])
+                if is_machine and _SAFE_ID.match(stem):
+                    unreadable.add(stem)
+                continue
+            blob = blob_of[item.path]
+            problem, key, status, gpu_name, samples, median, last = stored[(blob, item.kind)]
+            if problem is None and is_machine and key != stem:
+                try:
+                    check_record_name(key, Path(item.file))
+                except RecordError as exc:
+                    problem = str(exc)
+            if problem is not None:
+                problems.append(problem.replace(_PLACEHOLDER + ".yaml", item.file))
+                if is_machine and _SAFE_ID.match(stem):
+                    unreadable.add(stem)
+                continue
+            if is_machine:
+                machines[key] = blob
+                self._evidence.files[blob] = item.file
+                counts[status] = counts.get(status, 0) + 1
+                if status in ("bad", "banned"):  # MachineRecord.is_bad
+                    bad.add(key)
+                    gpu_of[key] = gpu_name
+                    status_of[key] = status
+                if samples:
+                    perf[key] = MachinePerf(key, gpu_name, samples, median, last)
+            else:
+                image_blobs.append(blob)
+        if image_blobs:
+            marks = ",".join("?" * len(image_blobs))
+            loaded = {b: pickle.loads(d) for b, d in self._db.execute(  # noqa: S301 - our own index rows
+                f"SELECT blob, data FROM blobs WHERE kind = 'i' AND blob IN ({marks})", image_blobs)}  # noqa: S608
+            for blob in image_blobs:
+                img = loaded[blob]
+                images[img.image_digest] = img
+        frozen_unreadable = frozenset(unreadable)
+        return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
+                                    bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
+                                    bad_marks=lambda: self._bad_marks(machines),
+                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of, status_of))
+
+    def _bad_machines(self, machines: dict[str, str], bad: set[str],
+                      gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
+        """RecordSet.bad_machines from the bad_view column: two entries per bad machine, not its record."""
+        views: dict[str, Any] = {}
+        blobs = sorted({machines[m] for m in bad})
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            for blob, data in self._db.execute(query, chunk):
+                views[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
+        source = self._evidence
+        out = []
+        for mid in sorted(bad):
+            blob = machines[mid]
+            host_id, note, marking_i, marking, last_i, last = views[blob]
+            out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
+                                  _entry(last, source, blob, last_i), status_of[mid]))
+        return out
+
+    def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
+        """RecordSet.bad_marks from the marks column: no record is built."""
+        by_blob: dict[str, list[tuple[str | None, str]]] = {}
+        blobs = list(dict.fromkeys(machines.values()))
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, marks FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            for blob, data in self._db.execute(query, chunk):
+                by_blob[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
+        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in by_blob[blob]]
+
+    def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
+        out: dict[str, MachineRecord] = {}
+        wanted = list(blobs)
+        source = self._evidence
+        entry_fields = _ENTRY_FIELDS
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
+                                    chunk).fetchall()
+            for blob, data in rows:
+                mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
+                if _EVIDENCE_LAST:
+                    benchmarks = tuple(BenchmarkEntry(*e, StoredEvidence(source, blob, i))  # type: ignore[call-arg]
+                                       for i, e in enumerate(entries))
+                else:
+                    benchmarks = tuple(BenchmarkEntry(**dict(zip(entry_fields, e, strict=True)),
+                                                      evidence=StoredEvidence(source, blob, i))
+                                       for i, e in enumerate(entries))
+                out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
+                                          benchmarks=benchmarks)
+        return out
+
+
+def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, index: int | None) -> BenchmarkEntry | None:
+    if row is None or index is None:
+        return None
+    if _EVIDENCE_LAST:
+        return BenchmarkEntry(*row, StoredEvidence(source, blob, index))  # type: ignore[call-arg]
+    return BenchmarkEntry(**dict(zip(_ENTRY_FIELDS, row, strict=True)), evidence=StoredEvidence(source, blob, index))
+
+
+def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> RecordSet:
+    """`load_records` through the record index of `spec_dir` (opened here unless given)."""
+    if index is not None:
+        return index.load(spec_dir)
+    # Not closed here: the RecordSet builds machine records from it on demand (closed with the process).
+    return RecordIndex.for_spec_dir(Path(spec_dir)).load(spec_dir)
+

@@ -1,0 +1,232 @@
+"""The record index never serves a stale record: what it answers is what parsing the files answers now.
+
+Against a real git checkout: a human's uncommitted edit, the same edit committed, a revert, a branch switch,
+a deleted record and a rewrite within the same clock tick are each seen by the next load; a new index
+(another process) reuses what an earlier one parsed; a corrupt index file is rebuilt. Over random spec
+directories (good, broken, misnamed, image records) the indexed RecordSet equals `load_records`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reconciler.adapters.record_files import (
+    image_record_path,
+    load_records,
+    machine_record_path,
+    render_image_record,
+    render_machine_record,
+    write_text_atomic,
+)
+from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordError, RecordSet
+from tests.gitrepos import git
+
+DIGEST = "sha256:" + "c3" * 32
+
+
+def _entry(instance: str, rate: float, marks_bad: bool = False, pool: str = "rtx4090") -> BenchmarkEntry:
+    verdict = "below-min-rate" if marks_bad else "ok"
+    return BenchmarkEntry(instance_id=instance, at="2026-12-02T10:00:00Z", verdict=verdict,
+                          blame="machine" if marks_bad else "none", marks_bad=marks_bad, pool=pool,
+                          reason=f"{verdict} {rate}/h", proofs_per_hour=rate,
+                          evidence={"log_tail": [f"throughput:    {rate / 60:.3f} proofs/min"], "exit_code": 0})
+
+
+def _record(machine_id: str, *rates: float, bad: bool = False) -> MachineRecord:
+    rec = MachineRecord(machine_id)
+    for i, rate in enumerate(rates):
+        rec = rec.with_entry(_entry(f"p-{machine_id}-{i}", rate, bad and i == len(rates) - 1), host_id="7",
+                             gpu_name="RTX 4090")
+    return rec
+
+
+def _write(spec_dir: Path, rec: MachineRecord) -> Path:
+    path = machine_record_path(spec_dir, rec.machine_id)
+    write_text_atomic(path, render_machine_record(rec))
+    return path
+
+
+def ahead() -> int:
+    """A clock by which every file on disk was written long ago (none is "racy")."""
+    return time.time_ns() + 10 * RecordIndex.RACY_NS
+
+
+def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
+    """The contract: the same RecordSet, views included, as parsing every file."""
+    plain = load_records(spec_dir)
+    assert indexed.bad_machine_ids() == plain.bad_machine_ids()
+    assert indexed.bad_marks() == plain.bad_marks()
+    assert indexed.status_counts() == plain.status_counts()
+    assert indexed.bad_records() == plain.bad_records()
+    assert indexed.bad_machines() == plain.bad_machines()
+    assert indexed.perf_history() == plain.perf_history()
+    assert indexed.problems == plain.problems
+    assert indexed.unreadable_machine_ids == plain.unreadable_machine_ids
+    assert dict(indexed.images) == dict(plain.images)
+    assert list(indexed.machines) == list(plain.machines)
+    assert dict(indexed.machines.items()) == dict(plain.machines.items())
+    assert indexed == plain
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "fleet"
+    root.mkdir()
+    git(root, "init", "--quiet", "--initial-branch=main")
+    spec = root / "fleet-spec"
+    for rec in (_record("111", 45.0, 41.0), _record("222", 20.0, bad=True), _record("333", 50.0)):
+        _write(spec, rec)
+    image = ImageSuspectRecord(image_digest=DIGEST, signature="cuda-999", status="suspect", machines=("1", "2", "3"),
+                               tripped_at="2026-12-02T11:00:00Z", reason="3 machines")
+    write_text_atomic(image_record_path(spec, DIGEST), render_image_record(image))
+    git(root, "add", "--all")
+    git(root, "commit", "--quiet", "-m", "records")
+    return root
+
+
+def _index(repo: Path) -> RecordIndex:
+    return RecordIndex(default_index_path(repo / "fleet-spec"), clock_ns=ahead)
+
+
+def test_the_index_lives_in_the_checkouts_git_dir_and_a_second_process_parses_nothing(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    assert default_index_path(spec) == repo / ".git" / "fleet" / "records.sqlite"
+    first = _index(repo)
+    assert_same(first.load(spec), spec)
+    assert (first.parsed, first.hashed) == (4, 4)
+    again = _index(repo)  # a new process: only stat()s
+    records = again.load(spec)
+    assert (again.parsed, again.hashed, again.reused) == (0, 0, 4)
+    assert_same(records, spec)
+    assert git(repo, "status", "--porcelain") == ""  # nothing in the work tree
+
+
+def test_a_human_edit_uncommitted_then_committed_then_reverted_is_seen_by_the_next_load(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    index = _index(repo)
+    assert "222" in index.load(spec).bad_machine_ids()
+    path = machine_record_path(spec, "222")
+    path.write_text(path.read_text().replace("status: bad", "status: pardoned\nnote: PSU replaced"))
+    records = _index(repo).load(spec)
+    assert "222" not in records.bad_machine_ids() and records.machines["222"].note == "PSU replaced"
+    assert_same(records, spec)
+    git(repo, "commit", "--quiet", "-am", "pardon 222")
+    assert "222" not in _index(repo).load(spec).bad_machine_ids()
+    git(repo, "revert", "--no-edit", "HEAD")
+    records = index.load(spec)  # the first index object, kept across all of it (the loop's case)
+    assert "222" in records.bad_machine_ids() and records.machines["222"].status == "bad"
+    assert_same(records, spec)
+
+
+def test_a_branch_switch_and_a_deleted_record_are_seen(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    index = _index(repo)
+    index.load(spec)
+    git(repo, "checkout", "--quiet", "-b", "other")
+    _write(spec, _record("111", 45.0, 41.0, 9.0, bad=True))
+    machine_record_path(spec, "333").unlink()
+    git(repo, "commit", "--quiet", "-am", "other branch")
+    records = index.load(spec)
+    assert records.bad_machine_ids() == {"111", "222"} and "333" not in records.machines
+    assert_same(records, spec)
+    git(repo, "checkout", "--quiet", "main")
+    records = index.load(spec)
+    assert records.bad_machine_ids() == {"222"} and "333" in records.machines
+    assert_same(records, spec)
+    assert index.parsed == 0  # main's blobs were parsed before the switch
+
+
+def test_a_rewrite_within_the_same_clock_tick_is_seen(tmp_path: Path) -> None:
+    """Same size, same mtime (coarse clock): the file was "racy" when first read, so it is hashed again."""
+    spec = tmp_path / "spec"
+    path = _write(spec, _record("333", 50.0))
+    stamp = os.stat(path).st_mtime_ns
+    index = RecordIndex(tmp_path / "index.sqlite", clock_ns=lambda: stamp)  # read in the tick it was written
+    assert index.load(spec).machines["333"].status == "ok"
+    text = path.read_text()
+    with open(path, "r+", encoding="utf-8") as fh:
+        fh.write(text.replace("status: ok", "status: no"))
+    os.utime(path, ns=(stamp, stamp))
+    records = index.load(spec)
+    assert "333" not in records.machines and any("333.yaml" in p for p in records.problems)
+    assert_same(records, spec)
+
+
+def test_a_corrupt_index_is_rebuilt(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    _index(repo).load(spec)
+    path = default_index_path(spec)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"this is not a database" * 100)
+    index = _index(repo)
+    records = index.load(spec)
+    assert index.rebuilt is not None and index.parsed == 4
+    assert_same(records, spec)
+    with sqlite3.connect(path) as db:  # a real index again
+        assert db.execute("SELECT count(*) FROM files").fetchone()[0] == 4
+
+
+def test_a_file_whose_blob_left_the_index_is_read_again(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    _index(repo).load(spec)
+    with sqlite3.connect(default_index_path(spec)) as db:  # as pruning leaves it: the file row, no blob row
+        db.execute("DELETE FROM blobs WHERE kind = 'm'")
+    index = _index(repo)
+    assert_same(index.load(spec), spec)
+    assert index.parsed == 3
+
+
+def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    records = _index(repo).load(spec)
+    entry = records.machines["111"].benchmarks[1]
+    assert entry.evidence == {"log_tail": ["throughput:    0.683 proofs/min"], "exit_code": 0}
+    later = _index(repo).load(spec)
+    _write(spec, _record("111", 45.0, 41.0, 30.0))  # changed after the load, before the evidence was read
+    with pytest.raises(RecordError, match="changed while it was being read"):
+        dict(later.machines["111"].benchmarks[0].evidence)
+
+
+def test_git_blob_ids_match_git(repo: Path) -> None:
+    path = machine_record_path(repo / "fleet-spec", "111")
+    assert git_blob_id(path.read_bytes()) == git(repo, "hash-object", str(path)).strip()
+
+
+_texts = st.sampled_from([
+    "machine_id: '{m}'\nstatus: ok\nbenchmarks: []\n",
+    "machine_id: '{m}'\nstatus: bad\nbenchmarks: []\n",
+    "machine_id: '{m}'\nstatus: maybe\nbenchmarks: []\n",
+    "machine_id: 'other'\nstatus: ok\nbenchmarks: []\n",
+    "{not yaml",
+    "machine_id: '{m}'\nstatus: ok\nnote: &a x\nbenchmarks: []\n",
+    "RENDER",
+    "RENDER_BAD",
+])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["1", "2", "3", "4", ".h", "x y"]), _texts), max_size=6),
+       st.lists(st.tuples(st.sampled_from(["1", "2", "3"]), _texts), max_size=3))
+def test_the_indexed_recordset_equals_load_records_over_random_edits(
+        tmp_path: Path, first: list[tuple[str, str]], second: list[tuple[str, str]]) -> None:
+    with __import__("tempfile").TemporaryDirectory(dir=tmp_path) as tmp:
+        spec = Path(tmp) / "spec"
+        (spec / "machines").mkdir(parents=True)
+        index = RecordIndex(Path(tmp) / "index.sqlite", clock_ns=ahead)
+        for step in (first, second):
+            for name, text in step:
+                if text == "RENDER":
+                    text = render_machine_record(_record(name, 40.0, 44.0))
+                elif text == "RENDER_BAD":
+                    text = render_machine_record(_record(name, 40.0, 10.0, bad=True))
+                (spec / "machines" / f"{name}.yaml").write_text(text.replace("{m}", name), encoding="utf-8")
+            assert_same(index.load(spec), spec)
