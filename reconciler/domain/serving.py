@@ -72,13 +72,21 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def heartbeats(report: InstanceReport) -> list[Heartbeat]:
-    """The heartbeats of a serving worker, oldest first; malformed details are skipped, never fatal."""
+def heartbeats(report: InstanceReport, reach: timedelta | None = None) -> list[Heartbeat]:
+    """The heartbeats of a serving worker, oldest first; malformed details are skipped, never fatal.
+
+    `reach`: only those at most this long before the newest heartbeat (read from the end: the store keeps
+    up to 1,000 progress events per instance and every pass looks at every serving instance)."""
     out = []
-    for e in report.events:
+    newest: datetime | None = None
+    for e in reversed(report.events):
         hb = e.details.get("heartbeat") if e.phase == "serve" else None
         if not isinstance(hb, Mapping):
             continue
+        if reach is not None:
+            newest = newest or e.at
+            if e.at < newest - reach:
+                break
         gpus = hb.get("gpus")
         out.append(Heartbeat(
             at=e.at, seq=_int(hb.get("seq")), interval_s=_num(hb.get("interval_s")),
@@ -154,12 +162,23 @@ def _ago(now: datetime, then: datetime) -> str:
 
 
 def serving_health(report: InstanceReport, pool: PoolSpec, settings: ServingSettings) -> ServingHealth:
-    beats = heartbeats(report)
+    """Rolling rate at the newest heartbeat, and since when it has been below the threshold.
+
+    Only the heartbeats that can matter are evaluated (the last `degraded_after` plus one heartbeat, each
+    over its window): a store keeps up to 1,000 progress events per instance, and every pass judges every
+    serving instance, so this stays O(heartbeats in a window x heartbeats in the period), not quadratic
+    in the history. `below_since` therefore reaches back at most that far."""
     window = timedelta(minutes=settings.window_minutes)
+    period = timedelta(minutes=settings.degraded_after_minutes + settings.heartbeat_minutes)
+    beats = heartbeats(report, reach=period + window + timedelta(minutes=settings.heartbeat_minutes))
     threshold = pool.min_rate_proofs_per_hour * (1 - settings.degraded_margin)
     rate = None
     below_since: datetime | None = None
+    if beats:
+        first_point = beats[-1].at - period
     for hb in beats:
+        if hb.at < first_point:
+            continue
         r = rolling_rate(beats, hb.at, window, pool.min_rate_proofs_per_hour, settings.min_proofs)
         pph = r.proofs_per_hour
         below = r.judged and pph is not None and pph < threshold

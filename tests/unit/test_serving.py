@@ -284,3 +284,13 @@ def test_proof_lines_in_the_shipped_log_count_as_samples() -> None:
     assert check is not None and check.measured == (200.4,) and check.remaining == 7
     verdict = judge_early(report, POOL, EarlyVerdictSettings(), at(50))
     assert verdict is not None and verdict.verdict == "early-below-min-rate"  # best case 16.4/h < 29/h
+
+
+def test_a_long_history_is_judged_on_its_recent_heartbeats_only() -> None:
+    # 1,000 heartbeats (the store's progress ring): fast for ~80 h, then slow for the last two hours.
+    report = serving_report("i-1", [4] * 976 + [2] * 24)
+    last = 70 + 5 * 999
+    verdict = judge_serving(report, POOL, SERVING, at(last + 1), fleet_last_signal=at(last + 1))
+    assert verdict is not None and verdict.verdict == "degraded"
+    health = serving_health(report, POOL, SERVING)
+    assert health.below_since is not None and at(last) - health.below_since <= timedelta(minutes=35)
