@@ -50,9 +50,11 @@ from reconciler.flows.judge import PassResult, run_pass
 from reconciler.flows.provision import Image, apply_fleet
 from reconciler.render.text import render_text
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(t) is None for t in ("jq", "curl", "b2sum", "git")),
-    reason="the worker scripts need jq, curl and b2sum (.ci/run installs them)")
+pytestmark = [
+    pytest.mark.slow,  # minutes of real worker processes: `make test` (CI) runs them, the quick loop skips them
+    pytest.mark.skipif(any(shutil.which(t) is None for t in ("jq", "curl", "b2sum", "git")),
+                       reason="the worker scripts need jq, curl and b2sum (.ci/run installs them)"),
+]
 
 WORKER_IMAGE = REPO_ROOT / "worker-image"
 DEADLINE_S = 150.0  # per scenario; typically 15-40 s on a loaded 2-core machine
