@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,7 +46,11 @@ PHASE_SECONDS = 6.0
 MAX_REQUESTS_PER_THREAD = 20_000
 LOG_BATCH_LINES = 100
 EVENT_BATCH_SIZE = 20
-TARGET_EVENTS_PER_S = 2_000
+#: Issue 14's targets on loopback: one event per request, and events in batches.
+TARGET_SINGLE_EVENTS_PER_S = 5_000
+TARGET_BATCHED_EVENTS_PER_S = 20_000
+#: Each phase runs this many times; the figure is the median run (the others are in its detail).
+REPEATS = 3
 
 SERVER = """
 import sys, signal, threading
@@ -224,10 +228,29 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
         return Figure("controller ingest: events in batches", rate, "events/s",
                       f"{accepted:,} accepted in batches of {phase.per_request} "
                       f"({rate / phase.per_request:,.0f} requests/s); {cost}",
-                      target=f">= {TARGET_EVENTS_PER_S:,} events/s", passed=rate >= TARGET_EVENTS_PER_S)
+                      target=f">= {TARGET_BATCHED_EVENTS_PER_S:,} events/s",
+                      passed=rate >= TARGET_BATCHED_EVENTS_PER_S)
     return Figure("controller ingest: events, one per request", rate, "events/s",
                   f"{accepted:,} accepted; {cost}; one event per request",
-                  target=f">= {TARGET_EVENTS_PER_S:,} events/s", passed=rate >= TARGET_EVENTS_PER_S)
+                  target=f">= {TARGET_SINGLE_EVENTS_PER_S:,} events/s", passed=rate >= TARGET_SINGLE_EVENTS_PER_S)
+
+
+def _one_run(url: str, pid: int, number: int, phase: Phase, repeat: int, ctx: Any
+             ) -> tuple[int, float, float, float, float]:
+    """One timed run of a phase: (items accepted, seconds, controller CPU s, clients CPU s, 1-min load)."""
+    # Fresh instances per run: every run starts from the same per-instance history.
+    ids = [f"bench-{number}-{repeat}-{p}-{t:06x}" for p in range(CLIENT_PROCESSES) for t in range(THREADS_PER_PROCESS)]
+    for iid in ids:
+        _register(url, iid)
+    start_at = time.time() + 1.0
+    deadline = start_at + PHASE_SECONDS
+    cpu_before = _cpu_seconds(pid)
+    with ctx.Pool(CLIENT_PROCESSES) as pool:
+        parts = [ids[p * THREADS_PER_PROCESS:(p + 1) * THREADS_PER_PROCESS] for p in range(CLIENT_PROCESSES)]
+        done = pool.starmap(_client_process, [(url, part, number, start_at, deadline) for part in parts])
+    server_cpu = _cpu_seconds(pid) - cpu_before
+    elapsed = max(end for _, end, _ in done) - start_at
+    return sum(n for n, _, _ in done), elapsed, server_cpu, sum(cpu for _, _, cpu in done), os.getloadavg()[0]
 
 
 def run() -> list[Figure]:
@@ -242,22 +265,14 @@ def run() -> list[Figure]:
                 raise RuntimeError(f"controller did not start: {url!r}")
             ctx = multiprocessing.get_context("fork")
             for number, phase in enumerate(PHASES):
-                # Fresh instances per phase: every phase starts from the same per-instance history.
-                ids = [f"bench-{number}-{p}-{t:06x}" for p in range(CLIENT_PROCESSES)
-                       for t in range(THREADS_PER_PROCESS)]
-                for iid in ids:
-                    _register(url, iid)
-                start_at = time.time() + 1.0
-                deadline = start_at + PHASE_SECONDS
-                cpu_before = _cpu_seconds(proc.pid)
-                with ctx.Pool(CLIENT_PROCESSES) as pool:
-                    parts = [ids[p * THREADS_PER_PROCESS:(p + 1) * THREADS_PER_PROCESS]
-                             for p in range(CLIENT_PROCESSES)]
-                    done = pool.starmap(_client_process, [(url, part, number, start_at, deadline) for part in parts])
-                server_cpu = _cpu_seconds(proc.pid) - cpu_before
-                elapsed = max(end for _, end, _ in done) - start_at
-                figures.append(_figure(phase, sum(n for n, _, _ in done), elapsed, server_cpu,
-                                       sum(cpu for _, _, cpu in done)))
+                runs = [_one_run(url, proc.pid, number, phase, repeat, ctx) for repeat in range(REPEATS)]
+                runs.sort(key=lambda r: r[0] / r[1])
+                accepted, elapsed, server_cpu, client_cpu, _ = runs[len(runs) // 2]
+                figure = _figure(phase, accepted, elapsed, server_cpu, client_cpu)
+                spread = " / ".join(f"{a / e:,.0f}" for a, e, _, _, _ in runs)
+                loads = " / ".join(f"{load:.1f}" for *_, load in runs)
+                figures.append(replace(figure, detail=f"median of {REPEATS} runs ({spread} {figure.unit}; 1-min load "
+                                                      f"average {loads}); {figure.detail}"))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

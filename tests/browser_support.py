@@ -62,6 +62,7 @@ def store_report(store: ControllerStore, clock: list[datetime], report: Instance
         doc = {"protocol": 1, "phase": e.phase, "status": e.status, "at": format_time(e.at)}
         if e.exit_code is not None:
             doc |= {"exit_code": e.exit_code, "message": e.message, "log_tail": list(e.log_tail)}
+        clock[0] = e.at  # arrives when sent: the timeline is on the controller's clock (one clock)
         store.add_event(report.instance_id, doc)
     if (r := report.result) is not None:
         result = {"protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
@@ -70,6 +71,7 @@ def store_report(store: ControllerStore, clock: list[datetime], report: Instance
                   "image_digest": r.image_digest, "log_tail": list(r.log_tail)}
         if r.started_at is not None:
             result["started_at"] = format_time(r.started_at)
+        clock[0] = r.at
         store.set_result(report.instance_id, result)
     if report.destroyed_at is not None:
         store.mark_destroyed(report.instance_id, report.destroyed_at)

@@ -5,6 +5,7 @@ every worker in a real controller store and a slot state with prices; plus servi
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -72,6 +73,13 @@ def make_live_fleet(tmp_path: Path) -> LiveFleet:
                        gpu_name="RTX PRO 4000", price_usd_per_hour=RUNNING_PRICE,
                        image="registry.local/w@" + DIGEST, image_digest=DIGEST, status="running")
     save_slot_state(state_dir / SLOT_STATE_FILE, {slot.slot: slot})
+    # What `fleet apply`'s orphan sweep left: one orphan past its grace period, and the fleet's spend cap.
+    (state_dir / "market.json").write_text(json.dumps({
+        "version": 1, "at": "2026-12-02T21:59:00Z", "max_total_dph": 5.0, "slots_usd_per_hour": RUNNING_PRICE,
+        "orphans_usd_per_hour": 0.33, "orphans": [{
+            "contract_id": "7781234", "label": "gpu-fleet/rtx4090-3", "slot": "rtx4090-3", "kind": "orphan",
+            "why": "no slot owns it (a killed apply)", "machine_id": "41009", "price_usd_per_hour": 0.33,
+            "due": True}]}))
     return LiveFleet(origin, bot, db, state_dir)
 
 

@@ -9,28 +9,56 @@ Readers (`trailer_values`, `history_for_machine`) answer "what was judged, and w
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
-
-import git
+from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.settings import test_pause_point
 from reconciler.domain import errors
 from reconciler.domain.backoff import backoff_delay
-from reconciler.domain.surfaces import CommitLine
+
+if TYPE_CHECKING:
+    import git
+
+    from reconciler.domain.surfaces import CommitLine
+else:
+    class _LazyGitPython:
+        """gitpython, imported on first use: `fleet why` reads through GitReader (plain git) and should not pay
+        for importing gitpython (and its regexes) on every start."""
+
+        def __getattr__(self, name: str) -> Any:
+            import git as module
+
+            globals()["git"] = module
+            return getattr(module, name)
+
+    git = _LazyGitPython()
 
 BOT_NAME = "fleet-reconciler"
 BOT_EMAIL = "fleet-reconciler@users.noreply.invalid"
 TRAILER_KEYS = ("Fleet-Machine", "Fleet-Verdict", "Fleet-Image", "Fleet-Instance")
 #: Directories whose content the bot owns: uncommitted changes there are recomputed, never protected.
 RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/")
+
+log = logging.getLogger(__name__)
+
+#: Lock files a killed git leaves behind (SIGKILL, OOM, power loss); any one of them fails every later
+#: command that needs it ("Unable to create '.git/index.lock': File exists"), so a bot clone would be wedged.
+_LOCK_GLOBS = ("index.lock", "HEAD.lock", "ORIG_HEAD.lock", "FETCH_HEAD.lock", "packed-refs.lock", "config.lock",
+               "shallow.lock", "refs/**/*.lock", "logs/**/*.lock")
+#: Without /proc (not Linux) a lock counts as stale only when it is older than this.
+_STALE_LOCK_AGE_S = 600.0
+#: Git commands that never take a lock: gitpython keeps `git cat-file --batch` readers running in the clone.
+_LOCKLESS_GIT_COMMANDS = frozenset({"cat-file"})
 
 _TRAILER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*\Z")
 # Field and record separators for parsing `git log` output; they never occur in commit messages we write.
@@ -125,6 +153,57 @@ def _check_request(req: CommitRequest) -> None:
         check_repo_path(change.path)
 
 
+def _git_subcommand(argv: list[str]) -> str:
+    """`commit` for `git -c x=y commit ...`; '' if there is none."""
+    words = iter(argv[1:])
+    for word in words:
+        if word in ("-c", "-C", "--git-dir", "--work-tree", "--namespace"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return ""
+
+
+def lock_holders(locks: list[Path], roots: tuple[Path, ...]) -> list[str] | None:
+    """Processes that may own `locks`: any process with one of them open, and any git process (other than a
+    lock-free reader) whose working directory is inside `roots`. None when /proc cannot tell (not Linux)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    wanted = {str(lock) for lock in locks}
+    resolved_roots = tuple(r.resolve() for r in roots)
+    me = os.getpid()
+    holders = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            argv = [a.decode("utf-8", "replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            shown = f"pid {entry.name} ({' '.join(argv)[:80]})"
+            if any(os.readlink(fd) in wanted for fd in (entry / "fd").iterdir()):
+                holders.append(shown)
+                continue
+            name = os.path.basename(argv[0]) if argv else ""
+            if (name == "git" or name.startswith("git-")) and _git_subcommand(argv) not in _LOCKLESS_GIT_COMMANDS:
+                cwd = Path(os.readlink(entry / "cwd"))
+                if any(cwd == root or root in cwd.parents for root in resolved_roots):
+                    holders.append(shown)
+        except OSError:
+            continue  # gone meanwhile, or not ours to inspect
+    return holders
+
+
+def _pause_point(step: str) -> None:
+    """Crash tests only (FLEET_TEST_PAUSE_AT=<step> and FLEET_TEST_PAUSE_FIFO): say which step was reached
+    and stop this process (SIGSTOP) so the test can SIGKILL it exactly here. A no-op otherwise."""
+    fifo = test_pause_point(step)
+    if fifo is None:
+        return
+    with open(fifo, "w", encoding="utf-8") as announce:
+        announce.write(step + "\n")
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class GitStore:
     """A bot clone of the fleet repo: sync to the remote tip, publish record commits, read the trail."""
 
@@ -196,6 +275,7 @@ class GitStore:
         """Fetch and move the work tree to the remote tip. Refuses if that would lose a human's work."""
         if self.remote not in [r.name for r in self._repo.remotes]:
             raise GitStoreError(f"{self._workdir} has no remote named {self.remote!r}")
+        self.recover_stale_locks()
         try:
             self._repo.git.fetch("--quiet", self.remote,
                                  f"+refs/heads/{self.branch}:{self.remote_ref}")
@@ -203,9 +283,36 @@ class GitStore:
             raise TemporaryGitError(f"cannot fetch {self.remote}/{self.branch}: {_git_error(exc)}") from None
         tip = self._repo.git.rev_parse(self.remote_ref)
         self._refuse_to_lose_human_work(tip)
-        self._repo.git.checkout("--quiet", "--force", "-B", self.branch, tip)
-        self._repo.git.clean("-fdq", "--", *self.record_dirs)
+        try:
+            self._repo.git.checkout("--quiet", "--force", "-B", self.branch, tip)
+            self._repo.git.clean("-fdq", "--", *self.record_dirs)
+        except git.GitCommandError as exc:
+            raise TemporaryGitError(f"cannot check out {self.remote}/{self.branch}: {_git_error(exc)}") from None
         return tip
+
+    def recover_stale_locks(self) -> list[Path]:
+        """Remove the lock files a killed git left in this clone, but only when no process holds them.
+
+        Held (a git command still running in the clone, or any process with the lock open): TemporaryGitError
+        naming the holder; the next pass looks again. Returns the locks removed.
+        """
+        gitdir = Path(self._repo.git_dir)
+        locks = sorted({lock for pattern in _LOCK_GLOBS for lock in gitdir.glob(pattern)})
+        if not locks:
+            return []
+        holders = lock_holders(locks, (self._workdir, gitdir))
+        if holders is None:  # no /proc: only a lock nobody touched for a long time counts as stale
+            now = time.time()
+            fresh = [lock for lock in locks if now - lock.stat().st_mtime < _STALE_LOCK_AGE_S]
+            holders = [f"a process that touched {lock.name} {now - lock.stat().st_mtime:.0f} s ago" for lock in fresh]
+        if holders:
+            raise TemporaryGitError(f"{', '.join(str(lock.relative_to(gitdir)) for lock in locks)} in "
+                                    f"{self._workdir}/.git held by running process {'; '.join(holders[:3])}; "
+                                    "not removed, the next pass looks again")
+        for lock in locks:
+            lock.unlink(missing_ok=True)
+            log.warning("removed stale git lock %s (left by a killed git; no process holds it)", lock)
+        return locks
 
     def _refuse_to_lose_human_work(self, tip: str) -> None:
         dirty = []
@@ -253,6 +360,7 @@ class GitStore:
             sha = self._commit(request)
             if sha is None:
                 return PublishResult(None, attempt, False)
+            _pause_point("push")
             try:
                 self._push()
             except TemporaryGitError as exc:
@@ -283,6 +391,7 @@ class GitStore:
                     write_text_atomic(target, change.content)
                 except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
                     raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
+                _pause_point("write")
         if request.changes:  # --remove: a path whose file is gone leaves the index
             self._plumbing(["update-index", "--add", "--remove", "-z", "--stdin"],
                            "".join(f"{c.path}\0" for c in request.changes))
@@ -393,6 +502,8 @@ class GitStore:
     def recent_commits(self, n: int = 15, ref: str | None = None) -> list[CommitLine]:
         """The newest `n` commits of `ref` (default: the remote branch, what everyone sees), newest first.
         Read through `git log` of the bot's clone; the live status page lists them."""
+        from reconciler.domain.surfaces import CommitLine
+
         out = self._log(f"--max-count={max(n, 1)}", f"--format=%H{_FS}%cI{_FS}%an{_FS}%s", ref or self.remote_ref)
         lines = []
         for line in out.splitlines():

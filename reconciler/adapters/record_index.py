@@ -57,14 +57,15 @@ from reconciler.domain.records import (
     RecordError,
     RecordSet,
 )
+from reconciler.domain.verdicts import RATE_VERDICTS
 
 INDEX_NAME = "records.sqlite"
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 3
+FORMAT = 4
 _PLACEHOLDER = "\x00record-file\x00"
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
-_PERF_VERDICTS = ("ok", "below-min-rate")
+_PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -74,7 +75,7 @@ CREATE TABLE IF NOT EXISTS files (
 CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
 CREATE TABLE IF NOT EXISTS blobs (
   blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
-  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB,
+  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB, last_price REAL,
   PRIMARY KEY (blob, kind));
 """
 
@@ -104,7 +105,7 @@ def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
 
 
 def _version() -> str:
-    h = hashlib.sha256(f"{FORMAT}:{_ENTRY_FIELDS}".encode())
+    h = hashlib.sha256(f"{FORMAT}:{_ENTRY_FIELDS}:{sorted(RATE_VERDICTS)}".encode())
     for name in ("machine-record.schema.json", "image-suspect.schema.json"):
         h.update((SCHEMA_DIR / name).read_bytes())
     return h.hexdigest()
@@ -130,6 +131,7 @@ class _Parsed:
     data: bytes | None = None
     marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
     bad_view: bytes | None = None  # marshal (host, note, marking index, marking entry, last index, last entry)
+    last_price: float | None = None  # the newest entry's price that has one
 
 
 class StoredEvidence(Mapping[str, Any]):
@@ -371,18 +373,13 @@ class RecordIndex:
         wanted = {(blob_of[i.path], i.kind) for i in listed if i.path in blob_of} - stored.keys()
         stored.update(self._summaries(wanted))
         new: dict[tuple[str, str], _Parsed] = {}
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # a bulk parse allocates millions of objects that all live: cyclic GC passes are waste
-        try:
-            for item in listed:
-                found = blob_of.get(item.path)
-                if found is None or (found, item.kind) in stored or (found, item.kind) in new:
-                    continue
-                new[(found, item.kind)] = self._parse(raw_of[item.path], item.kind)
-                self.parsed += 1
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        todo: dict[tuple[str, str], bytes] = {}
+        for item in listed:
+            found = blob_of.get(item.path)
+            if found is not None and (found, item.kind) not in stored:
+                todo.setdefault((found, item.kind), raw_of[item.path])
+        new = self._parse_all(todo)
+        self.parsed = len(new)
         listed_paths = {i.path for i in listed}
         self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
         for key, parsed in new.items():
@@ -426,6 +423,57 @@ class RecordIndex:
                     out[(row[0], row[1])] = row[2:]
         return out
 
+    #: A cold build parses this many blobs or more in two processes (the machine's second core).
+    PARALLEL_FROM = 2000
+
+    def _parse_all(self, todo: dict[tuple[str, str], bytes]) -> dict[tuple[str, str], _Parsed]:
+        """Parse the new blobs with the cyclic GC paused (a bulk parse allocates millions of objects that all
+        stay alive: collector passes over them are waste). A large batch (a cold build) is split with a forked
+        child parsing half: parsing is pure CPU, and the child hands back only the marshalled rows."""
+        keys = list(todo)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            if len(keys) >= self.PARALLEL_FROM and hasattr(os, "fork"):
+                return self._parse_forked(keys, todo)
+            return {key: self._parse(todo[key], key[1]) for key in keys}
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _parse_forked(self, keys: list[tuple[str, str]], todo: dict[tuple[str, str], bytes]
+                      ) -> dict[tuple[str, str], _Parsed]:
+        half = len(keys) // 2
+        theirs, mine = keys[:half], keys[half:]
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: parse its half, send the rows, leave without running any cleanup
+            code = 1
+            try:
+                os.close(read_end)
+                sent = [(key, *vars(self._parse(todo[key], key[1])).values()) for key in theirs]
+                with os.fdopen(write_end, "wb") as sink:
+                    sink.write(marshal.dumps(sent))
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        out = {key: self._parse(todo[key], key[1]) for key in mine}
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        rows: list[Any] | None
+        try:
+            rows = marshal.loads(data) if os.waitstatus_to_exitcode(status) == 0 else None  # noqa: S302 - our child
+        except (EOFError, ValueError, TypeError):
+            rows = None
+        if rows is None:  # the child failed: parse its half here
+            out.update({key: self._parse(todo[key], key[1]) for key in theirs})
+        else:
+            for key, *values in rows:
+                out[tuple(key)] = _Parsed(*values)
+        return out
+
     def _parse(self, raw: bytes, kind: str) -> _Parsed:
         placeholder = Path(f"{_PLACEHOLDER}.yaml")
         try:
@@ -455,8 +503,10 @@ class RecordIndex:
         bad_view = marshal.dumps((None if host_id is None else str(host_id), doc.get("note"), marking,
                                   None if marking is None else entries[marking], last,
                                   None if last is None else entries[last]))
+        price = _ENTRY_FIELDS.index("price_usd_per_hour")
+        last_price = next((e[price] for e in reversed(entries) if e[price] is not None), None)
         return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
-                       bad_view=bad_view)
+                       bad_view=bad_view, last_price=last_price)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> None:
@@ -468,9 +518,9 @@ class RecordIndex:
             return
         try:
             self._db.executemany(
-                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
-                  p.bad_view)
+                  p.bad_view, p.last_price)
                  for (blob, kind), p in new.items()])
             self._db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
             self._db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
@@ -536,7 +586,8 @@ class RecordIndex:
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
                                     bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
                                     bad_marks=lambda: self._bad_marks(machines),
-                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of, status_of))
+                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of, status_of),
+                                    last_prices=lambda: self._last_prices(machines))
 
     def _bad_machines(self, machines: dict[str, str], bad: set[str],
                       gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
@@ -557,6 +608,17 @@ class RecordIndex:
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
                                   _entry(last, source, blob, last_i), status_of[mid]))
         return out
+
+    def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:
+        """RecordSet.last_prices from the last_price column."""
+        by_blob: dict[str, float | None] = {}
+        blobs = list(dict.fromkeys(machines.values()))
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, last_price FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            by_blob.update(self._db.execute(query, chunk).fetchall())
+        return {mid: by_blob[blob] for mid, blob in machines.items()}
 
     def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
         """RecordSet.bad_marks from the marks column: no record is built."""

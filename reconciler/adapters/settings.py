@@ -26,6 +26,9 @@ VAST_API_KEY_ENV = "VAST_API_KEY"
 IMAGE_DIGEST_ENV = "FLEET_IMAGE_DIGEST"
 WEBHOOK_URL_ENV = "FLEET_WEBHOOK_URL"
 CI_ENV = "CI"
+REGISTRY_PASSWORD_ENV = "FLEET_REGISTRY_PASSWORD"  # noqa: S105
+TEST_PAUSE_AT_ENV = "FLEET_TEST_PAUSE_AT"
+TEST_PAUSE_FIFO_ENV = "FLEET_TEST_PAUSE_FIFO"
 CACHE_HOME_ENV = "XDG_CACHE_HOME"
 
 #: Every variable the package reads, with what it is for (README and `fleet --help` list these).
@@ -37,6 +40,10 @@ ENVIRONMENT = {
     IMAGE_DIGEST_ENV: "desired worker image digest sha256:<hex> (stale-image checks)",
     WEBHOOK_URL_ENV: "webhook URL for verdicts, breaker trips, spend cap, orphans (a secret)",
     CI_ENV: "true/1 in CI: `fleet demo` never waits for Ctrl-C there",
+    REGISTRY_PASSWORD_ENV: "the worker image registry's password/token: set it where the controller runs so that "
+                           "a worker log line printing it is redacted",
+    TEST_PAUSE_AT_ENV: "crash tests only: stop the process at this step of publishing (write, push)",
+    TEST_PAUSE_FIFO_ENV: "crash tests only: FIFO on which the paused step is announced",
     CACHE_HOME_ENV: "where the record index of a spec directory outside git is kept (default ~/.cache)",
 }
 
@@ -119,6 +126,24 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The process's settings. Read on each call (cheap): a long-running process sees a rotated secret on
     its next operation, and tests pass their own `environ` instead of patching the process's."""
     return Settings.from_environ(environ)
+
+
+def test_pause_point(step: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The FIFO to announce `step` on when a crash test asked this process to stop there, else None."""
+    env = os.environ if environ is None else environ
+    fifo = env.get(TEST_PAUSE_FIFO_ENV, "")
+    return fifo if fifo and env.get(TEST_PAUSE_AT_ENV) == step else None
+
+
+def known_secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Secret values this process knows (controller secret and tokens, vast.ai key, registry password,
+    webhook URL): redaction masks them by value wherever a worker prints them."""
+    current = settings(environ)
+    env = os.environ if environ is None else environ
+    values = [s.reveal() for s in (current.controller_secret, current.admin_token, current.read_token,
+                                   current.vast_api_key, current.webhook_url) if s is not None]
+    registry = env.get(REGISTRY_PASSWORD_ENV, "").strip()
+    return [*values, registry] if registry else values
 
 
 def secret_from_file(path: Path, what: str) -> Secret:

@@ -28,14 +28,15 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from reconciler.adapters.settings import known_secret_values
 from reconciler.domain import errors
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, parse_time
-from reconciler.domain.redact import redact_line, redact_lines
+from reconciler.domain.redact import Redactor
 
 SCHEMA_VERSION = 2
 #: Lines of the ring buffer copied into InstanceReport.log_tail (evidence for verdicts).
@@ -165,33 +166,22 @@ def _dt(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-def _redact_strings(value: Any) -> Any:
-    """Redact every string inside a JSON value (event details may carry URLs with credentials)."""
-    if isinstance(value, str):
-        return redact_line(value)
-    if isinstance(value, list):
-        return [_redact_strings(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _redact_strings(v) for k, v in value.items()}
-    return value
-
-
-def _redacted_event(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _redacted_event(doc: Mapping[str, Any], redactor: Redactor) -> dict[str, Any]:
     out = dict(doc)
     if out.get("message") is not None:
-        out["message"] = redact_line(out["message"])
-    out["log_tail"] = redact_lines(out.get("log_tail", []))
-    out["details"] = _redact_strings(out.get("details", {}))
+        out["message"] = redactor.line(out["message"])
+    out["log_tail"] = redactor.lines(out.get("log_tail", []))
+    out["details"] = redactor.value(out.get("details", {}))
     return out
 
 
-def _redacted_result(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _redacted_result(doc: Mapping[str, Any], redactor: Redactor) -> dict[str, Any]:
     out = dict(doc)
-    out["log_tail"] = redact_lines(out.get("log_tail", []))
+    out["log_tail"] = redactor.lines(out.get("log_tail", []))
     if out.get("daemon_log_tail"):
-        out["daemon_log_tail"] = redact_lines(out["daemon_log_tail"])
+        out["daemon_log_tail"] = redactor.lines(out["daemon_log_tail"])
     if out.get("proofs"):
-        out["proofs"] = [{**p, "reason": redact_line(p["reason"])} if isinstance(p, Mapping) and p.get("reason")
+        out["proofs"] = [{**p, "reason": redactor.line(p["reason"])} if isinstance(p, Mapping) and p.get("reason")
                          else p for p in out["proofs"]]
     return out
 
@@ -226,8 +216,8 @@ class _StoredEvent:
     row: tuple[Any, ...]
 
     @classmethod
-    def of(cls, doc: Mapping[str, Any], received_at: str) -> _StoredEvent:
-        event = _redacted_event(doc)
+    def of(cls, doc: Mapping[str, Any], received_at: str, redactor: Redactor) -> _StoredEvent:
+        event = _redacted_event(doc, redactor)
         fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
         return cls(event["status"] == "progress", fingerprint,
                    (event["phase"], event["status"], _iso(parse_time(event["at"])), received_at,
@@ -260,13 +250,16 @@ class ControllerStore:
     """
 
     def __init__(self, path: str | Path, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
-                 max_progress_events: int = 1000, max_other_events: int = 1000):
+                 max_progress_events: int = 1000, max_other_events: int = 1000, redactor: Redactor | None = None):
         if ring_lines < 1:
             raise ValueError(f"ring_lines must be >= 1, got {ring_lines}")
         self.path = Path(path)
         self.ring_lines = ring_lines
         self.max_progress_events = max_progress_events
         self.max_other_events = max_other_events
+        #: Applied to everything a worker sends before it is stored: the patterns plus the secrets this
+        #: deployment knows by value (settings: vast.ai key, registry password, controller tokens).
+        self.redactor = redactor or Redactor.with_secrets(known_secret_values())
         #: The store's clock (received_at); the controller uses it for admin actions too.
         self.clock: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()  # guards the connection
@@ -428,8 +421,10 @@ class ControllerStore:
     def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]:
         """Record a validated `register` document. Re-registering is a no-op apart from a counter and
         filling fields the first registration left empty."""
-        values = [doc.get(name) for name in _REGISTER_FIELDS]
-        gpus = _canonical(list(doc.get("gpus", [])))
+        # Free text from the worker (GPU names, hostnames, versions) is redacted like its logs: it is shown and
+        # may reach a commit message. An id that redaction changes is stored changed (never judged).
+        values = [self.redactor.value(doc.get(name)) for name in _REGISTER_FIELDS]
+        gpus = _canonical(self.redactor.value(list(doc.get("gpus", []))))
         worker_at = _iso(parse_time(doc["at"]))
         received = _iso(self.clock())
 
@@ -453,7 +448,7 @@ class ControllerStore:
 
     def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Append a validated `event` document (redacted). An identical resend is a no-op."""
-        event = _StoredEvent.of(doc, _iso(self.clock()))
+        event = _StoredEvent.of(doc, _iso(self.clock()), self.redactor)
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
             # Refusals first (nothing modified yet), then at most three statements: this is the hot path.
@@ -473,7 +468,7 @@ class ControllerStore:
         is refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
         earlier in the same batch, so a retried batch stores nothing twice. One status per event."""
         received = _iso(self.clock())  # they arrived together
-        events = [_StoredEvent.of(doc, received) for doc in docs]
+        events = [_StoredEvent.of(doc, received, self.redactor) for doc in docs]
 
         def body(conn: sqlite3.Connection) -> list[Literal["stored", "duplicate"]]:
             # Set-wise rather than one add_event per event (same outcome, a third of the statements):
@@ -553,7 +548,7 @@ class ControllerStore:
 
     def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int:
         """Append redacted log lines to the instance's ring; returns how many older lines it evicted."""
-        clean = redact_lines(lines)
+        clean = self.redactor.lines(lines)
         # Lines that would be evicted by this very batch are never written.
         skipped = max(0, len(clean) - self.ring_lines)
         clean = clean[skipped:]
@@ -575,7 +570,7 @@ class ControllerStore:
 
     def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Store the validated benchmark `result` (redacted). Accepted once; see module docstring."""
-        canonical = _canonical(_redacted_result(doc))
+        canonical = _canonical(_redacted_result(doc, self.redactor))
         received = _iso(self.clock())
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
@@ -689,10 +684,13 @@ class ControllerStore:
         unreadable: dict[str, str] = {}
         for row in conn.execute(event_sql, args):
             try:
-                event = PhaseEvent(phase=row[1], status=row[2], at=datetime.fromisoformat(row[3]),
+                # One clock: the event is placed at its arrival on the controller's clock; the worker's
+                # timestamp stays as evidence (a worker with a skewed clock cannot reorder the timeline).
+                received = datetime.fromisoformat(row[4])
+                event = PhaseEvent(phase=row[1], status=row[2], at=received, worker_at=datetime.fromisoformat(row[3]),
                                    exit_code=row[5], message=row[6], log_tail=tuple(json.loads(row[7])),
                                    details=json.loads(row[8]))
-                events.setdefault(row[0], []).append((event, datetime.fromisoformat(row[4])))
+                events.setdefault(row[0], []).append((event, received))
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"an event is unreadable: {type(exc).__name__}: {exc}")
         results: dict[str, tuple[Any, datetime]] = {}
@@ -736,12 +734,24 @@ class ControllerStore:
         iid = row[0]
         evs = events.get(iid, [])
         result_doc, result_received = results.get(iid, (None, None))
+        registered, worker_registered = datetime.fromisoformat(row[1]), datetime.fromisoformat(row[2])
+        skew = (worker_registered - registered).total_seconds()
+        for event, received in evs:
+            if event.worker_at is not None:
+                skew = (event.worker_at - received).total_seconds()
+        result = None
+        if result_doc is not None and result_received is not None:
+            sent = _result_from_doc(result_doc)
+            shift = sent.at - result_received  # the worker's clock minus ours when it sent the result
+            skew = shift.total_seconds()
+            result = replace(sent, at=result_received, worker_at=sent.at,
+                             started_at=None if sent.started_at is None else sent.started_at - shift)
         report = InstanceReport(
-            instance_id=iid, registered_at=datetime.fromisoformat(row[1]), pool=row[3], slot=row[4],
+            instance_id=iid, registered_at=registered, pool=row[3], slot=row[4],
             machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
-            image_version=row[10], events=tuple(e for e, _ in evs),
-            result=None if result_doc is None else _result_from_doc(result_doc),
-            log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]))
+            image_version=row[10], events=tuple(e for e, _ in evs), result=result,
+            log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]),
+            clock_skew_s=round(skew, 3))
         meta = InstanceMeta(
             worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
             gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],

@@ -241,13 +241,13 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
     secret = secrets.token_bytes(32)
     read_token = secrets.token_urlsafe(24)
     from reconciler.adapters.controller.server import ControllerServer
-    from reconciler.cli.surfaces import build_surfaces, slot_prices
+    from reconciler.cli.surfaces import build_surfaces, market_view, slot_prices
 
     state_path = workdir / "state" / SLOT_STATE_FILE
     surfaces = build_surfaces(
         spec_dir=workdir / "reconciler" / "fleet-spec", store=store, admin_token=None, read_token=read_token,
         desired_image_digest=None, last_pass_file=None, commits=lambda: _page_commits(workdir / "reconciler"),
-        prices=slot_prices(state_path.parent), refresh_s=2.0)
+        prices=slot_prices(state_path.parent), market=market_view(state_path.parent), refresh_s=2.0)
     controller = ControllerServer(store, secret, admin_token=secrets.token_hex(16), allow_open_reads=True,
                                   require_machine_claim=True, extra_routes=surfaces.routes)
     market: LocalMarketplace | None = None

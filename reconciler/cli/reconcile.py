@@ -172,6 +172,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     from reconciler.cli.surfaces import (
         SurfacesConfigError,
         build_surfaces,
+        market_view,
         slot_prices,
         webhook_targets,
     )
@@ -188,6 +189,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
             read_token=_read_token(), desired_image_digest=desired, last_pass_file=status_file,
             commits=lambda: git.recent_commits(15),
             prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
+            market=market_view(args.slot_state_dir) if args.slot_state_dir else None,
             refresh_s=args.status_refresh, metrics_open=args.metrics_open, webhook_targets=targets,
             secure_cookie=args.tls_cert is not None)
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:

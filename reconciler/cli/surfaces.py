@@ -20,7 +20,7 @@ from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, named_
 from reconciler.adapters.webhooks import WebhookConfigError, WebhookNotifier, WebhookTarget, targets_from_env
 from reconciler.domain.events import EVENT_KINDS, FleetEvent, breaker_event, verdict_event
 from reconciler.domain.spec import NotificationSettings
-from reconciler.domain.surfaces import CommitLine, Orphan
+from reconciler.domain.surfaces import CommitLine, MarketView
 from reconciler.flows.judge import PassResult
 from reconciler.flows.live_status import LiveStatusSource, StatusStore
 from reconciler.render.live import ReadAccess, StatusRoutes, install_access_log_redaction
@@ -63,7 +63,7 @@ class Surfaces:
 def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | None, read_token: str | None,
                    desired_image_digest: str | None, last_pass_file: Path | None,
                    commits: Callable[[], Sequence[CommitLine]] | None = None,
-                   orphans: Callable[[], Sequence[Orphan]] | None = None,
+                   market: Callable[[], MarketView] | None = None,
                    prices: Callable[[], Mapping[str, float]] | None = None,
                    refresh_s: float = 5.0, metrics_open: bool = False, open_reads: bool = False,
                    webhook_targets: Sequence[WebhookTarget] = (), secure_cookie: bool = False,
@@ -72,7 +72,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
         raise SurfacesConfigError(f"--status-refresh must be > 0 seconds, got {refresh_s:g}")
     tokens = tuple(t for t in (read_token, admin_token) if t)
     source = LiveStatusSource(spec_dir, store, desired_image_digest=desired_image_digest,
-                              last_pass_file=last_pass_file, commits=commits, orphans=orphans,
+                              last_pass_file=last_pass_file, commits=commits, market=market,
                               prices=prices)
     metrics = fleet_metrics(source.metrics_state)
     routes: list[BaseRoute] = []
@@ -121,3 +121,10 @@ def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:
         return {o.instance_id: o.price_usd_per_hour for o in load_slot_state(path).values()}
 
     return read
+
+
+def market_view(state_dir: Path) -> Callable[[], MarketView]:
+    """The provisioner's last view of the market in `state_dir` (orphans, spend cap), read on each call."""
+    from reconciler.adapters.market_view import read_market_view
+
+    return lambda: read_market_view(state_dir)

@@ -107,8 +107,11 @@ def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str
     """Per pool: machines newly marked bad within the kill-budget window (from the records)."""
     since = now - timedelta(hours=spec.kill_budget.window_hours)
     used: dict[str, set[str]] = {p.name: set() for p in spec.pools}
+    # An ISO time whose date sorts before `older` is older than the window whatever its offset (at most a day):
+    # skipped without parsing (a fleet's history holds tens of thousands of such marks).
+    older = (since - timedelta(days=2)).strftime("%Y-%m-%d")
     for machine_id, pool, at in records.bad_marks():  # from indexed columns when the records are indexed
-        if pool in used and _parsed_at(at) >= since:
+        if pool in used and at[:10] >= older and _parsed_at(at) >= since:
             used[pool].add(machine_id)
     return {p.name: KillBudget(p.name, spec.kill_budget.allowed(p.count), tuple(sorted(used[p.name])))
             for p in spec.pools}

@@ -39,6 +39,9 @@ class PhaseEvent:
     message: str | None = None
     log_tail: tuple[str, ...] = ()
     details: Mapping[str, Any] = field(default_factory=dict)
+    #: The worker's own timestamp, kept as evidence. `at` is the controller's clock (when the event arrived)
+    #: for reports loaded from the store: one clock orders the timeline and measures durations.
+    worker_at: datetime | None = None
 
 
 #: cuzk-bench's per-proof labels (curio extern/cuzk/cuzk-bench/src/main.rs:1015-1023 status_label).
@@ -76,6 +79,9 @@ class BenchmarkResult:
     #: and the daemon's lines (`cuzk-daemon: ...`) from the instance's log ring.
     proofs: tuple[ProofResult, ...] = ()
     daemon_log: tuple[str, ...] = ()
+    #: The worker's own `at` (evidence); `at` and `started_at` are on the controller's clock when loaded from
+    #: the store (`started_at` moved by the skew the worker had when it sent the result).
+    worker_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ class InstanceReport:
     #: Why this report cannot be judged (unreadable stored data, an identifier that is not valid): it is
     #: quarantined, shown with this reason, and never stops the judging of the others.
     quarantine: str | None = None
+    #: The worker's clock minus the controller's, in seconds, at its latest report (None: unknown). Shown
+    #: with the timeline; the timeline itself is on the controller's clock.
+    clock_skew_s: float | None = None
 
     def first(self, phase: str, status: str) -> PhaseEvent | None:
         return next((e for e in self.events if e.phase == phase and e.status == status), None)

@@ -280,7 +280,8 @@ class RecordSet:
                    bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf],
                    status_counts: Mapping[str, int],
                    bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
-                   bad_machines: Callable[[], list[BadMachine]] | None = None) -> RecordSet:
+                   bad_machines: Callable[[], list[BadMachine]] | None = None,
+                   last_prices: Callable[[], dict[str, float | None]] | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
         (tests/unit/test_record_index.py compares them)."""
@@ -292,6 +293,8 @@ class RecordSet:
             out._derived["marks_from"] = bad_marks
         if bad_machines is not None:
             out._derived["bad_view_from"] = bad_machines
+        if last_prices is not None:
+            out._derived["prices_from"] = last_prices
         return out
 
     def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
@@ -329,6 +332,16 @@ class RecordSet:
             self._derived["bad_view"] = source() if source is not None else [
                 BadMachine.of(rec) for rec in self.bad_records()]
         return list(self._derived["bad_view"])
+
+    def last_prices(self) -> dict[str, float | None]:
+        """Per machine, the price of its newest benchmark entry that has one (None: no entry has a price)."""
+        if "prices" not in self._derived:
+            source = self._derived.get("prices_from")
+            self._derived["prices"] = source() if source is not None else {
+                rec.machine_id: next((b.price_usd_per_hour for b in reversed(rec.benchmarks)
+                                      if b.price_usd_per_hour is not None), None)
+                for rec in self.machines.values()}
+        return dict(self._derived["prices"])
 
     def bad_marks(self) -> list[tuple[str, str | None, str]]:
         """(machine id, pool, at) of every recorded verdict that marked its machine bad (the kill budget's

@@ -1,9 +1,14 @@
 """Mask credentials in worker log lines before anything is stored, shown or committed.
 
-Applied by the controller store on ingest to every log line, log tail, event message and string in event
-details, so the SQLite store, `/api/instance-logs`, `fleet status` and the evidence committed into machine
-records never hold a secret. Redaction is a best-effort filter over text we do not control: it errs
-towards masking credential-shaped words, but keeps what evidence needs (image digests `sha256:<hex>`,
+One mechanism: a `Redactor` (the patterns below plus the secrets this deployment knows by value: the
+vast.ai API key, the registry password, the controller's own tokens). The controller store applies it at
+ingest to every log line, log tail, event message, string in event details and free-text register field,
+so the SQLite store, `/api/...` answers, the status page, `fleet status`, the evidence committed into
+machine records and the commit messages built from it never hold a secret; the same patterns run again
+where text is composed (verdict causes, commit messages, webhooks) as defence in depth.
+
+Redaction is a best-effort filter over text we do not control: it errs towards masking credential-shaped
+words, but keeps what evidence needs (image digests `sha256:<hex>`,
 params file names that embed a hash, aria2 progress lines, blake2b sums).
 
 Known trade-off: a bare 64-hex word is indistinguishable from a vast.ai API key, so it is masked; digests
@@ -16,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 MASK = "[REDACTED]"
 
@@ -57,7 +63,22 @@ PATTERNS: tuple[Pattern, ...] = (
             r"\1" + MASK, _KEY_TRIGGERS),
     # --password x, --token x, -p x is too ambiguous to touch.
     Pattern("cli-flag", re.compile(rf"(?i)(--{_KEY_NAME})(\s+)(?!-)\S+"), r"\1\2" + MASK, ("--",)),
+    # curl -u user:pass / --user user:pass / -uuser:pass: keep the user, mask the password.
+    Pattern("curl-user", re.compile(r"(?<!\S)(-u\s*|--user[\s=]+)([^\s:'\"]+):([^\s'\"]+)"), r"\1\2:" + MASK,
+            ("-u", "--user")),
+    # Registry logins as vast.ai's image_login or docker take them: `-u USER -p PASS [SERVER]`.
+    Pattern("login-password", re.compile(r"(?<!\S)(-u\s+\S+\s+(?:-p|--password)\s+)(\S+)"), r"\1" + MASK, ("-p",)),
+    # Signed URLs: GCS V4 (X-Goog-Signature, X-Goog-Credential), S3 SigV4 (X-Amz-Signature, -Credential,
+    # -Security-Token), Azure SAS (sig=) and generic signature/token query parameters.
+    Pattern("signed-url-param",
+            re.compile(r"(?i)([?&;](?:x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential"
+                       r"|x-amz-security-token|sig|signature|access_token|token|session)=)[^&\s\"'#<>]+"),
+            r"\1" + MASK, ("sig", "x-goog-", "x-amz-", "token=", "session=")),
     Pattern("aws-access-key-id", re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"), MASK),
+    Pattern("slack-token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bxapp-[0-9]-[A-Za-z0-9-]{10,}"), MASK,
+            ("xox", "xapp-")),
+    Pattern("huggingface-token", re.compile(r"\bhf_[A-Za-z0-9]{30,}"), MASK, ("hf_",)),
+    Pattern("stripe-key", re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"), MASK, ("_live_", "_test_")),
     Pattern("github-token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{40,})\b"), MASK),
     Pattern("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), MASK),
     # vast.ai API keys: 64 hex as a word of its own. Not after `sha256:`/`sha256=`/`@sha256:` (image
@@ -73,32 +94,75 @@ _PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
 
 
+#: Known secrets shorter than this are not masked by value: too likely to occur in ordinary text.
+MIN_KNOWN_SECRET = 8
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """The patterns, plus `known`: secret values this deployment holds (masked wherever they appear, also
+    in shapes no pattern knows, e.g. a registry password). Pure; `line(line(x)) == line(x)`."""
+
+    known: tuple[str, ...] = ()
+
+    @classmethod
+    def with_secrets(cls, values: Iterable[str | None]) -> Redactor:
+        # Longest first: a secret that contains another is masked whole.
+        usable = {v.strip() for v in values if v and len(v.strip()) >= MIN_KNOWN_SECRET}
+        return cls(tuple(sorted(usable, key=len, reverse=True)))
+
+    def line(self, text: str) -> str:
+        """`text` with every credential-shaped part and every known secret replaced by `[REDACTED]`."""
+        for secret in self.known:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        # Triggers are checked on the original line: replacements only add "[REDACTED]" and keep prefixes
+        # that were already there, so they never create a trigger a later pattern would need.
+        lower = text.lower()
+        for pattern in PATTERNS:
+            if not pattern.triggers or any(t in lower for t in pattern.triggers):
+                text = pattern.regex.sub(pattern.replacement, text)
+        return text
+
+    def lines(self, lines: Iterable[str]) -> list[str]:
+        """Redact each line; lines inside a multi-line `BEGIN ... PRIVATE KEY` block are masked whole."""
+        out: list[str] = []
+        in_key = False
+        for line in lines:
+            if in_key:
+                end = _PEM_END.search(line)
+                if end is None:
+                    out.append(MASK)
+                else:
+                    in_key = False
+                    out.append("-----END PRIVATE KEY-----" + self.line(line[end.end():]))
+                continue
+            begin = _PEM_BEGIN.search(line)
+            if begin and not _PEM_END.search(line, begin.end()):
+                in_key = True
+            out.append(self.line(line))
+        return out
+
+    def value(self, value: Any) -> Any:
+        """Every string inside a JSON value (keys kept), redacted."""
+        if isinstance(value, str):
+            return self.line(value)
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.value(v) for k, v in value.items()}
+        return value
+
+
+#: The patterns alone (no known secrets): what code without access to the deployment's settings applies.
+PATTERNS_ONLY = Redactor()
+
+
 def redact_line(text: str) -> str:
-    """`text` with every credential-shaped part replaced by `[REDACTED]`."""
-    # Triggers are checked on the original line: replacements only add "[REDACTED]" and keep prefixes
-    # that were already there, so they never create a trigger a later pattern would need.
-    lower = text.lower()
-    for pattern in PATTERNS:
-        if not pattern.triggers or any(t in lower for t in pattern.triggers):
-            text = pattern.regex.sub(pattern.replacement, text)
-    return text
+    """`text` with every credential-shaped part replaced by `[REDACTED]` (patterns only)."""
+    return PATTERNS_ONLY.line(text)
 
 
 def redact_lines(lines: Iterable[str]) -> list[str]:
-    """Redact each line; lines inside a multi-line `BEGIN ... PRIVATE KEY` block are masked whole."""
-    out: list[str] = []
-    in_key = False
-    for line in lines:
-        if in_key:
-            end = _PEM_END.search(line)
-            if end is None:
-                out.append(MASK)
-            else:
-                in_key = False
-                out.append("-----END PRIVATE KEY-----" + redact_line(line[end.end():]))
-            continue
-        begin = _PEM_BEGIN.search(line)
-        if begin and not _PEM_END.search(line, begin.end()):
-            in_key = True
-        out.append(redact_line(line))
-    return out
+    """Redact each line (patterns only); a multi-line `BEGIN ... PRIVATE KEY` block is masked whole."""
+    return PATTERNS_ONLY.lines(lines)

@@ -66,6 +66,16 @@ class Orphan:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class MarketView:
+    """What the provisioner last saw of the market beyond the slots: orphans and the fleet's spend cap."""
+
+    orphans: tuple[Orphan, ...] = ()
+    spend_cap_usd_per_hour: float | None = None
+    orphans_usd_per_hour: float = 0.0
+    at: str | None = None
+
+
 def _instance_rates(view: FleetStatus) -> dict[str, float]:
     return {p.instance_id: p.proofs_per_hour for p in view.rates if p.proofs_per_hour is not None}
 
@@ -134,6 +144,7 @@ class MetricsState:
     economics: tuple[PoolEconomics, ...] = ()
     recorded_verdicts: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (verdict, blame) -> n
     ingested: Mapping[str, int] = field(default_factory=dict)  # kind -> reports ever stored
+    market: MarketView = field(default_factory=lambda: MarketView())
 
 
 def recorded_verdict_counts(records: RecordSet) -> dict[tuple[str, str], int]:

@@ -395,6 +395,12 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
         labels = proof_results(report.result)
         if labels and any(p.label != "COMPLETED" for p in labels):
             evidence["proofs"]["labels"] = [p.label for p in labels]
+            # Why each failed proof failed, from the daemon (protocol additions), once per distinct reason.
+            reasons = list(dict.fromkeys(f"{p.label}: {p.reason}" for p in labels if p.reason))
+            if reasons:
+                evidence["proofs"]["reasons"] = redact_lines(reasons[:5])
+    if report.clock_skew_s is not None:  # phases are on the controller's clock; the worker's differed by this
+        evidence["worker_clock_skew_s"] = report.clock_skew_s
     if extra:
         evidence.update(extra)
     if match is not None:

@@ -29,6 +29,7 @@ from reconciler.domain.records import (
     ImageSuspectRecord,
     RecordSet,
 )
+from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.serving import directives
 from reconciler.domain.spec import SpecError
 from reconciler.domain.verdict import Verdict
@@ -143,7 +144,10 @@ def commit_request(decision: PassDecision) -> CommitRequest | None:
     """The commit that publishes a decision, or None when it changed no record (no empty commits)."""
     if not decision.machine_records and not decision.image_records:
         return None
-    return CommitRequest(decision.summary(), decision.body(), decision.trailers(), record_changes(decision))
+    # Everything in a decision comes from redacted reports; the commit text is redacted once more because
+    # a commit message, once pushed, cannot be taken back.
+    return CommitRequest(redact_line(decision.summary()), "\n".join(redact_lines(decision.body().splitlines())),
+                         decision.trailers(), record_changes(decision))
 
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,

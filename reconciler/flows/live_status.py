@@ -27,8 +27,8 @@ from reconciler.domain.status import FleetStatus, status_view
 from reconciler.domain.surfaces import (
     CommitLine,
     LiveSnapshot,
+    MarketView,
     MetricsState,
-    Orphan,
     PageExtras,
     pool_economics,
     recorded_verdict_counts,
@@ -51,9 +51,8 @@ class LiveStatusSource:
     def __init__(self, spec_dir: Path, store: StatusStore, *, desired_image_digest: str | None = None,
                  last_pass_file: Path | None = None,
                  commits: Callable[[], Sequence[CommitLine]] | None = None,
-                 orphans: Callable[[], Sequence[Orphan]] | None = None,
+                 market: Callable[[], MarketView] | None = None,
                  prices: Callable[[], Mapping[str, float]] | None = None,
-                 spend_cap_usd_per_hour: float | None = None,
                  ttl_s: float = 2.0, now: Callable[[], datetime] = lambda: datetime.now(UTC),
                  monotonic: Callable[[], float] = time.monotonic):
         self._spec_dir = spec_dir
@@ -61,9 +60,8 @@ class LiveStatusSource:
         self._digest = desired_image_digest
         self._last_pass_file = last_pass_file
         self._commits = commits
-        self._orphans = orphans
+        self._market = market
         self._prices = prices
-        self._spend_cap = spend_cap_usd_per_hour
         self._ttl = ttl_s
         self._now = now
         self._monotonic = monotonic
@@ -124,7 +122,13 @@ class LiveStatusSource:
                 commits = tuple(self._commits())
             except Exception as exc:
                 notes.append(f"git log unreadable: {type(exc).__name__}: {exc}")
-        orphans: tuple[Orphan, ...] = tuple(self._orphans()) if self._orphans is not None else ()
+        market = MarketView()
+        if self._market is not None:
+            try:
+                market = self._market()
+            except Exception as exc:
+                notes.append(f"market view unreadable: {type(exc).__name__}: {exc}")
+        orphans = market.orphans
         try:
             spec = load_spec(spec_file)
         except SpecError as exc:
@@ -138,6 +142,6 @@ class LiveStatusSource:
         prices = self._prices() if self._prices is not None else None
         economics = pool_economics(spec, records, view, prices)
         extras = PageExtras(economics=economics, commits=commits, orphans=orphans,
-                            spend_cap_usd_per_hour=self._spend_cap)
+                            spend_cap_usd_per_hour=market.spend_cap_usd_per_hour)
         return LiveState(LiveSnapshot(view, extras, str(spec_file)),
-                         MetricsState(view, economics, recorded_verdict_counts(records), ingested))
+                         MetricsState(view, economics, recorded_verdict_counts(records), ingested, market))

@@ -39,6 +39,13 @@ SEGMENT_COLORS = {"params": "#1e88e5", "daemon": "#8e24aa", "bench": "#8e24aa", 
                   "serve": "#00897b", "destroyed": "#9e9e9e"}
 
 
+#: What one page shows at most (a 10,000-machine fleet rendered whole is 33 MB and 14 s per refresh);
+#: the rest is counted on the page and is in /status.json and `fleet status --json`.
+MAX_MACHINE_ROWS = 150
+MAX_TIMELINES = 40
+MAX_CHART_MACHINES = 48
+
+
 @dataclass(frozen=True)
 class LivePage:
     """Set for the page the controller serves: where the fragment is and how often to fetch it."""
@@ -154,6 +161,11 @@ def rate_plot(pool: PoolStatus, points: Sequence[RatePoint]) -> RatePlot:
         return rates[-1] if rates else -1.0
 
     machines = sorted(by_machine, key=lambda m: (-latest_rate(m), m))
+    if len(machines) > MAX_CHART_MACHINES:
+        # Evenly spaced by rate, fastest and slowest kept: the distribution stays readable at any fleet size.
+        step = (len(machines) - 1) / (MAX_CHART_MACHINES - 1)
+        machines = [machines[round(i * step)] for i in range(MAX_CHART_MACHINES)]
+        points = [p for p in points if p.machine_id in set(machines)]
     measured = [p.proofs_per_hour for p in points if p.proofs_per_hour is not None]
     y_max = 4 * _nice_ceiling(max([min_rate, *measured]) * 1.15 / 4)
     left, right, top, bottom, column = 52, 16, 14, 64, 64
@@ -363,6 +375,21 @@ def timeline(instance: InstanceStatus, now: str) -> Timeline | None:
                     total, width - right + 10, now)
 
 
+def timelines_shown(instances: Sequence[InstanceStatus], cap: int = MAX_TIMELINES) -> list[InstanceStatus]:
+    """At most `cap` instances, in the view's order: failures first, then the others alive, then the latest
+    destroyed ones."""
+    if len(instances) <= cap:
+        return list(instances)
+    order = {id(i): n for n, i in enumerate(instances)}
+
+    def priority(i: InstanceStatus) -> tuple[int, int]:
+        rank = 0 if i.state == "failed" else 1 if i.state != "destroyed" else 2
+        return rank, -order[id(i)]
+
+    chosen = {id(i) for i in sorted(instances, key=priority)[:cap]}
+    return [i for i in instances if id(i) in chosen]
+
+
 # --- problems -------------------------------------------------------------------------------------------
 
 
@@ -400,6 +427,8 @@ class _Context:
 
     def variables(self) -> dict[str, Any]:
         view = self.view
+        machines = machine_rows(view)
+        shown = timelines_shown(view.instances)
         economics = {e.pool: e for e in self.extras.economics}
         return {
             "view": view, "extras": self.extras, "spec_source": self.spec_source, "live": self.live,
@@ -407,8 +436,9 @@ class _Context:
             "total_usd_per_hour": total_usd_per_hour(self.extras.economics) if self.extras.economics else None,
             "rate_plots": [(pool, rate_plot(pool, [p for p in view.rates if p.pool == pool.name]),
                             [p for p in view.rates if p.pool == pool.name]) for pool in view.pools],
-            "machines": machine_rows(view),
-            "timelines": [(i, timeline(i, view.at)) for i in view.instances],
+            "machines": machines[:MAX_MACHINE_ROWS], "machines_total": len(machines),
+            "timelines": [(i, timeline(i, view.at)) for i in shown], "timelines_total": len(view.instances),
+            "chart_cap": MAX_CHART_MACHINES,
             "segment_legend": (("fetching params", SEGMENT_COLORS["params"]),
                                ("daemon + benchmark", SEGMENT_COLORS["bench"]),
                                ("until destroyed", SEGMENT_COLORS["destroyed"]), ("failure", BAD_COLOR)),

@@ -42,6 +42,9 @@ METRIC_NAMES = (
     "fleet_pool_usd_per_hour",
     "fleet_pool_cap_usd_per_hour",
     "fleet_usd_per_hour",
+    "fleet_spend_cap_usd_per_hour",
+    "fleet_orphans",
+    "fleet_orphans_usd_per_hour",
     "fleet_bad_machines",
     "fleet_kill_budget_used",
     "fleet_kill_budget_allowed",
@@ -109,6 +112,16 @@ class FleetCollector(Collector):
         total = GaugeMetricFamily("fleet_usd_per_hour", "$/h of every alive instance of the fleet")
         total.add_metric([], total_usd_per_hour(state.economics))
         yield from (rate, slo, usd, cap, total)
+        market = state.market
+        if market.spend_cap_usd_per_hour is not None:
+            spend_cap = GaugeMetricFamily("fleet_spend_cap_usd_per_hour", "the fleet's spend cap (max_total_dph)")
+            spend_cap.add_metric([], market.spend_cap_usd_per_hour)
+            yield spend_cap
+        orphans = GaugeMetricFamily("fleet_orphans", "instances with the fleet's label that no slot owns (last sweep)")
+        orphans.add_metric([], len(market.orphans))
+        orphan_usd = GaugeMetricFamily("fleet_orphans_usd_per_hour", "$/h the orphans cost (last sweep)")
+        orphan_usd.add_metric([], market.orphans_usd_per_hour)
+        yield from (orphans, orphan_usd)
 
         suspects = GaugeMetricFamily("fleet_image_suspects", "active image suspects (circuit breaker tripped)")
         suspects.add_metric([], len(view.suspects))

@@ -76,13 +76,19 @@ def test_worker_lifecycle_over_http_becomes_the_instance_report(h: Harness) -> N
         "rtx4090", "rtx4090-0", "4242", "77", "RTX 4090", DIGEST)
     assert [(e.phase, e.status) for e in report.events] == [
         ("params", "started"), ("params", "done"), ("benchmark", "started"), ("benchmark", "progress")]
-    assert report.events[3] == PhaseEvent("benchmark", "progress", datetime(2026, 12, 2, 18, 30, tzinfo=UTC),
-                                          details={"completed": 5, "failed": 0, "requested": 10})
+    # One clock: times are arrivals on the controller's clock (StepClock, +1 s per store write); the worker's
+    # own times are kept as evidence and its skew is known.
+    assert report.events[3] == PhaseEvent("benchmark", "progress", T0 + timedelta(seconds=5),
+                                          details={"completed": 5, "failed": 0, "requested": 10},
+                                          worker_at=datetime(2026, 12, 2, 18, 30, tzinfo=UTC))
+    received = T0 + timedelta(seconds=6)
+    shift = datetime(2026, 12, 2, 18, 40, tzinfo=UTC) - received
     assert report.result == BenchmarkResult(
-        outcome="completed", at=datetime(2026, 12, 2, 18, 40, tzinfo=UTC), requested=10, completed=10, failed=0,
-        started_at=datetime(2026, 12, 2, 18, 20, tzinfo=UTC), exit_code=0, proofs_per_hour=94.7,
+        outcome="completed", at=received, requested=10, completed=10, failed=0,
+        started_at=datetime(2026, 12, 2, 18, 20, tzinfo=UTC) - shift, exit_code=0, proofs_per_hour=94.7,
         seconds_per_proof=38.0, proof_type="porep", concurrency=2, image_digest=DIGEST,
-        log_tail=tuple(RESULT["log_tail"]))
+        log_tail=tuple(RESULT["log_tail"]), worker_at=datetime(2026, 12, 2, 18, 40, tzinfo=UTC))
+    assert report.clock_skew_s == shift.total_seconds()
     assert report.log_tail == ("  [1/10] ok — 38.1s", "VAST_API_KEY=[REDACTED]")
     assert report.dropped_log_lines == 4
 
@@ -91,9 +97,12 @@ def test_worker_lifecycle_over_http_becomes_the_instance_report(h: Harness) -> N
     assert [(i["instance_id"], i["last_event"]["status"], i["result"]["proofs_per_hour"]) for i in listing] == [
         (iid, "progress", 94.7)]
     detail = h.client.get(f"/api/instances/{iid}", headers=ADMIN_AUTH).json()
-    assert detail["timeline"] == {"registered": "2026-12-02T18:00:01Z", "params-started": "2026-12-02T18:00:10Z",
-                                  "params-done": "2026-12-02T18:10:00Z", "benchmark-started": "2026-12-02T18:20:00Z",
-                                  "benchmark-progress": "2026-12-02T18:30:00Z", "result": "2026-12-02T18:40:00Z"}
+    assert detail["timeline"] == {"registered": "2026-12-02T18:00:01Z", "params-started": "2026-12-02T18:00:02Z",
+                                  "params-done": "2026-12-02T18:00:03Z", "benchmark-started": "2026-12-02T18:00:04Z",
+                                  "benchmark-progress": "2026-12-02T18:00:05Z", "result": "2026-12-02T18:00:06Z"}
+    assert detail["clock"] == "controller" and detail["worker_clock_skew_s"] == shift.total_seconds()
+    assert [e["worker_at"] for e in detail["events"]] == ["2026-12-02T18:00:10Z", "2026-12-02T18:10:00Z",
+                                                        "2026-12-02T18:20:00Z", "2026-12-02T18:30:00Z"]
     assert detail["worker_registered_at"] == "2026-12-02T17:59:30Z" and detail["worker_dropped"] == 4
     assert detail["result"]["outcome"] == "completed" and detail["gpus"] == ["NVIDIA GeForce RTX 4090, 24564 MiB"]
     logs = h.client.get(f"/api/instance-logs/{iid}?tail=1", headers=ADMIN_AUTH).json()

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.store import ControllerStore
-from reconciler.cli.surfaces import Surfaces, build_surfaces, slot_prices
+from reconciler.cli.surfaces import Surfaces, build_surfaces, market_view, slot_prices
 from reconciler.render.live import COOKIE_NAME
 from reconciler.render.metrics import METRIC_NAMES
 from tests.browser_support import run_chromium
@@ -37,6 +37,7 @@ def live(tmp_path: Path) -> Iterator[tuple[str, Surfaces]]:
     surfaces = build_surfaces(spec_dir=fleet.bot / "fleet-spec", store=store, admin_token=ADMIN_TOKEN,
                               read_token=READ_TOKEN, desired_image_digest=DIGEST, last_pass_file=None,
                               commits=lambda: git.recent_commits(5), prices=slot_prices(fleet.state_dir),
+                              market=market_view(fleet.state_dir),
                               refresh_s=1.0)
     surfaces.source._now = at_now  # the recorded incident's "now", so ages and windows are as recorded
     try:
@@ -97,7 +98,9 @@ def test_the_page_and_fragment_show_pools_spend_slo_machines_commits(live: tuple
     # proofs/h 0 of the SLO 2 x 29; $/h: the benchmarking instance's $0.41 of the cap 2 x $0.60, 3 unpriced.
     assert pro[9] == "0 / 58" and pro[10] == f"${RUNNING_PRICE:.2f} / $1.20, 3 unpriced"
     assert f"paused: image {DIGEST[:19]} suspect" in pro[-1]
-    assert "$0.41/h" in text_of(dom.find("dd", id="fleet-spend")[0])
+    assert text_of(dom.find("dd", id="fleet-spend")[0]) == "$0.41/h of cap $5.00/h"
+    (orphan,) = table_rows(dom, "orphans")
+    assert orphan[:3] == ["7781234", "gpu-fleet/rtx4090-3", "due"] and "$0.33/h" in orphan[3]
     machines = {cells[0]: cells for cells in table_rows(dom, "machines")}
     assert machines["40213"][2] == "benchmark-error (blame: image)"
     assert "connection refused" in machines["40213"][3]
@@ -128,6 +131,8 @@ def test_metrics_in_prometheus_format(live: tuple[str, Surfaces]) -> None:
     assert samples[("fleet_recorded_verdicts", (("blame", "machine"), ("verdict", "below-min-rate")))] == 1
     assert samples[("fleet_pool_usd_per_hour", (("pool", "rtx-pro-4000"),))] == RUNNING_PRICE
     assert samples[("fleet_usd_per_hour", ())] == RUNNING_PRICE
+    assert samples[("fleet_spend_cap_usd_per_hour", ())] == 5.0
+    assert samples[("fleet_orphans", ())] == 1 and samples[("fleet_orphans_usd_per_hour", ())] == 0.33
     assert samples[("fleet_pool_slo_proofs_per_hour", (("pool", "rtx4090"),))] == 10 * 40  # count x min rate
     assert samples[("fleet_image_suspects", ())] == 1
     assert samples[("fleet_bad_machines", (("pool", "rtx-pro-4000"),))] == 1

@@ -169,7 +169,16 @@ def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tm
 def _seed_store(db: Path, instance_id: str = "pro-4000-0-3f9a1c") -> None:
     from reconciler.adapters.store import ControllerStore
 
-    store = ControllerStore(db, now=lambda: T0)  # the controller's clock stamps the registration
+    # The controller's clock stamps every arrival (one clock): here a worker whose clock agrees with it, so the
+    # reports arrive at the times the worker put in them.
+    arrivals = iter(T0 + timedelta(minutes=m) for m in (0, 1, 22, 25, 27, 27))
+    last = [T0]
+
+    def clock() -> datetime:
+        last[0] = next(arrivals, last[0])
+        return last[0]
+
+    store = ControllerStore(db, now=clock)
     try:
         store.register(instance_id, {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T18:00:00Z",
                                      "pool": "rtx-pro-4000", "slot": "rtx-pro-4000-0", "machine_id": "40213",
@@ -213,11 +222,16 @@ def test_fleet_reconcile_once_then_status_show_the_root_cause(origin: Path, tmp_
     assert ("benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection refused (os error 111) "
             "connecting to 127.0.0.1:9820 "
             "(blame: image)") in status
+    # In the text view the root cause comes before the instance's timeline.
+    assert status.index("0/10 proofs: Error: connection refused") < status.index("registered 2026-12-02T18:00:00Z")
     assert main(["status", "--workdir", str(workdir), "--controller-db", str(db), "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
     (pool,) = [p for p in view["pools"] if p["name"] == "rtx-pro-4000"]
     assert (pool["desired"], pool["running"], pool["bad"]) == (2, 1, 0)
     assert view["instances"][0]["verdict"] == "benchmark-error" and view["instances"][0]["recorded"]
+    # The root cause is the first thing a reader of the JSON meets (issue 14).
+    assert next(iter(view["instances"][0])) == "root_cause"
+    assert view["instances"][0]["root_cause"].startswith("benchmark-error: benchmark exit 1, 0/10 proofs: Error:")
 
 
 def test_fleet_reconcile_refuses_bad_input_without_a_traceback(origin: Path, tmp_path: Path,

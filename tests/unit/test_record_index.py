@@ -26,6 +26,7 @@ from reconciler.adapters.record_files import (
     write_text_atomic,
 )
 from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
+from reconciler.domain.forecast import _known, known_machines
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordError, RecordSet
 from tests.gitrepos import git
 
@@ -36,6 +37,7 @@ def _entry(instance: str, rate: float, marks_bad: bool = False, pool: str = "rtx
     verdict = "below-min-rate" if marks_bad else "ok"
     return BenchmarkEntry(instance_id=instance, at="2026-12-02T10:00:00Z", verdict=verdict,
                           blame="machine" if marks_bad else "none", marks_bad=marks_bad, pool=pool,
+                          price_usd_per_hour=None if rate > 44 else round(rate / 100, 2),
                           reason=f"{verdict} {rate}/h", proofs_per_hour=rate,
                           evidence={"log_tail": [f"throughput:    {rate / 60:.3f} proofs/min"], "exit_code": 0})
 
@@ -67,6 +69,11 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert indexed.status_counts() == plain.status_counts()
     assert indexed.bad_records() == plain.bad_records()
     assert indexed.bad_machines() == plain.bad_machines()
+    assert indexed.last_prices() == plain.last_prices()
+    for gpu in ("RTX 4090", "H100"):  # the plan's forecast from views equals the walk over every record
+        from_views = sorted(known_machines(indexed, gpu), key=lambda k: k.machine_id)
+        walked = [k for r in plain.machines.values() if (k := _known(r, gpu)) is not None]
+        assert from_views == sorted(walked, key=lambda k: k.machine_id)
     assert indexed.perf_history() == plain.perf_history()
     assert indexed.problems == plain.problems
     assert indexed.unreadable_machine_ids == plain.unreadable_machine_ids
@@ -194,6 +201,18 @@ def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
     _write(spec, _record("111", 45.0, 41.0, 30.0))  # changed after the load, before the evidence was read
     with pytest.raises(RecordError, match="changed while it was being read"):
         dict(later.machines["111"].benchmarks[0].evidence)
+
+
+def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path: Path) -> None:
+    spec = tmp_path / "spec"
+    for i in range(9):
+        _write(spec, _record(f"{i}00", 40.0 + i, 10.0, bad=i % 3 == 0))
+    (spec / "machines" / "broken.yaml").write_text("machine_id: 'broken'\nstatus: maybe\nbenchmarks: []\n")
+    index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index.PARALLEL_FROM = 2  # the child parses half of the 10 new blobs
+    assert_same(index.load(spec), spec)
+    assert index.parsed == 10
+    assert_same(RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec), spec)  # what was stored
 
 
 def test_git_blob_ids_match_git(repo: Path) -> None:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.domain.redact import MASK, PATTERNS, redact_line, redact_lines
+from reconciler.domain.redact import MASK, PATTERNS, Redactor, redact_line, redact_lines
 
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
 IMAGE_DIGEST = "sha256:9b2c8a1f0e7d6c5b4a3928171605f4e3d2c1b0a99887766554433221100ffeed"
@@ -38,6 +38,19 @@ CASES = [
     ("hex-64-key", f"vastai set api-key {VAST_KEY}", VAST_KEY, "vastai set api-key"),
     ("hex-64-key", f"key loaded: {VAST_KEY}", VAST_KEY, "key loaded:"),
     ("pem-body", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj", "MIIEvQIBADANBgkq", ""),
+    ("curl-user", "+ curl -fsS -u fleet:s3cr3tP4ss https://mirror.example.org/manifest.txt", "s3cr3tP4ss",
+     "-u fleet:"),
+    ("login-password", "image_login -u bob -p Gh0stPassw0rd ghcr.io", "Gh0stPassw0rd", "ghcr.io"),
+    ("signed-url-param", "GET https://storage.googleapis.com/b/o?X-Goog-Credential=svc%2F2026&X-Goog-Signature=9f8e7d6c"
+     "&X-Goog-Date=20261202T000000Z", "9f8e7d6c", "X-Goog-Date=20261202T000000Z"),
+    ("signed-url-param", "https://b.s3.amazonaws.com/k?X-Amz-Signature=deadbeef99&X-Amz-Expires=300", "deadbeef99",
+     "X-Amz-Expires=300"),
+    ("signed-url-param", "https://acct.blob.core.windows.net/c/b?sv=2021-08-06&sig=AbC%2Bdef%3D", "AbC%2Bdef",
+     "sv=2021-08-06"),
+    ("slack-token", "posting with xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx", "AbCdEfGhIjKlMnOp",
+     "posting with"),
+    ("huggingface-token", "HF token hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567 set", "hf_AbCdEfGh", " set"),
+    ("stripe-key", "charge sk_live_51HxYzAbCdEfGhIjKlMn failed", "sk_live_51HxYz", " failed"),
 ]
 
 
@@ -113,3 +126,16 @@ FRAGMENTS = ["Authorization: ", "Bearer ", "bearer abcd1234", "https://", "u:p@"
 @given(st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=8), max_size=12).map("".join))
 def test_trigger_prefilter_never_changes_the_result(line: str) -> None:
     assert redact_line(line) == _reference(line)
+
+
+def test_known_secrets_are_masked_by_value_whatever_their_shape() -> None:
+    redactor = Redactor.with_secrets(["Reg!stry-P4ss-7f3a9", "short", None])
+    assert redactor.line("docker login -p Reg!stry-P4ss-7f3a9 ok") == "docker login -p [REDACTED] ok"
+    assert redactor.line("a short line") == "a short line"  # too short to mask by value
+    assert redactor.value({"k": ["x Reg!stry-P4ss-7f3a9"]}) == {"k": ["x [REDACTED]"]}
+
+
+@pytest.mark.parametrize("line", ["mkdir -p /var/tmp/params", "tar -u -f x.tar", "sort -u names.txt",
+                                  "https://acct.blob.core.windows.net/c/b?sv=2021-08-06&se=2026-12-03T00:00Z"])
+def test_new_patterns_leave_ordinary_commands_alone(line: str) -> None:
+    assert redact_line(line) == line

@@ -65,16 +65,22 @@ def test_full_lifecycle_becomes_an_instance_report(store: ControllerStore) -> No
     assert report.image_digest == "sha256:" + "ab" * 32 and report.gpu_name == "RTX 4090"
     assert [(e.phase, e.status) for e in report.events] == [("params", "started"), ("params", "progress"),
                                                             ("params", "done")]
-    assert report.events[1] == PhaseEvent("params", "progress", datetime(2026, 12, 2, 18, 1, tzinfo=UTC),
-                                          details={"bytes_done": 5})
+    # One clock: events and result are placed at their arrival on the controller's clock (the StepClock:
+    # +1 s per store call); the worker's own times stay as evidence, and the skew is known.
+    assert report.events[1] == PhaseEvent("params", "progress", T0 + timedelta(seconds=3), details={"bytes_done": 5},
+                                          worker_at=datetime(2026, 12, 2, 18, 1, tzinfo=UTC))
+    received = T0 + timedelta(seconds=5)
+    shift = datetime(2026, 12, 2, 18, 30, tzinfo=UTC) - received
     assert report.result == BenchmarkResult(
-        outcome="completed", at=datetime(2026, 12, 2, 18, 30, tzinfo=UTC), requested=10, completed=10, failed=0,
-        started_at=datetime(2026, 12, 2, 18, 10, tzinfo=UTC), exit_code=0, proofs_per_hour=94.7,
+        outcome="completed", at=received, requested=10, completed=10, failed=0,
+        started_at=datetime(2026, 12, 2, 18, 10, tzinfo=UTC) - shift, exit_code=0, proofs_per_hour=94.7,
         seconds_per_proof=38.0, proof_type="porep", concurrency=2, image_digest="sha256:" + "ab" * 32,
-        log_tail=("throughput: 1.579 proofs/min (38.0s/proof)",))
+        log_tail=("throughput: 1.579 proofs/min (38.0s/proof)",), worker_at=datetime(2026, 12, 2, 18, 30, tzinfo=UTC))
+    assert report.clock_skew_s == shift.total_seconds()
+    assert [e.at for e in report.events] == sorted(e.at for e in report.events)
     assert report.log_tail == ("line 1", "line 2")
     assert report.dropped_log_lines == 3
-    assert report.phase_times()["params-done"] == datetime(2026, 12, 2, 18, 5, tzinfo=UTC)
+    assert report.phase_times()["params-done"] == T0 + timedelta(seconds=4)  # arrival, controller clock
 
     detail = store.detail("p-0-a")
     assert detail is not None

@@ -208,6 +208,7 @@ def test_new_result_shape_per_proof_reasons_and_daemon_log_judge_without_a_ring(
                                                               "proof-self-check-intermittent")
     assert v.reason.startswith("benchmark-error: benchmark exit 0, 8/10 proofs: PoRep proof self-check failed")
     assert v.evidence["proofs"]["labels"][3] == "FAILED" and v.proofs_per_hour == 36.9
+    assert v.evidence["proofs"]["reasons"] == [f"FAILED: {reason}"]
     # The same labels parsed from cuzk-bench's own lines (an older worker) give the same verdict.
     lines = tuple(f"  [{p.index}/10] {p.label} — 90.0s (prove=0 ms, queue=0 ms)" for p in proofs)
     old = BenchmarkResult(outcome="completed", at=result.at, requested=10, completed=8, failed=2, exit_code=0,

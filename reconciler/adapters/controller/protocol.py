@@ -275,7 +275,8 @@ def _time(value: datetime | None) -> str | None:
 
 
 def event_to_json(event: PhaseEvent, received_at: datetime | None = None) -> dict[str, Any]:
-    out = {"phase": event.phase, "status": event.status, "at": _time(event.at), "exit_code": event.exit_code,
+    out = {"phase": event.phase, "status": event.status, "at": _time(event.at), "worker_at": _time(event.worker_at),
+           "exit_code": event.exit_code,
            "message": event.message, "log_tail": list(event.log_tail), "details": dict(event.details)}
     if received_at is not None:
         out["received_at"] = _time(received_at)
@@ -283,7 +284,8 @@ def event_to_json(event: PhaseEvent, received_at: datetime | None = None) -> dic
 
 
 def result_to_json(result: BenchmarkResult) -> dict[str, Any]:
-    return {"outcome": result.outcome, "at": _time(result.at), "started_at": _time(result.started_at),
+    return {"outcome": result.outcome, "at": _time(result.at), "worker_at": _time(result.worker_at),
+            "started_at": _time(result.started_at),
             "exit_code": result.exit_code, "requested": result.requested, "completed": result.completed,
             "failed": result.failed, "proofs_per_hour": result.proofs_per_hour,
             "seconds_per_proof": result.seconds_per_proof, "proof_type": result.proof_type,
@@ -314,6 +316,8 @@ def report_to_json(report: InstanceReport, meta: InstanceMeta | None = None) -> 
         **summary_to_json(report),
         "contract_id": report.contract_id, "image_version": report.image_version,
         "timeline": {name: _time(at) for name, at in report.phase_times().items()},
+        "clock": "controller",  # timeline, event and result times: the controller's clock (arrival)
+        "worker_clock_skew_s": report.clock_skew_s,
         "events": [event_to_json(e, received[i] if i < len(received) else None) for i, e in enumerate(report.events)],
         "result": None if report.result is None else result_to_json(report.result),
         "log_tail": list(report.log_tail),
