@@ -17,7 +17,7 @@ import pulumi
 from infra.hosts import GpuPool, GpuPoolArgs
 from infra.image import WorkerImage, WorkerImageArgs
 from reconciler.adapters.pulumi_provider import PROJECT, default_pool_data_dir
-from reconciler.adapters.record_files import load_records
+from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.slot_provider import directory_digest
 from reconciler.adapters.spec_files import load_spec
 
@@ -87,7 +87,7 @@ def backend_settings(conf: StackConfig, controller_url: str | None = None) -> di
 def main(conf: StackConfig | None = None) -> dict[str, Any]:
     conf = conf or load_stack_config()
     spec = load_spec(conf.spec_path)
-    records = load_records(conf.spec_path.parent)
+    records = load_indexed(conf.spec_path.parent)
     for problem in records.problems:
         pulumi.log.warn(f"record unreadable, its machine is treated as bad: {problem}")
 

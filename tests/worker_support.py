@@ -357,8 +357,21 @@ def write_fakes(bin_dir: Path, aria2c: bool = True, ssh: bool = False) -> Path:
     return bin_dir
 
 
+def fake_cgroup(directory: Path, memory_max: str = str(128 * 2**30)) -> Path:
+    """A cgroup v2 directory as a rented container sees it: memory.max (bytes or "max") and memory.events."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "memory.max").write_text(memory_max + "\n")
+    events = directory / "memory.events"
+    if not events.exists():
+        events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    return directory
+
+
 def worker_env(tmp: Path, controller_url: str, params_url: str | None, **overrides: str) -> dict[str, str]:
-    """Worker environment (the FLEET_* contract) with test-speed knobs; overrides win, "" removes."""
+    """Worker environment (the FLEET_* contract) with test-speed knobs; overrides win, "" removes.
+    The container's memory limit is a fake cgroup (128 GiB) under tmp, so the worker's memory budget does
+    not depend on the machine running the tests."""
+    cgroup = fake_cgroup(tmp / "cgroup") if not (tmp / "cgroup" / "memory.max").exists() else tmp / "cgroup"
     env = {
         "PATH": f"{tmp / 'bin'}:{STANDIN_DIR}:{SYSTEM_PATH}",
         "HOME": str(tmp),
@@ -390,6 +403,11 @@ def worker_env(tmp: Path, controller_url: str, params_url: str | None, **overrid
         "FLEET_DAEMON_POLL_S": "0.1",
         "FLEET_DAEMON_WAIT_S": "20",
         "FLEET_LOG_FINAL_FLUSH_S": "10",
+        "FLEET_CGROUP_DIR": str(cgroup),
+        # The host's kernel log is not the worker's (and dmesg is host state): a file the test controls.
+        "FLEET_KERNEL_LOG_FILE": str(tmp / "kmsg"),
+        "STANDIN_KMSG_FILE": str(tmp / "kmsg"),
+        "STANDIN_CGROUP_DIR": str(cgroup),
         "STANDIN_STATE_DIR": str(tmp / "standin"),
         "STANDIN_SECONDS_PER_PROOF": "0.05",
         "STANDIN_DAEMON_STARTUP_S": "0.1",

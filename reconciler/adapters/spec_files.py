@@ -36,6 +36,7 @@ from reconciler.domain.spec import (
     SpecProblem,
     WebhookSettings,
 )
+from reconciler.domain.workload import GIB_IN_GB, ram_shortfall
 
 SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
 
@@ -168,6 +169,19 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
             add(("pools", i, "benchmark", "concurrency"),
                 f"got {conc}, expected at most benchmark.proofs ({proofs}): extra jobs would sit idle")
+        # Plan-time refusal: a pool whose machines cannot hold its own workload (cuzk would block on its
+        # memory budget or be OOM-killed on every machine rented, and the verdicts would blame them).
+        ram, proof_type = pool.get("min_host_ram_gb", 128), bench.get("proof_type", "porep")
+        # (Not while concurrency itself is refused above: one problem, one line.)
+        if isinstance(ram, int) and isinstance(conc, int) and isinstance(proof_type, str) and not (
+                isinstance(proofs, int) and conc > proofs):
+            why = ram_shortfall(ram, proof_type, conc)
+            if why is not None:
+                add(("pools", i, "min_host_ram_gb"), f"got {ram}: {why}")
+        budget = bench.get("memory_budget_gib")
+        if isinstance(budget, int) and isinstance(ram, int) and budget * GIB_IN_GB > ram:
+            add(("pools", i, "benchmark", "memory_budget_gib"),
+                f"got {budget} GiB, more than the pool's min_host_ram_gb ({ram} GB): the daemon would overcommit")
     serving: dict[str, Any] = doc["serving"] if isinstance(doc.get("serving"), dict) else {}
     heartbeat, lost = serving.get("heartbeat_minutes", 5.0), serving.get("lost_after_minutes", 20.0)
     if _is_number(heartbeat) and _is_number(lost) and lost < 2 * heartbeat:

@@ -183,6 +183,8 @@ def _redacted_result(doc: Mapping[str, Any], redactor: Redactor) -> dict[str, An
     if out.get("proofs"):
         out["proofs"] = [{**p, "reason": redactor.line(p["reason"])} if isinstance(p, Mapping) and p.get("reason")
                          else p for p in out["proofs"]]
+    if isinstance(out.get("warmup"), dict) and out["warmup"].get("reason"):
+        out["warmup"] = {**out["warmup"], "reason": redactor.line(out["warmup"]["reason"])}
     return out
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from reconciler.domain.marketplace import Offer, OfferQuery
 from reconciler.domain.spec import PoolSpec
+from reconciler.domain.workload import ram_need
 
 #: Where an offer's expected throughput came from.
 BASIS_MEASURED = "measured"
@@ -47,7 +48,9 @@ def offer_query(pool: PoolSpec, bad_machine_ids: Iterable[str], limit: int = 64)
         min_reliability=pool.min_reliability,
         min_inet_down_mbps=pool.min_inet_down_mbps,
         min_disk_gb=float(pool.disk_gb),
-        min_cpu_ram_gb=float(pool.min_host_ram_gb),
+        # Never below what the pool's own benchmark needs (spec validation refuses such pools already).
+        min_cpu_ram_gb=float(max(pool.min_host_ram_gb,
+                                 ram_need(pool.benchmark.proof_type, pool.benchmark.concurrency).total_gb)),
         min_cuda=pool.min_cuda,
         verified_only=pool.verified_only,
         exclude_machine_ids=frozenset(str(m) for m in bad_machine_ids),

@@ -284,7 +284,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "a binary in the image panicked"),
     # --- 30: cascade symptoms: our daemon is gone; anything more specific above is the cause -----------
     _sig("daemon-connection-refused", "image", 30,
-         rf"(?=.*(?:connection refused|tcp connect error|failed to connect to daemon))(?=.*{_OUR_DAEMON})",
+         rf"^(?=.*(?:connection refused|tcp connect error|failed to connect to daemon))(?=.*{_OUR_DAEMON})",
          "the benchmark could not reach our own cuzk daemon (it did not start or crashed)", whole_line=True),
     _sig("daemon-rpc-failed", "image", 30, r"(?:Prove|PreloadSRS|GetStatus|GetMetrics) RPC failed",
          "an RPC to our daemon failed (the daemon died or returned an error)"),

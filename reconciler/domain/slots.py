@@ -394,6 +394,13 @@ def worker_env(inputs: SlotInputs, instance_id: str, token: str, offer: RankedOf
         "FLEET_PARAMS_SECTOR_SIZE": inputs.params.sector_size,
         "FLEET_PARAMS_TIMEOUT_S": str(round(inputs.params.fetch_timeout_minutes * 60)),
     }
+    # Only when set, so existing slots keep their inputs (and are not replaced by this addition).
+    if bench.memory_budget_gib is not None:
+        env["FLEET_MEMORY_BUDGET_GIB"] = str(bench.memory_budget_gib)
+    if bench.miner_id != 1000:
+        env["FLEET_BENCH_MINER_ID"] = str(bench.miner_id)
+    if bench.sector_num is not None:
+        env["FLEET_BENCH_SECTOR_NUM"] = str(bench.sector_num)
     if inputs.params.base_url:
         env["FLEET_PARAMS_BASE_URL"] = inputs.params.base_url
     if inputs.params_dir:

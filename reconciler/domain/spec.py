@@ -52,6 +52,11 @@ class BenchmarkSettings:
     concurrency: int = 2
     timeout_minutes: float = 120.0
     after: str = "serve"
+    #: cuzk-daemon's memory budget; None: the worker sizes it from the container's memory limit.
+    memory_budget_gib: int | None = None
+    #: cuzk-bench --miner-id / --sector-num: must match the c1.json (None: the worker reads its SectorNum).
+    miner_id: int = 1000
+    sector_num: int | None = None
 
     @property
     def timeout_seconds(self) -> float:

@@ -96,6 +96,7 @@ def test_success_reports_every_phase_then_a_completed_result(world: WorkerBench)
         ("tunnel", "done"),
         ("params", "started"), ("params", "done"),
         ("daemon", "started"), ("daemon", "done"),
+        ("warmup", "started"), ("warmup", "done"),
         ("benchmark", "started"), ("benchmark", "done"),
         ("report", "started"), ("report", "done"),
     ]
@@ -106,6 +107,9 @@ def test_success_reports_every_phase_then_a_completed_result(world: WorkerBench)
         len(b) for b in world.mirror.files.values())
     bench_progress = [e["details"] for e in rx.events() if e["phase"] == "benchmark" and e["status"] == "progress"]
     assert bench_progress and all(d["requested"] == 6 for d in bench_progress)
+    # Per-proof streaming (early verdicts): the last progress event lists every proof line seen so far.
+    assert bench_progress[-1]["reported"] == 6
+    assert [(p["index"], p["label"]) for p in bench_progress[-1]["proofs"]] == [(i, "COMPLETED") for i in range(1, 7)]
 
     [result] = rx.results()
     assert result["outcome"] == "completed"
@@ -118,8 +122,31 @@ def test_success_reports_every_phase_then_a_completed_result(world: WorkerBench)
     # Every phase carries a timestamp; the log lines arrived, stand-in banners included.
     assert all(e["at"].endswith("Z") for e in rx.events())
     lines = rx.log_lines()
-    assert any("cuzk-daemon CPU STAND-IN" in line for line in lines)
-    assert any("[6/6] ok" in line for line in lines)
+    assert any("[gpu-fleet stand-in] cuzk" in line for line in lines)
+    assert any("[6/6] COMPLETED — " in line for line in lines)
+    assert any("cuzk-daemon: " in line and "cuzk-daemon ready, serving on 0.0.0.0:9820" in line for line in lines)
+
+    # Per-proof results, each tied to the daemon's request id; the warm-up proof is reported on its own.
+    assert [(p["index"], p["label"], p["reason"]) for p in result["proofs"]] == [
+        (i, "COMPLETED", None) for i in range(1, 7)]
+    assert all(p["request_id"] and p["seconds"] is not None for p in result["proofs"])
+    assert len({p["request_id"] for p in result["proofs"]}) == 6
+    warmup = result["warmup"]
+    assert (warmup["outcome"], warmup["label"]) == ("completed", "COMPLETED") and warmup["seconds"] is not None
+    assert warmup["preload_seconds"] > 0 and result["warmup_seconds"] >= warmup["seconds"]
+    [warm_done] = [e for e in rx.events() if e["phase"] == "warmup" and e["status"] == "done"]
+    assert warm_done["details"]["label"] == "COMPLETED"
+    # The daemon's budget comes from the container's limit (a fake cgroup: 128 GiB, minus 10%).
+    assert result["memory"]["source"] == "cgroup-v2" and result["memory"]["limit_bytes"] == 128 * 2**30
+    assert result["memory"]["budget_bytes"] == 128 * 2**30 - 128 * 2**30 // 10
+    assert 'total_budget = "115GiB"' in (world.tmp / "state" / "cuzk.toml").read_text()
+    assert (result["sector_num"], result["miner_id"]) == (1, 1000)
+    # The daemon's log joins the evidence: tagged, no colour, no timing noise.
+    assert result["daemon_log_tail"] and all(line.startswith("cuzk-daemon: ") for line in result["daemon_log_tail"])
+    shipped = [line for line in lines if "cuzk-daemon: " in line]
+    assert any("self-check PASSED" in line for line in shipped)
+    for noise in ("CUZK_TIMING", "TIMELINE,", "FIN_TIMING", "\x1b["):
+        assert not any(noise in line for line in shipped + result["daemon_log_tail"]), noise
     assert rx.dropped_total() == 0
 
     # Params are in place and verified; aria2c was used the way the real one should be.
@@ -167,8 +194,9 @@ def test_slow_machine_completes_with_its_low_rate(world: WorkerBench) -> None:
 
 
 def test_bench_exits_1_mid_way_reports_failure_then_error_result(world: WorkerBench) -> None:
-    cuda = f"Error: Prove RPC failed: CUDA error 700: an illegal memory access was encountered (auth {TOKEN})"
-    proc = world.run(STANDIN_FAIL_AFTER="2", STANDIN_ERROR_LINE=cuda, FLEET_BENCH_PROOFS="5")
+    # The daemon is OOM-killed after the 2nd measured proof (ordinal 3: the warm-up proof is 1), so
+    # cuzk-bench's next connect is refused: an anyhow chain on stderr and exit 1, no summary.
+    proc = world.run(STANDIN_FAIL="daemon-oom-killed", STANDIN_FAIL_PROOFS="3", FLEET_BENCH_PROOFS="5")
     rx = world.receiver
     assert proc.returncode == 1, explain(proc, rx)
     assert_clean(world, proc)  # the token in the error line was redacted everywhere
@@ -176,12 +204,19 @@ def test_bench_exits_1_mid_way_reports_failure_then_error_result(world: WorkerBe
     failure = the_failure(world)
     assert (failure["phase"], failure["exit_code"]) == ("benchmark", 1)
     assert "exited with code 1 after 2 of 5 proofs" in failure["message"]
-    assert any("CUDA error 700" in line and "[redacted]" in line for line in failure["log_tail"])
+    assert any("Connection refused (os error 111)" in line for line in failure["log_tail"])
 
     [result] = rx.results()
     assert (result["outcome"], result["exit_code"], result["completed"], result["requested"]) == ("error", 1, 2, 5)
     assert result["proofs_per_hour"] is None
-    assert any("CUDA error 700" in line for line in result["log_tail"])
+    chain = [line for line in result["log_tail"] if line.startswith(("Error:", "    ", "Caused by:"))]
+    assert chain == ["Error: failed to connect to daemon at http://127.0.0.1:9820", "Caused by:",
+                     "    0: transport error", "    1: tcp connect error", "    2: tcp connect error",
+                     "    3: Connection refused (os error 111)"]
+    # ...and the worker says why the daemon is gone: SIGKILL, and the cgroup counted an OOM kill.
+    assert any("cuzk-daemon exited with code 137 (killed by SIGKILL)" in line and "oom_kill 0 -> 1" in line
+               for line in result["log_tail"])
+    assert [p["label"] for p in result["proofs"]] == ["COMPLETED", "COMPLETED"]
     # The failure event goes out at once, before the result.
     assert rx.accepted("events")[-1].body["status"] == "failed"
     assert rx.accepted("events")[-1].seq < rx.accepted("result")[0].seq
@@ -196,7 +231,8 @@ def test_daemon_never_up_fails_the_daemon_phase_with_its_log_tail(world: WorkerB
     assert (failure["phase"], failure["exit_code"]) == ("daemon", 124)
     assert "did not answer cuzk-bench status" in failure["message"]
     tail = failure["log_tail"]
-    assert any("never becomes ready" in line for line in tail)
+    assert any("cuzk-daemon starting" in line for line in tail)
+    assert not any("cuzk-daemon ready" in line for line in tail)
     assert any("Connection refused" in line for line in tail)
     assert all("cuzk-daemon" in line for line in tail)
     assert world.receiver.results() == []
@@ -264,7 +300,8 @@ def test_missing_benchmark_input_is_an_error_result(world: WorkerBench) -> None:
     proc = world.run(FLEET_BENCH_C1=str(world.tmp / "nowhere" / "c1.json"))
     assert proc.returncode == 66, explain(proc, world.receiver)
     failure = the_failure(world)
-    assert failure["phase"] == "benchmark" and "c1.json" in failure["message"]
+    # The warm-up proof is the first to need it.
+    assert failure["phase"] == "warmup" and "c1.json" in failure["message"]
     assert world.receiver.results()[0]["outcome"] == "error"
 
 
@@ -368,3 +405,17 @@ def test_missing_required_environment_fails_before_anything_starts(tmp_path: Pat
     assert proc.returncode == 64
     assert "missing required environment: FLEET_TOKEN" in proc.stderr
     assert receiver.all() == []
+
+
+def test_deadline_with_j_above_1_counts_what_the_daemon_finished(world: WorkerBench) -> None:
+    # With -j 3 cuzk-bench prints no per-proof line until all 8 proofs were submitted; at the deadline the
+    # worker counts the proofs from the daemon's log instead of reporting 0.
+    proc = world.run(FLEET_BENCH_PROOFS="8", FLEET_BENCH_CONCURRENCY="3", FLEET_BENCH_TIMEOUT_S="4",
+                     STANDIN_SECONDS_PER_PROOF="1", STANDIN_SRS_LOAD_S="0.1", STANDIN_FIRST_PROOF_EXTRA_S="0")
+    rx = world.receiver
+    assert proc.returncode == 124, explain(proc, rx)
+    [result] = rx.results()
+    assert result["outcome"] == "timeout" and result["concurrency"] == 3
+    assert not any("[1/8]" in line for line in result["log_tail"])  # cuzk-bench printed nothing per proof
+    assert 2 <= result["completed"] <= 5 and result["proofs_per_hour"] > 0
+    assert f"{result['completed']} of 8 proofs completed" in the_failure(world)["message"]

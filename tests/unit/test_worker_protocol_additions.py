@@ -5,12 +5,15 @@ must refuse what no worker may send."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters.store import ControllerStore
 
 SCHEMA = json.loads((SCHEMA_DIR / "worker-protocol.v1.schema.json").read_text(encoding="utf-8"))
 
@@ -76,3 +79,21 @@ def test_warmup_is_a_phase_between_daemon_and_benchmark() -> None:
     assert phases.index("daemon") < phases.index("warmup") < phases.index("benchmark")
     validator("event").validate({"protocol": 1, "phase": "warmup", "status": "done", "at": "2026-12-02T18:05:00Z",
                                  "details": {"preload_seconds": 51.2, "seconds": 301.7, "label": "COMPLETED"}})
+
+
+def test_the_store_hands_proofs_and_the_daemon_log_to_judging(tmp_path: Path) -> None:
+    store = ControllerStore(tmp_path / "c.db", now=lambda: datetime(2026, 12, 2, 18, 0, tzinfo=UTC))
+    try:
+        store.register("i-1", {"protocol": 1, "instance_id": "i-1", "at": "2026-12-02T17:59:00Z"})
+        token = "hunter2-" + "x" * 24
+        doc = {**NEW_RESULT, "daemon_log_tail": [*NEW_RESULT["daemon_log_tail"], f"cuzk-daemon: url https://u:{token}@h/"]}
+        store.set_result("i-1", doc)
+        report = store.report("i-1")
+        assert report is not None and report.result is not None
+        assert [(p.index, p.label, p.reason) for p in report.result.proofs] == [
+            (1, "COMPLETED", None),
+            (2, "FAILED", "PoRep proof self-check failed: assembled proof did not verify (sector=1, miner=1000)")]
+        assert report.result.daemon_log[0].startswith("cuzk-daemon: ")
+        assert token not in " ".join(report.result.daemon_log)  # redacted like every other evidence line
+    finally:
+        store.close()

@@ -43,6 +43,8 @@ readonly FLEET_EXIT_NOINPUT=66    # benchmark input (c1.json) missing
 readonly FLEET_EXIT_UNAVAILABLE=69  # no way to fetch params
 readonly FLEET_EXIT_SOFTWARE=70   # a tool exited 0 but produced no usable output
 readonly FLEET_EXIT_TIMEOUT=124   # a deadline passed (same code as coreutils timeout)
+readonly FLEET_EXIT_PROOF_FAILED=75  # cuzk-bench exited 0 but the warm-up proof did not complete
+readonly FLEET_EXIT_BUDGET=78     # the daemon's memory budget cannot hold the workload (configuration)
 
 fleet_now() { printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1; }
 
@@ -248,3 +250,248 @@ fleet_kill_tree() {
 
 # Seconds since the epoch with fractions (bash 5 builtin; no fork).
 fleet_epoch() { printf '%s' "${EPOCHREALTIME/,/.}"; }
+
+# ---------------------------------------------------------------------------------------------------
+# cuzk (facts: worker-image/README.md "Real cuzk output", curio e0294b0f)
+
+# The daemon's own log, as it joins the evidence: ANSI colour stripped (tracing-subscriber colours even
+# into a pipe unless NO_COLOR is set), timing noise and per-partition chatter dropped (CUZK_TIMING /
+# CUZK_NTT_H from supraseal-c2's C++ on stderr, TIMELINE from cuzk-core engine.rs:349-353, FIN_TIMING /
+# GPU_TIMING / pacer INFO lines). Line-buffered so a crash loses nothing.
+FLEET_DAEMON_NOISE='CUZK_TIMING:|CUZK_NTT_H:|^TIMELINE,|FIN_TIMING|GPU_TIMING| pacer: |partition GPU prove complete|partition synthesis complete'
+fleet_daemon_filter() { # pure bash: no buffering, and nothing a minimal base's busybox lacks
+  local line
+  shopt -s extglob
+  while IFS= read -r line || [[ -n $line ]]; do
+    line=${line//$'\e['*([0-9;])[A-Za-z]/}
+    [[ $line =~ $FLEET_DAEMON_NOISE ]] && continue
+    printf '%s\n' "$line"
+  done
+}
+
+# The daemon binary: curio's `make cuzk` installs cuzk-daemon as `cuzk`; a cargo build names it cuzk-daemon.
+fleet_daemon_bin() {
+  command -v cuzk-daemon 2>/dev/null || command -v cuzk 2>/dev/null || return 1
+}
+
+# The cgroup's memory.events oom_kill counter (cgroup v2), or nothing.
+fleet_oom_kills() {
+  local dir=${FLEET_CGROUP_DIR:-/sys/fs/cgroup}
+  awk '$1 == "oom_kill" { print $2; exit }' "$dir/memory.events" 2>/dev/null || true
+}
+
+# The memory budget for cuzk-daemon ([memory] total_budget). The daemon's "auto" reads the HOST's
+# /proc/meminfo MemTotal (cuzk-core memory.rs:88-100), so in a container slice it overcommits and is
+# OOM-killed: the worker sets it from the container's limit instead. Order: the spec's value
+# (FLEET_MEMORY_BUDGET_GIB) capped by the limit; else the cgroup limit (v2 memory.max, v1
+# memory.limit_in_bytes) minus a margin; else MemTotal minus the margin. Margin: the larger of
+# FLEET_MEMORY_MARGIN_GIB (default 5, the daemon's own safety_margin) and 10% (page cache, the worker).
+# Sets MEM_BUDGET_BYTES MEM_SOURCE MEM_LIMIT_BYTES MEM_HOST_BYTES.
+fleet_memory_budget() {
+  local dir=${FLEET_CGROUP_DIR:-/sys/fs/cgroup} v limit="" source="" margin gib=1073741824 spec_bytes=""
+  MEM_HOST_BYTES=$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024; exit }' "${FLEET_MEMINFO:-/proc/meminfo}" 2>/dev/null)
+  [[ $MEM_HOST_BYTES =~ ^[0-9]+$ ]] || MEM_HOST_BYTES=""
+  if [[ -r $dir/memory.max ]]; then
+    read -r v <"$dir/memory.max" || v=""
+    [[ $v =~ ^[0-9]+$ ]] && limit=$v source=cgroup-v2
+  fi
+  if [[ -z $limit ]]; then
+    for f in "$dir/memory.limit_in_bytes" "$dir/memory/memory.limit_in_bytes"; do
+      [[ -r $f ]] || continue
+      read -r v <"$f" || v=""
+      # v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX pages)
+      if [[ $v =~ ^[0-9]+$ ]] && ((${#v} < 19)) && { [[ -z $MEM_HOST_BYTES ]] || ((v < MEM_HOST_BYTES)); }; then
+        limit=$v source=cgroup-v1
+      fi
+      break
+    done
+  fi
+  if [[ -z $limit && -n $MEM_HOST_BYTES ]]; then
+    limit=$MEM_HOST_BYTES source=host
+  fi
+  MEM_LIMIT_BYTES=$limit
+  if [[ -n ${FLEET_MEMORY_BUDGET_GIB:-} ]]; then
+    [[ $FLEET_MEMORY_BUDGET_GIB =~ ^[1-9][0-9]*$ ]] || return 1
+    spec_bytes=$((FLEET_MEMORY_BUDGET_GIB * gib))
+  fi
+  if [[ -z $limit ]]; then
+    [[ -n $spec_bytes ]] || return 1
+    MEM_BUDGET_BYTES=$spec_bytes MEM_SOURCE=spec
+    return 0
+  fi
+  margin=$((${FLEET_MEMORY_MARGIN_GIB:-5} * gib))
+  ((limit / 10 > margin)) && margin=$((limit / 10))
+  MEM_BUDGET_BYTES=$((limit > margin ? limit - margin : 0))
+  MEM_SOURCE=$source
+  if [[ -n $spec_bytes ]] && ((spec_bytes <= MEM_BUDGET_BYTES)); then
+    MEM_BUDGET_BYTES=$spec_bytes MEM_SOURCE=spec
+  fi
+  return 0
+}
+
+# SectorNum of a lotus-bench Commit2In c1.json (what --sector-num must match), or nothing.
+fleet_c1_sector_num() {
+  jq -r 'if type == "object" and (.SectorNum | type) == "number" then .SectorNum else empty end' "$1" 2>/dev/null || true
+}
+
+# The porep circuit preloaded for the benchmark's sector size.
+fleet_circuit_id() {
+  case ${FLEET_PARAMS_SECTOR_SIZE:-32GiB} in
+    64GiB | 64G | 68719476736) echo porep-64g ;;
+    *) echo porep-32g ;;
+  esac
+}
+
+# Per-proof results as TSV: index label seconds prove_ms queue_ms request_id reason.
+# $1: cuzk-bench's output; $2: the daemon's filtered log lines written during that run. The i-th
+# `Prove request_id=` line of the daemon is proof i (requests are submitted in index order); a proof that
+# did not complete gets the daemon's ERROR line naming its job_id, else the next unclaimed ERROR line
+# without one (GPU panics and SRS failures name no job), else the allocator's/kernel's last words.
+fleet_proof_results() {
+  awk -F '\t' -v OFS='\t' '
+    function field(line, key,   m) {
+      if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1)
+      return ""
+    }
+    FNR == NR {
+      line = $0
+      if (line ~ /Prove request_id=/) { ids[++nid] = field(line, "request_id"); next }
+      if (line ~ /^[^ ]+ +ERROR / && line !~ /per-partition verification/) {
+        msg = line; sub(/^[^ ]+ +ERROR +[^ ]+: /, "", msg)
+        job = field(line, "job_id")
+        err = ""
+        if (match(msg, / error=.*/)) { err = substr(msg, RSTART + 7); msg = substr(msg, 1, RSTART - 1) }
+        gsub(/ (job_id|proof_len|partition)=[^ ]+/, "", msg)
+        ne++; ev_job[ne] = job; ev_text[ne] = (err != "" ? msg ": " err : msg)
+        next
+      }
+      if (line ~ /^memory allocation of [0-9]+ bytes failed/ || line ~ /Killed/) { ne++; ev_job[ne] = ""; ev_text[ne] = line }
+      next
+    }
+    match($0, /\[[0-9]+\/[0-9]+\][ \t]+[A-Za-z]+/) {
+      head = substr($0, RSTART + 1, RLENGTH - 1)
+      split(head, parts, /[]\/ \t]+/)
+      idx = parts[1] + 0; label = parts[3]
+      if (label == "ok" || label == "OK") label = "COMPLETED"
+      secs = ""; prove = ""; queue = ""
+      if (match($0, /[0-9]+(\.[0-9]+)?s \(/)) secs = substr($0, RSTART, RLENGTH - 3)
+      if (match($0, /prove=[0-9]+/)) prove = substr($0, RSTART + 6, RLENGTH - 6)
+      if (match($0, /queue=[0-9]+/)) queue = substr($0, RSTART + 6, RLENGTH - 6)
+      rid = (idx in ids) ? ids[idx] : ""
+      reason = ""
+      if (label != "COMPLETED") {
+        for (k = 1; k <= ne && reason == ""; k++) if (!used[k] && rid != "" && ev_job[k] == rid) { used[k] = 1; reason = ev_text[k] }
+        for (k = 1; k <= ne && reason == ""; k++) if (!used[k] && ev_job[k] == "") { used[k] = 1; reason = ev_text[k] }
+      }
+      gsub(/\t/, " ", reason)
+      print idx, label, secs, prove, queue, rid, substr(reason, 1, 1024)
+    }' "$2" "$1"
+}
+
+# TSV from fleet_proof_results -> JSON array for the result's `proofs`.
+fleet_proofs_json() {
+  jq -R -s '
+    def num: if . == "" then null else tonumber end;
+    [split("\n")[] | select(. != "") | split("\t")
+     | {index: (.[0] | tonumber), label: (if (.[1] | IN("COMPLETED","FAILED","CANCELLED","TIMEOUT")) then .[1] else "UNKNOWN" end),
+        seconds: (.[2] | num), prove_ms: (.[3] | num), queue_ms: (.[4] | num),
+        request_id: (if .[5] == "" then null else .[5][:64] end), reason: (if (.[6] // "") == "" then null else .[6] end)}]' "$1"
+}
+
+# Tagged, filtered daemon log tail for the evidence: the last N lines of $FLEET_STATE_DIR/daemon.log.
+fleet_daemon_tail_json() { # N
+  local f="$FLEET_STATE_DIR/daemon.log"
+  if [[ -f $f ]]; then
+    tail -n "${1:-$FLEET_LOG_TAIL_LINES}" "$f" | jq -R -s --arg t "${FLEET_TOKEN:-}" \
+      '[split("\n")[] | select(. != "") | (if $t != "" then gsub($t; "[redacted]") else . end) | "cuzk-daemon: " + .[:4000]]'
+  else
+    echo '[]'
+  fi
+}
+
+# If the daemon is gone, one line saying how it ended (exit code, signal, cgroup OOM kills), else nothing.
+fleet_daemon_epitaph() {
+  local f="$FLEET_STATE_DIR/daemon.exit" rc kills before sig=""
+  [[ -f $f ]] || return 0
+  read -r rc <"$f" || return 0
+  ((rc > 128)) && sig=" (killed by $(kill -l $((rc - 128)) 2>/dev/null | sed 's/^/SIG/'))"
+  before=$(cat "$FLEET_STATE_DIR/oom_kill.start" 2>/dev/null || true)
+  kills=$(fleet_oom_kills)
+  if [[ -n $kills && -n $before && $kills -gt $before ]]; then
+    printf 'fleet: cuzk-daemon exited with code %s%s; cgroup memory.events oom_kill %s -> %s: the kernel OOM killer ended it (out of memory)\n' "$rc" "$sig" "$before" "$kills"
+  else
+    printf 'fleet: cuzk-daemon exited with code %s%s\n' "$rc" "$sig"
+  fi
+}
+
+# The benchmark input: FLEET_BENCH_C1, else c1.json in the params dir or the image. Sets FLEET_C1 or fails.
+fleet_find_c1() {
+  local candidate
+  FLEET_C1=${FLEET_BENCH_C1:-}
+  if [[ -z $FLEET_C1 ]]; then
+    for candidate in "${FLEET_PARAMS_DIR:-/var/tmp/filecoin-proof-parameters}/c1.json" "${FLEET_HOME:-.}/c1.json"; do
+      if [[ -f $candidate ]]; then FLEET_C1=$candidate && break; fi
+    done
+  fi
+  [[ -n $FLEET_C1 && -f $FLEET_C1 ]]
+}
+
+# --sector-num / --miner-id for cuzk-bench: they must match c1.json (cuzk-bench defaults 1 and 1000,
+# extern/cuzk/cuzk-bench/src/main.rs:115-121; a mismatch fails every proof's self-check). Sector from
+# FLEET_BENCH_SECTOR_NUM, else c1.json's SectorNum, else 1; miner from FLEET_BENCH_MINER_ID, else 1000.
+fleet_sector_miner() { # C1 -> sets FLEET_SECTOR_NUM FLEET_MINER_ID
+  FLEET_SECTOR_NUM=${FLEET_BENCH_SECTOR_NUM:-$(fleet_c1_sector_num "$1")}
+  FLEET_SECTOR_NUM=${FLEET_SECTOR_NUM:-1}
+  FLEET_MINER_ID=${FLEET_BENCH_MINER_ID:-1000}
+  [[ $FLEET_SECTOR_NUM =~ ^[0-9]+$ && $FLEET_MINER_ID =~ ^[0-9]+$ ]]
+}
+
+# fleet_write_result OUTCOME EXIT_CODE COMPLETED FAILED PPH SPP BENCH_LOG [PROOFS_JSON_FILE]
+# Writes $FLEET_STATE_DIR/result.json (protocol `result`): cuzk-bench's output tail, the per-proof results,
+# the warm-up, the filtered daemon log tail, the memory budget, sector/miner.
+fleet_write_result() {
+  local out="$FLEET_STATE_DIR/result.json" tail="$FLEET_TMP_DIR/result.tail" requested=0 proofs=${8:-}
+  local warm="$FLEET_STATE_DIR/warmup.json" mem="$FLEET_STATE_DIR/memory.json" dtail="$FLEET_TMP_DIR/daemon.tail.json"
+  [[ ${FLEET_BENCH_PROOFS:-} =~ ^[0-9]+$ ]] && requested=$FLEET_BENCH_PROOFS
+  if [[ -f $7 ]]; then tail -n "$FLEET_LOG_TAIL_LINES" "$7" >"$tail"; else : >"$tail"; fi
+  [[ -n $proofs && -f $proofs ]] || { proofs="$FLEET_TMP_DIR/proofs.empty.json" && echo '[]' >"$proofs"; }
+  [[ -f $warm ]] || warm=/dev/null
+  [[ -f $mem ]] || mem=/dev/null
+  fleet_daemon_tail_json "$FLEET_LOG_TAIL_LINES" >"$dtail"
+  jq -n --arg outcome "$1" --argjson exit_code "$2" --argjson completed "$3" --argjson failed "$4" \
+    --argjson pph "$5" --argjson spp "$6" --arg at "$(fleet_now)" --arg started_at "${FLEET_BENCH_STARTED_AT:-$(fleet_now)}" \
+    --argjson requested "$requested" --arg proof_type "${FLEET_BENCH_PROOF_TYPE:-porep}" \
+    --arg concurrency "${FLEET_BENCH_CONCURRENCY:-}" --arg digest "${FLEET_IMAGE_DIGEST:-}" --rawfile tail "$tail" \
+    --slurpfile proofs "$proofs" --slurpfile warm "$warm" --slurpfile mem "$mem" --slurpfile dtail "$dtail" \
+    --arg sector "${FLEET_SECTOR_NUM:-}" --arg miner "${FLEET_MINER_ID:-}" '
+    ($warm[0] // null) as $w |
+    {protocol: 1, outcome: $outcome, at: $at, started_at: $started_at, exit_code: $exit_code,
+     requested: $requested, completed: $completed, failed: $failed,
+     proofs_per_hour: $pph, seconds_per_proof: $spp,
+     proof_type: ($proof_type[:32]),
+     concurrency: ($concurrency | if test("^[1-9][0-9]*$") then tonumber else null end),
+     image_digest: (if $digest == "" then null else $digest[:128] end),
+     log_tail: ($tail | rtrimstr("\n") | if . == "" then [] else split("\n") end),
+     proofs: ($proofs[0] // [])[:1000],
+     warmup: $w,
+     warmup_seconds: (if $w == null then null else (($w.preload_seconds // 0) + ($w.seconds // 0)) end),
+     daemon_log_tail: ($dtail[0] // []),
+     memory: ($mem[0] // null),
+     sector_num: ($sector | tonumber? // null), miner_id: ($miner | tonumber? // null)}' >"$out.tmp"
+  mv -f "$out.tmp" "$out"
+  rm -f "$tail" "$dtail"
+}
+
+# NVIDIA Xid lines from the kernel log, as evidence next to a GPU failure (a container sees only the CUDA
+# error an Xid causes; the Xid number says whose fault it is). FLEET_KERNEL_LOG_FILE if set, else dmesg when
+# the container may read it (often it may not: then nothing).
+fleet_kernel_xids() {
+  local src=${FLEET_KERNEL_LOG_FILE:-}
+  {
+    if [[ -n $src ]]; then
+      [[ -r $src ]] && grep -a 'NVRM: Xid' "$src"
+    else
+      timeout 5 dmesg 2>/dev/null | grep -a 'NVRM: Xid'
+    fi
+  } 2>/dev/null | tail -n 5 | sed 's/^/kernel: /' || true
+}

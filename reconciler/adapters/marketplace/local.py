@@ -281,6 +281,13 @@ class LocalMarketplace:
             # Each instance gets its own worker state dir, as a container has its own filesystem: workers
             # sharing one (the image default /var/lib/fleet-worker) would overwrite each other's tokens.
             env["FLEET_STATE_DIR"] = str(workdir / "worker-state")
+            # The machine's RAM as its container sees it: a cgroup v2 memory.max, from which the worker sizes
+            # cuzk-daemon's memory budget (the daemon itself would read this host's /proc/meminfo).
+            cgroup = workdir / "cgroup"
+            cgroup.mkdir(exist_ok=True)
+            (cgroup / "memory.max").write_text(f"{int(machine.cpu_ram_gb * 1e9)}\n")
+            (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+            env["FLEET_CGROUP_DIR"] = env["STANDIN_CGROUP_DIR"] = str(cgroup)
             env.update(request.env)
             env.update(machine.env)
             path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
