@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, PermanentMarketplaceError
+from reconciler.domain.marketplace import Instance, InstanceRequest, Offer, OfferQuery, OfferTakenError
 
 
 class Sleeps:
@@ -58,7 +58,7 @@ class FakeMarket:
             found = next((o for o in self.offers if o.offer_id == offer_id), None)
             taken = self.exclusive and found is not None and found.machine_id in self.rented.values()
             if found is None or offer_id in self.refuse or taken:
-                raise PermanentMarketplaceError(f"offer {offer_id} no longer available")
+                raise OfferTakenError(f"offer {offer_id} no longer available")
             cid = str(self.first_contract_id + len(self.created))
             self.created[cid] = (found, request)
             self.statuses[cid] = "loading"

@@ -47,7 +47,7 @@ BOT_NAME = "fleet-reconciler"
 BOT_EMAIL = "fleet-reconciler@users.noreply.invalid"
 TRAILER_KEYS = ("Fleet-Machine", "Fleet-Verdict", "Fleet-Image", "Fleet-Instance")
 #: Directories whose content the bot owns: uncommitted changes there are recomputed, never protected.
-RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/")
+RECORD_DIRS = ("fleet-spec/machines/", "fleet-spec/images/", "fleet-spec/marketplace/")
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ What crosses the boundary, and how it is handled here:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,8 @@ class SlotResourceProvider(ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         old = decode_slot_outputs(olds)
         new = self.decode_inputs(news, preview=True)
-        result = slot_diff(old, new)
+        # `now`: the status table's deadlines (loading/scheduling/unknown/... too long) count from status_since.
+        result = slot_diff(old, new, now=time.time())
         if result.replace:
             replaces = ["pool_data" if p == "bad_machine_ids" and "pool_data" in news else p for p in result.replaces]
             return DiffResult(changes=True, replaces=replaces, delete_before_replace=True)

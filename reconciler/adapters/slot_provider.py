@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import stat
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -19,10 +20,12 @@ from pathlib import Path
 from reconciler.adapters.record_files import write_text_atomic
 from reconciler.adapters.settings import CONTROLLER_SECRET_ENV, settings
 from reconciler.domain.marketplace import (
+    Instance,
     InstanceRequest,
     Marketplace,
+    MarketplaceAuthError,
     MarketplaceError,
-    PermanentMarketplaceError,
+    OfferTakenError,
     TemporaryMarketplaceError,
 )
 from reconciler.domain.planner import (
@@ -38,11 +41,14 @@ from reconciler.domain.slots import (
     SlotInputError,
     SlotInputs,
     SlotOutputs,
+    SpendCapError,
     broad_query,
     describe_constraints,
     describe_shortfall,
+    instance_of_label,
     new_nonce,
     slot_diff,
+    slot_of_instance,
     worker_env,
 )
 from reconciler.domain.tokens import instance_token, machine_claim
@@ -71,10 +77,48 @@ class SlotProvider:
         self._nonce = nonce
         self._clock = clock
         self._on_destroyed = on_destroyed
+        self._create_lock = threading.Lock()
 
     def create(self, inputs: SlotInputs) -> SlotOutputs:
+        """Rent an instance for the slot - or adopt the one a killed run rented for it (same slot label).
+
+        Offer taken (`no_such_ask`) -> the next offer; a refused key stops at once (MarketplaceAuthError);
+        with a spend cap, only offers that keep every instance of this fleet under it are tried."""
         if inputs.paused_reason:
             raise PoolPausedError(f"slot {inputs.slot}: {inputs.paused_reason}")
+        with self._create_lock:  # the cap is checked and used by one create at a time (Pulumi runs threads)
+            ours = self.fleet_instances(inputs.label_prefix)
+            adopted = self._adoptable(inputs, ours)
+            if adopted is not None:
+                return adopted
+            return self._rent(inputs, ours)
+
+    def fleet_instances(self, label_prefix: str) -> list[Instance]:
+        """Every instance carrying this fleet's label prefix (nothing else is ever ours to touch)."""
+        return [i for i in self.marketplace.list_instances() if i.label and i.label.startswith(label_prefix)]
+
+    def _adoptable(self, inputs: SlotInputs, ours: list[Instance]) -> SlotOutputs | None:
+        """An instance a previous, interrupted run rented for this very slot and never recorded: take it
+        instead of renting a second one, if it can still serve (alive, desired image, machine not bad)."""
+        mine = [i for i in ours if (iid := instance_of_label(i.label, inputs.label_prefix)) is not None
+                and slot_of_instance(iid) == inputs.slot and not i.is_dead
+                and i.machine_id not in inputs.bad_machine_ids and i.image == inputs.image]
+        if not mine:
+            return None
+        instance = max(mine, key=lambda i: int(i.contract_id) if i.contract_id.isdigit() else 0)
+        instance_id = instance_of_label(instance.label, inputs.label_prefix)
+        assert instance_id is not None
+        log.warning("slot %s: adopting instance %s (contract %s) that an earlier run rented for it", inputs.slot,
+                    instance_id, instance.contract_id)
+        return SlotOutputs(
+            slot=inputs.slot, pool_name=inputs.pool.name, instance_id=instance_id, contract_id=instance.contract_id,
+            machine_id=instance.machine_id, host_id=instance.host_id, gpu_name=instance.gpu_name or "",
+            price_usd_per_hour=instance.price_usd_per_hour or inputs.pool.max_price_usd_per_hour,
+            image=inputs.image, image_digest=inputs.image_digest, status=instance.status,
+            ranking_basis="adopted", created_at=instance.start_date or self._clock(), status_since=self._clock(),
+            label=instance.label)
+
+    def _rent(self, inputs: SlotInputs, ours: list[Instance]) -> SlotOutputs:
         query = offer_query(inputs.pool, inputs.bad_machine_ids)
         offers = self.marketplace.search_offers(query)
         ranked = rank_offers(offers, inputs.pool, inputs.measured, inputs.priors, inputs.bad_machine_ids)
@@ -83,31 +127,45 @@ class SlotProvider:
                                f"{self._shortfall(inputs)} (pool wants {describe_constraints(inputs.pool)}; "
                                f"{len(inputs.bad_machine_ids)} bad machine(s) excluded); will retry on the next "
                                "apply (under Pulumi: the hourly `pulumi up`)")
+        if inputs.max_total_dph is not None:
+            spend = sum(i.price_usd_per_hour or 0.0 for i in ours)
+            room = inputs.max_total_dph - spend
+            affordable = [c for c in ranked if c.offer.price_usd_per_hour <= room + 1e-9]
+            if not affordable:
+                cheapest = min(c.offer.price_usd_per_hour for c in ranked)
+                raise SpendCapError(
+                    f"slot {inputs.slot}: fleet spend cap ${inputs.max_total_dph:.2f}/h: {len(ours)} instance(s) of "
+                    f"this fleet cost ${spend:.2f}/h and the cheapest fitting offer (${cheapest:.2f}/h) would pass "
+                    "it; not renting (raise max_total_dph or lower a pool's count)")
+            ranked = affordable
         instance_id = f"{inputs.slot}-{self._nonce()}"
+        label = inputs.label_prefix + instance_id
         token = instance_token(self._secret, instance_id)
         errors: list[str] = []
         for candidate in ranked[:CREATE_ATTEMPTS]:
-            request = InstanceRequest(image=inputs.image, disk_gb=inputs.pool.disk_gb, label=instance_id,
+            request = InstanceRequest(image=inputs.image, disk_gb=inputs.pool.disk_gb, label=label,
                                       env=worker_env(inputs, instance_id, token, candidate,
                                                      machine_claim(self._secret, instance_id,
                                                                    candidate.offer.machine_id)),
                                       image_login=self._image_login)
             try:
                 contract_id = self.marketplace.create_instance(candidate.offer.offer_id, request)
-            except PermanentMarketplaceError as exc:
-                # Most often "offer no longer available": someone rented it after our search. Try the next.
+            except OfferTakenError as exc:
+                # Someone rented it after our search (or a sibling slot did): the next offer may be free.
                 errors.append(f"{candidate.describe()}: {exc}")
                 continue
             log.info("slot %s: rented %s as %s (contract %s)", inputs.slot, candidate.describe(), instance_id,
                      contract_id)
+            now = self._clock()
             return SlotOutputs(
                 slot=inputs.slot, pool_name=inputs.pool.name, instance_id=instance_id, contract_id=str(contract_id),
                 machine_id=candidate.offer.machine_id, host_id=candidate.offer.host_id,
                 gpu_name=candidate.offer.gpu_name, price_usd_per_hour=candidate.offer.price_usd_per_hour,
                 image=inputs.image, image_digest=inputs.image_digest, status="loading",
                 expected_proofs_per_hour=candidate.expected_proofs_per_hour, ranking_basis=candidate.basis,
-                created_at=self._clock())
-        raise PermanentMarketplaceError(f"slot {inputs.slot}: every candidate offer was refused: " + "; ".join(errors))
+                created_at=now, status_since=now, label=label)
+        raise NoOfferError(f"slot {inputs.slot}: every candidate offer was taken before we could rent it: "
+                           + "; ".join(errors))
 
     def _shortfall(self, inputs: SlotInputs) -> str:
         """What the market lacked, from a second, broad search (GPU model only). Best effort: a failed look
@@ -115,6 +173,8 @@ class SlotProvider:
         try:
             return describe_shortfall(inputs.pool, inputs.bad_machine_ids,
                                       self.marketplace.search_offers(broad_query(inputs.pool)))
+        except MarketplaceAuthError:
+            raise
         except MarketplaceError as exc:
             return f"could not look at the market more broadly ({exc})"
 
@@ -122,11 +182,15 @@ class SlotProvider:
         return slot_diff(old, new)
 
     def read(self, old: SlotOutputs) -> SlotOutputs | None:
-        """The slot as the market sees it now; None when the market no longer knows the instance."""
+        """The slot as the market sees it now; None when the market no longer knows the instance.
+        `status_since` moves only when the status changes (the status table's deadlines count from it)."""
         instance = self.marketplace.get_instance(old.contract_id)
         if instance is None:
             return None
-        return replace(old, status=instance.status,
+        since = old.status_since if old.status_since is not None else old.created_at
+        if instance.status != old.status or since is None:
+            since = self._clock()
+        return replace(old, status=instance.status, status_since=since,
                        price_usd_per_hour=instance.price_usd_per_hour or old.price_usd_per_hour)
 
     def delete(self, old: SlotOutputs) -> None:

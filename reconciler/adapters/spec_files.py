@@ -207,6 +207,23 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
                 add(("notifications", "webhooks", i, "name"),
                     f"webhook {name!r} is named twice (also webhooks[{named[name]}]); names must be unique")
             named.setdefault(name, i)
+    cap = doc.get("max_total_dph")
+    if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0 and isinstance(pools, list):
+        worst = 0.0
+        cheapest: float | None = None
+        for pool in pools:
+            if not isinstance(pool, dict):
+                continue
+            count, price = pool.get("count"), pool.get("max_price_usd_per_hour")
+            if isinstance(count, int) and isinstance(price, int | float) and not isinstance(price, bool):
+                worst += count * price
+                cheapest = price if cheapest is None else min(cheapest, price)
+        if cheapest is not None and cap < cheapest:
+            add(("max_total_dph",), f"got {cap}, below every pool's max_price_usd_per_hour (lowest {cheapest}): "
+                "the cap would refuse every create")
+        elif worst > cap:
+            add(("max_total_dph",), f"the pools may cost up to ${worst:.2f}/h (count x max price) and the cap is "
+                f"${cap:.2f}/h: some slots may stay empty (plan and status say which)", "warning")
     return problems
 
 
@@ -274,6 +291,8 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
             WebhookSettings(name=w["name"], url_env=w["url_env"], format=w.get("format", "generic"),
                             events=tuple(w.get("events", ())))
             for w in doc.get("notifications", {}).get("webhooks", []))),
+        name=str(doc.get("name", "main")),
+        max_total_dph=float(doc["max_total_dph"]) if doc.get("max_total_dph") is not None else None,
         source=source,
         warnings=tuple(warnings),
     )

@@ -282,6 +282,21 @@ class WebhookNotifier:
             self._take_inbox()
             return len(self._pending)
 
+    def flush(self, timeout_s: float, sleep: Callable[[float], object] = time.sleep) -> int:
+        """For a one-shot command (`fleet apply`): deliver what is queued, retrying until `timeout_s` has passed
+        on this notifier's clock; returns how many deliveries are still pending (logged, then given up)."""
+        deadline = self._clock() + timeout_s
+        while True:
+            self.deliver_due()
+            due = self.next_due()
+            if due is None:
+                return 0
+            if due > deadline:
+                left = self.pending()
+                log.warning("webhooks: %d event(s) not delivered before exit (receiver down?)", left)
+                return left
+            sleep(max(0.0, due - self._clock()))
+
     # --- the worker thread ----------------------------------------------------------------------------------
 
     def start(self) -> WebhookNotifier:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace
 from reconciler.adapters.slot_provider import (
@@ -15,26 +16,33 @@ from reconciler.adapters.slot_provider import (
     SlotProvider,
     describe_error,
 )
-from reconciler.domain.marketplace import Marketplace, MarketplaceError
+from reconciler.domain.marketplace import Marketplace, MarketplaceAuthError, MarketplaceError
 from reconciler.domain.slots import SlotError
+from reconciler.domain.sweep import DEFAULT_GRACE_S
 from reconciler.flows.provision import (
     DEFAULT_SPEC,
     DEFAULT_STATE_DIR,
     ApplyError,
     ApplyReport,
     apply_fleet,
+    git_orphan_recorder,
     load_inputs,
     read_controller_secret,
     resolve_image,
 )
 
 
-def make_marketplace(args: argparse.Namespace, state_dir: Path) -> Marketplace:
+def make_marketplace(args: argparse.Namespace, state_dir: Path,
+                     say: Callable[[str], None] | None = None) -> Marketplace:
+    """`say`: where the adapter tells about its waits (pacing, rate limits, late commits)."""
     try:
         backend = backend_named(args.backend)
-        return build_marketplace(backend.settings_from_options(vars(args), state_dir), {})
+        market = build_marketplace(backend.settings_from_options(vars(args), state_dir), {})
     except (ValueError, MarketplaceError) as exc:
         raise ApplyError(str(exc)) from None
+    if say is not None and hasattr(market, "notify"):
+        market.notify = say
+    return market
 
 
 def add_backend_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
@@ -59,6 +67,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_backend_arguments(p, required=True)
     p.add_argument("--controller-secret-file", type=Path,
                    help="file holding the controller secret (default: $FLEET_CONTROLLER_SECRET)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="a clone of the fleet repo (with its origin): duplicates and orphans are destroyed only "
+                        "with it, each destruction committed there with its evidence and pushed")
+    p.add_argument("--orphan-grace-minutes", type=float, default=DEFAULT_GRACE_S / 60,
+                   help="destroy an orphan (this fleet's label, no slot) only once it is this old "
+                        "(default: %(default)g)")
     p.set_defaults(func=run)
 
 
@@ -73,19 +87,55 @@ def run(args: argparse.Namespace) -> int:
         from reconciler.adapters.controller.client import admin_client_from  # httpx: only when applying
 
         notifier = admin_client_from(spec.controller.url)
-        provider = SlotProvider(make_marketplace(args, state_dir), secret,
+        def say(line: str) -> None:
+            print(line, file=out, flush=True)
+
+        provider = SlotProvider(make_marketplace(args, state_dir, say=lambda line: say(f"wait    {line}")), secret,
                                 on_destroyed=(lambda out: notifier.mark_destroyed(out.instance_id)) if notifier
                                 else None)
+        recorder = None
+        if args.workdir is not None:
+            from reconciler.adapters.git import GitStore, GitStoreError  # gitpython: only with --workdir
+
+            try:
+                recorder = git_orphan_recorder(GitStore(args.workdir), spec.name, echo=say)
+            except GitStoreError as exc:
+                raise ApplyError(f"--workdir {args.workdir}: {exc}") from None
         report = apply_fleet(spec, records, provider, state_dir / SLOT_STATE_FILE, image, datetime.now(UTC),
-                             echo=lambda line: print(line, file=out))
+                             echo=say, recorder=recorder, orphan_grace_s=args.orphan_grace_minutes * 60)
     except ApplyError as exc:
         print(f"fleet apply: {exc}", file=sys.stderr)
+        return 1
+    except MarketplaceAuthError as exc:
+        # A refused key: stop. What was done is in the state file; nothing was dropped, destroyed or recorded.
+        print(f"fleet apply: stopped: {exc}", file=sys.stderr)
         return 1
     except (SlotError, MarketplaceError) as exc:
         # Observation failed: nothing was changed (never act on a failed look).
         print(f"fleet apply: cannot observe the fleet, nothing changed: {describe_error(exc)}", file=sys.stderr)
         return 1
+    _tell_webhooks(report, spec)
     return summarize(report, out)
+
+
+def _tell_webhooks(report: ApplyReport, spec: Any) -> None:
+    """Orphans destroyed and the spend cap reached, to the webhooks of the spec and the environment."""
+    from reconciler.adapters.webhooks import WebhookConfigError
+    from reconciler.cli.surfaces import notify_once, provisioner_events, webhook_targets
+
+    events = provisioner_events(report, spec, datetime.now(UTC))
+    if not events:
+        return
+    try:
+        targets, notes = webhook_targets(spec.notifications)
+    except WebhookConfigError as exc:
+        print(f"fleet apply: webhooks: {exc}", file=sys.stderr)
+        return
+    for note in notes:
+        print(f"fleet apply: {note}", file=sys.stderr)
+    left = notify_once(events, targets)
+    if left:
+        print(f"fleet apply: webhooks: {left} event(s) not delivered (receiver down?)", file=sys.stderr)
 
 
 def summarize(report: ApplyReport, out: TextIO) -> int:
@@ -102,4 +152,7 @@ def summarize(report: ApplyReport, out: TextIO) -> int:
     if report.plan.held:
         print(f"not converged: {len(report.plan.held)} slot(s) held by the circuit breaker "
               f"(pools: {', '.join(sorted(report.plan.paused))})", file=out)
+    if report.plan.capped:
+        print(f"not converged: {len(report.plan.capped)} slot(s) held by the fleet spend cap "
+              f"({', '.join(a.slot for a in report.plan.capped)})", file=out)
     return 1

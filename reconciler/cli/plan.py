@@ -20,7 +20,7 @@ from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, des
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
 from reconciler.domain.forecast import fleet_forecast
 from reconciler.domain.marketplace import MarketplaceError
-from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest
+from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest, spend_cap_note
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError
 from reconciler.domain.spec import FleetSpec
@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         notes.insert(0, RECORDS_ONLY_NOTE)
     rows = pool_rows(spec, records, observed, slot_plan, digest)
     all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
+    cap_note = spend_cap_note(spec)
+    if cap_note is not None and not any("spend cap" in n for n in all_notes):
+        all_notes.append(cap_note)
     output = "json" if args.json else (args.format or "text")
     forecasts = fleet_forecast(spec, records)
     if output == "markdown":
@@ -85,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
             "spec": str(args.spec), "records_only": observed is None, "image_digest": digest, "pools": rows,
             "actions": [asdict(a) for a in slot_plan.actions] if slot_plan else [],
             "converged": slot_plan.converged if slot_plan else None, "notes": all_notes,
+            "max_total_dph": spec.max_total_dph,
+            "spend_cap_held": [a.slot for a in slot_plan.capped] if slot_plan else [],
             "record_problems": list(records.problems),
             "forecast": [{**asdict(f), "slo_proofs_per_hour": f.slo_proofs_per_hour,
                           "cap_usd_per_hour": f.cap_usd_per_hour, "meets_slo": f.meets_slo} for f in forecasts]}

@@ -15,7 +15,8 @@ from reconciler.adapters.spec_files import load_spec
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import RecordError
 from reconciler.domain.spec import SpecError
-from reconciler.domain.status import FleetStatus, status_view
+from reconciler.domain.status import FleetStatus, MarketStatus, status_view
+from reconciler.domain.sweep import MARKET_VIEW_FILE
 from reconciler.render.text import render_text
 
 # --- command -----------------------------------------------------------------------------------------------
@@ -28,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                     "the loop's last pass)")
     where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
     p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="`fleet apply` state directory: adds the marketplace view (spend vs max_total_dph, orphans)")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
     output = p.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="machine-readable output")
@@ -99,9 +102,17 @@ def run(args: argparse.Namespace) -> int:
         if html_out is None:
             return 1
     notes = () if observation_error is None else (f"observation failed, instances not shown: {observation_error}",)
+    market = None
+    if args.state_dir is not None:
+        try:
+            market = MarketStatus.from_json(json.loads((args.state_dir / MARKET_VIEW_FILE).read_text("utf-8")))
+        except FileNotFoundError:
+            notes = (*notes, f"{args.state_dir}: no marketplace view yet (run `fleet apply` first)")
+        except (OSError, ValueError, TypeError) as exc:
+            notes = (*notes, f"{args.state_dir / MARKET_VIEW_FILE}: unreadable marketplace view: {exc}")
     view = status_view(spec, load_indexed(spec_dir), reports, now,
                        desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                       include_rates=html_out is not None or args.json)
+                       include_rates=html_out is not None or args.json, market=market)
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0

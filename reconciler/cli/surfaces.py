@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,14 @@ from starlette.routing import BaseRoute
 
 from reconciler.adapters.settings import ADMIN_TOKEN_ENV, READ_TOKEN_ENV, named_secret, webhook_environment
 from reconciler.adapters.webhooks import WebhookConfigError, WebhookNotifier, WebhookTarget, targets_from_env
-from reconciler.domain.events import EVENT_KINDS, FleetEvent, breaker_event, verdict_event
+from reconciler.domain.events import (
+    EVENT_KINDS,
+    FleetEvent,
+    breaker_event,
+    orphan_destroyed_event,
+    spend_cap_event,
+    verdict_event,
+)
 from reconciler.domain.spec import NotificationSettings
 from reconciler.domain.surfaces import CommitLine, MarketView
 from reconciler.flows.judge import PassResult
@@ -128,3 +136,29 @@ def market_view(state_dir: Path) -> Callable[[], MarketView]:
     from reconciler.adapters.market_view import read_market_view
 
     return lambda: read_market_view(state_dir)
+
+
+def provisioner_events(report: Any, spec: Any, now: datetime) -> list[FleetEvent]:
+    """What one provisioner run (`fleet apply`, the demo) tells the webhooks: every orphan or duplicate it
+    destroyed, and the fleet spend cap holding slots empty (one event per cap and day: receivers drop the
+    repeats of later runs by the Idempotency-Key)."""
+    events = [orphan_destroyed_event(o.contract_id, now, label=o.label, usd_per_hour=o.price_usd_per_hour,
+                                     reason=f"{o.kind}: {o.why}") for o in report.destroyed]
+    cap = getattr(spec, "max_total_dph", None)
+    if report.plan.capped and cap is not None:
+        planned = sum(o.price_usd_per_hour for o in report.slots.values())
+        events.append(spend_cap_event(planned, cap, now, since=f"{cap:g}@{now:%Y-%m-%d}"))
+    return events
+
+
+def notify_once(events: Sequence[FleetEvent], targets: Sequence[WebhookTarget], *, timeout_s: float = 30.0) -> int:
+    """Deliver from a one-shot command: retries until `timeout_s`, then gives up; returns what is left."""
+    if not events or not targets:
+        return 0
+    notifier = WebhookNotifier(targets)
+    try:
+        for event in events:
+            notifier.notify(event)
+        return notifier.flush(timeout_s)
+    finally:
+        notifier.stop()

@@ -26,10 +26,29 @@ class TemporaryMarketplaceError(MarketplaceError):
 
 
 class PermanentMarketplaceError(MarketplaceError):
-    """Retrying will not help: bad API key (401/403), offer gone (404 on create), request rejected (400)."""
+    """Retrying will not help: request rejected (400), offer gone (404 on create), key refused."""
 
     temporary = False
     reason = errors.MARKETPLACE_REJECTED
+
+
+class OfferTakenError(PermanentMarketplaceError):
+    """The offer was rented by someone else since the search (vast: 404 `no_such_ask`): try the next offer."""
+
+
+class MarketplaceAuthError(PermanentMarketplaceError):
+    """The market refuses our credentials: unknown/deleted key, expired session, missing permission.
+
+    Stops the whole run: every later call would fail the same way, and a refused read says nothing about
+    the instances (vast answers an expired session with 404). Nothing may be dropped, destroyed or recorded
+    on it. `key_source` names where the key came from, so the operator knows what to fix."""
+
+    reason = errors.MARKETPLACE_AUTH
+
+    def __init__(self, message: str, *, kind: str, key_source: str):
+        super().__init__(message)
+        self.kind = kind
+        self.key_source = key_source
 
 
 @dataclass(frozen=True)
@@ -95,11 +114,17 @@ class Instance:
 
     @property
     def is_dead(self) -> bool:
-        return self.status in ("exited", "offline")
+        return self.status in DEAD_INSTANCE_STATUSES
 
 
-#: loading: being created / image pulling; running; exited|offline: will never run again; unknown.
-INSTANCE_STATUSES = ("loading", "running", "exited", "offline", "unknown")
+#: Every status an instance can have (vast's `actual_status`, normalised: null/created -> loading):
+#: loading (provisioning, image pull), scheduling (waiting for the machine's resources), running, rebooting
+#: (transient), frozen (paused, GPU still billed), stopped (halted, storage still billed), exited (the
+#: container's process ended), offline (host disconnected), unknown (no recent heartbeat from the host).
+INSTANCE_STATUSES = ("loading", "scheduling", "running", "rebooting", "frozen", "stopped", "exited", "offline",
+                     "unknown")
+#: Statuses after which the instance will not run our worker again on its own.
+DEAD_INSTANCE_STATUSES = frozenset({"stopped", "exited", "offline"})
 
 
 class Marketplace(Protocol):

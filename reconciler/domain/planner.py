@@ -11,11 +11,15 @@ A slot is `<pool>-<i>`. Decisions, in order for each desired slot:
   and replace nothing there (the running instances are not the suspect's fault); dead ones are deleted so
   we stop paying for them; say why in the notes;
 - no instance (never created, or the market no longer knows it) -> Create;
-- instance exited/offline -> Replace (it will never run again);
+- the instance's status calls for it (STATUS_RULES: stopped/exited/offline at once, loading, scheduling,
+  rebooting, frozen and unknown after their deadline) -> Replace; a marketplace fault, never the machine's;
 - machine now in the bad set -> Replace;
 - instance runs another image digest than the desired one -> Replace;
 - otherwise Keep.
 Observed slots that are not desired (count lowered, pool removed) -> Delete.
+Fleet spend cap (`max_total_dph`): planned spend = the $/h of every instance kept + the pool's price cap for
+every slot to create (the worst an offer may cost); a create that would take it over the cap is held
+(REASON_SPEND_CAP), in slot order, and said in the notes.
 """
 
 from __future__ import annotations
@@ -37,10 +41,68 @@ REASON_IMAGE_CHANGED = "image-changed"
 REASON_SCALED_DOWN = "scaled-down"
 REASON_POOL_REMOVED = "pool-removed"
 REASON_POOL_PAUSED = "pool-paused"
+REASON_INSTANCE_STUCK = "instance-stuck"
+REASON_SPEND_CAP = "spend-cap"
 
-#: Instance statuses after which an instance never runs again (base.Instance.is_dead), plus our own "gone".
-DEAD_STATUSES = frozenset({"exited", "offline"})
 STATUS_GONE = "gone"
+
+ACTION_KEEP = "keep"
+ACTION_REPLACE = "replace"  # destroy the instance (it may be billing) and rent another for the slot
+
+
+@dataclass(frozen=True)
+class StatusRule:
+    """What a slot does about its instance's marketplace status. Every status is a marketplace condition:
+    replacing on it never marks the machine bad (only a benchmark verdict with evidence does)."""
+
+    status: str
+    meaning: str
+    billing: str
+    action: str
+    #: Seconds in this status before acting (0: at once; None: never). Loading counts from creation.
+    deadline_s: float | None
+
+    def describe(self) -> str:
+        if self.action == ACTION_KEEP:
+            return "keep"
+        return "destroy and replace at once" if not self.deadline_s else \
+            f"replace after {self.deadline_s / 60:g} min"
+
+
+#: THE status table (README "vast.ai: statuses, pacing, orphans, spend cap" shows the same). Statuses are
+#: the marketplace port's (vast `actual_status` normalised: null/created -> loading); sources in
+#: /work/coord/research/vastai.md.
+STATUS_RULES: Mapping[str, StatusRule] = {r.status: r for r in (
+    StatusRule("running", "the worker's container runs", "GPU + storage", ACTION_KEEP, None),
+    StatusRule("loading", "being provisioned, image pulling, container starting", "storage",
+               ACTION_REPLACE, 30 * 60.0),
+    StatusRule("scheduling", "waiting for the machine's GPUs to be free", "storage", ACTION_REPLACE, 10 * 60.0),
+    StatusRule("rebooting", "the container restarts (transient)", "storage", ACTION_REPLACE, 10 * 60.0),
+    StatusRule("unknown", "no recent heartbeat from the host", "may bill", ACTION_REPLACE, 10 * 60.0),
+    StatusRule("frozen", "paused with memory kept: does no work", "GPU + storage", ACTION_REPLACE, 5 * 60.0),
+    StatusRule("stopped", "halted: will not run again by itself", "storage", ACTION_REPLACE, 0.0),
+    StatusRule("exited", "the container's process ended", "storage", ACTION_REPLACE, 0.0),
+    StatusRule("offline", "the host disconnected from vast", "storage", ACTION_REPLACE, 0.0),
+)}
+#: Statuses replaced at once (the old "dead" set, now with `stopped`: it keeps billing storage).
+DEAD_STATUSES = frozenset(s for s, r in STATUS_RULES.items() if r.action == ACTION_REPLACE and not r.deadline_s)
+
+
+def status_verdict(status: str, seconds_in_status: float | None) -> tuple[str, str] | None:
+    """(reason, detail) when the status table says to replace the instance now, else None.
+
+    `seconds_in_status` None: unknown (e.g. a Pulumi diff without a clock): only at-once rules apply. A
+    status the table does not know is treated as `unknown`."""
+    rule = STATUS_RULES.get(status, STATUS_RULES["unknown"])
+    if rule.action == ACTION_KEEP or rule.deadline_s is None:
+        return None
+    blame = "a marketplace condition, the machine is not blamed"
+    if rule.deadline_s == 0:
+        return REASON_INSTANCE_DEAD, f"instance is {status} ({rule.meaning}; bills {rule.billing}): {blame}"
+    if seconds_in_status is None or seconds_in_status < rule.deadline_s:
+        return None
+    return (REASON_INSTANCE_STUCK, f"instance {status} for {seconds_in_status / 60:.0f} min > "
+            f"{rule.deadline_s / 60:g} min ({rule.meaning}): {blame}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +116,9 @@ class ObservedSlot:
     image_digest: str | None
     status: str  # base.INSTANCE_STATUSES, or STATUS_GONE when the market no longer knows the instance
     contract_id: str | None = None
+    #: Since when (epoch seconds) the instance has had `status` (loading: since creation); None: unknown.
+    status_since: float | None = None
+    price_usd_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -144,9 +209,26 @@ class SlotPlan:
         return tuple(a for a in self.actions if a.reason == REASON_POOL_PAUSED and isinstance(a, Hold | Keep))
 
     @property
+    def capped(self) -> tuple[SlotAction, ...]:
+        """Slots left empty because filling them could pass the fleet spend cap."""
+        return tuple(a for a in self.actions if a.reason == REASON_SPEND_CAP or "spend cap" in a.detail)
+
+    @property
     def converged(self) -> bool:
-        """Nothing to do and nothing held back by a paused pool."""
-        return not self.changes and not self.held
+        """Nothing to do, nothing held back by a paused pool or the spend cap."""
+        return not self.changes and not self.held and not self.capped
+
+
+def spend_cap_note(spec: FleetSpec) -> str | None:
+    """The cap against the worst case of the spec alone (for a plan that knows no running instances)."""
+    if spec.max_total_dph is None:
+        return None
+    worst = sum(p.count * p.max_price_usd_per_hour for p in spec.pools)
+    if worst <= spec.max_total_dph + 1e-9:
+        return (f"fleet spend cap ${spec.max_total_dph:.2f}/h: every slot fits even at its pool's max price "
+                f"(${worst:.2f}/h)")
+    return (f"fleet spend cap ${spec.max_total_dph:.2f}/h: the pools may cost up to ${worst:.2f}/h (count x max "
+            "price); creates that would pass the cap are held and say so (apply, status)")
 
 
 def desired_slots(spec: FleetSpec) -> dict[str, PoolSpec]:
@@ -167,13 +249,15 @@ def pool_pause(pool: str, records: RecordSet, desired_digest: str | None) -> Poo
 
 
 def replace_reason(machine_id: str, image_digest: str | None, status: str, bad_machine_ids: Iterable[str],
-                   desired_digest: str | None) -> tuple[str, str] | None:
+                   desired_digest: str | None, seconds_in_status: float | None = None) -> tuple[str, str] | None:
     """Why the instance of a slot must be replaced (reason, detail), or None to keep it.
 
     `desired_digest` None means "not known yet" (e.g. a Pulumi preview before the image is built): no
-    replacement on the image then."""
-    if status in DEAD_STATUSES:
-        return REASON_INSTANCE_DEAD, f"instance is {status}: it will never run again"
+    replacement on the image then. `seconds_in_status`: how long the instance has had `status` (the status
+    table's deadlines); None: only the at-once rules apply."""
+    by_status = status_verdict(status, seconds_in_status)
+    if by_status is not None:
+        return by_status
     if machine_id in set(bad_machine_ids):
         return REASON_MACHINE_BAD, f"machine {machine_id} is recorded bad"
     if desired_digest is not None and image_digest != desired_digest:
@@ -197,6 +281,12 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
     actions: list[SlotAction] = []
     notes: list[str] = [pause.describe(now) for pause in pauses.values()]
 
+    cap = spec.max_total_dph
+    # Spend of what stays: every observed instance kept (unknown price: its pool's cap, the worst case).
+    planned = 0.0
+    creates: list[tuple[str, PoolSpec, str, str, bool]] = []  # slot, pool, reason, detail, is_replace
+    epoch = now.timestamp()
+
     for slot, pool in wanted.items():
         seen = observed.get(slot)
         paused = pool.name in pauses
@@ -206,17 +296,40 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
                 continue
             detail = (f"instance {seen.instance_id} is gone from the market" if seen is not None
                       else "no instance yet")
+            creates.append((slot, pool, REASON_INSTANCE_GONE if seen else REASON_MISSING, detail, False))
             actions.append(Create(slot, pool.name, REASON_INSTANCE_GONE if seen else REASON_MISSING, detail))
             continue
-        why = replace_reason(seen.machine_id, seen.image_digest, seen.status, bad, desired_digest)
+        age = None if seen.status_since is None else max(0.0, epoch - seen.status_since)
+        why = replace_reason(seen.machine_id, seen.image_digest, seen.status, bad, desired_digest, age)
         if why is None:
             actions.append(Keep(slot, pool.name))
-        elif paused and why[0] == REASON_INSTANCE_DEAD:
-            actions.append(Delete(slot, pool.name, REASON_INSTANCE_DEAD, why[1] + "; pool paused: not replaced"))
+            planned += seen.price_usd_per_hour if seen.price_usd_per_hour is not None else pool.max_price_usd_per_hour
+        elif paused and why[0] in (REASON_INSTANCE_DEAD, REASON_INSTANCE_STUCK):
+            actions.append(Delete(slot, pool.name, why[0], why[1] + "; pool paused: not replaced"))
         elif paused:
             actions.append(Keep(slot, pool.name, REASON_POOL_PAUSED, f"would replace ({why[1]}) but pool is paused"))
+            planned += seen.price_usd_per_hour if seen.price_usd_per_hour is not None else pool.max_price_usd_per_hour
         else:
+            creates.append((slot, pool, why[0], why[1], True))
             actions.append(Replace(slot, pool.name, why[0], why[1]))
+
+    if cap is not None:
+        held: list[str] = []
+        for slot, pool, reason, detail, is_replace in creates:
+            worst = pool.max_price_usd_per_hour
+            if planned + worst <= cap + 1e-9:
+                planned += worst
+                continue
+            index = next(i for i, a in enumerate(actions) if a.slot == slot)
+            why_cap = (f"fleet spend cap ${cap:.2f}/h: ${planned:.2f}/h planned + up to ${worst:.2f}/h for this slot "
+                       f"would pass it ({reason}: {detail})")
+            # A replace still destroys its instance (it is dead or must go); only the new rental is held.
+            actions[index] = (Delete(slot, pool.name, reason, detail + "; not replaced: " + why_cap.split(" (")[0])
+                              if is_replace else Hold(slot, pool.name, REASON_SPEND_CAP, why_cap))
+            held.append(slot)
+        if held:
+            notes.append(f"spend cap ${cap:.2f}/h holds {len(held)} slot(s) ({', '.join(held)}): planned "
+                         f"${planned:.2f}/h; raise max_total_dph or lower a pool's count/price to fill them")
 
     # Extra slots: highest index first, so a later partial run leaves the lowest slots standing.
     extra = [s for s in observed.values() if s.slot not in wanted]

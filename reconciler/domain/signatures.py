@@ -208,6 +208,10 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("srs-memory-budget", "configuration", 90, r"insufficient memory budget for SRS",
          "the daemon's memory budget cannot hold the SRS (curio srs_manager.rs:190-199)",
          setting=SETTING_HOST_RAM),
+    _sig("memory-budget-blocks", "configuration", 90, r"acquire request exceeds total budget",
+         "the daemon's memory budget is smaller than one request (the SRS): it would wait forever "
+         "(curio cuzk-core memory.rs:188-192)",
+         setting=SETTING_HOST_RAM),
     _sig("disk-full", "configuration", 90,
          rf"No space left on device|Disk quota exceeded|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
          "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
@@ -225,6 +229,11 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("bench-input-missing", "params", 80,
          r"benchmark input (?:\(c1\.json\) )?missing|failed to read \S*c1\.json|--c1 required",
          "the benchmark's c1.json is missing or unreadable", setting=SETTING_BENCH_INPUT),
+    # The daemon's only word when the container sees no GPU: its nvidia-smi probe fails (cuzk-core engine.rs:1180),
+    # then supraseal's SRS load fails on ngpus() == 0 and shows only as `failed to load SRS` (groth16_srs.cuh:173-174).
+    # Above that configuration reading: on a GPU rental a missing nvidia-smi is the host's runtime, not our sizing.
+    _sig("gpu-not-visible", "machine", 76, r"nvidia-smi not available, defaulting to single GPU",
+         "the daemon cannot run nvidia-smi: the host's NVIDIA runtime gives the container no GPU tools or devices"),
     _sig("srs-load-failed", "configuration", 75, r"failed to load SRS from",
          "supraseal could not load the SRS into pinned host RAM (groth16_srs.cuh:268-271)",
          setting=SETTING_HOST_RAM),

@@ -29,7 +29,7 @@ from reconciler.domain.planner import (
 )
 from reconciler.domain.ranking import RankedOffer, mismatch, offer_query
 from reconciler.domain.records import RecordSet
-from reconciler.domain.spec import FleetSpec, ParamsSettings, PoolSpec
+from reconciler.domain.spec import FleetSpec, ParamsSettings, PoolSpec, fleet_label_prefix
 
 #: Pulumi's placeholder for a value not known during preview (pulumi.runtime.rpc.UNKNOWN): the wire form.
 #: In Check and Diff the SDK's provider host hands the provider `pulumi.output.Unknown` objects instead;
@@ -75,6 +75,13 @@ class PoolPausedError(SlotError):
     reason = errors.POOL_PAUSED
 
 
+class SpendCapError(SlotError):
+    """Renting for this slot could take the fleet past its spend cap (`max_total_dph`). Temporary: spend
+    drops when instances go, and the cap may be raised in the spec."""
+
+    reason = errors.SPEND_CAP
+
+
 class SlotInputError(SlotError, ValueError):
     """The slot's inputs are malformed (a bug in a driver, or a hand-edited state file). Permanent."""
 
@@ -104,6 +111,10 @@ class SlotInputs:
     priors: Mapping[str, float] = field(default_factory=dict)  # gpu model -> proofs/hour per GPU
     paused_reason: str | None = None  # set by the driver when planner.pool_pause() holds the pool
     params_dir: str | None = None
+    #: Marketplace label prefix of this fleet (`gpu-fleet/<spec name>/`): label = prefix + instance id.
+    label_prefix: str = fleet_label_prefix("main")
+    #: Fleet spend cap ($/h over every instance carrying `label_prefix`); None: no cap.
+    max_total_dph: float | None = None
 
     def to_props(self) -> dict[str, Any]:
         pool = asdict(self.pool)
@@ -118,6 +129,9 @@ class SlotInputs:
             props["paused_reason"] = self.paused_reason
         if self.params_dir:
             props["params_dir"] = self.params_dir
+        props["label_prefix"] = self.label_prefix
+        if self.max_total_dph is not None:
+            props["max_total_dph"] = self.max_total_dph
         return props
 
     @classmethod
@@ -143,6 +157,9 @@ class SlotOutputs:
     expected_proofs_per_hour: float | None = None
     ranking_basis: str | None = None
     created_at: float | None = None
+    #: Since when (epoch s) the instance has had `status` (the status table's deadlines count from here).
+    status_since: float | None = None
+    label: str | None = None  # the marketplace label (None in state written before labels had a prefix)
 
     def to_props(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -154,7 +171,9 @@ class SlotOutputs:
     def observed(self) -> ObservedSlot:
         return ObservedSlot(slot=self.slot, pool=self.pool_name, instance_id=self.instance_id,
                             machine_id=self.machine_id, image_digest=self.image_digest, status=self.status,
-                            contract_id=self.contract_id)
+                            contract_id=self.contract_id,
+                            status_since=self.status_since if self.status_since is not None else self.created_at,
+                            price_usd_per_hour=self.price_usd_per_hour)
 
 
 # --- the typed boundary: one decode for provider inputs and outputs ------------------------------------------
@@ -366,7 +385,8 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
         slot=slot, pool=pool, image=image, image_digest=image_digest, controller_url=spec.controller.url,
         params=spec.params, bad_machine_ids=records.bad_machine_ids(now), measured=measured,
         priors={pool.gpu_name: prior} if prior is not None else {},
-        paused_reason=pause.describe() if pause else None, params_dir=params_dir)
+        paused_reason=pause.describe() if pause else None, params_dir=params_dir, label_prefix=spec.label_prefix,
+        max_total_dph=spec.max_total_dph)
 
 
 # --- the worker's environment --------------------------------------------------------------------------------
@@ -412,15 +432,17 @@ def new_nonce() -> str:
     return secrets.token_hex(3)
 
 
-def slot_diff(old: SlotOutputs, new: SlotInputs) -> SlotDiff:
+def slot_diff(old: SlotOutputs, new: SlotInputs, now: float | None = None) -> SlotDiff:
     """Pure: must the slot's instance be replaced to match `new`? (planner.replace_reason decides.)
 
     A digest Pulumi does not know yet (preview of a rebuild) is reported as a possible replacement. A
     paused pool replaces nothing: delete-before-replace would destroy a working instance and then be
-    refused a new one."""
+    refused a new one. `now` (epoch s): judge the status table's deadlines; None: only at-once rules."""
     unknown = is_unknown(new.image_digest)
+    since = old.status_since if old.status_since is not None else old.created_at
+    age = None if now is None or since is None else max(0.0, now - since)
     why = replace_reason(old.machine_id, old.image_digest, old.status, new.bad_machine_ids,
-                         None if unknown else new.image_digest)
+                         None if unknown else new.image_digest, age)
     if why is None and unknown:
         why = (REASON_IMAGE_CHANGED, "image digest not known until the image is built: may change")
     if why is None:
@@ -490,3 +512,19 @@ def digest_of_image_ref(ref: str) -> str:
     if not sep or not digest.startswith("sha256:"):
         raise SlotInputError(f"image reference {ref!r} is not pinned by digest (expected repo@sha256:...)")
     return digest
+
+
+def instance_of_label(label: str | None, prefix: str) -> str | None:
+    """Our instance id in a marketplace label (`<prefix><slot>-<6 hex>`), or None: not this fleet's."""
+    if not label or not label.startswith(prefix):
+        return None
+    instance_id = label[len(prefix):]
+    slot, sep, nonce = instance_id.rpartition("-")
+    if not sep or not slot or len(nonce) != 6 or any(c not in "0123456789abcdef" for c in nonce):
+        return None
+    return instance_id
+
+
+def slot_of_instance(instance_id: str) -> str:
+    """`rtx4090-3-a1b2c3` -> `rtx4090-3`."""
+    return instance_id.rpartition("-")[0]

@@ -192,9 +192,18 @@ class FleetSpec:
     early_verdict: EarlyVerdictSettings = field(default_factory=EarlyVerdictSettings)
     record_expiry: RecordExpirySettings = field(default_factory=RecordExpirySettings)
     gpu_priors: Mapping[str, float] = field(default_factory=dict)
+    #: The fleet's name: its marketplace labels are `gpu-fleet/<name>/<instance id>` (see label_prefix).
+    name: str = "main"
+    #: Fleet spend cap, $/hour over all pools (None: no cap).
+    max_total_dph: float | None = None
     notifications: NotificationSettings = field(default_factory=NotificationSettings)
     source: str = "<memory>"
     warnings: tuple[SpecProblem, ...] = ()
+
+    @property
+    def label_prefix(self) -> str:
+        """Every instance this fleet rents carries a label starting with this; nothing else is ours."""
+        return fleet_label_prefix(self.name)
 
     def pool(self, name: str) -> PoolSpec:
         for p in self.pools:
@@ -204,3 +213,7 @@ class FleetSpec:
 
     def prior_proofs_per_hour(self, gpu_name: str) -> float | None:
         return self.gpu_priors.get(gpu_name, GPU_PRIOR_PROOFS_PER_HOUR.get(gpu_name))
+
+
+def fleet_label_prefix(name: str) -> str:
+    return f"gpu-fleet/{name}/"

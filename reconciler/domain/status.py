@@ -128,6 +128,41 @@ class BadMachineStatus:
 
 
 @dataclass(frozen=True)
+class MarketStatus:
+    """The marketplace as the last `fleet apply` saw it: spend against the cap, orphans with their $/h."""
+
+    fleet: str
+    label_prefix: str
+    at: str
+    slots_usd_per_hour: float
+    orphans_usd_per_hour: float
+    max_total_dph: float | None
+    orphans: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def spend_usd_per_hour(self) -> float:
+        return self.slots_usd_per_hour + self.orphans_usd_per_hour
+
+    def cap_line(self) -> str:
+        spend = f"${self.spend_usd_per_hour:.2f}/h (slots ${self.slots_usd_per_hour:.2f}/h + orphans " \
+                f"${self.orphans_usd_per_hour:.2f}/h)"
+        if self.max_total_dph is None:
+            return f"spend {spend}; no fleet spend cap (max_total_dph)"
+        room = self.max_total_dph - self.spend_usd_per_hour
+        state = (f"${room:.2f}/h left" if room > 0 else "AT THE CAP: new slots are held until spend drops")
+        return f"spend {spend} of the fleet spend cap ${self.max_total_dph:.2f}/h: {state}"
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MarketStatus:
+        cap = doc.get("max_total_dph")
+        return cls(fleet=str(doc.get("fleet", "?")), label_prefix=str(doc.get("label_prefix", "?")),
+                   at=str(doc.get("at", "?")), slots_usd_per_hour=float(doc.get("slots_usd_per_hour") or 0.0),
+                   orphans_usd_per_hour=float(doc.get("orphans_usd_per_hour") or 0.0),
+                   max_total_dph=float(cap) if isinstance(cap, int | float) else None,
+                   orphans=tuple(o for o in doc.get("orphans") or () if isinstance(o, Mapping)))
+
+
+@dataclass(frozen=True)
 class FleetStatus:
     at: str
     pools: tuple[PoolStatus, ...]
@@ -141,6 +176,7 @@ class FleetStatus:
     desired_image_digest: str | None = None
     early_saved_minutes: float = 0.0  # benchmark time early verdicts saved (all records)
     early_saved_usd_at_most: float = 0.0
+    market: MarketStatus | None = None  # with `fleet status --state-dir`: the last apply's view of the market
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -206,7 +242,8 @@ def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now
 
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
-                notes: Sequence[str] = (), include_rates: bool = True) -> FleetStatus:
+                notes: Sequence[str] = (), include_rates: bool = True,
+                market: MarketStatus | None = None) -> FleetStatus:
     """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
     HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
     reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
@@ -291,4 +328,5 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
                        record_problems=records.problems, last_pass=last_pass, notes=tuple(notes),
                        rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
                        bad_machines=_bad_machines(records, now), desired_image_digest=desired_image_digest,
-                       early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2))
+                       early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2),
+                       market=market)

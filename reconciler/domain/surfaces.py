@@ -32,6 +32,7 @@ class PoolEconomics:
     cap_usd_per_hour: float  # desired x max price: the most the pool may cost
     producing: int  # alive instances that passed their benchmark
     unpriced: int  # alive instances with no known price (not in usd_per_hour)
+    serving: int = 0  # alive instances admitted and serving (heartbeats), not only benchmarked
 
     @property
     def meets_slo(self) -> bool:
@@ -108,7 +109,8 @@ def pool_economics(spec: FleetSpec, records: RecordSet, view: FleetStatus,
             slo_proofs_per_hour=pool.count * pool.min_rate_proofs_per_hour,
             usd_per_hour=round(sum(p for _, p in known if p is not None), 4),
             cap_usd_per_hour=round(pool.count * pool.max_price_usd_per_hour, 4),
-            producing=len(producing), unpriced=sum(1 for _, p in known if p is None)))
+            producing=len(producing), unpriced=sum(1 for _, p in known if p is None),
+            serving=sum(1 for i in alive if getattr(i, "serving", None) is not None or i.state == "serving")))
     return tuple(out)
 
 

@@ -8,13 +8,15 @@ Used by `fleet demo` with the local backend and by operators without Pulumi.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from reconciler.adapters.marketplace import backend_named
+from reconciler.adapters.record_files import write_text_atomic
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.slot_provider import (
     SlotProvider,
@@ -27,12 +29,33 @@ from reconciler.adapters.slot_provider import (
 )
 from reconciler.adapters.spec_files import load_spec
 from reconciler.domain import errors
-from reconciler.domain.marketplace import MarketplaceError
-from reconciler.domain.planner import STATUS_GONE, Delete, Hold, Keep, Replace, SlotAction, SlotPlan, plan
+from reconciler.domain.marketplace import MarketplaceAuthError, MarketplaceError
+from reconciler.domain.planner import (
+    STATUS_GONE,
+    Delete,
+    Hold,
+    Keep,
+    Replace,
+    SlotAction,
+    SlotPlan,
+    desired_slots,
+    plan,
+)
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError, SlotOutputs, digest_of_image_ref, slot_inputs
 from reconciler.domain.spec import FleetSpec, SpecError
+from reconciler.domain.sweep import (
+    DEFAULT_GRACE_S,
+    MARKET_VIEW_FILE,
+    ORPHAN_RECORD_DIR,
+    Orphan,
+    find_orphans,
+    orphan_record,
+)
 from reconciler.domain.tokens import SecretError, check_secret
+
+if TYPE_CHECKING:
+    from reconciler.adapters.git import GitStore
 
 DEFAULT_SPEC = Path("fleet-spec/fleet.yaml")
 DEFAULT_STATE_DIR = Path(".fleet/state")
@@ -57,6 +80,10 @@ class ApplyReport:
     results: tuple[ActionResult, ...]
     notes: tuple[str, ...] = ()
     slots: Mapping[str, SlotOutputs] = field(default_factory=dict)
+    #: Instances with this fleet's label that no slot owns, as the sweep left them (not destroyed).
+    orphans: tuple[Orphan, ...] = ()
+    #: Duplicates and orphans this run destroyed (each committed with its evidence).
+    destroyed: tuple[Orphan, ...] = ()
 
     @property
     def failed(self) -> tuple[ActionResult, ...]:
@@ -64,7 +91,7 @@ class ApplyReport:
 
     @property
     def converged(self) -> bool:
-        return not self.failed and not self.plan.held
+        return not self.failed and not self.plan.held and not self.plan.capped
 
 
 @dataclass(frozen=True)
@@ -79,28 +106,125 @@ class Image:
 # --- the driver (callable without argparse: `fleet demo` and tests use it) ---------------------------------
 
 
+#: Commits the evidence of destroyed duplicates/orphans (`fleet apply --workdir`); None: do not destroy them.
+OrphanRecorder = Callable[[Sequence[Orphan], datetime], None]
+
+
+
 def apply_fleet(spec: FleetSpec, records: RecordSet, provider: SlotProvider, state_path: Path, image: Image,
-                now: datetime, echo: Callable[[str], None] = print) -> ApplyReport:
-    """Observe -> plan -> act. Every action's outcome is saved before the next one starts."""
+                now: datetime, echo: Callable[[str], None] = print, *, recorder: OrphanRecorder | None = None,
+                orphan_grace_s: float = DEFAULT_GRACE_S) -> ApplyReport:
+    """Observe -> plan -> act -> sweep. Every action's outcome is saved before the next one starts.
+
+    A refused API key (MarketplaceAuthError) stops the run where it is: what was done is saved, nothing is
+    dropped, destroyed or recorded on it, and the error propagates to the caller."""
     stored = load_slot_state(state_path)
     observed = provider.observe(stored)
     # Record what we just saw, so a crash below still leaves fresh statuses behind.
-    stored = {s: replace(o, status=observed[s].status) for s, o in stored.items()}
+    stored = {s: replace(o, status=observed[s].status, status_since=observed[s].status_since)
+              for s, o in stored.items()}
     slot_plan = plan(spec, observed, records, image.digest, now)
     for note in slot_plan.notes:
         echo(f"note    {note}")
     results: list[ActionResult] = []
-    for action in slot_plan.actions:
-        if isinstance(action, Keep | Hold):
-            if action.reason:
-                echo(f"{action.kind:<7} {action.slot:<20} {action.reason}: {action.detail}")
-            continue
-        result = _carry_out(action, spec, records, provider, stored, image, now)
+    try:
+        for action in slot_plan.actions:
+            if isinstance(action, Keep | Hold):
+                if action.reason:
+                    echo(f"{action.kind:<7} {action.slot:<20} {action.reason}: {action.detail}")
+                continue
+            result = _carry_out(action, spec, records, provider, stored, image, now)
+            save_slot_state(state_path, stored)
+            results.append(result)
+            echo(result.message)
+    finally:
         save_slot_state(state_path, stored)
-        results.append(result)
-        echo(result.message)
-    save_slot_state(state_path, stored)
-    return ApplyReport(slot_plan, tuple(results), slot_plan.notes, dict(stored))
+    orphans, destroyed, notes = sweep_market(spec, provider, stored, now, echo, recorder, orphan_grace_s)
+    write_market_view(state_path.parent / MARKET_VIEW_FILE, spec, stored, orphans, now)
+    return ApplyReport(slot_plan, tuple(results), slot_plan.notes + notes, dict(stored), orphans, destroyed)
+
+
+def sweep_market(spec: FleetSpec, provider: SlotProvider, stored: Mapping[str, SlotOutputs], now: datetime,
+                 echo: Callable[[str], None], recorder: OrphanRecorder | None,
+                 grace_s: float) -> tuple[tuple[Orphan, ...], tuple[Orphan, ...], tuple[str, ...]]:
+    """Find instances with the fleet's label that no slot owns; destroy the duplicates and the orphans past
+    their grace period, then commit their evidence. (remaining orphans, destroyed, notes)"""
+    try:
+        instances = provider.fleet_instances(spec.label_prefix)
+    except MarketplaceAuthError:
+        raise
+    except MarketplaceError as exc:
+        note = f"orphan sweep skipped: cannot list the market's instances ({describe_error(exc)})"
+        echo(f"note    {note}")
+        return (), (), (note,)
+    found = find_orphans(instances, spec.label_prefix, {s: o.contract_id for s, o in stored.items()},
+                         desired_slots(spec), now.timestamp(), grace_s)
+    remaining: list[Orphan] = []
+    destroyed: list[Orphan] = []
+    notes: list[str] = []
+    for orphan in found:
+        echo(f"{orphan.kind:<7} {orphan.describe()}")
+        if not orphan.due:
+            remaining.append(orphan)
+            continue
+        if recorder is None:
+            remaining.append(orphan)
+            notes.append(f"{orphan.kind} instance {orphan.contract_id} ({orphan.label}) is due for destruction but "
+                         "was kept: run `fleet apply --workdir CLONE` so each destruction is committed with its "
+                         "evidence")
+            echo(f"note    {notes[-1]}")
+            continue
+        try:
+            provider.marketplace.destroy_instance(orphan.contract_id)
+        except MarketplaceAuthError:
+            if destroyed:
+                recorder(destroyed, now)
+            raise
+        except MarketplaceError as exc:
+            remaining.append(orphan)
+            notes.append(f"could not destroy {orphan.kind} instance {orphan.contract_id}: {describe_error(exc)}")
+            echo(f"note    {notes[-1]}")
+            continue
+        destroyed.append(orphan)
+        echo(f"destroy {orphan.kind} instance {orphan.contract_id} ({orphan.label}) -> destroyed")
+    if destroyed and recorder is not None:
+        recorder(destroyed, now)
+    return tuple(remaining), tuple(destroyed), tuple(notes)
+
+
+def write_market_view(path: Path, spec: FleetSpec, stored: Mapping[str, SlotOutputs], orphans: Sequence[Orphan],
+                      now: datetime) -> None:
+    """What `fleet status --state-dir` shows about the market: spend against the cap, orphans with their $/h."""
+    slot_spend = sum(o.price_usd_per_hour for o in stored.values())
+    orphan_spend = sum(o.price_usd_per_hour or 0.0 for o in orphans)
+    doc = {"version": 1, "at": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "fleet": spec.name,
+           "label_prefix": spec.label_prefix, "max_total_dph": spec.max_total_dph,
+           "slots_usd_per_hour": round(slot_spend, 4), "orphans_usd_per_hour": round(orphan_spend, 4),
+           "orphans": [o.to_json() for o in orphans]}
+    write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def git_orphan_recorder(store: GitStore, fleet: str, echo: Callable[[str], None] = print) -> OrphanRecorder:
+    """Commits one evidence file per destroyed instance (`fleet-spec/marketplace/destroyed/<contract>.yaml`)
+    in one commit, and pushes it, through the bot clone's GitStore."""
+
+    from reconciler.adapters.git import CommitRequest, FileChange  # gitpython: only when recording
+
+    def record(destroyed: Sequence[Orphan], now: datetime) -> None:
+        spend = sum(o.price_usd_per_hour or 0.0 for o in destroyed)
+        changes = tuple(FileChange(f"fleet-spec/{ORPHAN_RECORD_DIR}/{o.contract_id}.yaml",
+                                   orphan_record(o, now, fleet)) for o in destroyed)
+        kinds = sorted({o.kind for o in destroyed})
+        request = CommitRequest(
+            summary=f"marketplace: destroyed {len(destroyed)} {'/'.join(kinds)} instance(s) of fleet {fleet} "
+                    f"(${spend:.2f}/h)",
+            body="\n".join(f"- {o.describe()}" for o in destroyed),
+            trailers=tuple(("Fleet-Orphan", f"{o.contract_id} {o.label}") for o in destroyed),
+            changes=changes)
+        result = store.publish(lambda _workdir: request)
+        echo(f"record  committed {result.commit} ({len(destroyed)} destroyed instance(s), pushed={result.pushed})")
+
+    return record
 
 
 def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider: SlotProvider,
@@ -126,6 +250,8 @@ def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider
         return ActionResult(action, True, f"{head} {why} -> rented machine {out.machine_id} ({out.gpu_name}, "
                                           f"${out.price_usd_per_hour:.2f}/h, ~{rate} proofs/h by {out.ranking_basis})"
                                           f" as {out.instance_id} [contract {out.contract_id}]", out)
+    except MarketplaceAuthError:
+        raise  # stops the whole run: every later call would be refused too
     except (SlotError, MarketplaceError) as exc:
         temporary = is_temporary(exc)
         kind = "temporary" if temporary else "permanent"

@@ -38,6 +38,7 @@ METRIC_NAMES = (
     "fleet_pool_desired_instances",
     "fleet_instances",
     "fleet_pool_proofs_per_hour",
+    "fleet_pool_serving_instances",
     "fleet_pool_slo_proofs_per_hour",
     "fleet_pool_usd_per_hour",
     "fleet_pool_cap_usd_per_hour",
@@ -104,14 +105,17 @@ class FleetCollector(Collector):
         slo = GaugeMetricFamily("fleet_pool_slo_proofs_per_hour", "desired count x min rate", labels=["pool"])
         usd = GaugeMetricFamily("fleet_pool_usd_per_hour", "$/h of the pool's alive instances", labels=["pool"])
         cap = GaugeMetricFamily("fleet_pool_cap_usd_per_hour", "desired count x max price", labels=["pool"])
+        serving = GaugeMetricFamily("fleet_pool_serving_instances", "instances admitted and serving",
+                                    labels=["pool"])
         for e in state.economics:
+            serving.add_metric([e.pool], e.serving)
             rate.add_metric([e.pool], e.proofs_per_hour)
             slo.add_metric([e.pool], e.slo_proofs_per_hour)
             usd.add_metric([e.pool], e.usd_per_hour)
             cap.add_metric([e.pool], e.cap_usd_per_hour)
         total = GaugeMetricFamily("fleet_usd_per_hour", "$/h of every alive instance of the fleet")
         total.add_metric([], total_usd_per_hour(state.economics))
-        yield from (rate, slo, usd, cap, total)
+        yield from (rate, slo, usd, cap, total, serving)
         market = state.market
         if market.spend_cap_usd_per_hour is not None:
             spend_cap = GaugeMetricFamily("fleet_spend_cap_usd_per_hour", "the fleet's spend cap (max_total_dph)")

@@ -83,4 +83,18 @@ def render_text(view: FleetStatus) -> str:
                       f"<= ${view.early_saved_usd_at_most:.2f} (at the pools' max price)"]
     for problem in view.record_problems:
         lines.append(f"unreadable record (excluded from offers until fixed): {problem}")
+    if view.market is not None:
+        m = view.market
+        lines += ["", f"marketplace (fleet {m.fleet}, labels {m.label_prefix}*, as of the last apply {m.at}):",
+                  f"  {m.cap_line()}"]
+        if m.orphans:
+            lines.append(f"  {len(m.orphans)} instance(s) with this fleet's label and no slot (orphans):")
+        for o in m.orphans:
+            price = o.get("price_usd_per_hour")
+            age = o.get("age_s")
+            lines.append(f"    {o.get('contract_id')}  {o.get('label')}  machine {o.get('machine_id')}  "
+                         f"{o.get('status')}  {'?' if price is None else f'${float(price):.2f}/h'}  "
+                         f"{'age ?' if age is None else f'{float(age) / 60:.0f} min old'}  "
+                         f"{'DUE: destroyed by the next apply --workdir' if o.get('due') else 'in grace'}")
+            lines.append(f"      {o.get('why')}")
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.marketplace import vastai
 from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
 from reconciler.adapters.record_files import (
     image_record_path,
@@ -111,13 +112,18 @@ def test_converges_then_noop_then_replaces_exactly_the_bad_machine(fleet: Fleet,
                for slot, s in slots.items())
     assert all(s["image_digest"] == directory_digest(fleet.image) for s in slots.values())
     running = fleet.market().list_instances()
-    assert sorted(i.label for i in running) == sorted(s["instance_id"] for s in slots.values())
+    # Every instance carries the fleet's label prefix (the orphan sweep's key) + our instance id.
+    assert sorted(i.label for i in running) == sorted(f"gpu-fleet/main/{s['instance_id']}" for s in slots.values())
     assert all(i.status == "running" for i in running)
     assert "converged: 2 slot(s), 2 change(s)" in out
 
     code, out = fleet.apply(capsys)
     assert code == 0 and "converged: 2 slot(s), no changes" in out
-    assert fleet.slots() == {k: {**v, "status": "running"} for k, v in slots.items()}
+    # Only the status moved (loading -> running), and with it the time the status was first seen.
+    now_slots = fleet.slots()
+    assert all(now_slots[k]["status_since"] >= v["status_since"] for k, v in slots.items())
+    assert ({k: {**v, "status_since": 0} for k, v in now_slots.items()}
+            == {k: {**v, "status": "running", "status_since": 0} for k, v in slots.items()})
 
     victim = next(s for s in slots.values() if s["machine_id"] == "m-b")
     survivor = next(s for s in slots.values() if s["machine_id"] == "m-a")
@@ -171,7 +177,8 @@ def test_image_change_replaces_and_suspect_image_pauses(fleet: Fleet, capsys: py
     write_text_atomic(image_record_path(fleet.spec_dir, new_digest), render_image_record(suspect))
     code, out = fleet.apply(capsys)
     assert code == 1 and "pool p4090 paused" in out and "held by the circuit breaker" in out
-    assert fleet.slots() == {k: {**v, "status": "running"} for k, v in before.items()}  # nothing replaced
+    assert ({k: {**v, "status_since": 0} for k, v in fleet.slots().items()}
+            == {k: {**v, "status": "running", "status_since": 0} for k, v in before.items()})  # nothing replaced
 
     image_record_path(fleet.spec_dir, new_digest).unlink()  # a human clears the record
     code, out = fleet.apply(capsys)
@@ -269,6 +276,8 @@ def test_apply_with_vastai_backend_rents_by_digest_and_replaces_bad(tmp_path: Pa
     monkeypatch.setenv("VAST_API_KEY", "test-vast-key")
     monkeypatch.setenv("FLEET_CONTROLLER_SECRET", "vast-test-controller-secret")
     with VastFake(api_key="test-vast-key") as fake:
+        # The client deep inside `fleet apply` paces and backs off on the fake's clock: no real wait.
+        monkeypatch.setattr(vastai, "TIME", vastai.TimeSource(fake.clock, fake.clock.sleep))
         argv = ["apply", "--spec", str(spec_dir / "fleet.yaml"), "--backend", "vastai", "--state-dir",
                 str(tmp_path / "state"), "--vast-base-url", fake.base_url,
                 "--image", f"registry.example/worker@{digest}"]
@@ -281,7 +290,7 @@ def test_apply_with_vastai_backend_rents_by_digest_and_replaces_bad(tmp_path: Pa
         assert len(creates) == 2
         for req in creates:
             assert req.body["image"] == f"registry.example/worker@{digest}"
-            assert req.body["label"] in {s["instance_id"] for s in slots.values()}
+            assert req.body["label"] in {f"gpu-fleet/main/{s['instance_id']}" for s in slots.values()}
             assert req.body["env"]["FLEET_IMAGE_DIGEST"] == digest
 
         capsys.readouterr()

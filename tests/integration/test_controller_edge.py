@@ -324,3 +324,20 @@ def test_fleet_reconcile_refuses_tls_flags_without_listen(tmp_path: Path) -> Non
                            "--tls-cert", str(cert_file), "--tls-key", str(key_file)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "needs --listen" in done.stderr
+
+
+def test_fleet_reconcile_listen_serves_https_with_the_tls_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.cli import main
+    from tests.gitrepos import make_origin
+    from tests.scenarios import SPEC_YAML
+
+    _, cert_file, key_file = write_tls_files(tmp_path)
+    origin, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
+    monkeypatch.setenv("FLEET_CONTROLLER_SECRET", SECRET.decode())
+    argv = ["reconcile", "--repo", str(origin), "--workdir", str(tmp_path / "w"), "--controller-db",
+            str(tmp_path / "c.db"), "--once", "--listen", "127.0.0.1:0"]
+    assert main([*argv, "--tls-cert", str(cert_file), "--tls-key", str(key_file)]) == 0
+    assert "controller listening on https://127.0.0.1:" in capsys.readouterr().out
+    assert main([*argv, "--tls-cert", str(key_file), "--tls-key", str(cert_file)]) == 2
+    assert "cannot use TLS certificate" in capsys.readouterr().err

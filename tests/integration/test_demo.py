@@ -13,6 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -53,9 +54,21 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     lines: list[str] = []
     # time_scale 0.01 (not less): the stand-in's per-proof overhead on a loaded 2-core machine must stay small
     # against the 36/h PRO 4000's margin over its 29/h minimum.
-    outcome = run_demo(DemoSettings(workdir=workdir, deadline_s=120, time_scale=0.01, proofs=3),
-                       echo=lines.append)
+    pages: list[str] = []
+
+    def look_at_the_live_page() -> None:
+        """Stands in for the person at the terminal: opens the printed URL, then presses Ctrl-C."""
+        (url,) = [line.split(" at ", 1)[1].split(" - ")[0] for line in lines
+                  if line.startswith("live status page stays up at ")]
+        with httpx.Client(follow_redirects=True) as browser:  # ?token= -> cookie -> /
+            pages.append(browser.get(url).text)
+        raise KeyboardInterrupt
+
+    outcome = run_demo(DemoSettings(workdir=workdir, deadline_s=120, time_scale=0.01, proofs=3, wait=True),
+                       echo=lines.append, wait_for_interrupt=look_at_the_live_page)
     text = "\n".join(lines)
+    (page,) = pages
+    assert 'id="pools"' in page and 'class="rate-plot"' in page and "daemon-connection-refused" in page, page[:2000]
 
     assert outcome.converged, text
     # The slow 4090 (30/h < 40), the broken-GPU 4090 and the 20/h PRO 4000 are recorded bad...
@@ -77,7 +90,8 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     broken = yaml.safe_load(_git(origin, "show", "main:fleet-spec/machines/41002.yaml"))["benchmarks"][-1]
     # Real cuzk output: the warm-up proof comes back FAILED (a supraseal-c2 panic with CUDA error 214), so
     # the worker stops with 75 and the daemon's reason is the evidence.
-    assert broken["blame"] == "machine" and "GPU prove start task panicked" in broken["reason"]
+    assert broken["blame"] == "machine" and broken["signature"] == "gpu-ecc"
+    assert "uncorrectable ECC error encountered" in broken["reason"]
     assert any("uncorrectable ECC error encountered" in line for line in broken["evidence"]["log_tail"])
     assert broken["evidence"]["exit_code"] == 75
 
@@ -87,7 +101,7 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     assert "cleaned up:" in lines[-1]
     check_image_story(outcome, workdir, lines)
     page = (workdir / "status.html").read_text()
-    assert "41002" in page and "GPU prove start task panicked" in page
+    assert "41002" in page and "uncorrectable ECC error encountered" in page
     assert _processes_in(workdir) == []
 
 

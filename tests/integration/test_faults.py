@@ -37,6 +37,7 @@ import httpx
 import pytest
 
 from reconciler.adapters.git import GitStore
+from reconciler.adapters.marketplace import vastai
 from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
 from reconciler.adapters.record_files import (
     load_records,
@@ -119,8 +120,8 @@ class ApplyRig:
         self.spec = spec
         self.state_dir = root / "state"
         self.state = self.state_dir / "slots.json"
-        self.sleeps = Sleeps()
-        self.market = VastAiMarketplace(VAST_KEY, base_url=fake.base_url, sleep=self.sleeps,
+        self.sleeps = fake.clock  # pacing and backoff sleep on the fake's clock: no real wait
+        self.market = VastAiMarketplace(VAST_KEY, base_url=fake.base_url, clock=fake.clock, sleep=fake.clock.sleep,
                                         retry=RetryPolicy(max_attempts=3), timeouts=Timeouts(read_s=0.3),
                                         jitter=lambda: 0.5)
         self.provider = SlotProvider(self.market, SECRET)
@@ -157,6 +158,7 @@ READS = {"method": "GET", "path_prefix": "/api/v0/instances/"}
 def test_marketplace_failure_during_apply_destroys_nothing_and_keeps_state(
         rig: ApplyRig, inject: Callable[[VastFake], None]) -> None:
     state_before = rig.state.read_bytes()
+    rig.sleeps.calls.clear()
     inject(rig.fake)
     with pytest.raises(MarketplaceError) as err:
         rig.apply()
@@ -191,8 +193,9 @@ def test_fleet_apply_cli_says_nothing_changed_when_the_market_is_down(rig: Apply
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VAST_API_KEY", VAST_KEY)
     monkeypatch.setenv("FLEET_CONTROLLER_SECRET", SECRET.decode())
+    monkeypatch.setattr(vastai, "TIME", vastai.TimeSource(rig.fake.clock, rig.fake.clock.sleep))
     state_before = rig.state.read_bytes()
-    # Retry-After: 0 keeps the CLI's real backoff instant; every attempt of every read fails.
+    # Every attempt of every read fails (the backoff sleeps on the fake's clock).
     rig.fake.inject(Fault("status", 500, {"success": False, "msg": "Internal Server Error"}, {"Retry-After": "0"},
                           remaining=99, **READS))
     code = main(["apply", "--spec", str(rig.spec_dir / "fleet.yaml"), "--backend", "vastai", "--state-dir",

@@ -96,7 +96,8 @@ def test_the_page_and_fragment_show_pools_spend_slo_machines_commits(live: tuple
     pro = rows["rtx-pro-4000"]
     assert pro[:9] == ["rtx-pro-4000", "RTX PRO 4000", "2", "4", "1", "0", "1", "29", "1/1"]
     # proofs/h 0 of the SLO 2 x 29; $/h: the benchmarking instance's $0.41 of the cap 2 x $0.60, 3 unpriced.
-    assert pro[9] == "0 / 58" and pro[10] == f"${RUNNING_PRICE:.2f} / $1.20, 3 unpriced"
+    assert pro[9] == "0"  # serving
+    assert pro[10] == "0 / 58" and pro[11] == f"${RUNNING_PRICE:.2f} / $1.20, 3 unpriced"
     assert f"paused: image {DIGEST[:19]} suspect" in pro[-1]
     assert text_of(dom.find("dd", id="fleet-spend")[0]) == "$0.41/h of cap $5.00/h"
     (orphan,) = table_rows(dom, "orphans")
@@ -132,6 +133,7 @@ def test_metrics_in_prometheus_format(live: tuple[str, Surfaces]) -> None:
     assert samples[("fleet_pool_usd_per_hour", (("pool", "rtx-pro-4000"),))] == RUNNING_PRICE
     assert samples[("fleet_usd_per_hour", ())] == RUNNING_PRICE
     assert samples[("fleet_spend_cap_usd_per_hour", ())] == 5.0
+    assert samples[("fleet_pool_serving_instances", (("pool", "rtx-pro-4000"),))] == 0
     assert samples[("fleet_orphans", ())] == 1 and samples[("fleet_orphans_usd_per_hour", ())] == 0.33
     assert samples[("fleet_pool_slo_proofs_per_hour", (("pool", "rtx4090"),))] == 10 * 40  # count x min rate
     assert samples[("fleet_image_suspects", ())] == 1

@@ -72,7 +72,7 @@ def test_create_rents_best_ranked_offer_with_label_token_and_env() -> None:
     assert (out.host_id, out.price_usd_per_hour, out.image_digest) == ("host-good", 0.45, DIGEST)
     assert out.ranking_basis == "prior" and out.created_at == 1700.0
     _, request = market.created["1000"]
-    assert request.label == "rtx4090-1-a1b2c3" and request.disk_gb == 150
+    assert request.label == "gpu-fleet/main/rtx4090-1-a1b2c3" and request.disk_gb == 150  # the fleet's prefix
     assert request.image == f"ghcr.io/x/worker@{DIGEST}"
     env = request.env
     assert env["FLEET_TOKEN"] == instance_token(SECRET, "rtx4090-1-a1b2c3")

@@ -202,7 +202,8 @@ def test_vast_api_key_never_appears_in_logs_errors_or_slot_state(tmp_path: Path,
     assert spec is not None
     texts: list[str] = []
     with VastFake(api_key=VAST_API_KEY) as fake:
-        market = VastAiMarketplace(VAST_API_KEY, base_url=fake.base_url, sleep=Sleeps(), jitter=lambda: 0.5,
+        market = VastAiMarketplace(VAST_API_KEY, base_url=fake.base_url, clock=fake.clock, sleep=fake.clock.sleep,
+                                   jitter=lambda: 0.5,
                                    retry=RetryPolicy(max_attempts=2), timeouts=Timeouts(read_s=0.3))
         texts += [repr(market), str(vars(market))]
         fake.fail_next(1, status=502, method="POST")

@@ -7,6 +7,7 @@ permanent errors, no double rent after an ambiguous create, the API key never le
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -28,13 +29,14 @@ from reconciler.adapters.marketplace.vastai import (
 )
 from reconciler.domain.marketplace import (
     InstanceRequest,
+    MarketplaceAuthError,
     Offer,
     OfferQuery,
+    OfferTakenError,
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
-from tests.fakes import Sleeps
-from tests.vast_fake import Fault, VastFake, make_offer, offer_matches
+from tests.vast_fake import Fault, VastFake, VirtualClock, make_offer, offer_matches
 
 API_KEY = "vk-7f3e9a1c5b2d4e6f8091a2b3c4d5e6f7"
 SOME_ENV = {
@@ -55,14 +57,16 @@ def fake() -> Iterator[VastFake]:
 
 
 @pytest.fixture
-def sleeps() -> Sleeps:
-    return Sleeps()
+def sleeps(fake: VastFake) -> VirtualClock:
+    """The fake's clock: the client's pacing and backoff sleep on it (recorded in `.calls`, no real wait)."""
+    return fake.clock
 
 
-def make_client(fake: VastFake, sleeps: Sleeps, **overrides: Any) -> VastAiMarketplace:
+def make_client(fake: VastFake, sleeps: VirtualClock, **overrides: Any) -> VastAiMarketplace:
     settings: dict[str, Any] = {
         "base_url": fake.base_url,
-        "sleep": sleeps,
+        "clock": fake.clock,
+        "sleep": sleeps.sleep,
         "jitter": lambda: 0.0,
         "retry": RetryPolicy(max_attempts=4, base_delay_s=1.0, max_delay_s=30.0, max_retry_after_s=60.0),
         "timeouts": Timeouts(connect_s=2.0, read_s=5.0, write_s=5.0, pool_s=2.0),
@@ -73,7 +77,7 @@ def make_client(fake: VastFake, sleeps: Sleeps, **overrides: Any) -> VastAiMarke
 
 
 @pytest.fixture
-def client(fake: VastFake, sleeps: Sleeps) -> Iterator[VastAiMarketplace]:
+def client(fake: VastFake, sleeps: VirtualClock) -> Iterator[VastAiMarketplace]:
     with make_client(fake, sleeps) as marketplace:
         yield marketplace
 
@@ -213,7 +217,9 @@ def test_search_reads_reliability2_when_reliability_is_absent() -> None:
     assert offer.reliability == 0.97
 
 
-def test_garbage_json_is_retried_then_temporary(fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps) -> None:
+def test_garbage_json_is_retried_then_temporary(
+    fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock
+) -> None:
     fake.garbage_next(1)
     assert [o.offer_id for o in client.search_offers(OfferQuery(gpu_name="RTX PRO 4000"))] == ["9004"]
     assert len(sleeps.calls) == 1
@@ -258,12 +264,12 @@ def test_create_sends_the_exact_body_and_returns_new_contract(fake: VastFake, cl
 
 
 def test_create_on_a_taken_offer_is_permanent_with_the_api_message(
-    fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps
+    fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock
 ) -> None:
     client.create_instance("9001", request_for("a-0-aaaaaa"))
-    with pytest.raises(PermanentMarketplaceError, match=r"HTTP 404.*Instance type by id 9001 is not available"):
+    with pytest.raises(OfferTakenError, match=r"HTTP 404.*Instance type by id 9001 is not available"):
         client.create_instance("9001", request_for("a-0-bbbbbb"))
-    assert sleeps.calls == []
+    assert sleeps.calls == [5.0]  # only the pacing between two creates of one key: no retry of a taken offer
     assert len(fake.instances) == 1
 
 
@@ -275,7 +281,7 @@ def test_create_success_false_is_permanent_with_the_api_message(fake: VastFake, 
 
 def test_create_400_is_permanent(fake: VastFake, client: VastAiMarketplace) -> None:
     fake.fail_next(status=400, body={"success": False, "error": "invalid_args", "msg": "disk too large"})
-    with pytest.raises(PermanentMarketplaceError, match=r"HTTP 400\): disk too large"):
+    with pytest.raises(PermanentMarketplaceError, match=r"HTTP 400: disk too large"):
         client.create_instance("9001", request_for("a-0-aaaaaa"))
 
 
@@ -318,11 +324,11 @@ def test_onstart_longer_than_vast_accepts_is_rejected(fake: VastFake, client: Va
 
 
 def test_create_after_ambiguous_timeout_finds_the_instance_instead_of_renting_twice(
-    fake: VastFake, sleeps: Sleeps
+    fake: VastFake, sleeps: VirtualClock
 ) -> None:
     # vast rents the machine, but the answer arrives after our read timeout.
     fake.slow_next(1, delay_s=3.0, method="PUT")
-    with make_client(fake, sleeps, timeouts=Timeouts(connect_s=2.0, read_s=0.3)) as client:
+    with make_client(fake, sleeps, timeouts=Timeouts(connect_s=2.0, create_s=0.3)) as client:
         contract_id = client.create_instance("9001", request_for("rtx4090-1-c0ffee"))
 
     assert len(fake.instances) == 1
@@ -331,21 +337,22 @@ def test_create_after_ambiguous_timeout_finds_the_instance_instead_of_renting_tw
         ("PUT", "/api/v0/asks/9001/"),
         ("GET", "/api/v1/instances/"),
     ]
-    assert len(sleeps.calls) == 1
+    assert sleeps.calls == []  # committed at once: found on the first look, no wait
 
 
 def test_create_after_ambiguous_5xx_with_no_instance_retries(
-    fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps
+    fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock
 ) -> None:
     fake.fail_next(1, status=502, method="PUT")
     contract_id = client.create_instance("9001", request_for("rtx4090-1-c0ffee"))
+    # No instance carries the label: looked for over the 120 s commit window, then rented again.
     assert [(r.method, r.path) for r in fake.requests] == [
-        ("PUT", "/api/v0/asks/9001/"),
-        ("GET", "/api/v1/instances/"),
-        ("PUT", "/api/v0/asks/9001/"),
+        ("PUT", "/api/v0/asks/9001/"), *[("GET", "/api/v1/instances/")] * 6, ("PUT", "/api/v0/asks/9001/"),
     ]
+    lookups = fake.requests_to("GET", "/api/v1/instances/")
+    assert all(json.loads(r.query["select_filters"][0]) == {"label": {"in": ["rtx4090-1-c0ffee"]}} for r in lookups)
     assert list(fake.instances) == [int(contract_id)]
-    assert sleeps.calls == [0.5]
+    assert sleeps.calls == [5.0, 10.0, 15.0, 30.0, 60.0]
 
 
 def test_create_after_a_lost_answer_following_the_work_is_not_repeated(
@@ -369,19 +376,19 @@ def test_create_is_not_retried_when_the_instance_list_cannot_be_read(
 
 
 def test_create_rate_limited_is_retried_without_a_label_check(
-    fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps
+    fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock
 ) -> None:
     fake.rate_limit_next(1, retry_after=4, method="PUT")
     client.create_instance("9001", request_for("rtx4090-1-c0ffee"))
     assert [r.method for r in fake.requests] == ["PUT", "PUT"]  # a 429 was never acted on
-    assert sleeps.calls == [4.0]
+    assert sleeps.calls == [5.0]  # Retry-After 4 s, but the refused create still used the key's 5 s slot
 
 
 # --------------------------------------------------------------------------------------------------
 # retries and errors
 
 
-def test_429_then_200_sleeps_for_retry_after(fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps) -> None:
+def test_429_then_200_sleeps_for_retry_after(fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock) -> None:
     fake.rate_limit_next(1, retry_after=7)
     offers = client.search_offers(OfferQuery(gpu_name="RTX PRO 4000"))
     assert [o.offer_id for o in offers] == ["9004"]
@@ -389,14 +396,14 @@ def test_429_then_200_sleeps_for_retry_after(fake: VastFake, client: VastAiMarke
     assert len(fake.requests) == 2
 
 
-def test_retry_after_is_capped(fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps) -> None:
+def test_retry_after_is_capped(fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock) -> None:
     fake.rate_limit_next(1, retry_after=3600)
     client.list_instances()
     assert sleeps.calls == [60.0]
 
 
 def test_5xx_exhausted_is_temporary_after_bounded_backoff(
-    fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps
+    fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock
 ) -> None:
     fake.fail_next(10, status=500)
     with pytest.raises(TemporaryMarketplaceError, match=r"GET /api/v1/instances/ failed after 4 attempts: .*HTTP 500"):
@@ -413,7 +420,7 @@ def test_backoff_is_jittered_and_bounded() -> None:
     assert retry_delay(3, policy, 2.5, 0.9) == 2.5
 
 
-def test_timeout_is_retried(fake: VastFake, sleeps: Sleeps) -> None:
+def test_timeout_is_retried(fake: VastFake, sleeps: VirtualClock) -> None:
     contract_id = fake.add_instance(label="x-0-000001")
     fake.slow_next(1, delay_s=3.0, method="GET")
     with make_client(fake, sleeps, timeouts=Timeouts(connect_s=2.0, read_s=0.3)) as client:
@@ -423,23 +430,24 @@ def test_timeout_is_retried(fake: VastFake, sleeps: Sleeps) -> None:
     assert len(sleeps.calls) == 1
 
 
-def test_dropped_connection_is_retried(fake: VastFake, client: VastAiMarketplace, sleeps: Sleeps) -> None:
+def test_dropped_connection_is_retried(fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock) -> None:
     fake.drop_next(1)
     assert client.list_instances() == []
     assert len(sleeps.calls) == 1
 
 
-def test_connection_refused_is_temporary(sleeps: Sleeps) -> None:
+def test_connection_refused_is_temporary(sleeps: VirtualClock) -> None:
     with VastFake(api_key=API_KEY) as gone:
         base_url = gone.base_url
-    client = VastAiMarketplace(API_KEY, base_url=base_url, sleep=sleeps, retry=RetryPolicy(max_attempts=3))
+    client = VastAiMarketplace(API_KEY, base_url=base_url, clock=sleeps, sleep=sleeps.sleep,
+                               retry=RetryPolicy(max_attempts=3))
     with pytest.raises(TemporaryMarketplaceError, match="failed after 3 attempts: cannot connect"):
         client.search_offers(OfferQuery(gpu_name="RTX 4090"))
     assert len(sleeps.calls) == 2
 
 
 def test_rejected_key_is_permanent_and_never_shown(
-    fake: VastFake, sleeps: Sleeps, caplog: pytest.LogCaptureFixture
+    fake: VastFake, sleeps: VirtualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     wrong_key = "vk-wrong-0123456789abcdef0123456789"
@@ -463,12 +471,15 @@ def test_rejected_key_is_permanent_and_never_shown(
 
 def test_403_is_the_same_permanent_error(fake: VastFake, client: VastAiMarketplace) -> None:
     fake.fail_next(status=403, body={"success": False, "error": "forbidden", "msg": "key lacks scope"})
-    with pytest.raises(PermanentMarketplaceError, match=r"vast.ai rejected the API key \(HTTP 403\)"):
+    with pytest.raises(MarketplaceAuthError, match=r"forbids GET /api/v1/instances/ .*HTTP 403: key lacks scope.*"
+                                                   r"instance_read") as caught:
         client.list_instances()
+    assert caught.value.kind == "permission-denied"
 
 
-def test_api_key_from_the_environment(fake: VastFake, sleeps: Sleeps) -> None:
-    client = VastAiMarketplace(base_url=fake.base_url, sleep=sleeps, environ={"VAST_API_KEY": API_KEY})
+def test_api_key_from_the_environment(fake: VastFake, sleeps: VirtualClock) -> None:
+    client = VastAiMarketplace(base_url=fake.base_url, clock=sleeps, sleep=sleeps.sleep,
+                               environ={"VAST_API_KEY": API_KEY})
     assert client.list_instances() == []
     with pytest.raises(PermanentMarketplaceError, match="set VAST_API_KEY"):
         VastAiMarketplace(base_url=fake.base_url, environ={})
@@ -505,7 +516,7 @@ def test_status_transitions_and_exited_is_dead(fake: VastFake, client: VastAiMar
 
 def test_status_normalisation() -> None:
     assert [normalise_status(s) for s in ("created", "scheduling", "loading", None, "Running", "stopped", 3)] == [
-        "loading", "loading", "loading", "loading", "running", "unknown", "unknown",
+        "loading", "scheduling", "loading", "loading", "running", "stopped", "unknown",
     ]
 
 
@@ -528,7 +539,7 @@ def test_get_instance_404_is_none(fake: VastFake, client: VastAiMarketplace) -> 
     assert sent.query == {"owner": ["me"]}
 
 
-def test_list_follows_next_token_across_pages(fake: VastFake, sleeps: Sleeps) -> None:
+def test_list_follows_next_token_across_pages(fake: VastFake, sleeps: VirtualClock) -> None:
     fake.page_size = 3
     ids = [fake.add_instance(label=f"pool-{i}-00000{i}", machine_id=42000 + i) for i in range(8)]
     with make_client(fake, sleeps) as client:

@@ -145,17 +145,13 @@ MODES: dict[str, Mode] = {
         "uncorrectable ECC error encountered", "benchmark-error", "machine"),
     "no-cuda": Mode(
         {"STANDIN_FAIL": "no-cuda"}, 1, "warmup",
-        "nvidia-smi not available, defaulting to single GPU (ordinal 0)", "benchmark-error", "machine",
-        main_wrong="reads `failed to load SRS from` as host memory (configuration); the daemon's `nvidia-smi not "
-                   "available` warning, the only sign that no GPU is visible, is not a signature"),
+        "nvidia-smi not available, defaulting to single GPU (ordinal 0)", "benchmark-error", "machine"),
     "srs-missing": Mode(
         {"STANDIN_FAIL": "srs-missing"}, 1, "warmup",
         '    status: Internal, message: "SRS param file not found for Porep32G: ', "benchmark-error", "params"),
     "srs-budget-too-small": Mode(
         {"STANDIN_SRS_GIB": "200"}, 78, "warmup",
-        "acquire request exceeds total budget — will block until possible", "benchmark-error", "configuration",
-        main_wrong="no signature for the daemon's blocking budget warning (memory.rs:188-192) nor the worker's "
-                   "exit 78; blame comes out unknown"),
+        "acquire request exceeds total budget — will block until possible", "benchmark-error", "configuration"),
     "daemon-oom-killed": Mode(
         {"STANDIN_FAIL": "daemon-oom-killed", "STANDIN_FAIL_PROOFS": "2"}, 1, "benchmark",
         "oom_kill 0 -> 1: the kernel OOM killer ended it", "benchmark-error", "configuration"),

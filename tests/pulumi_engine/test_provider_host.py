@@ -330,7 +330,7 @@ def request_env(body: dict[str, Any]) -> dict[str, str]:
 
 
 def test_vastai_backend_lifecycle_through_the_real_host(tmp_path: Path) -> None:
-    from tests.vast_fake import VastFake
+    from tests.vast_fake import STRICT_LIMITS, RealClock, VastFake, scale_limits
 
     spec_dir = tmp_path / "fleet-spec"
     spec_dir.mkdir()
@@ -339,9 +339,12 @@ def test_vastai_backend_lifecycle_through_the_real_host(tmp_path: Path) -> None:
     digest = "sha256:" + "e" * 64
     image = f"registry.example/fleet/worker@{digest}"
     env = {k: v for k, v in os.environ.items() if k not in ("VAST_API_KEY", "FLEET_CONTROLLER_SECRET")}
-    with VastFake(api_key=VAST_KEY) as fake, \
+    # The provider host is another process: it cannot share the fake's virtual clock. Real time, with vast's
+    # limits and the client's pacing both scaled to 1/100 (strict, and no test waits seconds).
+    with VastFake(api_key=VAST_KEY, clock=RealClock(), limits=scale_limits(STRICT_LIMITS, 0.01)) as fake, \
             running_host(Project.load(REPO), tmp_path / "host.log", env=env) as host:
-        backend = {"kind": "vastai", "base_url": fake.base_url, "pool_data_dir": str(tmp_path / "pool-data")}
+        backend = {"kind": "vastai", "base_url": fake.base_url, "pool_data_dir": str(tmp_path / "pool-data"),
+                   "time_scale": 0.01}
         blob = provider_blob(backend)
         # what the stored provider says: plain settings, never a secret
         assert VAST_KEY.encode() not in base64.b64decode(blob) and SECRET.encode() not in base64.b64decode(blob)

@@ -79,6 +79,12 @@ EXAMPLES: dict[str, list[str]] = {
         '/opt/fleet/entrypoint.sh: line 225:   812 Killed                  cuzk-daemon --config "$FLEET_CONF"',
         "bash: line 1:  4242 Killed                  cuzk-bench batch -t porep -c 10 -j 2",
     ],
+    "memory-budget-blocks": [
+        "2026-12-03T07:40:02.004211Z  WARN cuzk_core::memory: acquire request exceeds total budget — will block until "
+        "possible amount_gib=200 total_gib=40"],
+    "gpu-not-visible": [
+        "2026-12-03T07:40:00.120044Z  WARN cuzk_core::engine: nvidia-smi not available, defaulting to single GPU "
+        "(ordinal 0)"],
     "srs-memory-budget": [
         "ERROR cuzk_core::engine: Phase 7: C1 parse/SRS load failed error=insufficient memory budget for SRS "
         "porep-32g (44 GiB), available: 21 GiB, total: 62 GiB"],

@@ -56,3 +56,24 @@ def test_nothing_is_announced_before_it_reached_origin() -> None:
     surfaces = Surfaces(routes=[], metrics=fleet_metrics(lambda: None), source=cast(Any, None))
     surfaces.on_pass(seed_pass(pushed=False))
     assert surfaces.notified == []
+
+
+def test_a_provisioner_run_announces_destroyed_orphans_and_the_spend_cap() -> None:
+    from types import SimpleNamespace
+
+    from reconciler.cli.surfaces import provisioner_events
+
+    orphan = SimpleNamespace(contract_id="7781234", label="gpu-fleet/rtx4090-3", price_usd_per_hour=0.33,
+                             kind="orphan", why="no slot owns it")
+    report = SimpleNamespace(destroyed=(orphan,), plan=SimpleNamespace(capped=("rtx4090-2",)),
+                             slots={"a": SimpleNamespace(price_usd_per_hour=0.5), "b": SimpleNamespace(
+                                 price_usd_per_hour=0.45)})
+    events = provisioner_events(report, SimpleNamespace(max_total_dph=1.0), NOW)
+    assert [e.kind for e in events] == ["orphan-destroyed", "spend-cap"]
+    assert events[0].title == "orphan destroyed: instance 7781234 (gpu-fleet/rtx4090-3): orphan: no slot owns it"
+    assert events[1].title.startswith("spend cap reached: fleet at $0.95/h of $1.00/h")
+    # The same cap on the same day is one event, whichever run sees it.
+    again = provisioner_events(report, SimpleNamespace(max_total_dph=1.0), NOW)
+    assert again[1].idempotency_key == events[1].idempotency_key
+    quiet = SimpleNamespace(destroyed=(), plan=SimpleNamespace(capped=()), slots={})
+    assert provisioner_events(quiet, SimpleNamespace(max_total_dph=1.0), NOW) == []

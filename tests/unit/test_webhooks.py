@@ -197,3 +197,20 @@ def test_the_spec_refuses_a_url_in_place_of_the_variable_and_duplicate_names() -
                          "    - {name: ops, url_env: B_URL}\n")
     spec, problems = check_spec_text(twice, "fleet.yaml")
     assert spec is None and any("named twice" in p.message for p in problems), problems
+
+
+def test_a_one_shot_command_flushes_with_retries_until_its_deadline() -> None:
+    clock = Clock()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.t += seconds
+
+    poster = FakePoster([OSError("down"), 503, 200])
+    n = notifier(poster, clock, backoff_s=1.0)
+    n.notify(event())
+    assert n.flush(60, sleep) == 0 and len(poster.calls) == 3 and len(slept) == 2
+    dead = notifier(FakePoster([OSError("down")] * 50), clock, backoff_s=1.0)
+    dead.notify(event())
+    assert dead.flush(10, sleep) == 1  # gives up at its deadline; the event is counted as left

@@ -19,9 +19,11 @@ from reconciler.domain.marketplace import (
     Instance,
     InstanceRequest,
     Marketplace,
+    MarketplaceAuthError,
     MarketplaceError,
     Offer,
     OfferQuery,
+    OfferTakenError,
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
@@ -62,8 +64,15 @@ def _build_vastai(backend: Mapping[str, Any], secrets: Mapping[str, str]) -> Mar
     from reconciler.adapters.marketplace.vastai import DEFAULT_BASE_URL, VastAiMarketplace
 
     from_env = settings().vast_api_key
-    key = secrets.get("vast_api_key") or (from_env.reveal() if from_env else None)
-    return VastAiMarketplace(key, base_url=backend.get("base_url") or DEFAULT_BASE_URL)
+    key: str | None
+    if secrets.get("vast_api_key"):
+        key, source = secrets["vast_api_key"], "the stack config secret fleet:vastaiApiKey"
+    else:
+        key = from_env.reveal() if from_env else None
+        source = from_env.source if from_env else "$VAST_API_KEY (not set)"
+    # `time_scale` (tests only): shrink pacing and waits alike for a fake whose limits are scaled the same.
+    return VastAiMarketplace(key, key_source=source, base_url=backend.get("base_url") or DEFAULT_BASE_URL,
+                             time_scale=float(backend.get("time_scale") or 1.0))
 
 
 def _vastai_settings(options: Mapping[str, Any], _state_dir: Path) -> dict[str, Any]:
@@ -97,9 +106,11 @@ __all__ = [
     "Instance",
     "InstanceRequest",
     "Marketplace",
+    "MarketplaceAuthError",
     "MarketplaceError",
     "Offer",
     "OfferQuery",
+    "OfferTakenError",
     "PermanentMarketplaceError",
     "TemporaryMarketplaceError",
     "backend_named",

@@ -13,8 +13,17 @@ Facts this follows (vast-ai/vast-cli `vastai/api/*.py` and docs.vast.ai, API ref
   which the CLI parses into that object before sending. `runtype: "args"` keeps the image's
   entrypoint (the "entrypoint" launch mode); ssh/jupyter replace it with vast's own.
 - list: `GET /api/v1/instances/` pages by `limit` (at most 25) and `after_token` = the previous
-  page's `next_token`; one: `GET /api/v0/instances/{id}/` -> `{"instances": {...} | null}`;
-  destroy: `DELETE /api/v0/instances/{id}/`.
+  page's `next_token`, filtered by `select_filters` (the CLI's `--label` sends `{"label": {"in": [...]}}`);
+  one: `GET /api/v0/instances/{id}/` -> `{"instances": {...} | null}`; destroy: `DELETE /api/v0/instances/{id}/`.
+- errors: read the BODY, not the status (/work/coord/research/vastai.md): 401 "Invalid user key" (deleted key),
+  **404** "Session expired. Please log in again." (vast-cli vast.py), 403 a scoped key without the permission,
+  404 `no_such_ask` (offer taken: try the next), 404 `no_such_instance` (gone), 429 with a plain-text body and no
+  Retry-After (docs.vast.ai, rate limits and errors). A 404 we cannot explain is never read as "gone".
+- limits: per key and endpoint; create about one per 4.5 s with a ~12 s penalty (observed). We pace every key
+  (`Pacing`: a GCRA token bucket per endpoint class, shared by every client of the same key in the process),
+  wait out a 429 and say so.
+- create is slow and may commit after the client gave up: the CLI waits 120 s for every call; after a timeout,
+  reset, 5xx or garbled answer we look the label up over a commit window before renting again.
 
 Secrets: the API key lives in a masked holder, goes only into the Authorization header, and is scrubbed
 from every message; the worker env (it carries the instance token) is never logged.
@@ -22,14 +31,16 @@ from every message; the worker env (it carries the instance token) is never logg
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,8 +51,11 @@ from reconciler.domain.backoff import backoff_delay
 from reconciler.domain.marketplace import (
     Instance,
     InstanceRequest,
+    MarketplaceAuthError,
+    MarketplaceError,
     Offer,
     OfferQuery,
+    OfferTakenError,
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
@@ -71,13 +85,18 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_./:@%+=,~ -]*")
 _NUMERIC_ID = re.compile(r"[0-9]{1,19}")
 
+#: vast `actual_status` -> ours (base.INSTANCE_STATUSES). `None` (no status yet) is "loading" too.
 _STATUS_MAP = {
-    "loading": "loading",
     "created": "loading",
-    "scheduling": "loading",
+    "loading": "loading",
+    "scheduling": "scheduling",
     "running": "running",
+    "rebooting": "rebooting",
+    "frozen": "frozen",
+    "stopped": "stopped",
     "exited": "exited",
     "offline": "offline",
+    "unknown": "unknown",
 }
 
 
@@ -108,9 +127,13 @@ class Timeouts:
     read_s: float = 30.0
     write_s: float = 30.0
     pool_s: float = 5.0
+    #: Read timeout of a create: vast-cli waits 120 s for every call ("Conservative enough for slow operations
+    #: like ... instance creation", vastai/api/client.py); a create regularly takes longer than 30 s.
+    create_s: float = 120.0
 
-    def to_httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.write_s, pool=self.pool_s)
+    def to_httpx(self, read_s: float | None = None) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect_s, read=self.read_s if read_s is None else read_s,
+                             write=self.write_s, pool=self.pool_s)
 
 
 class _Secret:
@@ -411,7 +434,191 @@ def _api_message(payload: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Imperative shell: HTTP with retries
+# Error semantics: from the body, not the status alone
+
+KIND_KEY_REFUSED = "key-refused"  # 401: unknown or deleted key ("Invalid user key")
+KIND_SESSION_EXPIRED = "session-expired"  # vast answers 404 "Session expired. Please log in again."
+KIND_PERMISSION = "permission-denied"  # 403: a scoped key without the permission (or 2FA authorization)
+KIND_RATE_LIMITED = "rate-limited"  # 429, usually a plain-text body and no Retry-After
+KIND_OFFER_TAKEN = "offer-taken"  # 404 no_such_ask: someone rented the offer since our search
+KIND_NO_SUCH_INSTANCE = "no-such-instance"  # 404 no_such_instance: destroyed / never existed
+KIND_SERVER = "server-error"  # 5xx
+KIND_UNEXPLAINED_404 = "unexplained-404"  # a 404 whose body says nothing we know: never read as "gone"
+KIND_REJECTED = "rejected"  # any other 4xx: the request itself is wrong
+
+AUTH_KINDS = frozenset({KIND_KEY_REFUSED, KIND_SESSION_EXPIRED, KIND_PERMISSION})
+
+_SESSION_EXPIRED = re.compile(r"session\s+expired", re.IGNORECASE)
+_OFFER_GONE = re.compile(r"(instance type|offer|ask).*(not available|no longer available|not found)", re.IGNORECASE)
+_INSTANCE_GONE = re.compile(r"(no such instance|instance\s+\S+\s+(not found|does not exist))", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """One refused call, read from its status AND body."""
+
+    kind: str
+    status: int
+    code: str | None  # the body's `error`
+    message: str | None  # the body's `msg`/`message`/`detail`, or its plain text
+
+    @property
+    def is_auth(self) -> bool:
+        return self.kind in AUTH_KINDS
+
+
+def classify_error(status: int, payload: Any, text: str = "") -> ApiError:
+    """What a non-2xx answer means. Pure. The same 404 can mean "gone", "offer taken" or "your session
+    expired": only the body tells them apart, and a 404 we cannot explain is its own kind."""
+    code = payload.get("error") if isinstance(payload, Mapping) and isinstance(payload.get("error"), str) else None
+    message = _api_message(payload)
+    if message is None and not isinstance(payload, Mapping) and text.strip() and "<html" not in text.lower():
+        message = text.strip()
+    said = f"{code or ''} {message or ''}"
+    if status == 401:
+        kind = KIND_KEY_REFUSED
+    elif status == 403:
+        kind = KIND_PERMISSION
+    elif status == 429:
+        kind = KIND_RATE_LIMITED
+    elif status >= 500:
+        kind = KIND_SERVER
+    elif code == "session_expired" or _SESSION_EXPIRED.search(said):
+        kind = KIND_SESSION_EXPIRED
+    elif code == "no_such_ask" or (status == 404 and _OFFER_GONE.search(said)):
+        kind = KIND_OFFER_TAKEN
+    elif code == "no_such_instance" or (status == 404 and _INSTANCE_GONE.search(said)):
+        kind = KIND_NO_SUCH_INSTANCE
+    elif status == 404:
+        kind = KIND_UNEXPLAINED_404
+    else:
+        kind = KIND_REJECTED
+    return ApiError(kind, status, code, message)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pacing: per API key, create slower than reads
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How fast one API key may call vast.ai, and how long to wait after a 429.
+
+    vast limits each endpoint per identity (key) with a minimum interval; create at about one per 4.5 s with
+    a ~12 s penalty when exceeded, and no Retry-After (issue 15; docs.vast.ai rate limits). Read limits are
+    not published: 2 a second with a burst of 2 stays under any "few a second" limit."""
+
+    create_interval_s: float = 5.0
+    read_rate_per_s: float = 2.0
+    read_burst: int = 2
+    #: After a 429 on create without Retry-After: the ~12 s penalty plus a margin (the penalty re-arms on
+    #: every early call, so waiting less only makes it longer).
+    create_penalty_wait_s: float = 13.0
+    #: After a 429 on a read without Retry-After: exponential from this, capped below.
+    read_backoff_base_s: float = 2.0
+    read_backoff_max_s: float = 30.0
+    #: 429s one call tolerates before giving up with a temporary error (a later apply retries).
+    max_rate_limited: int = 8
+    #: Waits at least this long are said out loud (notify), shorter ones only logged.
+    announce_after_s: float = 1.0
+
+    def scaled(self, factor: float) -> Pacing:
+        """Every interval times `factor` (tests against the fake in another process: both sides scaled alike)."""
+        return replace(self, create_interval_s=self.create_interval_s * factor,
+                       read_rate_per_s=self.read_rate_per_s / factor,
+                       create_penalty_wait_s=self.create_penalty_wait_s * factor,
+                       read_backoff_base_s=self.read_backoff_base_s * factor,
+                       read_backoff_max_s=self.read_backoff_max_s * factor,
+                       announce_after_s=self.announce_after_s * factor)
+
+
+class GcraBucket:
+    """A token bucket as GCRA: calls go at most `rate` a second with bursts of `burst`, in arrival order.
+
+    `reserve(now)` books the next slot and returns when the caller may go; `block(until)` holds every later
+    caller until then (a 429's penalty). Thread-safe; pure arithmetic on the injected clock's readings."""
+
+    def __init__(self, rate_per_s: float, burst: int = 1):
+        if rate_per_s <= 0 or burst < 1:
+            raise ValueError(f"bad bucket: rate {rate_per_s}/s, burst {burst}")
+        self.interval = 1.0 / rate_per_s
+        self.tolerance = (burst - 1) * self.interval
+        self.tat = float("-inf")  # theoretical arrival time of the next call
+        self.blocked_until = float("-inf")
+        self._lock = threading.Lock()
+
+    def reserve(self, now: float) -> float:
+        with self._lock:
+            go = max(now, self.tat - self.tolerance, self.blocked_until)
+            self.tat = max(self.tat, go) + self.interval
+            return go
+
+    def block(self, until: float) -> None:
+        """Nobody goes before `until`, and then one at a time: no burst right after a penalty."""
+        with self._lock:
+            self.blocked_until = max(self.blocked_until, until)
+            self.tat = max(self.tat, until + self.tolerance)
+
+
+class KeyPacer:
+    """The buckets of one API key: creates, and each read/destroy endpoint class."""
+
+    def __init__(self, pacing: Pacing):
+        self.pacing = pacing
+        self._buckets: dict[str, GcraBucket] = {}
+        self._lock = threading.Lock()
+
+    def bucket(self, endpoint: str) -> GcraBucket:
+        with self._lock:
+            if endpoint not in self._buckets:
+                if endpoint == ENDPOINT_CREATE:
+                    self._buckets[endpoint] = GcraBucket(1.0 / self.pacing.create_interval_s, 1)
+                else:
+                    self._buckets[endpoint] = GcraBucket(self.pacing.read_rate_per_s, self.pacing.read_burst)
+            return self._buckets[endpoint]
+
+
+ENDPOINT_CREATE = "create"
+ENDPOINT_SEARCH = "search"
+ENDPOINT_SHOW = "show"
+ENDPOINT_LIST = "list"
+ENDPOINT_DESTROY = "destroy"
+
+_PACERS: dict[tuple[str, int], KeyPacer] = {}
+_PACERS_LOCK = threading.Lock()
+
+
+def pacer_for(key: str, clock: Callable[[], float], pacing: Pacing) -> KeyPacer:
+    """One pacer per (key, clock) in this process: every client of a key shares its budget (Pulumi creates
+    slots from several threads; `fleet apply` observes, sweeps and creates with one key)."""
+    ident = (hashlib.sha256(key.encode()).hexdigest(), id(clock))
+    with _PACERS_LOCK:
+        pacer = _PACERS.get(ident)
+        if pacer is None or pacer.pacing != pacing:
+            pacer = _PACERS[ident] = KeyPacer(pacing)
+        return pacer
+
+
+#: After an ambiguous create (timeout, reset, 5xx, garbled answer): look for the label at these pauses
+#: (seconds, cumulative 120 s - the CLI's own create timeout) before renting again. A create that commits
+#: later than that is caught by the slot provider's duplicate check (two instances for one slot).
+LABEL_LOOKUP_PAUSES_S: tuple[float, ...] = (0.0, 5.0, 10.0, 15.0, 30.0, 60.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Imperative shell: HTTP with pacing and retries
+
+
+@dataclass(frozen=True)
+class TimeSource:
+    """The clock the pacer reads and the sleep it waits with. Tests swap `TIME` for the fake's virtual clock
+    when the client is built deep inside a command (`fleet apply`); everything else passes them directly."""
+
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+
+TIME = TimeSource()
 
 
 @dataclass(frozen=True)
@@ -429,30 +636,51 @@ class _Reply:
     payload: Any
 
 
+@dataclass(frozen=True)
+class _RateLimited:
+    retry_after: float | None
+    body: str
+
+
 class VastAiMarketplace:
-    """`base.Marketplace` over vast.ai's REST API (or a fake of it on 127.0.0.1 in tests)."""
+    """`base.Marketplace` over vast.ai's REST API (or the strict fake of it on 127.0.0.1 in tests)."""
 
     def __init__(
         self,
         api_key: str | None = None,
         *,
+        key_source: str | None = None,
         base_url: str = DEFAULT_BASE_URL,
         timeouts: Timeouts | None = None,
         retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        pacing: Pacing | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
         jitter: Callable[[], float] = random.random,
+        notify: Callable[[str], None] | None = None,
+        label_lookup_pauses_s: Sequence[float] = LABEL_LOOKUP_PAUSES_S,
+        time_scale: float = 1.0,
         runtype: str = DEFAULT_RUNTYPE,
         environ: Mapping[str, str] | None = None,
         transport: httpx.BaseTransport | None = None,
     ):
-        from_env = settings(environ).vast_api_key
-        key = api_key if api_key is not None else (from_env.reveal() if from_env else None)
+        """`key_source` names where the key came from, for the message when vast refuses it. `notify` hears
+        every wait worth telling an operator about (pacing, 429s, label lookups); default: the log."""
+        key: str | None = api_key
+        source = key_source or "the api_key argument"
+        if key is None:
+            from_env = settings(environ).vast_api_key
+            key = from_env.reveal() if from_env else None
+            source = key_source or (from_env.source if from_env else f"${VAST_API_KEY_ENV}")
         if key is None or not key.strip():
-            raise PermanentMarketplaceError(f"no vast.ai API key: pass one or set {API_KEY_ENV}")
+            raise MarketplaceAuthError(f"no vast.ai API key: pass one or set {VAST_API_KEY_ENV}",
+                                       kind="no-key", key_source=source)
         key = key.strip()
         if any(ch.isspace() or not ch.isprintable() for ch in key):
-            raise PermanentMarketplaceError("the vast.ai API key contains whitespace or control characters")
+            raise MarketplaceAuthError(f"the vast.ai API key from {source} contains whitespace or control characters",
+                                       kind="bad-key", key_source=source)
         self._key = _Secret(key)
+        self.key_source = source
         self._base_url = base_url.rstrip("/")
         parts = urlsplit(self._base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -461,11 +689,21 @@ class VastAiMarketplace:
             raise ValueError(f"vast.ai base_url {base_url!r} must end in /v0 (the v1 list endpoint sits beside it)")
         self._v1_url = self._base_url[: -len("/v0")] + "/v1"
         self._retry = retry or RetryPolicy()
-        self._sleep = sleep
+        self._timeouts = timeouts or Timeouts()
+        if not 0 < time_scale <= 1:
+            raise ValueError(f"time_scale must be in (0, 1], got {time_scale}")
+        # time_scale < 1 only for a fake in another process (Pulumi's provider host in tests): every pace,
+        # penalty and lookup pause shrinks alike, so the fake's equally scaled limits stay binding.
+        self._pacing = (pacing or Pacing()).scaled(time_scale) if time_scale != 1 else (pacing or Pacing())
+        self._clock = clock or TIME.clock
+        self._sleep = sleep or TIME.sleep
         self._jitter = jitter
+        self.notify = notify
+        self._label_pauses = tuple(p * time_scale for p in label_lookup_pauses_s)
         self._runtype = runtype
+        self._pacer = pacer_for(key, self._clock, self._pacing)
         self._http = httpx.Client(
-            timeout=(timeouts or Timeouts()).to_httpx(),
+            timeout=self._timeouts.to_httpx(),
             transport=transport,
             headers={"Accept": "application/json", "User-Agent": "gpu-fleet-reconciler"},
             follow_redirects=False,
@@ -486,58 +724,100 @@ class VastAiMarketplace:
     # -- the port --------------------------------------------------------------------------------
 
     def search_offers(self, query: OfferQuery) -> Sequence[Offer]:
-        reply = self._call("POST", f"{self._base_url}/bundles/", json_body=build_search_body(query))
+        reply = self._call("POST", f"{self._base_url}/bundles/", ENDPOINT_SEARCH, json_body=build_search_body(query))
         try:
             return parse_offers(reply.payload, query)
         except ValueError as exc:
             raise TemporaryMarketplaceError(f"vast.ai search returned an unusable response: {exc}") from None
 
     def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
+        """Rent the offer, at most once per label.
+
+        After an answer that may hide a rental (timeout, reset, 5xx, garbled body), the label is looked up
+        over a commit window (LABEL_LOOKUP_PAUSES_S, 120 s in all) before renting again; if the list cannot
+        be read, we stop rather than risk renting twice."""
         body = build_create_body(request, self._runtype)
         url = f"{self._base_url}/asks/{self._path_id(offer_id, 'offer id')}/"
+        failure: _Failure | None = None
         for attempt in range(1, self._retry.max_attempts + 1):
-            outcome = self._attempt("PUT", url, json_body=body)
+            outcome = self._send("PUT", url, ENDPOINT_CREATE, json_body=body, read_timeout_s=self._timeouts.create_s)
             if isinstance(outcome, _Reply):
+                if outcome.status >= 300:
+                    raise self._refusal(classify_error(outcome.status, outcome.payload), "PUT", url, offer_id)
                 contract_id = self._new_contract(outcome, offer_id)
                 if contract_id is not None:
                     return contract_id
                 failure = _Failure("vast.ai create returned no new_contract", maybe_processed=True)
             else:
                 failure = outcome
-            delay = retry_delay(attempt, self._retry, failure.retry_after, self._jitter())
             log.warning(
                 "vast.ai create on offer %s: %s (attempt %d/%d)",
                 offer_id, failure.description, attempt, self._retry.max_attempts,
             )
             if failure.maybe_processed:
-                # Give vast a moment to finish what it may have started, then look.
-                self._sleep(delay)
-                # The request may have reached vast and rented the machine even though we saw no answer
-                # (read timeout, 5xx from a proxy, garbled body). Creating again blindly could rent a
-                # second instance and pay twice, so first look for one carrying our unique label.
-                existing = self._find_by_label(request.label, offer_id)
+                existing = self._await_label(request.label, offer_id, failure.description)
                 if existing is not None:
-                    log.warning(
-                        "vast.ai create on offer %s: instance %s with label %s exists; not creating again",
-                        offer_id, existing.contract_id, request.label,
-                    )
                     return existing.contract_id
             elif attempt < self._retry.max_attempts:
-                self._sleep(delay)
+                self._sleep(retry_delay(attempt, self._retry, failure.retry_after, self._jitter()))
+        assert failure is not None
         raise TemporaryMarketplaceError(
             f"vast.ai create on offer {offer_id} failed after {self._retry.max_attempts} attempts: "
             f"{failure.description}"
         )
 
     def list_instances(self) -> Sequence[Instance]:
+        return self._list({})
+
+    def instances_labelled(self, labels: Sequence[str]) -> Sequence[Instance]:
+        """The account's instances carrying one of `labels` (server-side filter, as the CLI's `--label`)."""
+        wanted = set(labels)
+        rows = self._list({"label": {"in": sorted(wanted)}})
+        return [i for i in rows if i.label in wanted]  # defence: a dropped filter must not widen the answer
+
+    def get_instance(self, contract_id: str) -> Instance | None:
+        url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
+        reply = self._call("GET", url, ENDPOINT_SHOW, params={"owner": "me"}, gone_ok=True)
+        if reply.status == 404:
+            return None  # classified as no-such-instance by its body
+        payload = reply.payload
+        if not isinstance(payload, Mapping) or "instances" not in payload:
+            raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} returned an unusable response")
+        row = payload["instances"]
+        if isinstance(row, list):
+            # Older responses wrapped the one row in a list.
+            row = row[0] if row else None
+        if row is None:
+            return None
+        try:
+            return parse_instance(row)
+        except ValueError as exc:
+            raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} is malformed: {exc}") from None
+
+    def destroy_instance(self, contract_id: str) -> None:
+        url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
+        reply = self._call("DELETE", url, ENDPOINT_DESTROY, json_body={}, gone_ok=True)
+        if reply.status == 404:
+            log.info("vast.ai: instance %s was already gone", contract_id)
+            return
+        if isinstance(reply.payload, Mapping) and reply.payload.get("success") is False:
+            raise PermanentMarketplaceError(
+                f"vast.ai refused to destroy instance {contract_id}: {self._quote(_api_message(reply.payload))}"
+            )
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _list(self, select_filters: Mapping[str, Any]) -> list[Instance]:
         instances: list[Instance] = []
         seen_tokens: set[str] = set()
         params: dict[str, str] = {
             "limit": str(INSTANCE_PAGE_LIMIT),
             "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
         }
+        if select_filters:
+            params["select_filters"] = json.dumps(select_filters)
         for _ in range(MAX_INSTANCE_PAGES):
-            reply = self._call("GET", f"{self._v1_url}/instances/", params=params)
+            reply = self._call("GET", f"{self._v1_url}/instances/", ENDPOINT_LIST, params=params)
             payload = reply.payload
             if not isinstance(payload, Mapping) or not isinstance(payload.get("instances"), list):
                 raise TemporaryMarketplaceError("vast.ai instance list returned an unusable response")
@@ -555,54 +835,40 @@ class VastAiMarketplace:
             params = {**params, "after_token": token}
         raise TemporaryMarketplaceError(f"vast.ai instance list did not end after {MAX_INSTANCE_PAGES} pages")
 
-    def get_instance(self, contract_id: str) -> Instance | None:
-        url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
-        reply = self._call("GET", url, params={"owner": "me"}, ok_statuses=(404,))
-        if reply.status == 404:
-            return None
-        payload = reply.payload
-        if not isinstance(payload, Mapping) or "instances" not in payload:
-            raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} returned an unusable response")
-        row = payload["instances"]
-        if isinstance(row, list):
-            # Older responses wrapped the one row in a list.
-            row = row[0] if row else None
-        if row is None:
-            return None
-        try:
-            return parse_instance(row)
-        except ValueError as exc:
-            raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} is malformed: {exc}") from None
-
-    def destroy_instance(self, contract_id: str) -> None:
-        url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
-        reply = self._call("DELETE", url, json_body={}, ok_statuses=(404,))
-        if reply.status == 404:
-            log.info("vast.ai: instance %s was already gone", contract_id)
-            return
-        if isinstance(reply.payload, Mapping) and reply.payload.get("success") is False:
-            raise PermanentMarketplaceError(
-                f"vast.ai refused to destroy instance {contract_id}: {self._quote(_api_message(reply.payload))}"
-            )
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def _find_by_label(self, label: str, offer_id: str) -> Instance | None:
-        try:
-            instances = self.list_instances()
-        except TemporaryMarketplaceError as exc:
-            raise TemporaryMarketplaceError(
-                f"vast.ai create on offer {offer_id} had an ambiguous failure and the instance list could not "
-                f"be read to check for label {label}; not retrying, to avoid renting twice: {exc}"
-            ) from None
-        matches = [i for i in instances if i.label == label]
-        return max(matches, key=lambda i: int(i.contract_id) if i.contract_id.isdigit() else 0) if matches else None
+    def _await_label(self, label: str, offer_id: str, why: str) -> Instance | None:
+        """The instance an ambiguous create may have rented, looked for over the commit window."""
+        waited = 0.0
+        for pause in self._label_pauses:
+            if pause > 0:
+                self._say(f"vast.ai: create on offer {offer_id} for {label} got no clear answer ({why}); "
+                          f"{waited:.0f} s after, no instance carries the label yet; looking again in {pause:.0f} s "
+                          "(a create can commit late) before renting again")
+                self._sleep(pause)
+                waited += pause
+            try:
+                matches = self.instances_labelled([label])
+            except MarketplaceAuthError:
+                raise
+            except MarketplaceError as exc:
+                raise TemporaryMarketplaceError(
+                    f"vast.ai create on offer {offer_id} had an ambiguous failure and the instance list could not "
+                    f"be read to check for label {label}; not retrying, to avoid renting twice: {exc}"
+                ) from None
+            if matches:
+                found = max(matches, key=lambda i: int(i.contract_id) if i.contract_id.isdigit() else 0)
+                log.warning("vast.ai create on offer %s: instance %s with label %s exists; not creating again",
+                            offer_id, found.contract_id, label)
+                return found
+        return None
 
     def _new_contract(self, reply: _Reply, offer_id: str) -> str | None:
         payload = reply.payload
         if not isinstance(payload, Mapping):
             return None
         if payload.get("success") is False:
+            error = classify_error(404 if payload.get("error") == "no_such_ask" else 400, payload)
+            if error.kind == KIND_OFFER_TAKEN:
+                raise OfferTakenError(f"vast.ai: offer {offer_id} was taken: {self._quote(error.message)}")
             raise PermanentMarketplaceError(
                 f"vast.ai refused offer {offer_id}: {self._quote(_api_message(payload))}"
             )
@@ -610,6 +876,35 @@ class VastAiMarketplace:
             return _ident(payload, "new_contract")
         except ValueError:
             return None
+
+    def _refusal(self, error: ApiError, method: str, url: str, offer_id: str | None = None) -> MarketplaceError:
+        """The exception for a refused call: auth errors stop the run, an offer taken tries the next one."""
+        path = urlsplit(url).path
+        said = f"HTTP {error.status}: {self._quote(error.message)}"
+        if error.kind == KIND_KEY_REFUSED:
+            return MarketplaceAuthError(
+                f"vast.ai rejected the API key from {self.key_source} ({said}): the key is unknown or was deleted. "
+                "Stopping: no slot is dropped, no instance destroyed, nothing recorded. Set a valid key and run again.",
+                kind=error.kind, key_source=self.key_source)
+        if error.kind == KIND_SESSION_EXPIRED:
+            return MarketplaceAuthError(
+                f"vast.ai says the session of the API key from {self.key_source} expired ({said}); this 404 does "
+                "not mean anything is gone. Stopping: no slot is dropped, no instance destroyed, nothing recorded. "
+                "Renew the key (or its 2FA session) and run again.",
+                kind=error.kind, key_source=self.key_source)
+        if error.kind == KIND_PERMISSION:
+            return MarketplaceAuthError(
+                f"vast.ai forbids {method} {path} for the API key from {self.key_source} ({said}): a scoped key needs "
+                "the permissions misc (search), instance_read (list/show) and instance_write (create/destroy). "
+                "Stopping: no slot is dropped, no instance destroyed, nothing recorded.",
+                kind=error.kind, key_source=self.key_source)
+        if error.kind == KIND_OFFER_TAKEN:
+            return OfferTakenError(f"vast.ai: offer {offer_id} is no longer available ({said}); another offer may be")
+        if error.kind == KIND_UNEXPLAINED_404:
+            return TemporaryMarketplaceError(
+                f"vast.ai {method} {path} answered 404 without saying what is missing ({said}); not reading it as "
+                "'gone'")
+        return PermanentMarketplaceError(f"vast.ai {method} {path} rejected the request ({said})")
 
     @staticmethod
     def _path_id(value: str, what: str) -> str:
@@ -623,20 +918,33 @@ class VastAiMarketplace:
         message = message.replace(self._key.reveal(), "<redacted>")
         return message if len(message) <= MAX_QUOTED_MESSAGE else message[:MAX_QUOTED_MESSAGE] + "..."
 
+    def _say(self, message: str) -> None:
+        if self.notify is not None:
+            self.notify(message)
+        else:
+            log.warning("%s", message)
+
     def _call(
         self,
         method: str,
         url: str,
+        endpoint: str,
         *,
         params: Mapping[str, str] | None = None,
         json_body: Any = None,
-        ok_statuses: tuple[int, ...] = (),
+        gone_ok: bool = False,
     ) -> _Reply:
-        """One idempotent call with retries: every read, search and destroy may safely be repeated."""
+        """One idempotent call with retries: every read, search and destroy may safely be repeated.
+        `gone_ok`: a 404 that the body explains as "no such instance" is an answer, not an error."""
         for attempt in range(1, self._retry.max_attempts + 1):
-            outcome = self._attempt(method, url, params=params, json_body=json_body, ok_statuses=ok_statuses)
+            outcome = self._send(method, url, endpoint, params=params, json_body=json_body)
             if isinstance(outcome, _Reply):
-                return outcome
+                if outcome.status < 300:
+                    return outcome
+                error = classify_error(outcome.status, outcome.payload)
+                if gone_ok and error.kind == KIND_NO_SUCH_INSTANCE:
+                    return _Reply(404, outcome.payload)
+                raise self._refusal(error, method, url)
             path = urlsplit(url).path
             if attempt == self._retry.max_attempts:
                 raise TemporaryMarketplaceError(
@@ -650,6 +958,55 @@ class VastAiMarketplace:
             self._sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
+    def _pace(self, endpoint: str, method: str, path: str) -> None:
+        now = self._clock()
+        go = self._pacer.bucket(endpoint).reserve(now)
+        wait = go - now
+        if wait <= 0:
+            return
+        if wait >= self._pacing.announce_after_s:
+            what = (f"at most one create per {self._pacing.create_interval_s:g} s per API key"
+                    if endpoint == ENDPOINT_CREATE else f"at most {self._pacing.read_rate_per_s:g} {endpoint} calls "
+                    "a second per API key")
+            self._say(f"vast.ai: waiting {wait:.1f} s before {method} {path} (pacing: {what})")
+        self._sleep(wait)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        endpoint: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        read_timeout_s: float | None = None,
+    ) -> _Reply | _Failure:
+        """Paced sending; waits out 429s (they are never acted on: safe to repeat, even for a create)."""
+        path = urlsplit(url).path
+        for waits in range(1, self._pacing.max_rate_limited + 2):
+            self._pace(endpoint, method, path)
+            outcome = self._attempt(method, url, params=params, json_body=json_body, read_timeout_s=read_timeout_s)
+            if not isinstance(outcome, _RateLimited):
+                return outcome
+            if waits > self._pacing.max_rate_limited:
+                break
+            if outcome.retry_after is not None:
+                wait, why = min(outcome.retry_after, self._retry.max_retry_after_s), "Retry-After"
+            elif endpoint == ENDPOINT_CREATE:
+                wait = self._pacing.create_penalty_wait_s + 2.0 * self._jitter()
+                why = "no Retry-After; create penalty"
+            else:
+                wait = backoff_delay(waits, self._pacing.read_backoff_base_s, self._pacing.read_backoff_max_s,
+                                     self._jitter())
+                why = "no Retry-After; backoff"
+            # Every caller of this key waits: the penalty is the key's, not this thread's.
+            self._pacer.bucket(endpoint).block(self._clock() + wait)
+            self._say(f"vast.ai: {method} {path} was rate limited (HTTP 429: {self._quote(outcome.body)}); waiting "
+                      f"{wait:.1f} s ({why}), wait {waits} of {self._pacing.max_rate_limited}")
+        raise TemporaryMarketplaceError(
+            f"vast.ai {method} {path} is still rate limited after {self._pacing.max_rate_limited} waits; "
+            "try again later")
+
     def _attempt(
         self,
         method: str,
@@ -657,12 +1014,17 @@ class VastAiMarketplace:
         *,
         params: Mapping[str, str] | None = None,
         json_body: Any = None,
-        ok_statuses: tuple[int, ...] = (),
-    ) -> _Reply | _Failure:
-        """Send once. Returns the parsed reply or a retryable failure; raises on permanent ones."""
+        read_timeout_s: float | None = None,
+    ) -> _Reply | _Failure | _RateLimited:
+        """Send once. Returns the reply (any status), a retryable failure, or a 429."""
         headers = {"Authorization": f"Bearer {self._key.reveal()}"}
+        timeout = self._timeouts.to_httpx(read_timeout_s) if read_timeout_s is not None else None
         try:
-            response = self._http.request(method, url, params=params, json=json_body, headers=headers)
+            if timeout is not None:
+                response = self._http.request(method, url, params=params, json=json_body, headers=headers,
+                                              timeout=timeout)
+            else:
+                response = self._http.request(method, url, params=params, json=json_body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # No connection was made: the server never saw the request.
             return _Failure(f"cannot connect ({type(exc).__name__})", maybe_processed=False)
@@ -672,27 +1034,17 @@ class VastAiMarketplace:
             return _Failure(f"connection failed ({type(exc).__name__})", maybe_processed=True)
         status = response.status_code
         payload = _json_or_none(response)
-        if status in (401, 403):
-            raise PermanentMarketplaceError(f"vast.ai rejected the API key (HTTP {status})")
         if status == 429:
-            return _Failure(
-                "rate limited (HTTP 429)",
-                maybe_processed=False,
-                retry_after=parse_retry_after(response.headers.get("Retry-After")),
-            )
+            return _RateLimited(parse_retry_after(response.headers.get("Retry-After")),
+                                _api_message(payload) or response.text.strip()[:200])
         if status >= 500:
             return _Failure(
                 f"server error (HTTP {status})",
                 maybe_processed=True,
                 retry_after=parse_retry_after(response.headers.get("Retry-After")),
             )
-        if status in ok_statuses:
-            return _Reply(status, payload)
         if status >= 300:
-            path = urlsplit(url).path
-            raise PermanentMarketplaceError(
-                f"vast.ai {method} {path} rejected the request (HTTP {status}): {self._quote(_api_message(payload))}"
-            )
+            return _Reply(status, payload if payload is not _UNPARSEABLE else response.text)
         if payload is _UNPARSEABLE:
             return _Failure(f"unparseable response body (HTTP {status})", maybe_processed=True)
         return _Reply(status, payload)
