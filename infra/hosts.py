@@ -18,6 +18,7 @@ import contextlib
 import pickle
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pulumi
@@ -102,7 +103,9 @@ def static_slot_props(spec: FleetSpec, pool: PoolSpec, records: RecordSet, *, po
 
     Built once per pool (not per slot: the records are read once), with the pool's records-derived data
     written once to `pool_data_dir` and referenced by digest from every slot."""
-    base = slot_inputs(spec, pool, f"{pool.name}-0", records, image="", image_digest="", params_dir=params_dir)
+    # The time of this `pulumi up`: bad records that expired by now put their machines on probation.
+    base = slot_inputs(spec, pool, f"{pool.name}-0", records, image="", image_digest="", params_dir=params_dir,
+                       now=datetime.now(UTC))
     ref = write_pool_data(pool_data_dir, PoolData(bad_machine_ids=base.bad_machine_ids, measured=base.measured))
     static = replace(base, bad_machine_ids=frozenset(), measured={}).to_props()
     for name in ("bad_machine_ids", "measured", "image", "image_digest", "paused_reason"):

@@ -58,6 +58,7 @@ PHASE=""
 CHILD_PID=""
 DAEMON_PID=""
 TUNNEL_PID=""
+WATCH_PID=""
 STOP_SIGNAL=""
 
 # Run a phase script in the background and wait for it, so a TERM reaches our trap at once.
@@ -72,10 +73,10 @@ run_child() {
 
 stop_background() {
   local pid i
-  for pid in "$CHILD_PID" "$TUNNEL_PID" "$DAEMON_PID"; do
+  for pid in "$CHILD_PID" "$WATCH_PID" "$TUNNEL_PID" "$DAEMON_PID"; do
     [[ -n $pid ]] && fleet_kill_tree "$pid" TERM
   done
-  for pid in "$CHILD_PID" "$TUNNEL_PID" "$DAEMON_PID"; do
+  for pid in "$CHILD_PID" "$WATCH_PID" "$TUNNEL_PID" "$DAEMON_PID"; do
     [[ -n $pid ]] || continue
     for ((i = 0; i < 100; i++)); do
       kill -0 "$pid" 2>/dev/null || break
@@ -122,7 +123,8 @@ on_exit() {
 on_signal() {
   local sig=$1 code=$2
   if [[ $PHASE == serve ]]; then
-    STOP_SIGNAL=$sig # the serve loop reports a clean stop
+    STOP_SIGNAL=$sig # serve.sh reports a clean stop
+    [[ -n $CHILD_PID ]] && kill "-$sig" "$CHILD_PID" 2>/dev/null
     return 0
   fi
   fleet_log "received SIG$sig during phase ${PHASE:-startup}"
@@ -294,7 +296,19 @@ PHASE=benchmark
 fleet_event benchmark started --details "$(jq -cn --arg t "${FLEET_BENCH_PROOF_TYPE:-porep}" \
   --arg n "${FLEET_BENCH_PROOFS:-10}" --arg j "${FLEET_BENCH_CONCURRENCY:-1}" --arg d "${FLEET_BENCH_TIMEOUT_S:-3600}" \
   'def num: (tonumber? // .); {proof_type: $t, requested: ($n | num), concurrency: ($j | num), timeout_s: ($d | num)}')"
-run_child "$HERE/benchmark.sh"
+"$HERE/serve.sh" watch &
+WATCH_PID=$!
+bench_rc=0
+run_child "$HERE/benchmark.sh" || bench_rc=$?
+{ kill "$WATCH_PID" 2>/dev/null && wait "$WATCH_PID" 2>/dev/null; } || true
+WATCH_PID=""
+if [[ -s $FLEET_STATE_DIR/directive.stop ]]; then # an early verdict: judged already, nothing to report
+  PHASE=""
+  fleet_event benchmark "done" --message "ended early by the controller: $(jq -r '[.verdict, .reason] | map(select(. != null)) | join(": ")' "$FLEET_STATE_DIR/directive.stop")" \
+    --details "$(jq -c '{ended_by: "controller", directive: .}' "$FLEET_STATE_DIR/directive.stop")"
+  exit 0
+fi
+((bench_rc == 0)) || exit "$bench_rc"
 fleet_event benchmark "done" --message "benchmark completed" \
   --details "$(jq -c '{completed, failed, requested, proofs_per_hour, seconds_per_proof}' "$FLEET_STATE_DIR/result.json")"
 
@@ -314,23 +328,24 @@ if [[ $FLEET_AFTER_BENCH == exit ]]; then
   exit 0
 fi
 PHASE=serve
-fleet_event serve started --message "cuzk-daemon keeps serving at $FLEET_DAEMON_ADDR"
+# serve.sh: verdict, forwards, heartbeats (it sends the serve events). It exits 75 when the daemon is
+# gone: the daemon is our child, so its exit code is ours to collect and report.
+FLEET_DAEMON_PID=$DAEMON_PID "$HERE/serve.sh" &
+CHILD_PID=$!
+serve_rc=0
 while :; do
-  if [[ -n $STOP_SIGNAL ]]; then
-    fleet_log "received SIG$STOP_SIGNAL while serving: stopping"
-    fleet_event serve "done" --message "stopped by SIG$STOP_SIGNAL"
-    PHASE=""
-    exit 0
-  fi
-  if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
-    rc=0
-    wait "$DAEMON_PID" || rc=$?
-    DAEMON_PID=""
-    ((rc != 0)) || rc=$FLEET_EXIT_SOFTWARE
-    fleet_fail "$rc" "cuzk-daemon exited (code $rc) while serving"
-  fi
-  # Poll instead of one long `wait` on the daemon: a TERM handled just before such a wait began (e.g.
-  # while the "serve started" event was being sent) would go unnoticed until the daemon exited.
-  sleep 1 &
-  wait "$!" || true
+  serve_rc=0
+  wait "$CHILD_PID" || serve_rc=$?
+  kill -0 "$CHILD_PID" 2>/dev/null || break # else a signal interrupted the wait; serve.sh got it too
 done
+CHILD_PID=""
+if ((serve_rc == 75)); then
+  rc=0
+  wait "$DAEMON_PID" || rc=$?
+  DAEMON_PID=""
+  ((rc != 0)) || rc=$FLEET_EXIT_SOFTWARE
+  fleet_fail "$rc" "cuzk-daemon exited (code $rc) while serving"
+fi
+((serve_rc == 0)) || exit "$serve_rc"
+PHASE=""
+[[ -z $STOP_SIGNAL ]] || fleet_log "received SIG$STOP_SIGNAL while serving: stopped"

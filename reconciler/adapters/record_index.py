@@ -541,6 +541,7 @@ class RecordIndex:
         bad: set[str] = set()
         perf: dict[str, MachinePerf] = {}
         gpu_of: dict[str, str | None] = {}
+        status_of: dict[str, str] = {}
         counts: dict[str, int] = {}
         for item in listed:
             is_machine = item.kind == "m"
@@ -566,9 +567,10 @@ class RecordIndex:
                 machines[key] = blob
                 self._evidence.files[blob] = item.file
                 counts[status] = counts.get(status, 0) + 1
-                if status == "bad":
+                if status in ("bad", "banned"):  # MachineRecord.is_bad
                     bad.add(key)
                     gpu_of[key] = gpu_name
+                    status_of[key] = status
                 if samples:
                     perf[key] = MachinePerf(key, gpu_name, samples, median, last)
             else:
@@ -584,11 +586,11 @@ class RecordIndex:
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
                                     bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
                                     bad_marks=lambda: self._bad_marks(machines),
-                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of),
+                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of, status_of),
                                     last_prices=lambda: self._last_prices(machines))
 
     def _bad_machines(self, machines: dict[str, str], bad: set[str],
-                      gpu_of: dict[str, str | None]) -> list[BadMachine]:
+                      gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
         """RecordSet.bad_machines from the bad_view column: two entries per bad machine, not its record."""
         views: dict[str, Any] = {}
         blobs = sorted({machines[m] for m in bad})
@@ -604,7 +606,7 @@ class RecordIndex:
             blob = machines[mid]
             host_id, note, marking_i, marking, last_i, last = views[blob]
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
-                                  _entry(last, source, blob, last_i)))
+                                  _entry(last, source, blob, last_i), status_of[mid]))
         return out
 
     def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:

@@ -23,12 +23,15 @@ from reconciler.domain.spec import (
     BenchmarkSettings,
     CircuitBreakerSettings,
     ControllerSettings,
+    EarlyVerdictSettings,
     FleetSpec,
     ImageSettings,
     KillBudgetSettings,
     NotificationSettings,
     ParamsSettings,
     PoolSpec,
+    RecordExpirySettings,
+    ServingSettings,
     SpecError,
     SpecProblem,
     WebhookSettings,
@@ -179,6 +182,21 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
         if isinstance(budget, int) and isinstance(ram, int) and budget * GIB_IN_GB > ram:
             add(("pools", i, "benchmark", "memory_budget_gib"),
                 f"got {budget} GiB, more than the pool's min_host_ram_gb ({ram} GB): the daemon would overcommit")
+    serving: dict[str, Any] = doc["serving"] if isinstance(doc.get("serving"), dict) else {}
+    heartbeat, lost = serving.get("heartbeat_minutes", 5.0), serving.get("lost_after_minutes", 20.0)
+    if _is_number(heartbeat) and _is_number(lost) and lost < 2 * heartbeat:
+        add(("serving", "lost_after_minutes"),
+            f"got {lost}, expected at least 2 x serving.heartbeat_minutes ({heartbeat}): one late heartbeat "
+            "would make a machine lost")
+    window, after = serving.get("window_minutes", 60.0), serving.get("degraded_after_minutes", 30.0)
+    if _is_number(window) and _is_number(heartbeat) and window < 2 * heartbeat:
+        add(("serving", "window_minutes"),
+            f"got {window}, expected at least 2 x serving.heartbeat_minutes ({heartbeat}): a window needs two "
+            "heartbeats to measure a rate")
+    if _is_number(after) and _is_number(heartbeat) and 0 < after < heartbeat:
+        add(("serving", "degraded_after_minutes"),
+            f"got {after}, expected at least serving.heartbeat_minutes ({heartbeat}): a single heartbeat would "
+            "be a verdict", "warning")
     notifications: dict[str, Any] = doc["notifications"] if isinstance(doc.get("notifications"), dict) else {}
     hooks: list[Any] = notifications["webhooks"] if isinstance(notifications.get("webhooks"), list) else []
     named: dict[str, int] = {}
@@ -207,6 +225,10 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
             add(("max_total_dph",), f"the pools may cost up to ${worst:.2f}/h (count x max price) and the cap is "
                 f"${cap:.2f}/h: some slots may stay empty (plan and status say which)", "warning")
     return problems
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any]]:
@@ -238,6 +260,14 @@ def _duplicate_keys(node: yaml.Node, file: str, path: tuple[Any, ...] = ()) -> I
             yield from _duplicate_keys(item, file, (*path, i))
 
 
+def _record_expiry(doc: dict[str, Any]) -> RecordExpirySettings:
+    base = RecordExpirySettings()
+    return RecordExpirySettings(
+        hours_by_blame={**base.hours_by_blame, **doc.get("hours_by_blame", {})},
+        hours_by_signature=dict(doc.get("hours_by_signature", {})),
+        probation_hours=doc.get("probation_hours", base.probation_hours))
+
+
 def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> FleetSpec:
     pools = tuple(
         PoolSpec(
@@ -253,6 +283,9 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         params=ParamsSettings(**doc.get("params", {})),
         circuit_breaker=CircuitBreakerSettings(**doc.get("circuit_breaker", {})),
         kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
+        serving=ServingSettings(**doc.get("serving", {})),
+        early_verdict=EarlyVerdictSettings(**doc.get("early_verdict", {})),
+        record_expiry=_record_expiry(doc.get("record_expiry", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
         notifications=NotificationSettings(webhooks=tuple(
             WebhookSettings(name=w["name"], url_env=w["url_env"], format=w.get("format", "generic"),

@@ -38,7 +38,7 @@ from reconciler.domain import errors
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, parse_time
 from reconciler.domain.redact import Redactor
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Lines of the ring buffer copied into InstanceReport.log_tail (evidence for verdicts).
 REPORT_TAIL_LINES = 50
 
@@ -93,6 +93,15 @@ CREATE TABLE log_lines (
     line        TEXT NOT NULL,
     PRIMARY KEY (instance_id, seq)
 ) WITHOUT ROWID;
+"""
+
+#: Version 2: what the reconciler decided per instance, for workers to read (GET .../directive).
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS directives (
+    instance_id TEXT PRIMARY KEY,
+    set_at      TEXT NOT NULL,
+    body        TEXT NOT NULL
+);
 """
 
 
@@ -283,10 +292,12 @@ class ControllerStore:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                for statement in _SCHEMA_V1.split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                # Each step is additive: a store written by older code keeps all its data.
+                for schema in (_SCHEMA_V1, _SCHEMA_V2)[version:]:
+                    for statement in schema.split(";"):
+                        if statement.strip():
+                            self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path}: store schema version {version} is newer than this code "
@@ -587,6 +598,29 @@ class ControllerStore:
             return cur.rowcount > 0
 
         return self._transaction(body)
+
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int:
+        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed."""
+        rows = [(instance_id, _iso(now), _canonical(body)) for instance_id, body in sorted(directives.items())]
+
+        def body(conn: sqlite3.Connection) -> int:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT INTO directives (instance_id, set_at, body) VALUES (?, ?, ?) ON CONFLICT (instance_id) "
+                "DO UPDATE SET set_at = excluded.set_at, body = excluded.body WHERE body != excluded.body", rows)
+            return conn.total_changes - before
+
+        return self._transaction(body) if rows else 0
+
+    def directive(self, instance_id: str) -> dict[str, Any] | None:
+        """The directive stored for the instance, with `at` (when it was set), or None."""
+        row = self._snapshot(lambda conn: conn.execute(
+            "SELECT set_at, body FROM directives WHERE instance_id = ?", (instance_id,)).fetchone())
+        if row is None:
+            return None
+        doc = json.loads(row[1])
+        at = datetime.fromisoformat(row[0]).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        return {**doc, "at": at} if isinstance(doc, dict) else None
 
     # --- reads -------------------------------------------------------------------------------------
 

@@ -341,7 +341,8 @@ class _Loop:
                 applied_at = head if not report.failed else None
             self.sleep(self.settings.poll_s)
             _print_progress(self.store.reports(), self.seen, self.say)
-            result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=image.digest)
+            result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=image.digest,
+                              directive_sink=self.store)
             self.passes += 1
             self.on_pass(result)
             _print_pass(result, self.say)

@@ -128,7 +128,8 @@ def run_command(args: argparse.Namespace) -> int:
         record_cache = None if args.once else RecordCache()
 
         def one_pass(now: datetime) -> PassResult:
-            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache)
+            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
+                            directive_sink=store)
 
         def on_pass(result: PassResult) -> None:
             try:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from reconciler.adapters.git import GitReader, GitStoreError
+from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
 from reconciler.flows.why import DEFAULT_TAIL, explain, render_text, to_json
 
@@ -20,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec-dir", default="fleet-spec", help="spec directory inside the repo (default: %(default)s)")
     p.add_argument("--tail", type=int, default=DEFAULT_TAIL, help="log lines shown per verdict (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--at", default=None, help="judge expiry/probation at this RFC 3339 time (default: now)")
     p.set_defaults(func=run)
 
 
@@ -37,7 +40,12 @@ def run(args: argparse.Namespace) -> int:
     except GitStoreError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
         return 2
-    history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change)
+    try:
+        now = parse_time(args.at) if args.at else datetime.now(UTC)
+    except ValueError as exc:
+        print(f"fleet why: --at {args.at!r}: {exc}", file=sys.stderr)
+        return 2
+    history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change, now)
     if history.status == "unknown":
         print(f"fleet why: machine {machine_id} is unknown in {trail.workdir}: no {record_path} and no commit "
               f"with a 'Fleet-Machine: {machine_id}' trailer on the checked-out branch", file=sys.stderr)

@@ -18,10 +18,13 @@ from reconciler.domain.records import (
     RecordSet,
     check_machine_id,
 )
+from reconciler.domain.serving import EARLY, SERVING_VERDICTS, judge_early, judge_serving, last_signal, with_expiry
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import Verdict, judge
 
 INSTANCE_TRAILER = "Fleet-Instance"
+#: Instances judged while serving (degraded, lost): each is judged once after admission, too.
+SERVING_TRAILER = "Fleet-Serving-Instance"
 
 
 # --- decide (pure) ---------------------------------------------------------------------------------------
@@ -63,6 +66,11 @@ class PassDecision:
             parts.append(f"{len(held)} held by {'/'.join(sorted({str(v.held_by) for v in held}))}")
         for digest, rec in sorted(self.image_records.items()):
             parts.append(f"image {digest[:19]} {rec.status}: {rec.signature}")
+        early = [v for v in recorded if v.verdict == EARLY]
+        if early:
+            minutes = sum(float(v.evidence.get("saved", {}).get("minutes", 0)) for v in early)
+            usd = sum(float(v.evidence.get("saved", {}).get("usd_at_most", 0)) for v in early)
+            parts.append(f"early verdict saved ~{minutes:.0f} min, <= ${usd:.2f}")
         first = next(iter(bad), None) or next((v for v in recorded if v.is_failure), None) or \
             next(iter(recorded), None)
         if first is None:
@@ -86,16 +94,30 @@ class PassDecision:
         out += [("Fleet-Machine", m) for m in _unique(str(v.machine_id) for v in recorded)]
         out += [("Fleet-Verdict", verdict) for verdict in _unique(v.verdict for v in recorded)]
         out += [("Fleet-Image", d) for d in sorted(self.image_records)]
-        out += [(INSTANCE_TRAILER, v.instance_id) for v in recorded]
+        out += [(INSTANCE_TRAILER, v.instance_id) for v in recorded if v.verdict not in SERVING_VERDICTS]
+        out += [(SERVING_TRAILER, v.instance_id) for v in recorded if v.verdict in SERVING_VERDICTS]
         return tuple(out)
 
 
 def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
-           judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime) -> PassDecision:
-    """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records."""
+           judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
+           judged_serving_ids: Iterable[str] = ()) -> PassDecision:
+    """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
+
+    A benchmark still running may get an early verdict; an instance that passed and serves may get a
+    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers)."""
+    reports = list(reports)
     judged = set(judged_instance_ids)
+    judged_serving = set(judged_serving_ids)
+    passed: set[str] = set()
     for rec in records.machines.values():
         judged |= rec.judged_instances()
+        for b in rec.benchmarks:
+            if b.stage == "serving":
+                judged_serving.add(b.instance_id)
+            elif b.verdict == "ok":
+                passed.add(b.instance_id)
+    signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
     machines: dict[str, MachineRecord] = dict(records.machines)
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
@@ -104,22 +126,33 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     unrecordable: list[Verdict] = []
     quarantined: list[tuple[str, str]] = []
     for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
-        if report.instance_id in judged:
+        serving = report.instance_id in judged
+        if serving and (report.instance_id not in passed or report.instance_id in judged_serving):
             continue
         if report.quarantine is not None:
+            if serving:
+                continue
             quarantined.append((report.instance_id, report.quarantine))
             notes.append(f"instance {report.instance_id}: quarantined, not judged: {report.quarantine}")
             continue
         pool = _pool(spec, report.pool)
         if pool is None:
-            notes.append(f"instance {report.instance_id}: pool {report.pool!r} is not in the spec; not judged")
+            if not serving:
+                notes.append(f"instance {report.instance_id}: pool {report.pool!r} is not in the spec; not judged")
             continue
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
         prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
+        verdict: Verdict | None
         try:
-            verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
-                            prior_params_failures=prior)
+            if serving:
+                others = next((t for t, i in signals if i != report.instance_id), None)
+                verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
+            else:
+                verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
+                                prior_params_failures=prior)
+                if verdict is None:
+                    verdict = judge_early(report, pool, spec.early_verdict, now)
         except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as exc:
             # A report the judge cannot read must not stop the others: quarantined with its reason.
             reason = f"cannot be judged: {type(exc).__name__}: {exc}"
@@ -127,7 +160,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             notes.append(f"instance {report.instance_id}: quarantined, not judged: {reason}")
             continue
         if verdict is None:
-            pending.append(report.instance_id)
+            if not serving:
+                pending.append(report.instance_id)
             continue
         if machine_id is None:
             unrecordable.append(verdict)
@@ -153,7 +187,10 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     for v in guarded.verdicts:
         assert v.machine_id is not None  # candidates all have a checked machine id
         current = changed.get(v.machine_id) or machines.get(v.machine_id) or MachineRecord(v.machine_id)
-        changed[v.machine_id] = current.with_entry(v.to_entry(), host_id=v.host_id, gpu_name=v.gpu_name)
+        entry, note = with_expiry(v, current, spec.record_expiry, now)
+        if note:
+            notes.append(note)
+        changed[v.machine_id] = current.with_entry(entry, host_id=v.host_id, gpu_name=v.gpu_name)
     return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
                         image_records=guarded.image_records,
                         pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,

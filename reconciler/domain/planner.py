@@ -275,7 +275,7 @@ def short_digest(digest: str | None) -> str:
 def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordSet, desired_digest: str | None,
          now: datetime) -> SlotPlan:
     """The actions that make `observed` match `spec`, given the records and the desired image digest."""
-    bad = records.bad_machine_ids()
+    bad = records.bad_machine_ids(now)  # expired records are on probation: their machines may be rented
     wanted = desired_slots(spec)
     pauses = {p.name: pause for p in spec.pools if (pause := pool_pause(p.name, records, desired_digest))}
     actions: list[SlotAction] = []

@@ -12,6 +12,7 @@ import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from reconciler.domain import errors
@@ -20,6 +21,12 @@ from reconciler.domain.verdicts import RATE_VERDICTS
 MACHINES_DIR = "machines"
 IMAGES_DIR = "images"
 
+
+#: Record statuses: `bad` excludes the machine until its newest bad entry expires (then probation);
+#: `banned` (an operator's PR) never expires; `pardoned` (an operator's PR) is rentable.
+RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
+#: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
+STAGES = ("admission", "serving")
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -70,6 +77,13 @@ class BenchmarkEntry:
     price_usd_per_hour: float | None = None
     held_by: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    stage: str | None = None  # None (older records) = admission
+    expires_at: str | None = None  # a bad entry without it never expires (all records before expiry existed)
+    probation_until: str | None = None
+    probation: bool | None = None  # True: this failure came on probation, so it is permanent
+
+    def expiry(self) -> datetime | None:
+        return _time_or_none(self.expires_at)
 
     def to_yaml_dict(self) -> dict[str, Any]:
         # Field by field rather than asdict(): asdict deep-copies the evidence only to have it replaced below
@@ -96,7 +110,22 @@ class MachineRecord:
 
     @property
     def is_bad(self) -> bool:
-        return self.status == "bad"
+        """Recorded bad (or banned), whatever the expiry says; `standing(now)` applies the expiry."""
+        return self.status in ("bad", "banned")
+
+    def is_bad_at(self, now: datetime | None) -> bool:
+        """Excluded from offers at `now`: banned, or bad and its newest bad entry not expired yet. Without a
+        `now` nothing expires (the safe reading)."""
+        return self.standing(now).excluded
+
+    def last_bad_entry(self) -> BenchmarkEntry | None:
+        return next((b for b in reversed(self.benchmarks) if b.marks_bad), None)
+
+    def standing(self, now: datetime | None) -> Standing:
+        """Where the machine stands at `now`: ok, bad (until its expiry, or permanent), probation, pardoned,
+        banned. Probation: the newest bad entry expired less than its probation period ago; the machine may
+        be rented again, and its next bad verdict is permanent."""
+        return standing_of(self.status, self.last_bad_entry(), now)
 
     def judged_instances(self) -> frozenset[str]:
         return frozenset(b.instance_id for b in self.benchmarks)
@@ -123,6 +152,52 @@ class MachineRecord:
             out["note"] = self.note
         out["benchmarks"] = [b.to_yaml_dict() for b in self.benchmarks]
         return out
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A machine's place at one moment: `state` ok|bad|permanent|probation|pardoned|banned."""
+
+    state: str
+    excluded: bool
+    detail: str
+    until: datetime | None = None
+
+
+def standing_of(status: str, last: BenchmarkEntry | None, now: datetime | None) -> Standing:
+    """A record's standing from its status and its newest entry that marked the machine bad."""
+    if status == "banned":
+        return Standing("banned", True, "banned by an operator (never expires)")
+    if status == "pardoned":
+        return Standing("pardoned", False, "pardoned by an operator")
+    expires = last.expiry() if last else None
+    until = _time_or_none(last.probation_until) if last else None
+    on_probation = (f"probation since {last.expires_at}" + (f" until {last.probation_until}" if last
+                                                            and last.probation_until else "")) if last else ""
+    if status == "bad":
+        if last is None:
+            return Standing("bad", True, "marked bad (no bad entry: set by hand)")
+        if expires is None:
+            if last.probation:
+                return Standing("permanent", True, "permanent: failed again on probation")
+            return Standing("bad", True, "no expiry (a record written before expiry existed, or a blame that never "
+                                         "expires)")
+        if now is None or now < expires:
+            return Standing("bad", True, f"bad until {last.expires_at}", expires)
+        return Standing("probation", False, on_probation, until)
+    if expires is not None and now is not None and expires <= now and (until is None or now < until):
+        return Standing("probation", False, on_probation, until)
+    return Standing("ok", False, "ok")
+
+
+def _time_or_none(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None  # a hand-edited, unreadable time: treated as "no expiry" (stays bad: the safe side)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -173,12 +248,16 @@ class BadMachine:
     note: str | None
     marking: BenchmarkEntry | None
     last: BenchmarkEntry | None
+    status: str = "bad"  # bad | banned
 
     @classmethod
     def of(cls, record: MachineRecord) -> BadMachine:
         marking = next((b for b in reversed(record.benchmarks) if b.marks_bad), None)
         last = record.benchmarks[-1] if record.benchmarks else None
-        return cls(record.machine_id, record.host_id, record.gpu_name, record.note, marking, last)
+        return cls(record.machine_id, record.host_id, record.gpu_name, record.note, marking, last, record.status)
+
+    def standing(self, now: datetime | None) -> Standing:
+        return standing_of(self.status, self.marking, now)
 
 
 @dataclass(frozen=True)
@@ -218,13 +297,22 @@ class RecordSet:
             out._derived["prices_from"] = last_prices
         return out
 
-    def bad_machine_ids(self) -> frozenset[str]:
-        """Machines no offer query may return. A record we cannot read is excluded too: when in doubt, the
-        cheap mistake is skipping one offer, not renting a machine a human may have just marked bad."""
+    def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
+        """Machines no offer query may return at `now`: recorded bad or banned, except bad records whose
+        expiry passed (probation: rentable again); without `now` nothing expires. A record we cannot read is
+        excluded too: when in doubt, the cheap mistake is skipping one offer, not renting a machine a human
+        may have just marked bad."""
         if "bad" not in self._derived:
             self._derived["bad"] = (frozenset(m for m, r in self.machines.items() if r.is_bad)
                                     | self.unreadable_machine_ids)
-        return cast(frozenset[str], self._derived["bad"])
+        recorded = cast(frozenset[str], self._derived["bad"])
+        if now is None:
+            return recorded
+        key = f"bad@{now.isoformat()}"
+        if key not in self._derived:
+            self._derived[key] = (frozenset(b.machine_id for b in self.bad_machines() if b.standing(now).excluded)
+                                  | self.unreadable_machine_ids)
+        return cast(frozenset[str], self._derived[key])
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet

@@ -15,6 +15,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from datetime import datetime
 from typing import Any
 
 from reconciler.domain import errors
@@ -369,8 +370,10 @@ class SlotDiff:
 
 
 def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, *, image: str,
-                image_digest: str, params_dir: str | None = None) -> SlotInputs:
+                image_digest: str, params_dir: str | None = None, now: datetime | None = None) -> SlotInputs:
     """The inputs of one slot, as both drivers build them from the spec and the records.
+
+    `now`: bad records whose expiry passed are on probation and not excluded (without it nothing expires).
 
     Measured rates are limited to machines of the pool's GPU model (or of unknown model): other machines
     can never match the pool's query, and keeping them out keeps every slot's inputs small and stable."""
@@ -380,7 +383,7 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
     prior = spec.prior_proofs_per_hour(pool.gpu_name)
     return SlotInputs(
         slot=slot, pool=pool, image=image, image_digest=image_digest, controller_url=spec.controller.url,
-        params=spec.params, bad_machine_ids=records.bad_machine_ids(), measured=measured,
+        params=spec.params, bad_machine_ids=records.bad_machine_ids(now), measured=measured,
         priors={pool.gpu_name: prior} if prior is not None else {},
         paused_reason=pause.describe() if pause else None, params_dir=params_dir, label_prefix=spec.label_prefix,
         max_total_dph=spec.max_total_dph)

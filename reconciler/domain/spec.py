@@ -122,6 +122,50 @@ class KillBudgetSettings:
 
 
 @dataclass(frozen=True)
+class ServingSettings:
+    """After admission: how serving machines are watched (heartbeats) and judged (degraded, lost)."""
+
+    heartbeat_minutes: float = 5.0  # told to workers in the directive; they report this often
+    window_minutes: float = 60.0  # rolling-rate window
+    degraded_after_minutes: float = 30.0  # the rate must stay below for this long (hysteresis in time)
+    degraded_margin: float = 0.1  # ... and below min * (1 - margin) (hysteresis in rate)
+    min_proofs: int = 5  # expected proofs at the pool minimum over the busy time of a window to judge it
+    lost_after_minutes: float = 20.0  # no heartbeat for this long -> lost
+    verdict_wait_minutes: float = 30.0  # how long a worker waits for its verdict before serving anyway
+
+
+@dataclass(frozen=True)
+class EarlyVerdictSettings:
+    """End a benchmark once even its best case cannot reach the pool minimum."""
+
+    enabled: bool = True
+    warmup_proofs: int = 1  # the first proof loads SRS/PCE: never used as a speed sample
+    min_measured_proofs: int = 1  # measured proofs after the warm-up before an early verdict
+
+
+#: Hours until a bad record expires into probation, by blame (None: never). Network and marketplace faults
+#: pass; a machine's own hardware fault much less so.
+DEFAULT_EXPIRY_HOURS: Mapping[str, float | None] = {
+    "network": 24.0, "marketplace": 24.0, "configuration": 72.0, "params": 24.0, "unknown": 168.0,
+    "machine": 720.0, "image": None, "none": None,
+}
+
+
+@dataclass(frozen=True)
+class RecordExpirySettings:
+    """Bad records expire by blame class (or signature) into probation; a second failure is permanent."""
+
+    hours_by_blame: Mapping[str, float | None] = field(default_factory=lambda: dict(DEFAULT_EXPIRY_HOURS))
+    hours_by_signature: Mapping[str, float | None] = field(default_factory=dict)
+    probation_hours: float = 720.0  # a failure within this long after an expiry makes the record permanent
+
+    def hours_for(self, blame: str, signature: str | None) -> float | None:
+        if signature is not None and signature in self.hours_by_signature:
+            return self.hours_by_signature[signature]
+        return self.hours_by_blame.get(blame, DEFAULT_EXPIRY_HOURS.get(blame))
+
+
+@dataclass(frozen=True)
 class WebhookSettings:
     """A webhook target named in the spec; its URL is read from the environment variable `url_env` (a secret)."""
 
@@ -144,6 +188,9 @@ class FleetSpec:
     params: ParamsSettings = field(default_factory=ParamsSettings)
     circuit_breaker: CircuitBreakerSettings = field(default_factory=CircuitBreakerSettings)
     kill_budget: KillBudgetSettings = field(default_factory=KillBudgetSettings)
+    serving: ServingSettings = field(default_factory=ServingSettings)
+    early_verdict: EarlyVerdictSettings = field(default_factory=EarlyVerdictSettings)
+    record_expiry: RecordExpirySettings = field(default_factory=RecordExpirySettings)
     gpu_priors: Mapping[str, float] = field(default_factory=dict)
     #: The fleet's name: its marketplace labels are `gpu-fleet/<name>/<instance id>` (see label_prefix).
     name: str = "main"

@@ -16,7 +16,8 @@ from reconciler.domain.breaker import kill_budgets
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
-from reconciler.domain.spec import FleetSpec
+from reconciler.domain.serving import judge_early, saved, serving_health
+from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import judge, root_cause_text
 
 #: phase_times() keys -> the labels of the seed's dashboard timeline, in lifecycle order.
@@ -29,6 +30,9 @@ TIMELINE_LABELS = {
     "benchmark-done": "bench-done",
     "benchmark-failed": "bench-failed",
     "result": "result",
+    "serve-started": "serving",
+    "serve-failed": "serve-failed",
+    "serve-done": "serve-stopped",
     "destroyed": "destroyed",
 }
 
@@ -65,6 +69,21 @@ class InstanceStatus:
     held_by: str | None = None
     root_cause: str | None = None
     recorded: bool = False
+    serving: ServingStatus | None = None  # after admission: rolling rate vs the pool minimum, heartbeats
+    standing: str | None = None  # the machine's record at `now`: ok, bad, probation, permanent, banned, ...
+
+
+@dataclass(frozen=True)
+class ServingStatus:
+    """A serving instance: its rolling rate vs the pool minimum, its last heartbeat, its GPUs."""
+
+    proofs_per_hour: float | None  # None while too little busy time was seen to judge
+    min_rate_proofs_per_hour: float
+    last_heartbeat: str | None
+    heartbeat_age_s: int | None
+    below_since: str | None
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    summary: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,9 @@ class BadMachineStatus:
     blame: str | None
     reason: str
     at: str | None
+    standing: str = "bad"  # bad | permanent | probation | banned (at the status time)
+    standing_detail: str = ""
+    expires_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +174,8 @@ class FleetStatus:
     rates: tuple[RatePoint, ...] = ()
     bad_machines: tuple[BadMachineStatus, ...] = ()
     desired_image_digest: str | None = None
+    early_saved_minutes: float = 0.0  # benchmark time early verdicts saved (all records)
+    early_saved_usd_at_most: float = 0.0
     market: MarketStatus | None = None  # with `fleet status --state-dir`: the last apply's view of the market
 
     def to_json(self) -> dict[str, Any]:
@@ -185,17 +209,35 @@ def _recorded_rates(records: RecordSet) -> list[RatePoint]:
             for rec in records.machines.values() for entry in rec.benchmarks if entry.pool is not None]
 
 
-def _bad_machines(records: RecordSet) -> tuple[BadMachineStatus, ...]:
+def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, ...]:
+    """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
     for bad in records.bad_machines():
         marking = bad.marking
+        standing = bad.standing(now)
         if marking is None:
             out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
-                                        bad.note or "marked bad by hand (no verdict marked it)", None))
+                                        bad.note or f"marked {bad.status} by hand (no verdict marked it)", None,
+                                        standing.state, standing.detail))
         else:
             out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, marking.pool, marking.verdict,
-                                        marking.blame, marking.reason, marking.at))
+                                        marking.blame, marking.reason, marking.at, standing.state,
+                                        standing.detail, marking.expires_at))
     return tuple(out)
+
+
+def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now: datetime) -> ServingStatus | None:
+    if report.first("serve", "started") is None:
+        return None
+    health = serving_health(report, pool, spec.serving)
+    last = health.last_heartbeat
+    return ServingStatus(
+        proofs_per_hour=None if health.proofs_per_hour is None else round(health.proofs_per_hour, 2),
+        min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour,
+        last_heartbeat=format_time(last) if last else None,
+        heartbeat_age_s=int((now - last).total_seconds()) if last else None,
+        below_since=format_time(health.below_since) if health.below_since else None,
+        gpus=tuple(dict(g) for g in health.gpus), summary=health.describe(now))
 
 
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
@@ -230,6 +272,14 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
                     rates.append(RatePoint(report.pool, report.machine_id, report.instance_id,
                                            format_time(judged.at), judged.verdict, judged.blame,
                                            judged.proofs_per_hour, False))
+        if verdict is None and report.pool in pools_by_name:
+            early = judge_early(report, pools_by_name[report.pool], spec.early_verdict, now)
+            if early is not None:
+                verdict, blame, marks_bad = early.verdict, early.blame, early.marks_bad
+                cause = early.root_cause() + " [not yet recorded]"
+        serving = (_serving_status(report, pools_by_name[report.pool], spec, now)
+                   if report.pool in pools_by_name and report.destroyed_at is None else None)
+        machine = records.machines.get(report.machine_id) if report.machine_id else None
         if report.destroyed_at is not None:
             state = "destroyed"
         elif verdict is None:
@@ -240,7 +290,8 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             instance_id=report.instance_id, pool=report.pool, slot=report.slot, machine_id=report.machine_id,
             host_id=report.host_id, gpu_name=report.gpu_name, image_digest=report.image_digest, state=state,
             timeline=timeline, verdict=verdict, blame=blame, marks_bad=marks_bad, held_by=held_by,
-            root_cause=cause if verdict != "ok" else None, recorded=is_recorded))
+            root_cause=cause if verdict != "ok" else None, recorded=is_recorded, serving=serving,
+            standing=machine.standing(now).state if machine else None))
 
     budgets = kill_budgets(spec, records, now)
     suspects = records.suspect_images()
@@ -269,10 +320,13 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             ok=sum(1 for i in alive if i.state == "ok"), bad=len(bad_machines),
             min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour, kill_budget_used=len(budget.used),
             kill_budget_allowed=budget.allowed, state=state))
+    # From the machines still recorded bad (their marking verdict): no need to build every record.
+    saved_minutes, saved_usd = saved(b.marking for b in records.bad_machines() if b.marking is not None)
     suspect_rows = tuple(SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason)
                          for s in sorted(suspects.values(), key=lambda s: s.tripped_at))
     return FleetStatus(at=format_time(now), pools=tuple(pools), instances=tuple(instances), suspects=suspect_rows,
                        record_problems=records.problems, last_pass=last_pass, notes=tuple(notes),
                        rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
-                       bad_machines=_bad_machines(records), desired_image_digest=desired_image_digest,
+                       bad_machines=_bad_machines(records, now), desired_image_digest=desired_image_digest,
+                       early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2),
                        market=market)

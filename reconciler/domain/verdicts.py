@@ -48,6 +48,14 @@ VERDICT_KINDS: dict[str, VerdictKind] = {k.name: k for k in (
                 True, "timed out"),
     VerdictKind("stale-image", "the instance runs an image digest that is not the desired one", False, False, False,
                 "stale image"),
+    # After admission (domain/serving.py). Their rates are estimates (a partial benchmark, a serving window),
+    # not benchmark measurements: they do not feed ranking.
+    VerdictKind("early-below-min-rate", "benchmark ended early: even its best case after the warm-up could not "
+                "reach the pool's minimum rate", False, False, True, "hopeless (ended early)"),
+    VerdictKind("degraded", "while serving, the rolling rate stayed below the pool's minimum (with margin) for "
+                "the whole hysteresis period", False, False, True, "degraded"),
+    VerdictKind("lost", "while serving, heartbeats stopped past the deadline (or the worker failed)", False, True,
+                True, "lost"),
 )}
 
 VERDICTS: tuple[str, ...] = tuple(VERDICT_KINDS)

@@ -21,14 +21,16 @@ from reconciler.adapters.record_files import RecordCache, load_records, render_i
 from reconciler.adapters.spec_files import load_spec
 from reconciler.domain import errors
 from reconciler.domain.errors import READY, RECONCILING, STALLED, Condition
-from reconciler.domain.judging import INSTANCE_TRAILER, PassDecision, decide
+from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
     ImageSuspectRecord,
+    RecordSet,
 )
 from reconciler.domain.redact import redact_line, redact_lines
+from reconciler.domain.serving import directives
 from reconciler.domain.spec import SpecError
 from reconciler.domain.verdict import Verdict
 
@@ -40,6 +42,12 @@ class ReportSource(Protocol):
     """What the controller store offers the loop. Any exception it raises is an observation failure."""
 
     def reports(self) -> Sequence[InstanceReport]: ...
+
+
+class DirectiveSink(Protocol):
+    """Where the directives for workers go (the controller store; workers read them over HTTP)."""
+
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
 
 
 class RecordPublisher(Protocol):
@@ -144,9 +152,12 @@ def commit_request(decision: PassDecision) -> CommitRequest | None:
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
-             record_cache: RecordCache | None = None,
+             record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
+
+    `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
+    published records every pass (so a crash between commit and write only delays them one pass).
 
     `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
     that changed since the last one (10,000 files: minutes to parse, milliseconds to stat)."""
@@ -166,8 +177,11 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
             return None
         records = load_records(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
-        decision = decide(spec, reports, records, judged, desired_image_digest, now)
+        decision = decide(spec, reports, records, judged, desired_image_digest, now,
+                          judged_serving_ids=store.trailer_values(SERVING_TRAILER))
         outcome["decision"] = decision
+        after = RecordSet(machines={**records.machines, **decision.machine_records})
+        outcome["directives"] = {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}
         return commit_request(decision)
 
     started = monotonic()
@@ -181,8 +195,14 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         spec_error: SpecError = outcome["stalled"]
         return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
     decision: PassDecision = outcome["decision"]
+    notes = decision.notes
+    if directive_sink is not None:
+        try:
+            directive_sink.set_directives(outcome["directives"], now)
+        except Exception as exc:  # the records are published; workers learn their verdict next pass
+            notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
-                      attempts=published.attempts, pending=decision.pending, notes=decision.notes,
+                      attempts=published.attempts, pending=decision.pending, notes=notes,
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=monotonic() - started if published.commit else None)
 

@@ -133,7 +133,7 @@ def apply_fleet(spec: FleetSpec, records: RecordSet, provider: SlotProvider, sta
                 if action.reason:
                     echo(f"{action.kind:<7} {action.slot:<20} {action.reason}: {action.detail}")
                 continue
-            result = _carry_out(action, spec, records, provider, stored, image)
+            result = _carry_out(action, spec, records, provider, stored, image, now)
             save_slot_state(state_path, stored)
             results.append(result)
             echo(result.message)
@@ -228,7 +228,7 @@ def git_orphan_recorder(store: GitStore, fleet: str, echo: Callable[[str], None]
 
 
 def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider: SlotProvider,
-               stored: dict[str, SlotOutputs], image: Image) -> ActionResult:
+               stored: dict[str, SlotOutputs], image: Image, now: datetime) -> ActionResult:
     head = f"{action.kind:<7} {action.slot:<20}"
     why = f"{action.reason}: {action.detail}" if action.detail else action.reason
     old = stored.get(action.slot)
@@ -243,7 +243,7 @@ def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider
             return ActionResult(action, True, f"{head} {why} -> {gone}")
         pool = spec.pool(action.pool)
         inputs = slot_inputs(spec, pool, action.slot, records, image=image.ref, image_digest=image.digest,
-                             params_dir=image.params_dir)
+                             params_dir=image.params_dir, now=now)
         out = provider.create(inputs)
         stored[action.slot] = out
         rate = "?" if out.expected_proofs_per_hour is None else f"{out.expected_proofs_per_hour:.0f}"

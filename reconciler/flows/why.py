@@ -9,6 +9,7 @@ any plain clone: it reads the checked-out branch, not the bot's remote-tracking 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,24 @@ class MachineHistory:
 
 
 def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], current_text: str | None,
-            last_change: LastChange | None) -> MachineHistory:
-    """Pure: the commits and record texts git gave us -> what to tell the human."""
+            last_change: LastChange | None, now: datetime | None = None) -> MachineHistory:
+    """Pure: the commits and record texts git gave us -> what to tell the human. With `now`, the status says
+    where the machine stands (bad until its expiry, on probation, permanent, banned)."""
     verdicts = tuple(_evidence(machine_id, record_path, c) for c in commits)
     detail = None
     if current_text is not None:
         try:
-            status = parse_machine_record(current_text, Path(record_path)).status
+            record = parse_machine_record(current_text, Path(record_path))
         except RecordError as exc:
             status, detail = "unreadable", str(exc)
+        else:
+            status = record.status
+            if now is not None:
+                standing = record.standing(now)
+                if standing.state != record.status:
+                    status = f"{record.status}, {standing.state} now"
+                if standing.state != record.status or standing.until is not None:
+                    detail = standing.detail  # expiry, probation, permanence: the rest is said by the status
     elif commits or last_change is not None:
         status = "deleted"
         detail = "pardoned by deletion: the reconciler records this machine again only on a new failure"
@@ -56,16 +66,19 @@ def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], cur
 
 def _evidence(machine_id: str, record_path: str, commit: VerdictCommit) -> VerdictEvidence:
     instances = commit.trailers.get("Fleet-Instance", ())
+    serving = commit.trailers.get("Fleet-Serving-Instance", ())  # verdicts while serving (degraded, lost)
     if commit.record_text is None:
         return VerdictEvidence(commit, (), f"{record_path} does not exist in this commit")
     try:
         record = parse_machine_record(commit.record_text, Path(record_path))
     except RecordError as exc:
         return VerdictEvidence(commit, (), f"record unreadable in this commit: {exc}")
-    entries = tuple(b for b in record.benchmarks if b.instance_id in instances)
+    entries = tuple(b for b in record.benchmarks
+                    if (b.instance_id in instances and b.stage != "serving")
+                    or (b.instance_id in serving and b.stage == "serving"))
     if entries:
         return VerdictEvidence(commit, entries, None)
-    named = ", ".join(instances) or "none"
+    named = ", ".join((*instances, *serving)) or "none"
     return VerdictEvidence(commit, (), f"no benchmark entry in the record for the commit's instance(s): {named}")
 
 
@@ -121,6 +134,7 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
     out.append(f"    exit code: {_show(ev.get('exit_code'))}   phase: {_show(ev.get('phase'))}"
                + (f"   signature: {e.signature}" if e.signature else ""))
     out.append(f"    image:     {_show(e.image_digest or ev.get('image_digest'))}")
+    out += _after_admission_lines(e)
     daemon_log = ev.get("daemon_log")
     if isinstance(daemon_log, list) and daemon_log and tail:
         out.append(f"    daemon log ({len(daemon_log[-tail:])} line(s), timing noise filtered):")
@@ -130,6 +144,38 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
         shown = log_tail[-tail:]
         out.append(f"    log tail ({len(shown)} of {len(log_tail)} line(s)):")
         out += [f"      | {line}" for line in shown]
+    return out
+
+
+def _after_admission_lines(e: BenchmarkEntry) -> list[str]:
+    """Stage, expiry/probation, an early verdict's savings, a serving verdict's window and GPUs."""
+    ev = e.evidence
+    out = []
+    if e.stage == "serving":
+        window = ev.get("window")
+        if isinstance(window, dict):
+            out.append(f"    serving:   {window.get('completed')} proofs in {_show(window.get('busy_s'))} busy s over "
+                       f"{_show(ev.get('window_minutes'))} min; below since {_show(ev.get('below_since'))}; last "
+                       f"heartbeat {_show(ev.get('last_heartbeat'))}")
+        if ev.get("last_signal"):
+            out.append(f"    serving:   last signal {ev.get('last_signal')}, silent {_show(ev.get('silent_minutes'))} "
+                       f"min (deadline {_show(ev.get('lost_after_minutes'))} min)")
+        gpus = ev.get("gpus")
+        if isinstance(gpus, list) and gpus:
+            out.append("    gpus:      " + "; ".join(
+                f"GPU{g.get('index', '?')} {_show(g.get('temperature_c'))} C, SM {_show(g.get('sm_clock_mhz'))}/"
+                f"{_show(g.get('max_sm_clock_mhz'))} MHz" for g in gpus if isinstance(g, dict)))
+    saved = ev.get("saved")
+    if isinstance(saved, dict):
+        out.append(f"    saved:     ~{_show(saved.get('minutes'))} min of benchmark, "
+                   f"<= ${_show(saved.get('usd_at_most'))} ({_show(saved.get('price_basis'))})")
+    if e.marks_bad:
+        if e.probation:
+            out.append("    expiry:    never: failed again while on probation (permanent)")
+        elif e.expires_at:
+            out.append(f"    expiry:    {e.expires_at}, then probation until {_show(e.probation_until)}")
+        else:
+            out.append("    expiry:    none (no expiry for this blame, or recorded before expiry existed)")
     return out
 
 

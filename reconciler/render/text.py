@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from reconciler.domain.observations import parse_time
 from reconciler.domain.status import FleetStatus
@@ -26,6 +27,18 @@ def render_timeline(timeline: Sequence[tuple[str, str]]) -> str:
     (first_label, first_at), rest = timeline[0], timeline[1:]
     parts = [f"{first_label} {first_at}"] + [f"{label} {_offset(first_at, at)}" for label, at in rest]
     return " -> ".join(parts)
+
+
+def _gpu_text(gpus: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for g in gpus[:4]:
+        temp, clock = g.get("temperature_c"), g.get("sm_clock_mhz")
+        if temp is None and clock is None:
+            continue
+        bits = [f"{temp:g} C" if isinstance(temp, int | float) else "",
+                f"{clock:g} MHz" if isinstance(clock, int | float) else ""]
+        parts.append(f"GPU{g.get('index', '?')} " + " ".join(b for b in bits if b))
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 def render_text(view: FleetStatus) -> str:
@@ -54,10 +67,20 @@ def render_text(view: FleetStatus) -> str:
     for i in view.instances:
         where = f"machine {i.machine_id or '?'}" + (f" (host {i.host_id})" if i.host_id else "")
         verdict = f" {i.verdict}" if i.verdict and i.verdict != i.state else ""
-        lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}")
+        standing = f" [machine {i.standing}]" if i.standing and i.standing not in ("ok", i.state) else ""
+        lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}{standing}")
         if i.root_cause:  # the root cause first (issue 14), then how the attempt went
             lines.append(f"      {i.root_cause}")
         lines.append(f"      {render_timeline(i.timeline)}")
+        if i.serving is not None:
+            lines.append(f"      serving: {i.serving.summary}{_gpu_text(i.serving.gpus)}")
+    if view.bad_machines:
+        lines += ["", "machines excluded or on probation:"]
+    for b in view.bad_machines:
+        lines.append(f"  {b.machine_id}  {b.standing}: {b.standing_detail}  <- {b.verdict or 'hand edit'}: {b.reason}")
+    if view.early_saved_minutes:
+        lines += ["", f"early verdicts saved ~{view.early_saved_minutes:.0f} benchmark minutes, "
+                      f"<= ${view.early_saved_usd_at_most:.2f} (at the pools' max price)"]
     for problem in view.record_problems:
         lines.append(f"unreadable record (excluded from offers until fixed): {problem}")
     if view.market is not None:

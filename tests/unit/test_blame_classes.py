@@ -20,7 +20,8 @@ from reconciler.domain.verdicts import (
 
 def test_only_image_blame_counts_against_an_image_and_only_failures_correlate() -> None:
     assert [b for b in BLAMES if BLAME_CLASSES[b].counts_against_image] == ["image"]
-    assert {"benchmark-error", "params-failed", "timeout"} == CORRELATED_VERDICTS
+    # lost (serving): the same image failing or falling silent on K machines is evidence against the image too
+    assert {"benchmark-error", "params-failed", "timeout", "lost"} == CORRELATED_VERDICTS
     assert counts_against_image("benchmark-error", "image")
     assert not counts_against_image("below-min-rate", "machine") and not counts_against_image("stale-image", "image")
     for blame in ("machine", "network", "params", "configuration", "marketplace", "unknown", "none"):

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 _WORKER_ROUTE = re.compile(r"^/api/v1/instances/(?P<id>[^/]+)/(?P<action>register|events|logs|result|destroyed)$")
 _LOGS_ROUTE = re.compile(r"^/api/instance-logs/(?P<id>[^/]+)$")
 _INSTANCE_ROUTE = re.compile(r"^/api/instances/(?P<id>[^/]+)$")
+_DIRECTIVE_ROUTE = re.compile(r"^/api/v1/instances/(?P<id>[^/]+)/directive$")
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,15 @@ class ControllerApi:
                 return replace(self._destroyed(instance_id), authenticated=True)
             self._require_instance_token(request, instance_id)
             return BodyNeeded(match["action"], instance_id, self._body_length(request))
+        if match := _DIRECTIVE_ROUTE.match(path):
+            # What the reconciler decided (serve, stop, wait); the worker polls it (worker-image/serve.sh).
+            self._require_method(request, "GET")
+            instance_id = self._instance_id(match["id"])
+            self._require_instance_token(request, instance_id)
+            directive = self.store.directive(instance_id)
+            if directive is None:
+                directive = {"protocol": 1, "action": "wait", "reason": "no verdict yet"}
+            return Response(200, directive, authenticated=True)
         if path == "/healthz":
             self._require_method(request, "GET")
             return Response(200, {"status": "ok", "instances": self.store.instance_count()})

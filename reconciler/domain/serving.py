@@ -1,0 +1,502 @@
+"""After admission, pure: heartbeats, rolling rate, the serving verdicts (degraded, lost), the early verdict
+during a benchmark, directives for workers, and record expiry/probation.
+
+Place in the flow: `domain.judging.decide` calls `judge_early` for benchmarks still running and
+`judge_serving` for instances that passed and serve; `directives` tells each worker what the records say
+(serve, stop, wait) and `flows.judge` hands them to the controller store; `entry_expiry` stamps a bad
+verdict with its expiry by blame class. No I/O, no clock: `now` is an argument.
+
+What the worker sends (worker-image/serve.sh, protocol v1 `serve` `progress` events):
+`details.heartbeat = {seq, interval_s, completed, failed, busy, recent_proof_s, gpus: [...], ...}`; the
+counts are deltas of the daemon's own counters (`cuzk-bench status`) since the previous heartbeat, `busy`
+says work was queued or in progress at the heartbeat (an idle daemon says nothing about its speed).
+
+Rolling rate: proofs completed over the busy time of the heartbeat intervals that end within the window (an
+interval is busy when the daemon was busy at both of its ends). It is judged only when a machine at the
+pool minimum would have done `min_proofs` proofs in that busy time, so one slow proof is never a verdict.
+Degraded: at every heartbeat for `degraded_after_minutes`, the rolling rate was judged and below
+min x (1 - margin). Lost: no heartbeat for `lost_after_minutes` while the controller heard from other
+machines (silence everywhere is more likely our own outage: held, never a verdict); blamed on the
+marketplace unless the worker's last words carry a signature (e.g. an Xid: machine).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
+from reconciler.domain.redact import redact_line, redact_lines
+from reconciler.domain.signatures import classify
+from reconciler.domain.spec import EarlyVerdictSettings, PoolSpec, RecordExpirySettings, ServingSettings
+from reconciler.domain.verdict import EVIDENCE_LOG_LINES, Verdict
+
+DEGRADED = "degraded"
+LOST = "lost"
+EARLY = "early-below-min-rate"
+SERVING_VERDICTS = (DEGRADED, LOST)
+
+#: Blames for which a serving/early verdict marks the machine bad (the rest are recorded only).
+_MARKS_BAD = ("machine", "marketplace")
+
+
+# --- heartbeats ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    at: datetime
+    seq: int | None
+    interval_s: float | None
+    completed: int | None
+    failed: int | None
+    busy: bool
+    recent_proof_s: float | None = None
+    status_error: str | None = None
+    gpus: tuple[Mapping[str, Any], ...] = ()
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def heartbeats(report: InstanceReport, reach: timedelta | None = None) -> list[Heartbeat]:
+    """The heartbeats of a serving worker, oldest first; malformed details are skipped, never fatal.
+
+    `reach`: only those at most this long before the newest heartbeat (read from the end: the store keeps
+    up to 1,000 progress events per instance and every pass looks at every serving instance)."""
+    out = []
+    newest: datetime | None = None
+    for e in reversed(report.events):
+        hb = e.details.get("heartbeat") if e.phase == "serve" else None
+        if not isinstance(hb, Mapping):
+            continue
+        if reach is not None:
+            newest = newest or e.at
+            if e.at < newest - reach:
+                break
+        gpus = hb.get("gpus")
+        out.append(Heartbeat(
+            at=e.at, seq=_int(hb.get("seq")), interval_s=_num(hb.get("interval_s")),
+            completed=_int(hb.get("completed")), failed=_int(hb.get("failed")), busy=hb.get("busy") is True,
+            recent_proof_s=_num(hb.get("recent_proof_s")),
+            status_error=hb.get("status_error") if isinstance(hb.get("status_error"), str) else None,
+            gpus=tuple(g for g in gpus if isinstance(g, Mapping))[:16] if isinstance(gpus, list) else ()))
+    out.sort(key=lambda h: h.at)
+    return out
+
+
+@dataclass(frozen=True)
+class RollingRate:
+    """Proofs over busy time in one window ending at `end`."""
+
+    end: datetime
+    completed: int
+    failed: int
+    busy_s: float
+    judged: bool  # enough busy time for `min_proofs` at the pool minimum
+
+    @property
+    def proofs_per_hour(self) -> float | None:
+        return self.completed * 3600.0 / self.busy_s if self.busy_s > 0 else None
+
+
+def rolling_rate(beats: Sequence[Heartbeat], end: datetime, window: timedelta, min_rate: float,
+                 min_proofs: int) -> RollingRate:
+    completed = failed = 0
+    busy_s = 0.0
+    previous: Heartbeat | None = None
+    for hb in beats:
+        if hb.at > end:
+            break
+        if (end - hb.at) < window and previous is not None and previous.busy and hb.busy \
+                and hb.interval_s and hb.completed is not None:
+            completed += hb.completed
+            failed += hb.failed or 0
+            busy_s += hb.interval_s
+        previous = hb
+    needed_s = min_proofs * 3600.0 / min_rate if min_rate > 0 else math.inf
+    return RollingRate(end, completed, failed, busy_s, busy_s >= needed_s)
+
+
+@dataclass(frozen=True)
+class ServingHealth:
+    """What status shows for one serving instance."""
+
+    instance_id: str
+    last_heartbeat: datetime | None
+    rate: RollingRate | None
+    min_rate: float
+    below_since: datetime | None  # start of the current run of judged-and-below heartbeats
+    gpus: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def proofs_per_hour(self) -> float | None:
+        return self.rate.proofs_per_hour if self.rate and self.rate.judged else None
+
+    def describe(self, now: datetime) -> str:
+        beat = f"last heartbeat {_ago(now, self.last_heartbeat)}" if self.last_heartbeat else "no heartbeat yet"
+        if self.rate is None or not self.rate.judged:
+            rate = "rate not judged yet (too little busy time)"
+        else:
+            rate = f"{self.rate.proofs_per_hour:.1f}/h vs min {self.min_rate:g}/h"
+        below = f", below since {format_time(self.below_since)}" if self.below_since else ""
+        return f"{rate}{below}; {beat}"
+
+
+def _ago(now: datetime, then: datetime) -> str:
+    s = max(0, int((now - then).total_seconds()))
+    return f"{s}s ago" if s < 120 else f"{s // 60} min ago" if s < 7200 else f"{s // 3600} h ago"
+
+
+def serving_health(report: InstanceReport, pool: PoolSpec, settings: ServingSettings) -> ServingHealth:
+    """Rolling rate at the newest heartbeat, and since when it has been below the threshold.
+
+    Only the heartbeats that can matter are evaluated (the last `degraded_after` plus one heartbeat, each
+    over its window): a store keeps up to 1,000 progress events per instance, and every pass judges every
+    serving instance, so this stays O(heartbeats in a window x heartbeats in the period), not quadratic
+    in the history. `below_since` therefore reaches back at most that far."""
+    window = timedelta(minutes=settings.window_minutes)
+    period = timedelta(minutes=settings.degraded_after_minutes + settings.heartbeat_minutes)
+    beats = heartbeats(report, reach=period + window + timedelta(minutes=settings.heartbeat_minutes))
+    threshold = pool.min_rate_proofs_per_hour * (1 - settings.degraded_margin)
+    rate = None
+    below_since: datetime | None = None
+    if beats:
+        first_point = beats[-1].at - period
+    for hb in beats:
+        if hb.at < first_point:
+            continue
+        r = rolling_rate(beats, hb.at, window, pool.min_rate_proofs_per_hour, settings.min_proofs)
+        pph = r.proofs_per_hour
+        below = r.judged and pph is not None and pph < threshold
+        below_since = (below_since or hb.at) if below else None
+        rate = r
+    return ServingHealth(report.instance_id, beats[-1].at if beats else None, rate,
+                         pool.min_rate_proofs_per_hour, below_since, beats[-1].gpus if beats else ())
+
+
+def is_serving(report: InstanceReport) -> bool:
+    """The worker entered serve and has not said it stopped."""
+    return report.first("serve", "started") is not None and report.first("serve", "done") is None \
+        and report.destroyed_at is None
+
+
+def last_signal(report: InstanceReport) -> datetime:
+    """The newest time this worker said anything (event or result), by its own clock."""
+    times = [report.registered_at, *(e.at for e in report.events)]
+    if report.result is not None:
+        times.append(report.result.at)
+    return max(times)
+
+
+def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, *,
+                  fleet_last_signal: datetime | None) -> Verdict | None:
+    """degraded or lost for an instance that passed admission and serves; None while it is fine.
+
+    `fleet_last_signal`: the newest signal from any OTHER instance; lost needs the controller to have heard
+    from someone after this instance fell silent."""
+    failed = report.first("serve", "failed")
+    if report.first("serve", "started") is None or report.destroyed_at is not None:
+        return None
+    if failed is not None:
+        return _lost(report, pool, settings, now, failed.at, failure_message=failed.message,
+                     tail=failed.log_tail or report.log_tail)
+    if report.first("serve", "done") is not None:
+        return None  # stopped cleanly (TERM, or our own stop directive)
+    health = serving_health(report, pool, settings)
+    last = min(health.last_heartbeat or report.first("serve", "started").at, now)  # type: ignore[union-attr]
+    silent = now - last
+    if silent > timedelta(minutes=settings.lost_after_minutes):
+        if fleet_last_signal is None or fleet_last_signal < last + timedelta(minutes=settings.lost_after_minutes):
+            return None  # nobody was heard from since: maybe our own outage, never a verdict
+        return _lost(report, pool, settings, now, last, failure_message=None, tail=report.log_tail)
+    if health.below_since is not None and health.last_heartbeat is not None and health.rate is not None and \
+            health.last_heartbeat - health.below_since >= timedelta(minutes=settings.degraded_after_minutes):
+        return _degraded(report, pool, settings, now, health)
+    return None
+
+
+def _degraded(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime,
+              health: ServingHealth) -> Verdict:
+    rate = health.rate
+    assert rate is not None and rate.proofs_per_hour is not None and health.below_since is not None
+    pph = rate.proofs_per_hour
+    threshold = pool.min_rate_proofs_per_hour * (1 - settings.degraded_margin)
+    minutes = (rate.end - health.below_since).total_seconds() / 60
+    temps = [g.get("temperature_c") for g in health.gpus if _num(g.get("temperature_c")) is not None]
+    clocks = [(g.get("sm_clock_mhz"), g.get("max_sm_clock_mhz")) for g in health.gpus]
+    gpu = ""
+    if temps:
+        gpu = f"; GPU {max(temps):g} C"  # type: ignore[type-var]
+        if clocks and all(_num(c) is not None for c in clocks[0]):
+            gpu += f", SM clock {clocks[0][0]:g}/{clocks[0][1]:g} MHz"
+    reason = (f"degraded: serving: {pph:.1f}/h < {threshold:.1f}/h (min {pool.min_rate_proofs_per_hour:g}/h - "
+              f"{settings.degraded_margin:.0%}) for {minutes:.0f} min: {rate.completed} proofs in "
+              f"{rate.busy_s / 60:.1f} busy min{gpu}")
+    evidence = {
+        "stage": "serving", "proofs_per_hour": round(pph, 2), "threshold_proofs_per_hour": round(threshold, 2),
+        "window_minutes": settings.window_minutes, "below_since": format_time(health.below_since),
+        "window": {"completed": rate.completed, "failed": rate.failed, "busy_s": round(rate.busy_s, 1)},
+        "last_heartbeat": format_time(health.last_heartbeat) if health.last_heartbeat else None,
+        "gpus": [dict(g) for g in health.gpus],
+    }
+    return _verdict(report, pool, now, DEGRADED, "machine", reason, evidence, pph, signature="serving-rate-below-min")
+
+
+def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, last: datetime, *,
+          failure_message: str | None, tail: Sequence[str]) -> Verdict:
+    match = classify(tail) if tail else None
+    if match is not None:
+        blame, cause = match.blame, redact_line(match.line)
+    elif failure_message is not None:
+        blame, cause = "unknown", redact_line(failure_message)  # the worker stopped itself: maybe our software
+    else:
+        blame, cause = "marketplace", None
+    silent_min = (now - last).total_seconds() / 60
+    if failure_message is not None:
+        reason = f"lost: serving: {cause}"
+    else:
+        reason = (f"lost: serving: no heartbeat for {silent_min:.0f} min (> {settings.lost_after_minutes:g} min)"
+                  + (f": {cause}" if cause else "; the marketplace's host went silent"))
+    evidence = {"stage": "serving", "last_signal": format_time(last), "silent_minutes": round(silent_min, 1),
+                "lost_after_minutes": settings.lost_after_minutes,
+                "log_tail": redact_lines(list(tail)[-EVIDENCE_LOG_LINES:])}
+    if match is not None:
+        evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
+    return _verdict(report, pool, now, LOST, blame, reason, evidence, None,
+                    signature=match.name if match else ("serving-failed" if failure_message else "heartbeats-stopped"))
+
+
+def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, blame: str, reason: str,
+             evidence: Mapping[str, Any], rate: float | None, *, signature: str | None,
+             spp: float | None = None) -> Verdict:
+    full = {"phase": "serve" if verdict in SERVING_VERDICTS else "benchmark", "gpu_name": report.gpu_name,
+            "host_id": report.host_id, "machine_id": report.machine_id, "instance_id": report.instance_id,
+            "contract_id": report.contract_id, "image_digest": report.image_digest,
+            "phases": {name: format_time(at) for name, at in report.phase_times().items()}, **evidence}
+    return Verdict(
+        instance_id=report.instance_id, verdict=verdict, blame=blame, marks_bad=blame in _MARKS_BAD,
+        reason=reason, at=now, pool=pool.name, machine_id=report.machine_id, host_id=report.host_id,
+        gpu_name=report.gpu_name, contract_id=report.contract_id, image_digest=report.image_digest,
+        signature=signature, phase=str(full["phase"]), proofs_per_hour=None if rate is None else round(rate, 2),
+        seconds_per_proof=None if spp is None else round(spp, 2),
+        min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour,
+        evidence={k: v for k, v in full.items() if v is not None})
+
+
+# --- early verdict ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProofSample:
+    index: int
+    ok: bool
+    seconds: float | None
+
+
+#: cuzk-bench's per-proof line (curio extern/cuzk/cuzk-bench/src/main.rs, batch): `  [3/10] COMPLETED — 41.2s
+#: (prove=... ms, queue=... ms)`; the worker's log sink prefixes a timestamp.
+_PROOF_LINE = re.compile(r"\[(\d+)/(\d+)\]\s+([A-Za-z]+)\s+\S+\s+(\d+(?:\.\d+)?)s\b")
+
+
+def proof_samples(report: InstanceReport) -> list[ProofSample]:
+    """Per-proof results the worker streamed during the benchmark, by proof index (last word wins).
+
+    Accepts `benchmark` `progress` events with `details.proof = {index, label|status, seconds}` or
+    `details.proofs = [...]` of the same; labels COMPLETED/ok are good proofs, anything else failed. The
+    per-proof lines of cuzk-bench in the shipped log (the instance's log tail) count too, so a worker that
+    streams only its log still gets an early verdict."""
+    found: dict[int, ProofSample] = {}
+    for line in report.log_tail:
+        m = _PROOF_LINE.search(line)
+        if m:
+            found[int(m[1])] = ProofSample(int(m[1]), m[3].upper() in ("COMPLETED", "OK"), float(m[4]))
+    for e in report.events:
+        if e.phase != "benchmark" or e.status != "progress":
+            continue
+        items: list[Any] = []
+        if isinstance(e.details.get("proof"), Mapping):
+            items.append(e.details["proof"])
+        if isinstance(e.details.get("proofs"), list):
+            items += [p for p in e.details["proofs"] if isinstance(p, Mapping)]
+        for p in items:
+            index = _int(p.get("index"))
+            if index is None:
+                continue
+            label = p.get("label", p.get("status"))
+            ok = isinstance(label, str) and label.upper() in ("COMPLETED", "OK")
+            found[index] = ProofSample(index, ok, _num(p.get("seconds")))
+    return [found[i] for i in sorted(found)]
+
+
+@dataclass(frozen=True)
+class EarlyCheck:
+    """The best case of a running benchmark after its warm-up."""
+
+    requested: int
+    measured: tuple[float, ...]  # seconds of the good proofs after the warm-up
+    remaining: int
+    concurrency: int
+    best_case_proofs_per_hour: float
+    saved_minutes: float
+    saved_usd_at_most: float
+
+
+def early_check(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSettings) -> EarlyCheck | None:
+    """None while there is not enough evidence (or the benchmark already ended, or early verdicts are off).
+
+    Best case: the remaining proofs all at the best speed seen so far, with perfect overlap of the `-j`
+    concurrent proofs (an upper bound, so the verdict errs towards keeping the machine)."""
+    if not settings.enabled or report.result is not None or report.failure() is not None:
+        return None
+    started = report.first("benchmark", "started")
+    if started is None:
+        return None
+    requested = _int(started.details.get("requested")) or pool.benchmark.proofs
+    concurrency = _int(started.details.get("concurrency")) or pool.benchmark.concurrency or 1
+    samples = proof_samples(report)
+    after = [s for s in samples if s.index > settings.warmup_proofs]
+    measured = tuple(s.seconds for s in after if s.ok and s.seconds and s.seconds > 0)
+    if len(measured) < settings.min_measured_proofs:
+        return None
+    total = max(requested - settings.warmup_proofs, 1)
+    done = len(after)
+    remaining = max(total - done, 0)
+    if remaining == 0:
+        return None  # nothing left to save: the result decides
+    best = min(measured)
+    elapsed = sum(s.seconds or 0.0 for s in after) / concurrency
+    best_case_s = elapsed + remaining * best / concurrency
+    good_at_best = len(measured) + remaining
+    best_rate = good_at_best * 3600.0 / best_case_s if best_case_s > 0 else math.inf
+    saved_min = remaining * statistics.fmean(measured) / concurrency / 60.0
+    return EarlyCheck(requested, measured, remaining, concurrency, best_rate, saved_min,
+                      saved_min / 60.0 * pool.max_price_usd_per_hour)
+
+
+def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSettings,
+                now: datetime) -> Verdict | None:
+    check = early_check(report, pool, settings)
+    if check is None or check.best_case_proofs_per_hour >= pool.min_rate_proofs_per_hour:
+        return None
+    best = min(check.measured)
+    reason = (f"{EARLY}: benchmark after {len(check.measured)} measured of {check.requested} proofs: best case "
+              f"{check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h (best {best:.1f} "
+              f"s/proof, -j {check.concurrency}); ended early: saved ~{check.saved_minutes:.1f} min, <= "
+              f"${check.saved_usd_at_most:.2f}")
+    evidence = {
+        "stage": "admission", "early": {
+            "measured_seconds": [round(s, 2) for s in check.measured], "remaining": check.remaining,
+            "requested": check.requested, "concurrency": check.concurrency,
+            "best_case_proofs_per_hour": round(check.best_case_proofs_per_hour, 2)},
+        "saved": {"minutes": round(check.saved_minutes, 1), "usd_at_most": round(check.saved_usd_at_most, 2),
+                  "price_basis": f"pool max ${pool.max_price_usd_per_hour:g}/h"},
+        "log_tail": redact_lines(list(report.log_tail)[-EVIDENCE_LOG_LINES:]),
+    }
+    mean = statistics.fmean(check.measured) / check.concurrency
+    return _verdict(report, pool, now, EARLY, "machine", reason, evidence, 3600.0 / mean if mean else None,
+                    signature="early-best-case-below-min", spp=mean)
+
+
+def saved(entries: Iterable[BenchmarkEntry]) -> tuple[float, float]:
+    """Minutes and dollars (upper bound) early verdicts saved, from record entries."""
+    minutes = usd = 0.0
+    for e in entries:
+        s = e.evidence.get("saved") if e.verdict == EARLY else None
+        if isinstance(s, Mapping):
+            minutes += _num(s.get("minutes")) or 0.0
+            usd += _num(s.get("usd_at_most")) or 0.0
+    return minutes, usd
+
+
+# --- directives ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Directive:
+    """What a worker is told when it asks (GET /api/v1/instances/{id}/directive)."""
+
+    instance_id: str
+    action: str  # wait | serve | stop
+    reason: str
+    verdict: str | None = None
+    heartbeat_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"protocol": 1, "action": self.action, "reason": self.reason}
+        if self.verdict is not None:
+            out["verdict"] = self.verdict
+        if self.heartbeat_s is not None:
+            out["heartbeat_s"] = self.heartbeat_s
+        return out
+
+
+def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: ServingSettings,
+               now: datetime) -> dict[str, Directive]:
+    """Per live instance: stop once any verdict on it failed (or its machine is excluded), serve once its
+    admission passed, else wait. Recomputed from the records every pass (crash-safe, idempotent)."""
+    entries: dict[str, list[BenchmarkEntry]] = {}
+    machine_of: dict[str, MachineRecord] = {}
+    for rec in records.machines.values():
+        for b in rec.benchmarks:
+            entries.setdefault(b.instance_id, []).append(b)
+            machine_of[b.instance_id] = rec
+    out: dict[str, Directive] = {}
+    hb = settings.heartbeat_minutes * 60.0
+    for report in reports:
+        if report.destroyed_at is not None:
+            continue
+        mine = entries.get(report.instance_id, [])
+        # A serving verdict held by a guard (kill budget) keeps the machine serving: stopping it would leave
+        # the slot idle without a replacement. A failed admission never serves.
+        failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)),
+                       None)
+        machine = machine_of.get(report.instance_id)
+        if failing is not None:
+            out[report.instance_id] = Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
+        elif machine is not None and machine.is_bad_at(now):
+            out[report.instance_id] = Directive(report.instance_id, "stop",
+                                                f"machine {machine.machine_id}: {machine.standing(now).detail}",
+                                                machine.status, hb)
+        elif mine:
+            out[report.instance_id] = Directive(report.instance_id, "serve", mine[-1].reason, mine[-1].verdict, hb)
+        else:
+            out[report.instance_id] = Directive(report.instance_id, "wait", "benchmark not judged yet", None, hb)
+    return out
+
+
+# --- expiry and probation --------------------------------------------------------------------------------
+
+
+def with_expiry(verdict: Verdict, record: MachineRecord | None, settings: RecordExpirySettings,
+                now: datetime) -> tuple[BenchmarkEntry, str | None]:
+    """The record entry of `verdict`, stamped with its expiry; a bad verdict on probation is permanent.
+
+    Returns (entry, note) where note says what probation did (for the commit body)."""
+    entry = verdict.to_entry()
+    stage = "serving" if verdict.verdict in SERVING_VERDICTS else "admission"
+    entry = replace(entry, stage=stage)
+    if not entry.marks_bad:
+        return entry, None
+    if record is not None and record.standing(now).state == "probation":
+        return (replace(entry, probation=True, reason=entry.reason + " [on probation: permanent]"),
+                f"machine {record.machine_id} failed again on probation: its record is permanent")
+    hours = settings.hours_for(verdict.blame, verdict.signature)
+    if hours is None:
+        return entry, None
+    expires = now + timedelta(hours=hours)
+    until = expires + timedelta(hours=settings.probation_hours)
+    return replace(entry, expires_at=format_time(expires), probation_until=format_time(until)), None
