@@ -81,11 +81,15 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     authors = _git(origin, "log", "--format=%an", "main").splitlines()
     assert authors[-1] == "Demo Operator" and set(authors[:-1]) == {"fleet-reconciler"}
     judged = _git(origin, "log", "--format=%(trailers:key=Fleet-Machine,valueonly)", "main").split()
-    for machine, verdict in (("41001", "below-min-rate"), ("41002", "benchmark-error"), ("42001", "below-min-rate")):
+    # The two slow machines are judged slow either by the early verdict (after the warm-up and one measured
+    # proof, even their best case misses the minimum) or, when a pass comes only after the run, at its end.
+    slow = {"below-min-rate", "early-below-min-rate"}
+    for machine, verdicts in (("41001", slow), ("41002", {"benchmark-error"}), ("42001", slow)):
         assert machine in judged
         record = yaml.safe_load(_git(origin, "show", f"main:fleet-spec/machines/{machine}.yaml"))
         entry = record["benchmarks"][-1]
-        assert record["status"] == "bad" and entry["verdict"] == verdict and entry["marks_bad"]
+        assert record["status"] == "bad" and entry["verdict"] in verdicts and entry["marks_bad"]
+        assert entry["blame"] == "machine"
         assert entry["evidence"]["log_tail"], entry  # evidence travels with the verdict
     broken = yaml.safe_load(_git(origin, "show", "main:fleet-spec/machines/41002.yaml"))["benchmarks"][-1]
     # Real cuzk output: the warm-up proof comes back FAILED (a supraseal-c2 panic with CUDA error 214), so
@@ -97,7 +101,8 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
 
     # The printed report: status, audit trail and `fleet why` of each bad machine.
     assert "=== fleet status ===" in text and "=== fleet why 41002 ===" in text
-    assert re.search(r"below-min-rate\b.* 20\.0/h < 29/h", text)  # the PRO 4000 at 20/h (180 s/proof) vs 29/h
+    assert re.search(r"below-min-rate\b.* 20\.0/h < 29/h", text)  # the PRO 4000 at 20/h vs 29/h (early or not)
+    assert "bad array subscript" not in text  # the stand-ins' own bash never leaks into the evidence
     assert "cleaned up:" in lines[-1]
     check_image_story(outcome, workdir, lines)
     page = (workdir / "status.html").read_text()
