@@ -17,6 +17,7 @@ import pytest
 
 from reconciler.adapters.store import ControllerStore
 from reconciler.domain.observations import InstanceReport, format_time
+from tests.html_support import FAST, FIRST, HOSTILE, NOW, RUNNING, SECOND, SLOW
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -75,3 +76,15 @@ def store_report(store: ControllerStore, clock: list[datetime], report: Instance
         store.set_result(report.instance_id, result)
     if report.destroyed_at is not None:
         store.mark_destroyed(report.instance_id, report.destroyed_at)
+
+
+def store_incident(db: Path) -> Path:
+    """The seed incident's six instances (tests.html_support) in a real controller store at `db`."""
+    clock = [NOW]
+    store = ControllerStore(db, now=lambda: clock[0])
+    try:
+        for report in (FIRST, SECOND, SLOW, RUNNING, FAST, HOSTILE):
+            store_report(store, clock, report)
+    finally:
+        store.close()
+    return db

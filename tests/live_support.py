@@ -24,13 +24,12 @@ from reconciler.adapters.record_files import (
     render_machine_record,
 )
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, save_slot_state
-from reconciler.adapters.store import ControllerStore
 from reconciler.domain.judging import decide
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs
-from tests.browser_support import store_report
+from tests.browser_support import store_incident
 from tests.gitrepos import git, make_origin
-from tests.html_support import FAST, FIRST, HOSTILE, NOW, RUNNING, SECOND, SLOW
+from tests.html_support import FIRST, NOW, RUNNING, SECOND, SLOW
 from tests.scenarios import DIGEST, SPEC, SPEC_YAML
 
 READ_TOKEN = "status-read-token-0123456789abcdef"
@@ -58,14 +57,7 @@ def make_live_fleet(tmp_path: Path) -> LiveFleet:
     bot = tmp_path / "bot"
     GitStore.clone(str(origin), bot).close()
     git(bot, "log", "-1")
-    clock = [NOW]
-    db = tmp_path / "controller.db"
-    store = ControllerStore(db, now=lambda: clock[0])
-    try:
-        for report in (FIRST, SECOND, SLOW, RUNNING, FAST, HOSTILE):
-            store_report(store, clock, report)
-    finally:
-        store.close()
+    db = store_incident(tmp_path / "controller.db")
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     slot = SlotOutputs(slot="rtx-pro-4000-0", pool_name="rtx-pro-4000", instance_id=RUNNING.instance_id,

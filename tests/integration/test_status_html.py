@@ -23,12 +23,11 @@ from reconciler.adapters.record_files import (
     render_machine_record,
     write_text_atomic,
 )
-from reconciler.adapters.store import ControllerStore
 from reconciler.cli import main
 from reconciler.domain.judging import decide
 from reconciler.domain.observations import format_time
 from reconciler.domain.records import RecordSet
-from tests.browser_support import run_chromium, store_report
+from tests.browser_support import run_chromium, store_incident
 from tests.html_support import (
     FAST,
     FIRST,
@@ -64,14 +63,7 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     for image in decided.image_records.values():
         write_text_atomic(image_record_path(spec_dir, image.image_digest), render_image_record(image))
     write_text_atomic(spec_dir / "machines" / "31337.yaml", f"machine_id: 31337\nstatus: [{HOSTILE_LINE}\n")
-    clock = [NOW]
-    db = tmp_path / "controller.db"
-    store = ControllerStore(db, now=lambda: clock[0])
-    try:
-        for report in (FIRST, SECOND, SLOW, RUNNING, FAST, HOSTILE):
-            store_report(store, clock, report)
-    finally:
-        store.close()
+    db = store_incident(tmp_path / "controller.db")
     yield Fleet(spec_dir, db)
 
 
