@@ -109,15 +109,13 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     reports = list(reports)
     judged = set(judged_instance_ids)
     judged_serving = set(judged_serving_ids)
-    passed: set[str] = set()
-    for rec in records.machines.values():
-        judged |= rec.judged_instances()
-        for b in rec.benchmarks:
-            if b.stage == "serving":
-                judged_serving.add(b.instance_id)
-            elif b.verdict == "ok":
-                passed.add(b.instance_id)
-    signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
+    # Every recorded instance is judged (MachineRecord.judged_instances); comprehensions: 100,000 entries.
+    entries = [b for rec in records.machines.values() for b in rec.benchmarks]
+    judged.update([b.instance_id for b in entries])
+    judged_serving.update([b.instance_id for b in entries if b.stage == "serving"])
+    passed = {b.instance_id for b in entries if b.stage != "serving" and b.verdict == "ok"}
+    # Newest signal first, for `judge_serving`'s "anyone heard from since?": only once an instance serves.
+    signals: list[tuple[datetime, str]] | None = None
     machines: dict[str, MachineRecord] = dict(records.machines)
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
@@ -146,7 +144,11 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         verdict: Verdict | None
         try:
             if serving:
-                others = next((t for t, i in signals if i != report.instance_id), None)
+                others = None
+                if report.first("serve", "started") is not None:  # else judge_serving never reads it
+                    if signals is None:
+                        signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
+                    others = next((t for t, i in signals if i != report.instance_id), None)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
             else:
                 verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
