@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
 from reconciler.domain.breaker import KillBudget, apply_guards
 from reconciler.domain.observations import InstanceReport
@@ -123,7 +124,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     by_machine: dict[str | None, list[Verdict]] = {}  # this pass's candidates per machine (params strikes)
     unrecordable: list[Verdict] = []
     quarantined: list[tuple[str, str]] = []
-    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+    for report in sorted(reports, key=attrgetter("registered_at", "instance_id")):
         serving = report.instance_id in judged
         if serving and (report.instance_id not in passed or report.instance_id in judged_serving):
             continue
@@ -140,7 +141,6 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             continue
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
-        prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
         verdict: Verdict | None
         try:
             if serving:
@@ -151,6 +151,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                     others = next((t for t, i in signals if i != report.instance_id), None)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
             else:
+                prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
                 verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
                                 prior_params_failures=prior)
                 if verdict is None:
