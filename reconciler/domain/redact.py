@@ -19,8 +19,9 @@ survive. Pure functions; `redact_line(redact_line(x)) == redact_line(x)`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 MASK = "[REDACTED]"
@@ -142,6 +143,9 @@ class Redactor:
 
     def lines(self, lines: Iterable[str]) -> list[str]:
         """Redact each line; lines inside a multi-line `BEGIN ... PRIVATE KEY` block are masked whole."""
+        return self._lines(lines, self.line)
+
+    def _lines(self, lines: Iterable[str], redact: Callable[[str], str]) -> list[str]:
         out: list[str] = []
         in_key = False
         for line in lines:
@@ -151,12 +155,12 @@ class Redactor:
                     out.append(MASK)
                 else:
                     in_key = False
-                    out.append("-----END PRIVATE KEY-----" + self.line(line[end.end():]))
+                    out.append("-----END PRIVATE KEY-----" + redact(line[end.end():]))
                 continue
             begin = _PEM_BEGIN.search(line)
             if begin and not _PEM_END.search(line, begin.end()):
                 in_key = True
-            out.append(self.line(line))
+            out.append(redact(line))
         return out
 
     def value(self, value: Any) -> Any:
@@ -174,11 +178,16 @@ class Redactor:
 PATTERNS_ONLY = Redactor()
 
 
+#: The judge redacts every verdict's evidence again (defence in depth): log lines repeat across reports (the same
+#: params, daemon and bench lines on every machine), so each distinct line is redacted once. Pure.
+_patterns_only_line = lru_cache(maxsize=1 << 14)(PATTERNS_ONLY.line)
+
+
 def redact_line(text: str) -> str:
     """`text` with every credential-shaped part replaced by `[REDACTED]` (patterns only)."""
-    return PATTERNS_ONLY.line(text)
+    return _patterns_only_line(text)
 
 
 def redact_lines(lines: Iterable[str]) -> list[str]:
     """Redact each line (patterns only); a multi-line `BEGIN ... PRIVATE KEY` block is masked whole."""
-    return PATTERNS_ONLY.lines(lines)
+    return PATTERNS_ONLY._lines(lines, _patterns_only_line)
