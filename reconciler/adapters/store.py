@@ -532,6 +532,21 @@ class ControllerStore:
         """Run a write made by one of the `prepare_*` methods, in a committed transaction (see _transaction)."""
         return self._transaction(prepared.body)
 
+    def write_all(self, prepared: Sequence[PreparedWrite[Any]]) -> list[tuple[BaseException | None, Any]]:
+        """Run many prepared writes in one transaction (with any other thread's queued writes) and return,
+        per write, (error, result) once committed. Each write succeeds or fails alone, as by `write`: a
+        refusal (StoreError) leaves the others intact, any other failure is retried without the write that
+        caused it (see _commit_batch); an error of the COMMIT itself is every write's error."""
+        pending = [_PendingWrite(p.body) for p in prepared]
+        with self._queue_lock:
+            self._queue.extend(pending)  # all or none of them are in one committer's batch
+        with self._lock:
+            if pending and not pending[0].done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_batch(batch)
+        return [(p.error, p.result) for p in pending]
+
     def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]:
         """Record a validated `register` document. Re-registering is a no-op apart from a counter and
         filling fields the first registration left empty."""
