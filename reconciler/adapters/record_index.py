@@ -41,8 +41,8 @@ from reconciler.adapters.record_files import (
     _decode,
     check_record_name,
     parse_image_record,
-    parse_machine_doc,
     parse_machine_record,
+    parse_machine_rows,
 )
 from reconciler.adapters.settings import settings
 from reconciler.domain.records import (
@@ -481,13 +481,12 @@ class RecordIndex:
             if kind == "i":
                 img = parse_image_record(text, placeholder)
                 return _Parsed(None, key=img.image_digest, status=img.status, data=pickle.dumps(img, protocol=5))
-            doc = parse_machine_doc(text, placeholder)
+            doc, rows = parse_machine_rows(text, placeholder, evidence=False)
         except (RecordError, UnicodeDecodeError, TypeError) as exc:
             message = str(exc) if isinstance(exc, RecordError) else f"{placeholder}: cannot read: {exc}"
             return _Parsed(message)
-        # The entries as tuples in field order straight from the checked document: what parse_machine_record
-        # builds BenchmarkEntry objects from (absent optional fields are None, their default).
-        entries = tuple(tuple(map(b.get, _ENTRY_FIELDS)) for b in doc["benchmarks"])
+        # The entries as tuples in field order (evidence left out): what BenchmarkEntry objects are built from.
+        entries = tuple(rows)
         pph = _ENTRY_FIELDS.index("proofs_per_hour")
         verdict = _ENTRY_FIELDS.index("verdict")
         rates = [e[pph] for e in entries if e[pph] is not None and e[verdict] in _PERF_VERDICTS]
