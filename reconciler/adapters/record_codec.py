@@ -32,12 +32,22 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
-_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+@cache
+def yaml_library() -> tuple[ModuleType, type[yaml.SafeLoader], type[yaml.SafeDumper]]:
+    """PyYAML with libyaml's safe loader and dumper (the pure-Python ones for a PyYAML built without libyaml),
+    imported on first use: a command answered from the record index reads no YAML and does not import it."""
+    import yaml
+
+    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader), getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 
 ENTRIES_KEY = "benchmarks"
 
@@ -118,7 +128,8 @@ def render_record(header: str, doc: Mapping[str, Any]) -> str:
 
 
 def dump_yaml(doc: dict[str, Any]) -> str:
-    return yaml.dump(doc, Dumper=_YAML_DUMPER, sort_keys=False, allow_unicode=True, width=120)
+    yaml, _, dumper = yaml_library()
+    return yaml.dump(doc, Dumper=dumper, sort_keys=False, allow_unicode=True, width=120)
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -227,8 +238,9 @@ def _header(lines: list[str]) -> dict[str, Any]:
         chunk = "\n".join(lines)
         if any(line.startswith(("---", "...", "%")) for line in lines) or "&" in chunk or "*" in chunk:
             raise NotFast("header needs the YAML loader's document handling") from None
+        yaml, loader, _ = yaml_library()
         try:
-            loaded = yaml.load(chunk, Loader=_YAML_LOADER) if chunk.strip() else {}  # noqa: S506 (safe loader)
+            loaded = yaml.load(chunk, Loader=loader) if chunk.strip() else {}
         except (yaml.YAMLError, ValueError, TypeError, AttributeError, IndexError, OverflowError, RecursionError):
             raise NotFast("header is not YAML on its own") from None
         if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):

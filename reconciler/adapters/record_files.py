@@ -20,8 +20,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import yaml
-
 from reconciler import SCHEMA_DIR
 from reconciler.adapters import record_codec
 from reconciler.domain.records import (
@@ -44,9 +42,7 @@ if TYPE_CHECKING:
 
 # libyaml parses and emits a 17 KB record ~8x faster than pure-Python PyYAML; the results are the same
 # documents (and, for what the reconciler writes, the same text). Pure Python stays the fallback for a PyYAML
-# built without libyaml.
-_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# built without libyaml. PyYAML is imported on first use (record_codec.yaml_library).
 
 
 @cache
@@ -76,7 +72,7 @@ _HEADER = "# Written by the fleet reconciler. Pardon: set status: pardoned (or d
 
 
 def _dump(doc: dict[str, Any]) -> str:
-    return yaml.dump(doc, Dumper=_YAML_DUMPER, sort_keys=False, allow_unicode=True, width=120)
+    return record_codec.dump_yaml(doc)
 
 
 def render_machine_record(record: MachineRecord) -> str:
@@ -106,9 +102,10 @@ def _load_yaml(text: str, file: Path) -> Any:
         return record_codec.parse_fast(text)
     except record_codec.NotFast:
         pass
+    yaml, loader, _ = record_codec.yaml_library()
     try:
         _refuse_aliases(text, file)
-        return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (CSafeLoader or SafeLoader)
+        return yaml.load(text, Loader=loader)
     except RecordError:
         raise
     except yaml.YAMLError as exc:
@@ -129,7 +126,8 @@ def _refuse_aliases(text: str, file: Path) -> None:
     """
     if "*" not in text and "&" not in text:
         return
-    for event in yaml.parse(text, Loader=_YAML_LOADER):
+    yaml, loader, _ = record_codec.yaml_library()
+    for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.AliasEvent):
             found = f"*{event.anchor}"
         elif isinstance(event, yaml.NodeEvent) and event.anchor is not None:

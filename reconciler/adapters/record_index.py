@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.record_files import (
     _decode,
     check_record_name,
@@ -45,7 +46,6 @@ from reconciler.adapters.record_files import (
     parse_machine_record,
     parse_machine_rows,
 )
-from reconciler.adapters.settings import settings
 from reconciler.domain.records import (
     _SAFE_ID,
     IMAGES_DIR,
@@ -60,7 +60,6 @@ from reconciler.domain.records import (
 )
 from reconciler.domain.verdicts import RATE_VERDICTS
 
-INDEX_NAME = "records.sqlite"
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
 FORMAT = 7
 _PLACEHOLDER = "\x00record-file\x00"
@@ -91,21 +90,8 @@ def git_blob_id(raw: bytes) -> str:
 
 def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
     """`<git dir>/fleet/records.sqlite` of the checkout holding `spec_dir` (a worktree's own git dir), else
-    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (cache_home: $XDG_CACHE_HOME, read by
-    the settings adapter, or ~/.cache)."""
-    start = spec_dir.resolve()
-    for folder in (start, *start.parents):
-        dot_git = folder / ".git"
-        if dot_git.is_dir():
-            return dot_git / "fleet" / INDEX_NAME
-        if dot_git.is_file():  # a worktree or submodule: "gitdir: <path>"
-            text = dot_git.read_text(encoding="utf-8", errors="replace").strip()
-            if text.startswith("gitdir:"):
-                git_dir = Path(text.removeprefix("gitdir:").strip())
-                return (folder / git_dir if not git_dir.is_absolute() else git_dir) / "fleet" / INDEX_NAME
-    base = cache_home or settings().cache_home or Path.home() / ".cache"
-    tag = hashlib.sha256(str(start).encode()).hexdigest()[:16]
-    return base / "gpu-fleet" / f"records-{tag}.sqlite"
+    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (reconciler.adapters.cache_files)."""
+    return cache_file(spec_dir, "records", ".sqlite", cache_home)
 
 
 def _version() -> str:
