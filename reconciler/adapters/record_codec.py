@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Mapping
 from functools import cache
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import yaml
@@ -49,12 +49,30 @@ def yaml_library() -> tuple[ModuleType, type[yaml.SafeLoader], type[yaml.SafeDum
     return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader), getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
+class _CompiledOnFirstUse:
+    """A regex compiled when first used: a large character class takes ~4 ms to compile, a cost a command
+    answered from the record index (no parsing) need not pay at import."""
+
+    def __init__(self, pattern: str) -> None:
+        self._pattern = pattern
+
+    def __getattr__(self, name: str) -> Any:  # reached only until the first use has compiled it
+        compiled = re.compile(self._pattern)
+        self.search, self.sub = compiled.search, compiled.sub
+        return getattr(compiled, name)
+
+
+def _compiled_on_first_use(pattern: str) -> re.Pattern[str]:
+    return cast("re.Pattern[str]", _CompiledOnFirstUse(pattern))
+
+
 ENTRIES_KEY = "benchmarks"
 
 # Characters PyYAML's reader refuses in a stream (yaml/reader.py NON_PRINTABLE), plus the ones YAML treats as
 # line breaks inside a quoted scalar (NEL, LS, PS: folded, where JSON keeps them) and tabs (JSON whitespace,
 # not always YAML whitespace). The writer escapes them; the reader falls back to YAML when it sees one.
-_DIVERGENT = re.compile("[^\x0a\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
+_DIVERGENT = _compiled_on_first_use(
+    "[^\x0a\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
 # PyYAML's float resolver (yaml/resolver.py): JSON numbers with a fraction or exponent that do not match it
 # are strings to YAML ("1e5", "1.5e3"), so they leave the fast path.
 _YAML_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?$")
@@ -63,7 +81,7 @@ _YAML_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?$")
 _DIVERGENT_ESCAPE = re.compile(r"\\(?:/|u[dD][89abAB])")
 _EXPONENT = re.compile(r"[0-9]e[-+][0-9]")
 _SURROGATE_ESCAPE = re.compile(r"\\ud[89ab]", re.IGNORECASE)
-_NON_ASCII_BMP = re.compile("[\x7f-\uffff]")
+_NON_ASCII_BMP = _compiled_on_first_use("[\x7f-\uffff]")
 _HEADER_LINE = re.compile(r"^([a-z_]+): (.*)$")
 _PLAIN_SAFE = re.compile(r"^[A-Za-z][A-Za-z0-9 ._()/+-]*[A-Za-z0-9._()/+-]$|^[A-Za-z]$")
 _YAML_WORDS = frozenset(w for base in ("yes", "no", "true", "false", "on", "off", "null", "y", "n")

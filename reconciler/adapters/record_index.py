@@ -279,6 +279,7 @@ class RecordIndex:
         self.rebuilt: str | None = None  # why the index was started afresh, if it was
         self.parsed = self.hashed = self.reused = 0
         self.from_snapshot = False  # the last load answered from a snapshot (every file's stat unchanged)
+        self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (their derived columns)
         self._db = self._open()
 
     @classmethod
@@ -348,6 +349,7 @@ class RecordIndex:
     def _load(self, spec_dir: Path) -> RecordSet:
         self.parsed = self.hashed = self.reused = 0
         self.from_snapshot = False
+        self._fresh = {}
         problems: list[str] = []
         listed = self._list(spec_dir, problems)
         dir_key = os.path.abspath(spec_dir)
@@ -403,6 +405,7 @@ class RecordIndex:
                 todo.setdefault((found, item.kind), raw_of[item.path])
         new = self._parse_all(todo)
         self.parsed = len(new)
+        self._fresh = {blob: parsed for (blob, kind), parsed in new.items() if kind == "m" and parsed.problem is None}
         listed_paths = {i.path for i in listed}
         complete = self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
         for key, parsed in new.items():
@@ -636,10 +639,10 @@ class RecordIndex:
         bad = {mid for mid, _, _ in bad_rows}
         gpu_of = {mid: gpu for mid, gpu, _ in bad_rows}
         status_of = {mid: status for mid, _, status in bad_rows}
-        perf = {row[0]: MachinePerf(*row) for row in perf_rows}
         memo = _SnapshotViews(self._db, snapshot_key, token)
         return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozenset(unreadable),
-                                    bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
+                                    bad_machine_ids=frozenset(bad), status_counts=counts,
+                                    perf=lambda: {row[0]: MachinePerf(*row) for row in perf_rows},
                                     bad_marks=lambda: memo.get("marks", lambda: self._bad_marks(machines)),
                                     bad_machines=lambda: self._bad_machines_of(
                                         memo.get("bad_view", lambda: self._bad_views(machines, bad)),
@@ -667,17 +670,30 @@ class RecordIndex:
             return None
         return token
 
+    def _column(self, column: str, blobs: list[str]) -> dict[str, Any]:
+        """blob -> a machine blob's `column` (marks, bad_view, last_price): from the blobs parsed by the last
+        load (a cold build has them all in memory), the rest from the index in chunked queries."""
+        assert column in ("marks", "bad_view", "last_price")
+        out: dict[str, Any] = {}
+        missing = []
+        fresh = self._fresh
+        for blob in blobs:
+            parsed = fresh.get(blob)
+            if parsed is None:
+                missing.append(blob)
+            else:
+                out[blob] = getattr(parsed, column)
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT blob, {column} FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            out.update(self._db.execute(query, chunk).fetchall())
+        return out
+
     def _bad_views(self, machines: dict[str, str], bad: set[str]) -> dict[str, Any]:
         """machine id -> its bad_view column (host, note, marking index, marking entry, last index, last entry)."""
-        views: dict[str, Any] = {}
-        blobs = sorted({machines[m] for m in bad})
-        for start in range(0, len(blobs), 500):
-            chunk = blobs[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
-            for blob, data in self._db.execute(query, chunk):
-                views[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
-        return {mid: views[machines[mid]] for mid in bad}
+        views = self._column("bad_view", sorted({machines[m] for m in bad}))
+        return {mid: marshal.loads(views[machines[mid]]) for mid in bad}  # noqa: S302 - our own index rows
 
     def _bad_machines_of(self, views: dict[str, Any], machines: dict[str, str],
                          gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
@@ -693,26 +709,14 @@ class RecordIndex:
 
     def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:
         """RecordSet.last_prices from the last_price column."""
-        by_blob: dict[str, float | None] = {}
-        blobs = list(dict.fromkeys(machines.values()))
-        for start in range(0, len(blobs), 500):
-            chunk = blobs[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT blob, last_price FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
-            by_blob.update(self._db.execute(query, chunk).fetchall())
+        by_blob = self._column("last_price", list(dict.fromkeys(machines.values())))
         return {mid: by_blob[blob] for mid, blob in machines.items()}
 
     def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
         """RecordSet.bad_marks from the marks column: no record is built."""
-        by_blob: dict[str, list[tuple[str | None, str]]] = {}
-        blobs = list(dict.fromkeys(machines.values()))
-        for start in range(0, len(blobs), 500):
-            chunk = blobs[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT blob, marks FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
-            for blob, data in self._db.execute(query, chunk):
-                by_blob[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
-        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in by_blob[blob]]
+        by_blob = self._column("marks", list(dict.fromkeys(machines.values())))
+        loads = marshal.loads
+        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in loads(by_blob[blob])]
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
         out: dict[str, MachineRecord] = {}
