@@ -1,6 +1,7 @@
 """Record files under `fleet-spec/`: `machines/<machine_id>.yaml` and `images/<digest-hex>.yaml`.
 
-Parses (libyaml + JSON Schema) and renders the records of `reconciler.domain.records`, loads a whole spec
+Parses (the usual entry lines decoded and schema-checked by msgspec, record_codec; anything else libyaml + JSON
+Schema) and renders the records of `reconciler.domain.records`, loads a whole spec
 directory into a `RecordSet` (with a stat-keyed cache for the long-running loop), and writes files
 atomically. Git is elsewhere (`reconciler.adapters.git`).
 """

@@ -12,12 +12,18 @@ How a load stays correct and cheap:
   treats "racily clean" index entries), has the blob id the index recorded. Any other file is read and hashed
   as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
   revert, a rewrite by the reconciler all change the stat and so the blob looked up.
-- A blob the index has not seen is parsed (GC paused for the bulk), validated once, and stored: its summary
+- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked in one
+  msgspec pass, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
   columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
   without evidence. The same content under the same name is never parsed twice, across processes.
 - The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
   is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
   only when read, from the file, checked against the blob id it was indexed under.
+- Snapshot: when every listed file had settled, the whole answer (machine -> blob, bad set, perf rows, counts,
+  problems) is stored under a hash of the listing (every path with its stat). The next load whose listing
+  hashes the same - no file added, removed, rewritten or touched - answers from that one row instead of
+  joining 10,000 rows; the derived views (kill-budget marks, bad-machine entries, last prices) are added to
+  the snapshot when first computed. Any change of any stat means another hash: the per-file path above.
 Unreadable files are reported in `problems` exactly as `load_records` reports them (same text).
 """
 
