@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.common import Figure
+from reconciler.adapters.controller.processes import default_workers
 from reconciler.domain.tokens import instance_token
 
 SECRET = b"bench-controller-secret-0123456789"
@@ -51,18 +52,22 @@ TARGET_SINGLE_EVENTS_PER_S = 5_000
 TARGET_BATCHED_EVENTS_PER_S = 20_000
 #: Each phase runs this many times; the figure is the median run (the others are in its detail).
 REPEATS = 3
+#: Controller processes (`fleet controller serve --workers`): its default on this machine, one per CPU.
+CONTROLLER_WORKERS = default_workers()
 
 SERVER = """
 import sys, signal, threading
-from reconciler.adapters.controller.server import ControllerServer
+from pathlib import Path
+from reconciler.adapters.controller.processes import ControllerProcesses, ServeConfig
 from reconciler.adapters.store import ControllerStore
 store = ControllerStore(sys.argv[1])
-server = ControllerServer(store, sys.argv[2].encode(), None, "127.0.0.1", 0).start()
-print(server.url, flush=True)
+config = ServeConfig(Path(sys.argv[1]), sys.argv[2].encode(), None)
+controller = ControllerProcesses(config, store, int(sys.argv[3])).start()
+print(controller.url, *controller.pids(), flush=True)
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 stop.wait()
-server.stop()
+controller.stop()
 store.close()
 """
 
@@ -82,6 +87,8 @@ class Phase:
     per_request: int  # events or log lines per request
     body: Callable[[int], dict[str, Any]]  # request number -> JSON body
     action: str  # events | logs
+    #: Controller processes; 1 = the reference (one process, as before --workers).
+    workers: int = CONTROLLER_WORKERS
 
 
 def progress_event(k: int) -> dict[str, Any]:
@@ -105,6 +112,8 @@ PHASES = (
     Phase("log lines", "raw", LOG_BATCH_LINES, log_batch, "logs"),
     Phase("events (httpx client)", "httpx", 1, progress_event, "events"),
     Phase("event batches (httpx client)", "httpx", EVENT_BATCH_SIZE, event_batch, "events"),
+    Phase("events (1 controller process)", "raw", 1, progress_event, "events", workers=1),
+    Phase("event batches (1 controller process)", "raw", EVENT_BATCH_SIZE, event_batch, "events", workers=1),
 )
 
 
@@ -201,18 +210,23 @@ def _client_process(url: str, ids: list[str], phase_number: int, start_at: float
     return sum(counts), time.time(), (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc), to report CPU cost per request independent of contention."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of the controller's processes (Linux /proc), to report CPU cost per request
+    independent of contention."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, client_cpu: float) -> Figure:
     rate = accepted / elapsed
     requests = max(accepted // phase.per_request, 1)
     client = "raw keep-alive client" if phase.client == "raw" else "httpx client"
-    cost = (f"{CLIENT_PROCESSES} processes x {THREADS_PER_PROCESS} threads, {client}, {elapsed:.1f} s;"
-            f" controller CPU {server_cpu / requests * 1e6:,.0f} us/request"
+    processes = "1 controller process" if phase.workers == 1 else f"{phase.workers} controller processes"
+    cost = (f"{processes}; clients {CLIENT_PROCESSES} processes x {THREADS_PER_PROCESS} threads, {client},"
+            f" {elapsed:.1f} s; controller CPU {server_cpu / requests * 1e6:,.0f} us/request (all processes)"
             f" (= {requests / max(server_cpu, 1e-9):,.0f} requests per CPU-second), clients"
             f" {client_cpu / requests * 1e6:,.0f} us/request")
     if phase.action == "logs":
@@ -224,6 +238,10 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
                  else "one event per request (how earlier runs measured)")
         return Figure(f"controller ingest: events {'in batches' if phase.per_request > 1 else 'one per request'}, "
                       "httpx client", rate, "events/s", f"{accepted:,} accepted; {cost}; {shape}")
+    if phase.workers != CONTROLLER_WORKERS:  # the reference: one controller process, same load
+        what = f"in batches of {phase.per_request}" if phase.per_request > 1 else "one per request"
+        return Figure(f"reference: events {what}, 1 controller process", rate, "events/s",
+                      f"{accepted:,} accepted ({rate / phase.per_request:,.0f} requests/s); {cost}")
     if phase.per_request > 1:
         return Figure("controller ingest: events in batches", rate, "events/s",
                       f"{accepted:,} accepted in batches of {phase.per_request} "
@@ -235,7 +253,7 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
                   target=f">= {TARGET_SINGLE_EVENTS_PER_S:,} events/s", passed=rate >= TARGET_SINGLE_EVENTS_PER_S)
 
 
-def _one_run(url: str, pid: int, number: int, phase: Phase, repeat: int, ctx: Any
+def _one_run(url: str, pids: list[int], number: int, phase: Phase, repeat: int, ctx: Any
              ) -> tuple[int, float, float, float, float]:
     """One timed run of a phase: (items accepted, seconds, controller CPU s, clients CPU s, 1-min load)."""
     # Fresh instances per run: every run starts from the same per-instance history.
@@ -244,28 +262,49 @@ def _one_run(url: str, pid: int, number: int, phase: Phase, repeat: int, ctx: An
         _register(url, iid)
     start_at = time.time() + 1.0
     deadline = start_at + PHASE_SECONDS
-    cpu_before = _cpu_seconds(pid)
+    cpu_before = _cpu_seconds(pids)
     with ctx.Pool(CLIENT_PROCESSES) as pool:
         parts = [ids[p * THREADS_PER_PROCESS:(p + 1) * THREADS_PER_PROCESS] for p in range(CLIENT_PROCESSES)]
         done = pool.starmap(_client_process, [(url, part, number, start_at, deadline) for part in parts])
-    server_cpu = _cpu_seconds(pid) - cpu_before
+    server_cpu = _cpu_seconds(pids) - cpu_before
     elapsed = max(end for _, end, _ in done) - start_at
     return sum(n for n, _, _ in done), elapsed, server_cpu, sum(cpu for _, _, cpu in done), os.getloadavg()[0]
+
+
+def _start_controller(db: Path, workers: int) -> tuple[subprocess.Popen[str], str, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(db), SECRET.decode(), str(workers)],
+                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    assert proc.stdout is not None
+    url, *pids = proc.stdout.readline().split()
+    if not url.startswith("http://127.0.0.1:"):
+        _stop_controller(proc)
+        raise RuntimeError(f"controller did not start: {url!r}")
+    return proc, url, [int(pid) for pid in pids]
+
+
+def _stop_controller(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
 
 
 def run() -> list[Figure]:
     figures = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(Path(tmp) / "controller.db"), SECRET.decode()],
-                                stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+        controllers: dict[int, tuple[subprocess.Popen[str], str, list[int]]] = {}
         try:
-            assert proc.stdout is not None
-            url = proc.stdout.readline().strip()
-            if not url.startswith("http://127.0.0.1:"):
-                raise RuntimeError(f"controller did not start: {url!r}")
             ctx = multiprocessing.get_context("fork")
             for number, phase in enumerate(PHASES):
-                runs = [_one_run(url, proc.pid, number, phase, repeat, ctx) for repeat in range(REPEATS)]
+                if phase.workers not in controllers:  # one store per process count, shared by its phases
+                    controllers[phase.workers] = _start_controller(Path(tmp) / f"controller-{phase.workers}.db",
+                                                                   phase.workers)
+                _, url, pids = controllers[phase.workers]
+                runs = [_one_run(url, pids, number, phase, repeat, ctx) for repeat in range(REPEATS)]
                 runs.sort(key=lambda r: r[0] / r[1])
                 accepted, elapsed, server_cpu, client_cpu, _ = runs[len(runs) // 2]
                 figure = _figure(phase, accepted, elapsed, server_cpu, client_cpu)
@@ -274,14 +313,8 @@ def run() -> list[Figure]:
                 figures.append(replace(figure, detail=f"median of {REPEATS} runs ({spread} {figure.unit}; 1-min load "
                                                       f"average {loads}); {figure.detail}"))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
+            for proc, _, _ in controllers.values():
+                _stop_controller(proc)
     return figures
 
 

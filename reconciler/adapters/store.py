@@ -23,15 +23,19 @@ into a finished record, while its logs stay readable.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
+import logging
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from reconciler.adapters.settings import known_secret_values
 from reconciler.domain import errors
@@ -43,6 +47,11 @@ SCHEMA_VERSION = 2
 REPORT_TAIL_LINES = 50
 
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
+
+#: How long a writer waits for another process's write transaction (then: "database is locked", temporary).
+WRITE_LOCK_TIMEOUT_S = 10.0
 
 _SCHEMA_V1 = """
 CREATE TABLE instances (
@@ -152,10 +161,18 @@ class LogView:
 
 #: One encoder for every canonical dump: json.dumps with options builds a new JSONEncoder per call.
 _canonical_encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+#: Its C core, built once (JSONEncoder.encode builds it on every call: a third of an event's encoding cost
+#: on the ingest path). No circular-reference markers: everything encoded here was decoded from JSON or
+#: built from it, and a shared markers dict would not be thread-safe. Same output as `_canonical_encoder`.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_c_encoder = None if _c_make_encoder is None else _c_make_encoder(
+    None, _canonical_encoder.default, json.encoder.encode_basestring, None, ":", ",", True, False, True)
 
 
 def _canonical(doc: Any) -> str:
-    return _canonical_encoder.encode(doc)
+    if _c_encoder is None:
+        return _canonical_encoder.encode(doc)
+    return "".join(_c_encoder(doc, 0))
 
 
 def _iso(value: datetime) -> str:
@@ -223,12 +240,74 @@ class _StoredEvent:
         fingerprint = hashlib.sha256(_canonical(event).encode("utf-8")).hexdigest()
         return cls(event["status"] == "progress", fingerprint,
                    (event["phase"], event["status"], _iso(parse_time(event["at"])), received_at,
-                    event.get("exit_code"), event.get("message"), _canonical(event["log_tail"]),
+                    event.get("exit_code"), event.get("message"),
+                    _canonical(event["log_tail"]) if event["log_tail"] else "[]",
                     _canonical(event["details"]), fingerprint))
 
 
 _REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu_name", "image_digest",
                     "image_version", "hostname")
+
+
+@dataclass(frozen=True)
+class PreparedWrite(Generic[_T]):
+    """A write whose CPU work (redaction, encoding, fingerprints) is done and whose statements are not run
+    yet: `ControllerStore.write` runs them. A caller that stores many reports at once (the HTTP edge's
+    group commit) prepares them all first, so the write transaction, and with it the write lock that
+    other controller processes wait for, is held only for the statements."""
+
+    body: Callable[[sqlite3.Connection], _T]
+
+
+class WriteLock:
+    """Exclusive lock (flock on `<store>.write-lock`) held by a connection for the whole of each write
+    transaction, so several controller processes writing one store take turns without SQLite's busy
+    handler, which sleeps 1 ms or more per retry (an event loop stalls for that long on every collision).
+    A waiter retries after 20 us, doubling up to 1 ms, until `timeout_s`, then raises the "database is
+    locked" OperationalError SQLite itself would (a temporary failure: the API answers 503). Writers that
+    do not take it (older code) are still serialised by SQLite (busy_timeout)."""
+
+    def __init__(self, path: Path, timeout_s: float = WRITE_LOCK_TIMEOUT_S, *,
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
+        self.path = path
+        self.timeout_s = timeout_s
+        self._sleep, self._monotonic = sleep, monotonic
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.held = False
+        self.waits = 0
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.waits += 1
+            self._wait()
+        self.held = True
+
+    def _wait(self) -> None:
+        deadline = self._monotonic() + self.timeout_s
+        delay = 20e-6
+        while True:
+            self._sleep(delay)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if self._monotonic() >= deadline:
+                    raise sqlite3.OperationalError(f"database is locked: another process held {self.path} for "
+                                                   f"{self.timeout_s:g} s") from None
+                delay = min(delay * 2, 1e-3)
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self.release()
+        os.close(self._fd)
 
 
 class _PendingWrite:
@@ -272,10 +351,18 @@ class ControllerStore:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the controller store: {exc}") from None
+        self._write_lock: WriteLock | None = None
+        try:
+            self._write_lock = WriteLock(Path(f"{self.path}.write-lock"))
+        except OSError as exc:  # e.g. a read-only directory: SQLite's own locking still serialises writers
+            log.warning("%s: no write lock file (%s); concurrent writers rely on SQLite's busy timeout",
+                        self.path, exc)
         try:
             self._configure()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
+            if self._write_lock is not None:
+                self._write_lock.close()
             raise StoreError(f"{self.path}: not a usable controller store: {exc}") from None
 
     def _configure(self) -> None:
@@ -289,7 +376,7 @@ class ControllerStore:
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute("PRAGMA foreign_keys=ON")
         self._conn.execute("PRAGMA busy_timeout=10000")
-        self._conn.execute("BEGIN IMMEDIATE")
+        self._begin_write()
         try:
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version < SCHEMA_VERSION:
@@ -306,10 +393,28 @@ class ControllerStore:
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
+        finally:
+            self._end_write()
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._write_lock is not None:
+                self._write_lock.close()
+
+    def _begin_write(self) -> None:
+        """BEGIN IMMEDIATE under the store's write lock (see WriteLock); `_end_write` after COMMIT/ROLLBACK."""
+        if self._write_lock is not None:
+            self._write_lock.acquire()
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._end_write()
+            raise
+
+    def _end_write(self) -> None:
+        if self._write_lock is not None:
+            self._write_lock.release()
 
     # --- writes ------------------------------------------------------------------------------------
 
@@ -334,6 +439,7 @@ class ControllerStore:
                 raise
             finally:
                 self._group_thread = None
+                self._end_write()
 
     def _in_group(self) -> bool:
         return self._group_thread is not None and self._group_thread == threading.get_ident()
@@ -341,7 +447,7 @@ class ControllerStore:
     def _grouped_write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         conn = self._conn
         if not conn.in_transaction:
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin_write()
         conn.execute("SAVEPOINT grouped_write")
         try:
             result = body(conn)
@@ -382,7 +488,7 @@ class ControllerStore:
         conn = self._conn
         current: _PendingWrite | None = None
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin_write()
             for item in batch:
                 current = item
                 try:
@@ -394,6 +500,7 @@ class ControllerStore:
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self._end_write()
             if current is not None and len(batch) > 1 and isinstance(exc, Exception):
                 others = [item for item in batch if item is not current]
                 for item in others:
@@ -406,6 +513,7 @@ class ControllerStore:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            self._end_write()
             for item in batch:
                 item.done = True
 
@@ -420,9 +528,17 @@ class ControllerStore:
                                     "it accepts no more reports")
         return row
 
+    def write(self, prepared: PreparedWrite[_T]) -> _T:
+        """Run a write made by one of the `prepare_*` methods, in a committed transaction (see _transaction)."""
+        return self._transaction(prepared.body)
+
     def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]:
         """Record a validated `register` document. Re-registering is a no-op apart from a counter and
         filling fields the first registration left empty."""
+        return self.write(self.prepare_register(instance_id, doc))
+
+    def prepare_register(self, instance_id: str, doc: Mapping[str, Any]
+                         ) -> PreparedWrite[Literal["registered", "already-registered"]]:
         # Free text from the worker (GPU names, hostnames, versions) is redacted like its logs: it is shown and
         # may reach a commit message. An id that redaction changes is stored changed (never judged).
         values = [self.redactor.value(doc.get(name)) for name in _REGISTER_FIELDS]
@@ -446,10 +562,13 @@ class ControllerStore:
                          "WHERE instance_id = ?", (*values, instance_id))
             return "already-registered"
 
-        return self._transaction(body)
+        return PreparedWrite(body)
 
     def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Append a validated `event` document (redacted). An identical resend is a no-op."""
+        return self.write(self.prepare_event(instance_id, doc))
+
+    def prepare_event(self, instance_id: str, doc: Mapping[str, Any]) -> PreparedWrite[Literal["stored", "duplicate"]]:
         event = _StoredEvent.of(doc, _iso(self.clock()), self.redactor)
 
         def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
@@ -463,12 +582,16 @@ class ControllerStore:
                              (instance_id,))
             return status
 
-        return self._transaction(body)
+        return PreparedWrite(body)
 
     def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]) -> list[Literal["stored", "duplicate"]]:
         """Append validated `event` documents in order, in one transaction and all or nothing: if the batch
         is refused (event limit) none is stored. Each is deduplicated as by `add_event`, also against events
         earlier in the same batch, so a retried batch stores nothing twice. One status per event."""
+        return self.write(self.prepare_events(instance_id, docs))
+
+    def prepare_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]
+                       ) -> PreparedWrite[list[Literal["stored", "duplicate"]]]:
         received = _iso(self.clock())  # they arrived together
         events = [_StoredEvent.of(doc, received, self.redactor) for doc in docs]
 
@@ -515,7 +638,7 @@ class ControllerStore:
                          (progress_count, other_count, instance_id))
             return statuses
 
-        return self._transaction(body)
+        return PreparedWrite(body)
 
     @staticmethod
     def _stored_fingerprints(conn: sqlite3.Connection, instance_id: str, fingerprints: list[str]) -> set[str]:
@@ -550,6 +673,9 @@ class ControllerStore:
 
     def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int:
         """Append redacted log lines to the instance's ring; returns how many older lines it evicted."""
+        return self.write(self.prepare_logs(instance_id, lines, dropped))
+
+    def prepare_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> PreparedWrite[int]:
         clean = self.redactor.lines(lines)
         # Lines that would be evicted by this very batch are never written.
         skipped = max(0, len(clean) - self.ring_lines)
@@ -568,10 +694,13 @@ class ControllerStore:
                          (next_seq, evicted + skipped, dropped, instance_id))
             return int(evicted + skipped)
 
-        return self._transaction(body)
+        return PreparedWrite(body)
 
     def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Store the validated benchmark `result` (redacted). Accepted once; see module docstring."""
+        return self.write(self.prepare_result(instance_id, doc))
+
+    def prepare_result(self, instance_id: str, doc: Mapping[str, Any]) -> PreparedWrite[Literal["stored", "duplicate"]]:
         canonical = _canonical(_redacted_result(doc, self.redactor))
         received = _iso(self.clock())
 
@@ -588,7 +717,7 @@ class ControllerStore:
                          (instance_id, received, canonical))
             return "stored"
 
-        return self._transaction(body)
+        return PreparedWrite(body)
 
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool:
         """Mark the instance destroyed (first time wins). False if it never registered."""

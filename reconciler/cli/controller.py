@@ -83,6 +83,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--ring-lines", type=int, default=5000,
                        help="log lines kept per instance (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="controller processes sharing the port (SO_REUSEPORT) and the store; parsing, "
+                            "validation and redaction are CPU-bound, so one per CPU (default: one per usable CPU, "
+                            "at most 8)")
     add_tls_arguments(serve)
     serve.set_defaults(func=run_serve)
 
@@ -130,6 +134,8 @@ def run_serve(args: argparse.Namespace) -> int:
         admin_token = load_admin_token(args.admin_token_file)
         if args.ring_lines < 1:
             raise ConfigError(f"--ring-lines must be >= 1, got {args.ring_lines}")
+        if args.workers is not None and not 1 <= args.workers <= 64:
+            raise ConfigError(f"--workers must be between 1 and 64, got {args.workers}")
         tls = tls_files(args)
         store = ControllerStore(args.db, ring_lines=args.ring_lines)
     except (ConfigError, StoreError) as exc:
@@ -143,12 +149,21 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
             "logs and reports", args.host)
-    from reconciler.adapters.controller.server import ControllerServer  # uvicorn/starlette only when serving
+    # uvicorn/starlette only when serving
+    from reconciler.adapters.controller.processes import ControllerProcesses, ServeConfig, default_workers
 
-    server = ControllerServer(store, secret, admin_token, args.host, args.port, allow_open_reads=args.allow_open_reads,
-                              require_machine_claim=not args.allow_unclaimed_machine_ids,
-                              tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
-                              extra_routes=controller_routes(store))
+    config = ServeConfig(Path(args.db), secret, admin_token, args.host, args.port, ring_lines=args.ring_lines,
+                         allow_open_reads=args.allow_open_reads,
+                         require_machine_claim=not args.allow_unclaimed_machine_ids,
+                         tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
+                         log_level=args.log_level.upper())
+    workers = args.workers if args.workers is not None else default_workers()
+    try:
+        server = ControllerProcesses(config, store, workers, extra_routes=controller_routes(store))
+    except ValueError as exc:
+        store.close()
+        print(f"fleet controller serve: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -162,7 +177,8 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"fleet controller serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
                   file=sys.stderr)
             return 1
-        print(f"controller listening on {server.url} (store {args.db})", flush=True)
+        print(f"controller listening on {server.url} (store {args.db}; {workers} "
+              f"process{'es' if workers > 1 else ''})", flush=True)
         stop.wait()
     finally:
         server.stop()

@@ -93,12 +93,19 @@ def verdict_failure(v: Verdict) -> Failure | None:
     return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)
 
 
-def recorded_failures(records: RecordSet) -> list[Failure]:
+def recorded_failures(records: RecordSet, since: datetime | None = None) -> list[Failure]:
+    """Recorded verdicts that count against their image; with `since`, only those at or after it."""
+    # An entry dated (YYYY-MM-DD) before `older` is older than `since` whatever its offset (at most a day):
+    # skipped without parsing its time (a fleet's history holds ~10 entries per machine, nearly all old).
+    older = (since - timedelta(days=2)).strftime("%Y-%m-%d") if since is not None else ""
     out = []
     for rec in records.machines.values():
         for entry in rec.benchmarks:
+            at = entry.at
+            if older and at[4:5] == at[7:8] == "-" and at[:10] < older:
+                continue
             failure = _entry_failure(rec.machine_id, entry)
-            if failure is not None:
+            if failure is not None and (since is None or failure.at >= since):
                 out.append(failure)
     return out
 
@@ -120,7 +127,7 @@ def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str
 def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict], now: datetime) -> GuardOutcome:
     """Run each new verdict, in order, through the circuit breaker, then the kill budget."""
     window = timedelta(hours=spec.circuit_breaker.window_hours)
-    history = [f for f in recorded_failures(records) if f.at >= now - window]
+    history = recorded_failures(records, since=now - window)
     images: dict[str, ImageSuspectRecord] = dict(records.images)
     changed: dict[str, ImageSuspectRecord] = {}
     budgets = kill_budgets(spec, records, now)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from reconciler.domain.verdicts import BLAMES
 
@@ -50,15 +51,20 @@ class Signature:
     explains: str | None = None
     #: Match the line with its stream tag only (a tagged line's body alone would lose `cuzk-daemon:` context).
     whole_line: bool = False
+    #: Lower-case literals, one of which every match of `pattern` contains: a line that has none of them is
+    #: not searched (tests/unit/test_signature_prefilter.py proves this from the parsed pattern).
+    needs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.blame not in BLAMES or self.blame == "none":
             raise ValueError(f"signature {self.name!r}: blame {self.blame!r} not a failure blame in {BLAMES}")
 
 
-def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, setting: str | None = None,
-         explains: str | None = None, whole_line: bool = False, flags: int = re.IGNORECASE) -> Signature:
-    return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line)
+def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str],
+         setting: str | None = None, explains: str | None = None, whole_line: bool = False,
+         flags: int = re.IGNORECASE) -> Signature:
+    return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line,
+                     tuple(dict.fromkeys(needs)))
 
 
 # Settings named by configuration/params verdicts (fleet-spec/schema/fleet.schema.json).
@@ -130,6 +136,17 @@ def _xid(codes: Iterable[int]) -> str:
     return _XID + _codes(codes)
 
 
+# The `needs` of the shared pieces: what every match of `_xid`, `_aria2`, `_curl` and `_cuda` contains.
+_XID_NEEDS = ("xid",)
+_ARIA2_NEEDS = ("errorcode=", "exit code ")
+_CURL_NEEDS = ("curl: (", "exit code ")
+
+
+def _cuda_needs(code: int) -> tuple[str, ...]:
+    enum, text, *_ = CUDA_ERRORS[code]
+    return f"sppark::error #-{code}", enum.lower(), text.lower()
+
+
 def _aria2(codes: Iterable[int]) -> str:
     # aria2c's own line (`errorCode=3`) or the worker's account (`aria2c failed to download URL (exit code 3)`).
     return rf"(?:\berrorCode=|\baria2c\b.*\bexit code ){_codes(codes)}"
@@ -150,7 +167,7 @@ def _cuda_sigs(priority: int) -> list[Signature]:
         if blame == "machine":
             continue  # in the hardware group, at hardware priority
         out.append(_sig(name, blame, priority, _cuda(code), f"CUDA error {code} ({enum}): {text}",
-                        setting=setting, explains=f"{enum} ({code}): {text}"))
+                        needs=_cuda_needs(code), setting=setting, explains=f"{enum} ({code}): {text}"))
     return out
 
 
@@ -160,143 +177,168 @@ _OUR_DAEMON = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|unix://|cuzk|daemon)"
 SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # --- 100: GPU hardware, host driver and runtime: the machine ------------------------------------
     _sig("gpu-fell-off-bus", "machine", 100, rf"fallen off the bus|{_xid(XID_FELL_OFF_BUS)}",
-         "the GPU disappeared from PCIe (Xid 79): hardware or power"),
+         "the GPU disappeared from PCIe (Xid 79): hardware or power", needs=("fallen off the bus", *_XID_NEEDS)),
     _sig("gpu-ecc", "machine", 100,
          rf"uncorrectable ECC|double bit error|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable|sppark::Error #-214\b"
          rf"|{_xid(XID_ECC)}",
-         "GPU memory errors (Xid 48/63/64/92/94/95, uncorrectable ECC): the GPU needs reset or service"),
+         "GPU memory errors (Xid 48/63/64/92/94/95, uncorrectable ECC): the GPU needs reset or service",
+         needs=("uncorrectable ecc", "double bit error", "ecc_uncorrectable", "cudaerroreccuncorrectable",
+                "sppark::error #-214", *_XID_NEEDS)),
     _sig("gpu-gsp-timeout", "machine", 100, rf"{_xid(XID_GSP_TIMEOUT)}|waiting for RPC response from GPU\d* GSP",
-         "the GPU's GSP firmware stopped answering (Xid 119): driver or hardware"),
+         "the GPU's GSP firmware stopped answering (Xid 119): driver or hardware",
+         needs=(*_XID_NEEDS, "waiting for rpc response from gpu")),
     _sig("gpu-lost", "machine", 100, r"GPU is lost|GPU has been lost",
-         "the driver lost the GPU (nvidia-smi): reboot or service"),
+         "the driver lost the GPU (nvidia-smi): reboot or service", needs=("is lost", "has been lost")),
     _sig("nvidia-driver-unreachable", "machine", 100,
          r"couldn't communicate with the NVIDIA driver"
          r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)",
-         "the host's NVIDIA driver is not loaded or not reachable from the container"),
+         "the host's NVIDIA driver is not loaded or not reachable from the container",
+         needs=("couldn't communicate with the nvidia driver", "failed to initialize nvml: ")),
     _sig("nvidia-driver-mismatch", "machine", 100, r"Driver/library version mismatch",
-         "the host's kernel driver and user-space NVIDIA libraries differ (upgraded without reboot)"),
+         "the host's kernel driver and user-space NVIDIA libraries differ (upgraded without reboot)",
+         needs=("driver/library version mismatch",)),
     _sig("nvidia-no-device", "machine", 100, r"^(?:fleet: nvidia-smi failed: )?No devices were found",
-         "nvidia-smi sees no GPU in the container"),
+         "nvidia-smi sees no GPU in the container", needs=("no devices were found",)),
     _sig("cuda-no-device", "machine", 100,
          rf"{_cuda(100)}|No CUDA devices available|CUDA_ERROR_NO_DEVICE",
          "the container sees no usable GPU (cudaErrorNoDevice / supraseal's ngpus() == 0)",
-         explains="cudaErrorNoDevice (100): no CUDA-capable device is detected"),
+         explains="cudaErrorNoDevice (100): no CUDA-capable device is detected",
+         needs=(*_cuda_needs(100), "no cuda devices available", "cuda_error_no_device")),
     _sig("cuda-init-error", "machine", 100, _cuda(3), "CUDA could not initialise the driver",
-         explains="cudaErrorInitializationError (3): initialization error"),
+         explains="cudaErrorInitializationError (3): initialization error", needs=_cuda_needs(3)),
     _sig("cuda-devices-unavailable", "machine", 100, _cuda(46),
          "the GPU is busy or unavailable (exclusive mode held by another process)",
-         explains="cudaErrorDevicesUnavailable (46): device busy or unavailable"),
+         explains="cudaErrorDevicesUnavailable (46): device busy or unavailable", needs=_cuda_needs(46)),
     _sig("nvidia-libs-missing", "machine", 100,
          r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file",
-         "the host's container runtime did not inject the NVIDIA driver libraries or devices"),
+         "the host's container runtime did not inject the NVIDIA driver libraries or devices",
+         needs=("cannot open shared object file", "/dev/nvidia")),
     _sig("host-no-gpu-runtime", "machine", 100,
          r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
-         "the host's docker has no working NVIDIA container runtime"),
+         "the host's docker has no working NVIDIA container runtime",
+         needs=("could not select device driver", "nvidia-container-cli: initialization error")),
     # --- 95: application Xids: our software faulted the GPU ------------------------------------------
     _sig("gpu-xid-application", "image", 95, _xid(XID_APPLICATION),
-         "NVIDIA Xid 13/31/43: an application fault (NVIDIA: restart the application) - our software"),
+         "NVIDIA Xid 13/31/43: an application fault (NVIDIA: restart the application) - our software",
+         needs=_XID_NEEDS),
     # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
     _sig("host-out-of-memory", "configuration", 90,
          r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
          r"|memory allocation of \d+ bytes failed|Cannot allocate memory",
          "host RAM exhausted: the kernel OOM killer, the cgroup limit, or a failed allocation",
-         setting=SETTING_HOST_RAM),
+         setting=SETTING_HOST_RAM, needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory")),
     _sig("process-killed", "configuration", 90,
          r"^(?:\S+: )?(?:line \d+: )?\s*\d+ Killed\s+.*cuzk|^Killed\s+.*cuzk|\bcuzk[\w-]* .*\bkilled by signal 9\b",
          "our cuzk process was SIGKILLed (bash job notification): the OOM killer, host RAM for the workload",
-         setting=SETTING_HOST_RAM),
+         setting=SETTING_HOST_RAM, needs=("killed",)),
     _sig("srs-memory-budget", "configuration", 90, r"insufficient memory budget for SRS",
          "the daemon's memory budget cannot hold the SRS (curio srs_manager.rs:190-199)",
-         setting=SETTING_HOST_RAM),
+         setting=SETTING_HOST_RAM, needs=("insufficient memory budget for srs",)),
     _sig("memory-budget-blocks", "configuration", 90, r"acquire request exceeds total budget",
          "the daemon's memory budget is smaller than one request (the SRS): it would wait forever "
          "(curio cuzk-core memory.rs:188-192)",
-         setting=SETTING_HOST_RAM),
+         setting=SETTING_HOST_RAM, needs=("acquire request exceeds total budget",)),
     _sig("disk-full", "configuration", 90,
          rf"No space left on device|Disk quota exceeded|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
          "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
-         setting=SETTING_DISK),
+         setting=SETTING_DISK, needs=("no space left on device", "disk quota exceeded", *_ARIA2_NEEDS, *_CURL_NEEDS)),
     # --- 85: decoded CUDA errors (out of memory -> configuration; kernels/PTX/faults -> image) ---------
     *_cuda_sigs(85),
     # --- 80: params set-up --------------------------------------------------------------------------
     _sig("params-not-found", "params", 80,
          rf"{_aria2(ARIA2_NOT_FOUND)}|{_curl(CURL_NOT_FOUND)}|returned error: 40[34]\b",
          "the params mirror does not serve a file (HTTP 404/403): the mirror or params.base_url",
-         setting=SETTING_MIRROR, explains="aria2c 3 / curl 22: resource not found"),
+         setting=SETTING_MIRROR, explains="aria2c 3 / curl 22: resource not found",
+         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS, "returned error: 40")),
     _sig("srs-param-file-missing", "params", 80, r"SRS param file not found",
          "the daemon cannot find the SRS .params file for the proof (curio srs_manager.rs:173-178)",
-         setting=SETTING_PARAMS_SET),
+         setting=SETTING_PARAMS_SET, needs=("srs param file not found",)),
     _sig("bench-input-missing", "params", 80,
          r"benchmark input (?:\(c1\.json\) )?missing|failed to read \S*c1\.json|--c1 required",
-         "the benchmark's c1.json is missing or unreadable", setting=SETTING_BENCH_INPUT),
+         "the benchmark's c1.json is missing or unreadable", setting=SETTING_BENCH_INPUT,
+         needs=("benchmark input ", "failed to read ", "--c1 required")),
     # The daemon's only word when the container sees no GPU: its nvidia-smi probe fails (cuzk-core engine.rs:1180),
     # then supraseal's SRS load fails on ngpus() == 0 and shows only as `failed to load SRS` (groth16_srs.cuh:173-174).
     # Above that configuration reading: on a GPU rental a missing nvidia-smi is the host's runtime, not our sizing.
     _sig("gpu-not-visible", "machine", 76, r"nvidia-smi not available, defaulting to single GPU",
-         "the daemon cannot run nvidia-smi: the host's NVIDIA runtime gives the container no GPU tools or devices"),
+         "the daemon cannot run nvidia-smi: the host's NVIDIA runtime gives the container no GPU tools or devices",
+         needs=("nvidia-smi not available, defaulting to single gpu",)),
     _sig("srs-load-failed", "configuration", 75, r"failed to load SRS from",
          "supraseal could not load the SRS into pinned host RAM (groth16_srs.cuh:268-271)",
-         setting=SETTING_HOST_RAM),
+         setting=SETTING_HOST_RAM, needs=("failed to load srs from",)),
     # --- 70: our software ----------------------------------------------------------------------------
     _sig("segfault", "image", 70, r"Segmentation fault|SIGSEGV|segfault at",
-         "a binary in the image crashed (SIGSEGV)"),
+         "a binary in the image crashed (SIGSEGV)", needs=("segmentation fault", "sigsegv", "segfault at")),
     _sig("command-not-found", "image", 70, r"\S+: (?:command )?not found\s*$|: command not found\b",
-         "a program our scripts call is not in the image"),
+         "a program our scripts call is not in the image", needs=("not found",)),
     _sig("shared-library-missing", "image", 70, r"error while loading shared libraries",
-         "a library our binaries need is missing from the image"),
+         "a library our binaries need is missing from the image", needs=("error while loading shared libraries",)),
     _sig("exec-format-error", "image", 70, r"exec format error|cannot execute binary file",
-         "a binary in the image was built for another platform"),
+         "a binary in the image was built for another platform",
+         needs=("exec format error", "cannot execute binary file")),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
          r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
-         "a shell, jq or Python script in the image failed"),
+         "a shell, jq or Python script in the image failed",
+         needs=("syntax error", "unbound variable", "bad substitution", "unexpected end of file", "syntaxerror:",
+                "traceback (most recent call last)", "jq: error")),
     _sig("bench-usage-error", "image", 70, r"unknown proof type:|error: unexpected argument|error: invalid value",
-         "our worker called cuzk-bench with arguments it does not accept"),
+         "our worker called cuzk-bench with arguments it does not accept",
+         needs=("unknown proof type:", "error: unexpected argument", "error: invalid value")),
     _sig("daemon-config-error", "image", 70, r"failed to load config from|TOML parse error",
-         "the daemon rejected the cuzk.toml our worker wrote"),
+         "the daemon rejected the cuzk.toml our worker wrote",
+         needs=("failed to load config from", "toml parse error")),
     _sig("permission-denied", "image", 70, r"Permission denied",
-         "a script or file in the image is not executable/readable"),
+         "a script or file in the image is not executable/readable", needs=("permission denied",)),
     # --- 65: proofs that did not verify (verdict.py decides: intermittent -> machine, all -> image) -----
     _sig("proof-self-check", "image", 65, r"self-check FAILED|self-check failed|self-check error",
          "a proof failed cuzk's PoRep self-check (wrong c1.json for --sector-num/--miner-id if every proof "
-         "fails; a flaky GPU if only some do)"),
+         "fails; a flaky GPU if only some do)", needs=("self-check ",)),
     # --- 60: the machine's network while fetching ----------------------------------------------------
     _sig("checksum-mismatch", "network", 60,
          rf"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)|{_aria2(ARIA2_CHECKSUM)}",
-         "a downloaded file is corrupt (a corrupt transfer; repeated params failures mark the machine bad)"),
+         "a downloaded file is corrupt (a corrupt transfer; repeated params failures mark the machine bad)",
+         needs=("checksum mismatch", "hash mismatch", "blake2b", *_ARIA2_NEEDS)),
     _sig("dns-failure", "network", 60,
          rf"Could not resolve host|Temporary failure in name resolution|Name or service not known|no such host"
          rf"|Name resolution for \S+ failed|{_aria2(ARIA2_DNS)}|{_curl(CURL_DNS)}",
-         "the machine cannot resolve names", explains="aria2c 19 / curl 6: name resolution failed"),
+         "the machine cannot resolve names", explains="aria2c 19 / curl 6: name resolution failed",
+         needs=("could not resolve host", "temporary failure in name resolution", "name or service not known",
+                "no such host", "name resolution for ", *_ARIA2_NEEDS, *_CURL_NEEDS)),
     _sig("connection-reset", "network", 60, r"Connection reset by peer|Network problem has occurred",
-         "the machine's connection dropped"),
+         "the machine's connection dropped", needs=("connection reset by peer", "network problem has occurred")),
     _sig("network-timeout", "network", 60,
          rf"Connection timed out|Operation timed out|Network is unreachable|{_curl(CURL_TIMEOUT)}",
-         "the machine's network stalled", explains="curl 28: operation timed out"),
+         "the machine's network stalled", explains="curl 28: operation timed out",
+         needs=("connection timed out", "operation timed out", "network is unreachable", *_CURL_NEEDS)),
     _sig("connection-failed", "network", 60,
          rf"{_curl(CURL_CONNECT)}|^(?!.*{_OUR_DAEMON}).*(?:connection refused|Couldn't connect to server)",
          "a remote server refused or could not be reached (a params mirror, not our daemon)",
-         explains="curl 7: failed to connect", whole_line=True),
+         explains="curl 7: failed to connect", whole_line=True,
+         needs=(*_CURL_NEEDS, "connection refused", "couldn't connect to server")),
     _sig("download-failed-network", "network", 60,
          rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
          "the download failed on the network (aria2c 1/2/5/6/7/8/22/29, curl 16/18/52/55/56/92)",
-         explains="aria2c/curl network failure"),
+         explains="aria2c/curl network failure", needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
     _sig("download-aborted", "network", 58, r"Download aborted|download failed",
-         "a download was aborted (aria2c's line before its errorCode)"),
+         "a download was aborted (aria2c's line before its errorCode)", needs=("download aborted", "download failed")),
     _sig("params-too-slow", "network", 60, r"params fetch exceeded FLEET_PARAMS_TIMEOUT_S",
-         "the params fetch did not finish before its deadline"),
+         "the params fetch did not finish before its deadline",
+         needs=("params fetch exceeded fleet_params_timeout_s",)),
     # --- 55: the marketplace or host stopped the worker -----------------------------------------------
     _sig("worker-stopped", "marketplace", 55, r"received SIG(?:TERM|INT|HUP) during phase|worker stopped by SIG",
-         "the container was stopped from outside (the marketplace or the host)"),
+         "the container was stopped from outside (the marketplace or the host)",
+         needs=("received sig", "worker stopped by sig")),
     # --- 50: any other panic in our binaries ---------------------------------------------------------
     _sig("rust-panic", "image", 50, r"thread '[^']*' panicked at|panicked with message",
-         "a binary in the image panicked"),
+         "a binary in the image panicked", needs=("panicked",)),
     # --- 30: cascade symptoms: our daemon is gone; anything more specific above is the cause -----------
     _sig("daemon-connection-refused", "image", 30,
          rf"^(?=.*(?:connection refused|tcp connect error|failed to connect to daemon))(?=.*{_OUR_DAEMON})",
-         "the benchmark could not reach our own cuzk daemon (it did not start or crashed)", whole_line=True),
+         "the benchmark could not reach our own cuzk daemon (it did not start or crashed)", whole_line=True,
+         needs=("connection refused", "tcp connect error", "failed to connect to daemon")),
     _sig("daemon-rpc-failed", "image", 30, r"(?:Prove|PreloadSRS|GetStatus|GetMetrics) RPC failed",
-         "an RPC to our daemon failed (the daemon died or returned an error)"),
+         "an RPC to our daemon failed (the daemon died or returned an error)", needs=("rpc failed",)),
 ), key=lambda s: -s.priority))
 
 
@@ -443,22 +485,69 @@ def logical_lines(lines: Iterable[str]) -> list[str]:
 
 def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES, *,
              include_tunnel: bool = False) -> SignatureMatch | None:
-    """The highest-priority signature found anywhere in `lines` (earliest line on a tie).
+    """The highest-priority signature found anywhere in `lines` (earliest line on a tie, then the earlier
+    signature of `table`, which is taken in priority order).
 
     Noise never matches; tunnel lines only with `include_tunnel` (when the tunnel is the failing phase)."""
-    candidates = [(i, ln) for i, ln in enumerate(read_tail(lines))
-                  if not ln.noise and (include_tunnel or not ln.tunnel)]
+    matcher = _SIGNATURES_MATCHER if table is SIGNATURES else _Matcher(table)
+    first = _first_signature if table is SIGNATURES else matcher.first
     best: SignatureMatch | None = None
-    for sig in table:
-        if best is not None and sig.priority < best.signature.priority:
-            break
-        for i, ln in candidates:
-            if sig.pattern.search(ln.text) or (ln.tag and not sig.whole_line
-                                               and sig.pattern.search(ln.text[len(ln.tag) + 2:])):
-                if best is None or i < best.index:
-                    best = SignatureMatch(sig, ln.text, i)
-                break
+    for i, ln in enumerate(read_tail(lines)):
+        if ln.noise or (ln.tunnel and not include_tunnel):
+            continue
+        k = first(ln.text, len(ln.tag) + 2 if ln.tag else 0)
+        # A later line wins only with a strictly higher priority: on a tie the earlier line stays.
+        if k is not None and (best is None or matcher.table[k].priority > best.signature.priority):
+            best = SignatureMatch(matcher.table[k], ln.text, i)
     return best
+
+
+#: Non-ASCII letters that `re` matches to an ASCII letter case-insensitively (İ ı ſ K): a line holding one can
+#: match a signature without containing its `needs` once lower-cased, so it skips the prefilter.
+FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
+_FOLDING = re.compile(f"[{FOLDS_TO_ASCII}]")
+
+
+class _Matcher:
+    """A table's signatures in priority order, with the prefilter: per line, only the signatures one of whose
+    `needs` occurs in the lower-cased line are searched (the rest cannot match: see `Signature.needs`)."""
+
+    def __init__(self, table: Sequence[Signature]) -> None:
+        self.table: tuple[Signature, ...] = tuple(sorted(table, key=lambda s: -s.priority))
+        self._always = tuple(k for k, sig in enumerate(self.table) if not sig.needs)
+        by_needle: dict[str, list[int]] = {}
+        for k, sig in enumerate(self.table):
+            for needle in sig.needs:
+                by_needle.setdefault(needle, []).append(k)
+        self._needles = tuple((needle, tuple(ks)) for needle, ks in by_needle.items())
+        self._steps = tuple((sig.pattern.search, not sig.whole_line) for sig in self.table)
+
+    def first(self, text: str, body_at: int) -> int | None:
+        """The index in `table` of the first signature matching the line `text` (whose tag, if any, ends at
+        `body_at`: a signature that is not `whole_line` is also tried on the body alone)."""
+        if text.isascii() or not _FOLDING.search(text):
+            lower = text.lower()
+            ks: Iterable[int] = sorted({k for needle, ks in self._needles if needle in lower for k in ks}
+                                       .union(self._always))
+        else:
+            ks = range(len(self.table))
+        body = text[body_at:] if body_at else None
+        for k in ks:
+            search, on_body = self._steps[k]
+            if search(text) or (body is not None and on_body and search(body)):
+                return k
+        return None
+
+
+_SIGNATURES_MATCHER = _Matcher(SIGNATURES)
+#: Log lines repeat across reports once timestamps are stripped (the same params, daemon and bench lines on
+#: every machine): each distinct line is matched once. Pure: the answer depends on the line alone.
+_first_signature = lru_cache(maxsize=1 << 14)(_SIGNATURES_MATCHER.first)
+
+
+def clear_line_memo() -> None:
+    """Forget the remembered line matches (tests: a cold start gives the same answers)."""
+    _first_signature.cache_clear()
 
 
 _ERRORISH = re.compile(r"\b(?:error|errors|failed|failure|fatal|panicked|exception|denied|refused|killed|abort(?:ed)?"

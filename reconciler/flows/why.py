@@ -15,6 +15,7 @@ from typing import Any
 
 from reconciler.adapters.git import LastChange, VerdictCommit
 from reconciler.adapters.record_files import parse_machine_record
+from reconciler.adapters.record_history import RecordHistoryParser
 from reconciler.domain.records import BenchmarkEntry, RecordError
 
 DEFAULT_TAIL = 20
@@ -41,7 +42,8 @@ def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], cur
             last_change: LastChange | None, now: datetime | None = None) -> MachineHistory:
     """Pure: the commits and record texts git gave us -> what to tell the human. With `now`, the status says
     where the machine stands (bad until its expiry, on probation, permanent, banned)."""
-    verdicts = tuple(_evidence(machine_id, record_path, c) for c in commits)
+    history = RecordHistoryParser(Path(record_path))  # the versions share most lines: each is parsed once
+    verdicts = tuple(_evidence(history, record_path, c) for c in commits)
     detail = None
     if current_text is not None:
         try:
@@ -64,13 +66,13 @@ def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], cur
     return MachineHistory(machine_id, record_path, status, detail, last_change, verdicts)
 
 
-def _evidence(machine_id: str, record_path: str, commit: VerdictCommit) -> VerdictEvidence:
+def _evidence(history: RecordHistoryParser, record_path: str, commit: VerdictCommit) -> VerdictEvidence:
     instances = commit.trailers.get("Fleet-Instance", ())
     serving = commit.trailers.get("Fleet-Serving-Instance", ())  # verdicts while serving (degraded, lost)
     if commit.record_text is None:
         return VerdictEvidence(commit, (), f"{record_path} does not exist in this commit")
     try:
-        record = parse_machine_record(commit.record_text, Path(record_path))
+        record = history.parse(commit.record_text)
     except RecordError as exc:
         return VerdictEvidence(commit, (), f"record unreadable in this commit: {exc}")
     entries = tuple(b for b in record.benchmarks

@@ -120,7 +120,10 @@ def _reference(text: str) -> str:
 
 FRAGMENTS = ["Authorization: ", "Bearer ", "bearer abcd1234", "https://", "u:p@", "password", "=", ": ", "--token ",
              "API_KEY", "secret", "\"", "'", "AKIAIOSFODNN7EXAMPLE", "eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl",
-             VAST_KEY, "sha256:", "-----BEGIN RSA PRIVATE KEY-----", "[REDACTED]", " ", "x", "ghp_" + "a" * 36]
+             VAST_KEY, "sha256:", "-----BEGIN RSA PRIVATE KEY-----", "[REDACTED]", " ", "x", "ghp_" + "a" * 36,
+             # the prefilter of the patterns that run on a trigger word or only on a long [A-Za-z0-9+/] run
+             "ASIA", "akia", "EYJ", "eyJ", "ghs_", "github_pat_" + "B" * 40, "PRIVATE KEY-----", "A" * 30,
+             "Zm9v" * 8, "0123456789abcdef" * 2, "+/", "\n", "-u ", "-p ", "?sig=", "xoxb-"]
 
 
 @given(st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=8), max_size=12).map("".join))

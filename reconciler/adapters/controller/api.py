@@ -36,6 +36,7 @@ from reconciler.adapters.store import (
     ControllerStore,
     EventLimitExceeded,
     InstanceDestroyed,
+    PreparedWrite,
     ResultConflict,
     UnknownInstance,
 )
@@ -74,6 +75,28 @@ class BodyNeeded:
     action: str
     instance_id: str
     length: int
+
+
+@dataclass(frozen=True)
+class PreparedReport:
+    """A validated, redacted worker report ready to store (`ControllerApi.store_prepared`): the store's
+    prepared write and how its result becomes the answer."""
+
+    request: Request
+    write: PreparedWrite[Any]
+    answer: Callable[[Any], Mapping[str, Any]]
+    #: Added to the 422 "event limit reached" detail (a batch says that none of it was stored).
+    limit_note: str = ""
+
+
+def _status_answer(status: Any) -> Mapping[str, Any]:
+    return {"status": status}
+
+
+def _batch_answer(statuses: Any) -> Mapping[str, Any]:
+    stored = statuses.count("stored")
+    return {"status": "stored" if stored else "duplicate", "events": len(statuses), "stored": stored,
+            "duplicates": len(statuses) - stored}
 
 
 @dataclass(frozen=True)
@@ -132,12 +155,33 @@ class ControllerApi:
             return self._store_unavailable(request, exc)
 
     def finish(self, request: Request, step: BodyNeeded, body: bytes) -> Response:
+        prepared = self.prepare(request, step, body)
+        return prepared if isinstance(prepared, Response) else self.store_prepared(prepared)
+
+    def prepare(self, request: Request, step: BodyNeeded, body: bytes) -> Response | PreparedReport:
+        """The CPU part of a report, nothing stored yet: parse, validate, redact, encode. A refusal is the
+        Response; else `store_prepared` stores it (the HTTP edge stores a loop turn's reports together)."""
         try:
-            return replace(self._ingest(step.action, step.instance_id, parse_json_body(body)), authenticated=True)
+            return self._prepare_ingest(request, step.action, step.instance_id, parse_json_body(body))
         except ApiError as exc:
             return replace(self.error_response(request, exc), authenticated=True)
+
+    def store_prepared(self, prepared: PreparedReport) -> Response:
+        try:
+            try:
+                return Response(200, prepared.answer(self.store.write(prepared.write)), authenticated=True)
+            except UnknownInstance as exc:
+                raise ApiError(404, "unknown instance", f"{exc}; register first") from None
+            except InstanceDestroyed as exc:
+                raise ApiError(410, "instance destroyed", str(exc)) from None
+            except ResultConflict as exc:
+                raise ApiError(409, "result conflict", str(exc)) from None
+            except EventLimitExceeded as exc:
+                raise ApiError(422, "event limit reached", f"{exc}{prepared.limit_note}") from None
+        except ApiError as exc:
+            return replace(self.error_response(prepared.request, exc), authenticated=True)
         except sqlite3.Error as exc:
-            return replace(self._store_unavailable(request, exc), authenticated=True)
+            return replace(self._store_unavailable(prepared.request, exc), authenticated=True)
 
     @staticmethod
     def error_response(request: Request, exc: ApiError) -> Response:
@@ -282,46 +326,27 @@ class ControllerApi:
             raise ApiError(403, "forbidden", f"machine_claim does not match machine_id {machine!r} for instance "
                                              f"{instance_id!r}")
 
-    def _ingest(self, action: str, instance_id: str, doc: Any) -> Response:
+    def _prepare_ingest(self, request: Request, action: str, instance_id: str, doc: Any) -> PreparedReport:
         if action == "events" and is_event_batch(doc):
-            return self._ingest_event_batch(instance_id, validate_event_batch(doc))
+            events = validate_event_batch(doc)
+            return PreparedReport(request, self.store.prepare_events(instance_id, events), _batch_answer,
+                                  "; nothing of this batch was stored")
         validate_report(_KIND_BY_ACTION[action], doc)
         if action in ("register", "result") and (problems := identifier_problems(doc)):
             raise ApiError(400, "schema violation", problems)
-        try:
-            if action == "register":
-                if doc["instance_id"] != instance_id:
-                    raise ApiError(400, "schema violation", [{"path": "$.instance_id", "message":
-                                   f"{doc['instance_id']!r} does not match the instance in the path {instance_id!r}"}])
-                self._check_machine_claim(instance_id, doc)
-                return Response(200, {"status": self.store.register(instance_id, doc)})
-            if action == "events":
-                return Response(200, {"status": self.store.add_event(instance_id, doc)})
-            if action == "logs":
-                evicted = self.store.add_logs(instance_id, doc["lines"], doc.get("dropped", 0))
-                return Response(200, {"status": "stored", "lines": len(doc["lines"]), "evicted": evicted})
-            return Response(200, {"status": self.store.set_result(instance_id, doc)})
-        except UnknownInstance as exc:
-            raise ApiError(404, "unknown instance", f"{exc}; register first") from None
-        except InstanceDestroyed as exc:
-            raise ApiError(410, "instance destroyed", str(exc)) from None
-        except ResultConflict as exc:
-            raise ApiError(409, "result conflict", str(exc)) from None
-        except EventLimitExceeded as exc:
-            raise ApiError(422, "event limit reached", str(exc)) from None
-
-    def _ingest_event_batch(self, instance_id: str, events: list[Any]) -> Response:
-        try:
-            statuses = self.store.add_events(instance_id, events)
-        except UnknownInstance as exc:
-            raise ApiError(404, "unknown instance", f"{exc}; register first") from None
-        except InstanceDestroyed as exc:
-            raise ApiError(410, "instance destroyed", str(exc)) from None
-        except EventLimitExceeded as exc:
-            raise ApiError(422, "event limit reached", f"{exc}; nothing of this batch was stored") from None
-        stored = statuses.count("stored")
-        return Response(200, {"status": "stored" if stored else "duplicate", "events": len(statuses),
-                              "stored": stored, "duplicates": len(statuses) - stored})
+        if action == "register":
+            if doc["instance_id"] != instance_id:
+                raise ApiError(400, "schema violation", [{"path": "$.instance_id", "message":
+                               f"{doc['instance_id']!r} does not match the instance in the path {instance_id!r}"}])
+            self._check_machine_claim(instance_id, doc)
+            return PreparedReport(request, self.store.prepare_register(instance_id, doc), _status_answer)
+        if action == "events":
+            return PreparedReport(request, self.store.prepare_event(instance_id, doc), _status_answer)
+        if action == "logs":
+            count = len(doc["lines"])
+            return PreparedReport(request, self.store.prepare_logs(instance_id, doc["lines"], doc.get("dropped", 0)),
+                                  lambda evicted: {"status": "stored", "lines": count, "evicted": evicted})
+        return PreparedReport(request, self.store.prepare_result(instance_id, doc), _status_answer)
 
     def _destroyed(self, instance_id: str) -> Response:
         if not self.store.mark_destroyed(instance_id, self.now()):

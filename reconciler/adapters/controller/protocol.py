@@ -99,9 +99,60 @@ def parse_json_body(raw: bytes) -> Any:
         raise ApiError(400, "malformed JSON", "nested too deeply") from None
 
 
+def _structure_sound(node: Any, depth: int = 0) -> bool:
+    """True only if `structure_problems` finds nothing: the same rules without building paths (the ingest
+    hot path checks every event; the path of each node cost more than the check). False may also mean
+    "not sure" (an unexpected type): the full walk then decides and writes the messages."""
+    kind = type(node)
+    if depth > MAX_JSON_DEPTH:
+        return False
+    if kind is str:
+        return node.isascii() or _is_utf8_text(node)
+    if kind is int:
+        return -MAX_SAFE_INTEGER <= node <= MAX_SAFE_INTEGER
+    if kind is bool or node is None:
+        return True
+    if kind is float:
+        return math.isfinite(node)
+    if kind is dict:
+        depth += 1
+        for key, item in node.items():
+            if type(key) is not str or not (key.isascii() or _is_utf8_text(key)):
+                return False
+            if type(item) is str:  # most values: checked here rather than by a call
+                if not (item.isascii() or _is_utf8_text(item)):
+                    return False
+            elif not _structure_sound(item, depth):
+                return False
+        return depth <= MAX_JSON_DEPTH or not node
+    if kind is list:
+        depth += 1
+        for item in node:
+            if type(item) is str:
+                if not (item.isascii() or _is_utf8_text(item)):
+                    return False
+            elif not _structure_sound(item, depth):
+                return False
+        return depth <= MAX_JSON_DEPTH or not node
+    return False
+
+
+def _is_utf8_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def structure_problems(value: Any) -> list[dict[str, str]]:
     """What no schema can say: nesting depth, integers SQLite and clients can hold, finite numbers, text
     that is valid Unicode (JSON escapes can encode lone surrogates, which UTF-8 cannot store)."""
+    return [] if _structure_sound(value) else _structure_walk(value)
+
+
+def _structure_walk(value: Any) -> list[dict[str, str]]:
+    """`structure_problems` the slow way, with the path of every problem."""
     problems: list[dict[str, str]] = []
 
     def bad_text(text: str) -> bool:

@@ -50,7 +50,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, Request, Response
+from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, PreparedReport, Request, Response
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
 from reconciler.adapters.store import ControllerStore
 
@@ -482,27 +482,42 @@ class GroupCommit:
         batch, self._queue = self._queue, []
         self.flushes += 1
         self.writes += len(batch)
+        internal_error = Response(500, {"error": "internal error", "detail": None}, close=True)
+        # First the CPU work of every report (parse, validate, redact), outside the write transaction: other
+        # controller processes wait for the store's write lock only while statements run.
+        prepared: list[Response | PreparedReport] = []
+        for request, step, body, _ in batch:
+            try:
+                prepared.append(self.api.prepare(request, step, body))
+            except Exception:
+                log.exception("internal error on %s %s", request.method, step.action)
+                prepared.append(internal_error)
         responses: list[Response] = []
         try:
             with self.api.store.group():
-                for request, step, body, _ in batch:
+                for (request, step, _, _), item in zip(batch, prepared, strict=True):
+                    if isinstance(item, Response):
+                        responses.append(item)
+                        continue
                     try:
-                        responses.append(self.api.finish(request, step, body))
+                        responses.append(self.api.store_prepared(item))
                     except Exception:
                         log.exception("internal error on %s %s", request.method, step.action)
-                        responses.append(Response(500, {"error": "internal error", "detail": None}, close=True))
+                        responses.append(internal_error)
         except sqlite3.Error as exc:
             log.error("store commit failed for %d reports: %s", len(batch), exc)
-            responses = [Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
-                                  authenticated=True)] * len(batch)
+            unavailable = Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
+                                   authenticated=True)
+            responses = [item if isinstance(item, Response) else unavailable for item in prepared]
         for (_, _, _, future), response in zip(batch, responses, strict=True):
             if not future.done():
                 future.set_result(response)
 
 
-def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_timeout_s) -> ASGIApp:
+def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_timeout_s,
+                    commits: GroupCommit | None = None) -> ASGIApp:
     """The controller API as an ASGI app: head -> api.begin -> (body) -> api.finish -> JSON answer."""
-    commits = GroupCommit(api)
+    commits = commits or GroupCommit(api)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -560,12 +575,12 @@ WORKER_PREFIX = "/api/v1/instances/"
 
 
 def build_app(api: ControllerApi, extra_routes: Sequence[BaseRoute] = (), *,
-              body_timeout_s: float = EdgeLimits.body_timeout_s) -> ASGIApp:
+              body_timeout_s: float = EdgeLimits.body_timeout_s, commits: GroupCommit | None = None) -> ASGIApp:
     """The controller's ASGI app: `extra_routes` first (e.g. the live page at `/`, `/metrics`, matched by
     Starlette); every request no route matches goes to the controller API, which answers its own JSON
     404/405. Worker reports (`/api/v1/instances/...`) skip Starlette's middleware and routing: a third of
     the edge's cost per request on the ingest path."""
-    controller = controller_asgi(api, body_timeout_s)
+    controller = controller_asgi(api, body_timeout_s, commits)
     routed = Starlette(routes=list(extra_routes))
     # The API is the router's default, not a catch-all route: a route pattern would not match every path
     # (`.` stops at a newline in `/api/v1/instances/x%0A/register`), and the API answers its own 404/405.
@@ -617,21 +632,33 @@ class ControllerServer:
                  port: int = 0, *, allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
                  now: Callable[[], datetime] | None = None, require_machine_claim: bool = False,
                  limits: EdgeLimits | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
-                 extra_routes: Iterable[BaseRoute] = ()):
+                 extra_routes: Iterable[BaseRoute] = (), reuse_port: bool = False):
         self.api = ControllerApi(store, secret, admin_token, allow_open_reads=allow_open_reads,
                                  max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim)
         self.host, self.port = host, port
+        #: SO_REUSEPORT: other controller processes bind the same port and the kernel spreads new
+        #: connections over them (see processes.py).
+        self.reuse_port = reuse_port
         self.limits = limits or EdgeLimits()
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
         if tls_cert is not None and tls_key is not None:
             tls_context(tls_cert, tls_key)  # a clear error now rather than a dead server thread later
         self._tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
-        self.app = build_app(self.api, list(extra_routes), body_timeout_s=self.limits.body_timeout_s)
+        #: Worker reports this process stored (`writes`) and in how many transactions (`flushes`).
+        self.commits = GroupCommit(self.api)
+        self.app = build_app(self.api, list(extra_routes), body_timeout_s=self.limits.body_timeout_s,
+                             commits=self.commits)
         self.protocol, self.guard = _edge_protocol(self.limits)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
+
+    @property
+    def bound_port(self) -> int:
+        if self._socket is None:
+            raise RuntimeError("controller server is not started")
+        return int(self._socket.getsockname()[1])
 
     @property
     def url(self) -> str:
@@ -646,6 +673,8 @@ class ControllerServer:
         sock = socket.socket(info[0], socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if info[0] == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(info[4])

@@ -1,0 +1,54 @@
+"""The shortcuts that keep a judging pass fast at 10,000 instances (issue 16) give the answers of the plain
+code: the breaker's window skips old record entries by their date without parsing them, and the judge's
+redaction remembers the lines it has redacted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+from reconciler.domain.breaker import recorded_failures
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
+from reconciler.domain.redact import Redactor, redact_line, redact_lines
+from tests.unit.test_redact import CASES, IMAGE_DIGEST, VAST_KEY
+
+SINCE = datetime(2026, 12, 3, 6, 0, tzinfo=UTC)
+
+
+def _times() -> list[str]:
+    """Entry times around the window's start in every form a record may hold (and some it may not)."""
+    out = []
+    for hours in (-75, -49, -48.5, -47, -30, -24.5, -23, -1, -0.01, 0, 0.01, 5, 30):
+        t = SINCE + timedelta(hours=hours)
+        out += [t.strftime("%Y-%m-%dT%H:%M:%SZ"), t.strftime("%Y%m%dT%H%M%SZ")]
+        for offset in ("+23:59", "-23:59", "+05:30", "-00:00"):
+            local = t + timedelta(hours=int(offset[1:3]), minutes=int(offset[4:])) * (1 if offset[0] == "+" else -1)
+            out.append(local.strftime("%Y-%m-%dT%H:%M:%S") + offset)
+        iso_year, week, day = t.isocalendar()
+        out.append(f"{iso_year}-W{week:02d}-{day}T{t:%H:%M:%S}Z")
+    return [*out, "", "yesterday", "2026-12-0", "2026-13-40T00:00:00Z", "2026-12-03T06:00:00"]
+
+
+def test_the_breaker_window_gives_what_parsing_every_entry_gives() -> None:
+    entries = [BenchmarkEntry(instance_id=f"i{n}", at=at, verdict=verdict, blame=blame, marks_bad=False, reason="r",
+                              pool="p", image_digest=IMAGE_DIGEST, signature="cuda-illegal-address")
+               for n, (at, (verdict, blame)) in enumerate(itertools.product(
+                   _times(), [("benchmark-error", "image"), ("benchmark-error", "machine"), ("ok", "none")]))]
+    records = RecordSet(machines={f"m{k}": MachineRecord(f"m{k}", benchmarks=tuple(entries[k::7])) for k in range(7)})
+    every = recorded_failures(records)
+    assert len(every) > 20
+    for hours in (-72, -48, -25, -24, -1, 0, 0.5, 24, 100):
+        since = SINCE + timedelta(hours=hours)
+        want = [f for f in every if f.at >= since]
+        assert recorded_failures(records, since=since) == want, since
+
+
+def test_remembered_redaction_equals_redaction() -> None:
+    lines = [line for _, line, _, _ in CASES] + [f"key={VAST_KEY}", "-----BEGIN RSA PRIVATE KEY-----", "MIIEow" * 12,
+                                                 "-----END RSA PRIVATE KEY----- after", "plain line"]
+    plain = Redactor()
+    for _ in range(2):  # the second time from the memo
+        assert [redact_line(line) for line in lines] == [plain.line(line) for line in lines]
+        assert redact_lines(lines) == plain.lines(lines)
+    assert VAST_KEY not in "".join(redact_lines(lines))
