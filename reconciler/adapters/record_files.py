@@ -1,6 +1,7 @@
 """Record files under `fleet-spec/`: `machines/<machine_id>.yaml` and `images/<digest-hex>.yaml`.
 
-Parses (libyaml + JSON Schema) and renders the records of `reconciler.domain.records`, loads a whole spec
+Parses (the usual entry lines decoded and schema-checked by msgspec, record_codec; anything else libyaml + JSON
+Schema) and renders the records of `reconciler.domain.records`, loads a whole spec
 directory into a `RecordSet` (with a stat-keyed cache for the long-running loop), and writes files
 atomically. Git is elsewhere (`reconciler.adapters.git`).
 """
@@ -14,12 +15,11 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
+from dataclasses import fields as dataclass_fields
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
-
-import yaml
 
 from reconciler import SCHEMA_DIR
 from reconciler.adapters import record_codec
@@ -43,9 +43,7 @@ if TYPE_CHECKING:
 
 # libyaml parses and emits a 17 KB record ~8x faster than pure-Python PyYAML; the results are the same
 # documents (and, for what the reconciler writes, the same text). Pure Python stays the fallback for a PyYAML
-# built without libyaml.
-_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YAML_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# built without libyaml. PyYAML is imported on first use (record_codec.yaml_library).
 
 
 @cache
@@ -75,7 +73,7 @@ _HEADER = "# Written by the fleet reconciler. Pardon: set status: pardoned (or d
 
 
 def _dump(doc: dict[str, Any]) -> str:
-    return yaml.dump(doc, Dumper=_YAML_DUMPER, sort_keys=False, allow_unicode=True, width=120)
+    return record_codec.dump_yaml(doc)
 
 
 def render_machine_record(record: MachineRecord) -> str:
@@ -105,9 +103,10 @@ def _load_yaml(text: str, file: Path) -> Any:
         return record_codec.parse_fast(text)
     except record_codec.NotFast:
         pass
+    yaml, loader, _ = record_codec.yaml_library()
     try:
         _refuse_aliases(text, file)
-        return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (CSafeLoader or SafeLoader)
+        return yaml.load(text, Loader=loader)
     except RecordError:
         raise
     except yaml.YAMLError as exc:
@@ -128,7 +127,8 @@ def _refuse_aliases(text: str, file: Path) -> None:
     """
     if "*" not in text and "&" not in text:
         return
-    for event in yaml.parse(text, Loader=_YAML_LOADER):
+    yaml, loader, _ = record_codec.yaml_library()
+    for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.AliasEvent):
             found = f"*{event.anchor}"
         elif isinstance(event, yaml.NodeEvent) and event.anchor is not None:
@@ -143,12 +143,58 @@ def _refuse_aliases(text: str, file: Path) -> None:
 def parse_machine_record(text: str, file: Path, *, check_name: bool = True) -> MachineRecord:
     """The record in `text` (read from `file`). `check_name=False`: the caller checks the file name itself
     (`check_record_name`), as the record index does (it parses a blob once for whatever name it has)."""
-    doc = parse_machine_doc(text, file)
+    doc, rows = parse_machine_rows(text, file)
     if check_name:
         check_record_name(doc["machine_id"], file)
-    entries = tuple(BenchmarkEntry(**b) for b in doc["benchmarks"])
+    entries = tuple(BenchmarkEntry(*row) for row in rows)
     return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
                          gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
+
+
+#: BenchmarkEntry's fields with what an entry that omits one gets (a callable: a factory), in field order.
+ENTRY_FIELDS: tuple[tuple[str, Any], ...] = tuple(
+    (f.name, f.default_factory if f.default_factory is not MISSING else (None if f.default is MISSING else f.default))
+    for f in dataclass_fields(BenchmarkEntry))
+_MACHINE_SCHEMA = "machine-record.schema.json"
+
+
+@cache
+def _entry_decoder(evidence: bool) -> record_codec.EntryDecoder | None:
+    schema = json.loads((SCHEMA_DIR / _MACHINE_SCHEMA).read_text())
+    items = schema.get("properties", {}).get(record_codec.ENTRIES_KEY, {}).get("items", {})
+    ref = items.get("$ref") if set(items) == {"$ref"} else None
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return None
+    return record_codec.entry_decoder(schema, ref, list(ENTRY_FIELDS), raw_field=None if evidence else "evidence")
+
+
+def parse_machine_rows(text: str, file: Path, *, evidence: bool = True) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The schema-checked record in `text`: its own fields (machine_id as a string; `benchmarks` left out) and
+    its entries as tuples in BenchmarkEntry field order (`BenchmarkEntry(*row)`), or RecordError.
+    `evidence=False`: the tuples lack the evidence field (it is checked to be an object, not decoded).
+
+    A record as the reconciler writes it is decoded and checked in one step (msgspec, from the schema); any
+    other text - a hand edit in block YAML, an entry the schema refuses - takes the YAML/stdlib path and the
+    compiled check, with jsonschema's messages for what is wrong."""
+    decoder = _entry_decoder(evidence)
+    if decoder is not None:
+        try:
+            own, lines = record_codec.split_fast(text)
+        except record_codec.NotFast:
+            pass
+        else:
+            rows = decoder(lines)
+            if rows is not None:
+                if isinstance(own.get("machine_id"), int):
+                    own["machine_id"] = str(own["machine_id"])
+                fast = _fast_check(_MACHINE_SCHEMA)
+                if fast is not None and fast({**own, record_codec.ENTRIES_KEY: []}):
+                    return own, rows
+    doc = parse_machine_doc(text, file)
+    entries = doc.pop(record_codec.ENTRIES_KEY)
+    defaults = ENTRY_FIELDS if evidence else tuple(f for f in ENTRY_FIELDS if f[0] != "evidence")
+    return doc, [tuple(e[name] if name in e else (d() if callable(d) else d) for name, d in defaults)
+                 for e in entries]
 
 
 def parse_machine_doc(text: str, file: Path) -> dict[str, Any]:
@@ -156,7 +202,7 @@ def parse_machine_doc(text: str, file: Path) -> dict[str, Any]:
     doc = _load_yaml(text, file)
     if isinstance(doc, dict) and isinstance(doc.get("machine_id"), int):
         doc["machine_id"] = str(doc["machine_id"])
-    errors = _schema_errors(doc, "machine-record.schema.json", file)
+    errors = _schema_errors(doc, _MACHINE_SCHEMA, file)
     if errors:
         raise RecordError("; ".join(errors))
     return cast(dict[str, Any], doc)

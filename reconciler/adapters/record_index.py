@@ -12,17 +12,24 @@ How a load stays correct and cheap:
   treats "racily clean" index entries), has the blob id the index recorded. Any other file is read and hashed
   as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
   revert, a rewrite by the reconciler all change the stat and so the blob looked up.
-- A blob the index has not seen is parsed (GC paused for the bulk), validated once, and stored: its summary
+- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked in one
+  msgspec pass, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
   columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
   without evidence. The same content under the same name is never parsed twice, across processes.
 - The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
   is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
   only when read, from the file, checked against the blob id it was indexed under.
+- Snapshot: when every listed file had settled, the whole answer (machine -> blob, bad set, perf rows, counts,
+  problems) is stored under a hash of the listing (every path with its stat). The next load whose listing
+  hashes the same - no file added, removed, rewritten or touched - answers from that one row instead of
+  joining 10,000 rows; the derived views (kill-budget marks, bad-machine entries, last prices) are added to
+  the snapshot when first computed. Any change of any stat means another hash: the per-file path above.
 Unreadable files are reported in `problems` exactly as `load_records` reports them (same text).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import marshal
@@ -34,17 +41,17 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.record_files import (
     _decode,
     check_record_name,
     parse_image_record,
-    parse_machine_doc,
     parse_machine_record,
+    parse_machine_rows,
 )
-from reconciler.adapters.settings import settings
 from reconciler.domain.records import (
     _SAFE_ID,
     IMAGES_DIR,
@@ -59,12 +66,11 @@ from reconciler.domain.records import (
 )
 from reconciler.domain.verdicts import RATE_VERDICTS
 
-INDEX_NAME = "records.sqlite"
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 4
+FORMAT = 7
 _PLACEHOLDER = "\x00record-file\x00"
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
-_EVIDENCE_LAST = [f.name for f in fields(BenchmarkEntry)][-1] == "evidence"  # positional construction
+_EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")  # positional construction
 _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
 
 _SCHEMA = """
@@ -77,6 +83,9 @@ CREATE TABLE IF NOT EXISTS blobs (
   blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
   perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB, last_price REAL,
   PRIMARY KEY (blob, kind));
+CREATE TABLE IF NOT EXISTS snapshots (
+  dir TEXT NOT NULL, shown TEXT NOT NULL, token TEXT NOT NULL, view BLOB NOT NULL,
+  marks BLOB, bad_view BLOB, prices BLOB, PRIMARY KEY (dir, shown));
 """
 
 
@@ -87,21 +96,8 @@ def git_blob_id(raw: bytes) -> str:
 
 def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
     """`<git dir>/fleet/records.sqlite` of the checkout holding `spec_dir` (a worktree's own git dir), else
-    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (cache_home: $XDG_CACHE_HOME, read by
-    the settings adapter, or ~/.cache)."""
-    start = spec_dir.resolve()
-    for folder in (start, *start.parents):
-        dot_git = folder / ".git"
-        if dot_git.is_dir():
-            return dot_git / "fleet" / INDEX_NAME
-        if dot_git.is_file():  # a worktree or submodule: "gitdir: <path>"
-            text = dot_git.read_text(encoding="utf-8", errors="replace").strip()
-            if text.startswith("gitdir:"):
-                git_dir = Path(text.removeprefix("gitdir:").strip())
-                return (folder / git_dir if not git_dir.is_absolute() else git_dir) / "fleet" / INDEX_NAME
-    base = cache_home or settings().cache_home or Path.home() / ".cache"
-    tag = hashlib.sha256(str(start).encode()).hexdigest()[:16]
-    return base / "gpu-fleet" / f"records-{tag}.sqlite"
+    `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (reconciler.adapters.cache_files)."""
+    return cache_file(spec_dir, "records", ".sqlite", cache_home)
 
 
 def _version() -> str:
@@ -111,8 +107,7 @@ def _version() -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class _Listed:
+class _Listed(NamedTuple):  # a tuple: 10,000 of them are made on every load
     path: str  # absolute
     file: str  # as the caller named it (problem texts name it so, like load_records)
     kind: str  # "m" | "i"
@@ -194,6 +189,30 @@ class _EvidenceSource:
         return entries[index]
 
 
+class _SnapshotViews:
+    """The derived views (bad marks, bad-machine entries, last prices) of one snapshot: computed from the blob
+    columns on first use, then kept in the snapshot row so that the next command with the same files reads
+    them in one go. `token` names the snapshot they belong to (None: no snapshot, nothing kept)."""
+
+    def __init__(self, db: sqlite3.Connection, key: tuple[str, str], token: str | None) -> None:
+        self._db, self._key, self._token = db, key, token
+
+    def get(self, column: str, compute: Callable[[], Any]) -> Any:
+        assert column in ("marks", "bad_view", "prices")
+        if self._token is not None:
+            row = self._db.execute(f"SELECT {column} FROM snapshots WHERE dir = ? AND shown = ? AND token = ?",  # noqa: S608
+                                   (*self._key, self._token)).fetchone()
+            if row is not None and row[0] is not None:
+                return marshal.loads(row[0])  # noqa: S302 - our own index rows
+        value = compute()
+        if self._token is not None:
+            # Another process writing: the next command keeps it instead.
+            with contextlib.suppress(sqlite3.OperationalError):
+                self._db.execute(f"UPDATE snapshots SET {column} = ? WHERE dir = ? AND shown = ? AND token = ?",  # noqa: S608
+                                 (marshal.dumps(value), *self._key, self._token))
+        return value
+
+
 class LazyMachines(Mapping[str, MachineRecord]):
     """machine id -> MachineRecord, built from the index on first access; iterating values or items, or many
     single look-ups (`dict(records.machines)`), build them all in a few queries."""
@@ -265,6 +284,8 @@ class RecordIndex:
         self._evidence = _EvidenceSource()
         self.rebuilt: str | None = None  # why the index was started afresh, if it was
         self.parsed = self.hashed = self.reused = 0
+        self.from_snapshot = False  # the last load answered from a snapshot (every file's stat unchanged)
+        self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (their derived columns)
         self._db = self._open()
 
     @classmethod
@@ -301,7 +322,7 @@ class RecordIndex:
             stored = db.execute("SELECT value FROM meta WHERE key='version'").fetchone() if has_meta else None
             if stored is None or stored[0] != version:
                 db.executescript("DROP TABLE IF EXISTS files; DROP TABLE IF EXISTS blobs; "
-                                 "DROP TABLE IF EXISTS meta;" + _SCHEMA)
+                                 "DROP TABLE IF EXISTS snapshots; DROP TABLE IF EXISTS meta;" + _SCHEMA)
                 db.execute("INSERT INTO meta VALUES ('version', ?)", (version,))
         except BaseException:
             db.close()
@@ -333,9 +354,19 @@ class RecordIndex:
 
     def _load(self, spec_dir: Path) -> RecordSet:
         self.parsed = self.hashed = self.reused = 0
+        self.from_snapshot = False
+        self._fresh = {}
         problems: list[str] = []
         listed = self._list(spec_dir, problems)
         dir_key = os.path.abspath(spec_dir)
+        stats = {item.path: item.stat for item in listed}
+        snapshot_key = (dir_key, str(spec_dir))
+        if not problems:
+            answer = self._snapshot(snapshot_key, stats)
+            if answer is not None:
+                self.reused = len(listed)
+                self.from_snapshot = True
+                return answer
         # One query: what the index knows of each file (stat, blob) and of its blob (summary columns).
         known = {row[0]: row[1:] for row in self._db.execute(
             "SELECT f.path, f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns, f.settled, f.blob, b.blob, b.problem, "
@@ -380,11 +411,30 @@ class RecordIndex:
                 todo.setdefault((found, item.kind), raw_of[item.path])
         new = self._parse_all(todo)
         self.parsed = len(new)
+        self._fresh = {blob: parsed for (blob, kind), parsed in new.items() if kind == "m" and parsed.problem is None}
         listed_paths = {i.path for i in listed}
-        self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
+        complete = self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
         for key, parsed in new.items():
             stored[key] = (parsed.problem, parsed.key, parsed.status, parsed.gpu_name, *(parsed.perf or (0, 0.0, 0.0)))
-        return self._assemble(listed, blob_of, stored, read_problems, problems)
+        listing_problems = bool(problems)
+        view = self._assemble(listed, blob_of, stored, read_problems, problems)
+        # A snapshot only of files that had settled when read (their stat then proves their content) and of
+        # a listing with no problem: the next load with the same stats answers from it.
+        settled_stats: dict[str, tuple[int, int, int, int, int]] | None = {}
+        read = {row[0]: row for row in file_rows}
+        for item in listed:
+            row = read.get(item.path)
+            if row is None and item.path in blob_of:  # reused: unchanged and settled
+                settled_stats[item.path] = item.stat  # type: ignore[index]
+            elif row is not None and row[8]:
+                settled_stats[item.path] = tuple(row[3:8])  # type: ignore[index]
+            else:
+                settled_stats = None
+                break
+        token = None
+        if complete and settled_stats is not None and not listing_problems and not read_problems:
+            token = self._store_snapshot(snapshot_key, settled_stats, view)
+        return self._record_set(view, snapshot_key, token)
 
     def _list(self, spec_dir: Path, problems: list[str]) -> list[_Listed]:
         out = []
@@ -481,13 +531,12 @@ class RecordIndex:
             if kind == "i":
                 img = parse_image_record(text, placeholder)
                 return _Parsed(None, key=img.image_digest, status=img.status, data=pickle.dumps(img, protocol=5))
-            doc = parse_machine_doc(text, placeholder)
+            doc, rows = parse_machine_rows(text, placeholder, evidence=False)
         except (RecordError, UnicodeDecodeError, TypeError) as exc:
             message = str(exc) if isinstance(exc, RecordError) else f"{placeholder}: cannot read: {exc}"
             return _Parsed(message)
-        # The entries as tuples in field order straight from the checked document: what parse_machine_record
-        # builds BenchmarkEntry objects from (absent optional fields are None, their default).
-        entries = tuple(tuple(map(b.get, _ENTRY_FIELDS)) for b in doc["benchmarks"])
+        # The entries as tuples in field order (evidence left out): what BenchmarkEntry objects are built from.
+        entries = tuple(rows)
         pph = _ENTRY_FIELDS.index("proofs_per_hour")
         verdict = _ENTRY_FIELDS.index("verdict")
         rates = [e[pph] for e in entries if e[pph] is not None and e[verdict] in _PERF_VERDICTS]
@@ -509,13 +558,14 @@ class RecordIndex:
                        bad_view=bad_view, last_price=last_price)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
-               new: dict[tuple[str, str], _Parsed]) -> None:
+               new: dict[tuple[str, str], _Parsed]) -> bool:
+        """Store the new blobs and file rows; False if another process held the write lock (nothing stored)."""
         if not file_rows and not gone and not new:
-            return
+            return True
         try:
             self._db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:  # another process is writing: it or the next command stores
-            return
+            return False
         try:
             self._db.executemany(
                 "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -527,21 +577,24 @@ class RecordIndex:
             blobs, files = (self._db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("blobs", "files"))  # noqa: S608
             if blobs > 2 * files + 1000:  # contents no file has any more (old versions, other branches)
                 self._db.execute("DELETE FROM blobs WHERE blob NOT IN (SELECT blob FROM files)")
+                self._db.execute("DELETE FROM snapshots")  # none may name a blob that is gone
             self._db.execute("COMMIT")
         except sqlite3.OperationalError:
             self._db.execute("ROLLBACK")
+            return False
+        return True
 
     def _assemble(self, listed: list[_Listed], blob_of: dict[str, str],
                   stored: dict[tuple[str, str], tuple[Any, ...]], read_problems: dict[str, str],
-                  problems: list[str]) -> RecordSet:
-        machines: dict[str, str] = {}
-        images: dict[str, ImageSuspectRecord] = {}
+                  problems: list[str]) -> tuple[Any, ...]:
+        """What a RecordSet is built from, in plain values (marshal stores it as a snapshot): problems,
+        unreadable machine ids, machines [(id, blob, file)], image blobs, bad machines [(id, gpu, status)],
+        perf [(id, gpu, samples, median, last)], status counts."""
+        machines: list[tuple[str, str, str]] = []
         image_blobs: list[str] = []
         unreadable: set[str] = set()
-        bad: set[str] = set()
-        perf: dict[str, MachinePerf] = {}
-        gpu_of: dict[str, str | None] = {}
-        status_of: dict[str, str] = {}
+        bad: list[tuple[str, str | None, str]] = []
+        perf: list[tuple[str, str | None, int, float, float]] = []
         counts: dict[str, int] = {}
         for item in listed:
             is_machine = item.kind == "m"
@@ -564,17 +617,24 @@ class RecordIndex:
                     unreadable.add(stem)
                 continue
             if is_machine:
-                machines[key] = blob
-                self._evidence.files[blob] = item.file
+                machines.append((key, blob, item.file))
                 counts[status] = counts.get(status, 0) + 1
                 if status in ("bad", "banned"):  # MachineRecord.is_bad
-                    bad.add(key)
-                    gpu_of[key] = gpu_name
-                    status_of[key] = status
+                    bad.append((key, gpu_name, status))
                 if samples:
-                    perf[key] = MachinePerf(key, gpu_name, samples, median, last)
+                    perf.append((key, gpu_name, samples, median, last))
             else:
                 image_blobs.append(blob)
+        return (problems, sorted(unreadable), machines, image_blobs, bad, perf, counts)
+
+    def _record_set(self, view: tuple[Any, ...], snapshot_key: tuple[str, str], token: str | None) -> RecordSet:
+        problems, unreadable, machine_rows, image_blobs, bad_rows, perf_rows, counts = view
+        machines: dict[str, str] = {}
+        files = self._evidence.files
+        for mid, blob, file in machine_rows:
+            machines[mid] = blob
+            files[blob] = file
+        images: dict[str, ImageSuspectRecord] = {}
         if image_blobs:
             marks = ",".join("?" * len(image_blobs))
             loaded = {b: pickle.loads(d) for b, d in self._db.execute(  # noqa: S301 - our own index rows
@@ -582,61 +642,93 @@ class RecordIndex:
             for blob in image_blobs:
                 img = loaded[blob]
                 images[img.image_digest] = img
-        frozen_unreadable = frozenset(unreadable)
-        return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozen_unreadable,
-                                    bad_machine_ids=frozenset(bad), perf=perf, status_counts=counts,
-                                    bad_marks=lambda: self._bad_marks(machines),
-                                    bad_machines=lambda: self._bad_machines(machines, bad, gpu_of, status_of),
-                                    last_prices=lambda: self._last_prices(machines))
+        bad = {mid for mid, _, _ in bad_rows}
+        gpu_of = {mid: gpu for mid, gpu, _ in bad_rows}
+        status_of = {mid: status for mid, _, status in bad_rows}
+        memo = _SnapshotViews(self._db, snapshot_key, token)
+        return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozenset(unreadable),
+                                    bad_machine_ids=frozenset(bad), status_counts=counts,
+                                    perf=lambda: {row[0]: MachinePerf(*row) for row in perf_rows},
+                                    bad_marks=lambda: memo.get("marks", lambda: self._bad_marks(machines)),
+                                    bad_machines=lambda: self._bad_machines_of(
+                                        memo.get("bad_view", lambda: self._bad_views(machines, bad)),
+                                        machines, gpu_of, status_of),
+                                    last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)))
 
-    def _bad_machines(self, machines: dict[str, str], bad: set[str],
-                      gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
-        """RecordSet.bad_machines from the bad_view column: two entries per bad machine, not its record."""
-        views: dict[str, Any] = {}
-        blobs = sorted({machines[m] for m in bad})
-        for start in range(0, len(blobs), 500):
-            chunk = blobs[start:start + 500]
+    # --- snapshots: the whole answer for one unchanged listing -----------------------------------------------
+
+    def _snapshot(self, key: tuple[str, str], stats: dict[str, tuple[int, int, int, int, int]]) -> RecordSet | None:
+        """The RecordSet of the snapshot stored for exactly these files with exactly these stats, if any."""
+        token = _stats_token(stats)
+        row = self._db.execute("SELECT view FROM snapshots WHERE dir = ? AND shown = ? AND token = ?",
+                               (*key, token)).fetchone()
+        if row is None:
+            return None
+        return self._record_set(marshal.loads(row[0]), key, token)  # noqa: S302 - our own index rows
+
+    def _store_snapshot(self, key: tuple[str, str], stats: dict[str, tuple[int, int, int, int, int]],
+                        view: tuple[Any, ...]) -> str | None:
+        token = _stats_token(stats)
+        try:
+            self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?,NULL,NULL,NULL)",
+                             (*key, token, marshal.dumps(view)))
+        except sqlite3.OperationalError:  # another process is writing: the next command stores it
+            return None
+        return token
+
+    def _column(self, column: str, blobs: list[str]) -> dict[str, Any]:
+        """blob -> a machine blob's `column` (marks, bad_view, last_price): from the blobs parsed by the last
+        load (a cold build has them all in memory), the rest from the index in chunked queries."""
+        assert column in ("marks", "bad_view", "last_price")
+        out: dict[str, Any] = {}
+        missing = []
+        fresh = self._fresh
+        for blob in blobs:
+            parsed = fresh.get(blob)
+            if parsed is None:
+                missing.append(blob)
+            else:
+                out[blob] = getattr(parsed, column)
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
             marks = ",".join("?" * len(chunk))
-            query = f"SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
-            for blob, data in self._db.execute(query, chunk):
-                views[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
+            query = f"SELECT blob, {column} FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
+            out.update(self._db.execute(query, chunk).fetchall())
+        return out
+
+    def _bad_views(self, machines: dict[str, str], bad: set[str]) -> dict[str, Any]:
+        """machine id -> its bad_view column (host, note, marking index, marking entry, last index, last entry)."""
+        views = self._column("bad_view", sorted({machines[m] for m in bad}))
+        return {mid: marshal.loads(views[machines[mid]]) for mid in bad}  # noqa: S302 - our own index rows
+
+    def _bad_machines_of(self, views: dict[str, Any], machines: dict[str, str],
+                         gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
+        """RecordSet.bad_machines from the bad_view column: two entries per bad machine, not its record."""
         source = self._evidence
         out = []
-        for mid in sorted(bad):
+        for mid in sorted(views):
             blob = machines[mid]
-            host_id, note, marking_i, marking, last_i, last = views[blob]
+            host_id, note, marking_i, marking, last_i, last = views[mid]
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
                                   _entry(last, source, blob, last_i), status_of[mid]))
         return out
 
     def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:
         """RecordSet.last_prices from the last_price column."""
-        by_blob: dict[str, float | None] = {}
-        blobs = list(dict.fromkeys(machines.values()))
-        for start in range(0, len(blobs), 500):
-            chunk = blobs[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT blob, last_price FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
-            by_blob.update(self._db.execute(query, chunk).fetchall())
+        by_blob = self._column("last_price", list(dict.fromkeys(machines.values())))
         return {mid: by_blob[blob] for mid, blob in machines.items()}
 
     def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
         """RecordSet.bad_marks from the marks column: no record is built."""
-        by_blob: dict[str, list[tuple[str | None, str]]] = {}
-        blobs = list(dict.fromkeys(machines.values()))
-        for start in range(0, len(blobs), 500):
-            chunk = blobs[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            query = f"SELECT blob, marks FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
-            for blob, data in self._db.execute(query, chunk):
-                by_blob[blob] = marshal.loads(data)  # noqa: S302 - our own index rows
-        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in by_blob[blob]]
+        by_blob = self._column("marks", list(dict.fromkeys(machines.values())))
+        loads = marshal.loads
+        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in loads(by_blob[blob])]
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
         out: dict[str, MachineRecord] = {}
         wanted = list(blobs)
         source = self._evidence
-        entry_fields = _ENTRY_FIELDS
+        at = _EVIDENCE_AT
         for start in range(0, len(wanted), 500):
             chunk = wanted[start:start + 500]
             marks = ",".join("?" * len(chunk))
@@ -644,24 +736,23 @@ class RecordIndex:
                                     chunk).fetchall()
             for blob, data in rows:
                 mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
-                if _EVIDENCE_LAST:
-                    benchmarks = tuple(BenchmarkEntry(*e, StoredEvidence(source, blob, i))  # type: ignore[call-arg]
-                                       for i, e in enumerate(entries))
-                else:
-                    benchmarks = tuple(BenchmarkEntry(**dict(zip(entry_fields, e, strict=True)),
-                                                      evidence=StoredEvidence(source, blob, i))
-                                       for i, e in enumerate(entries))
+                benchmarks = tuple(BenchmarkEntry(*e[:at], StoredEvidence(source, blob, i), *e[at:])  # type: ignore[call-arg]
+                                   for i, e in enumerate(entries))
                 out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
                                           benchmarks=benchmarks)
         return out
 
 
+def _stats_token(stats: dict[str, tuple[int, int, int, int, int]]) -> str:
+    """Names one listing: every file's path and (device, inode, size, mtime, ctime), in listing order."""
+    return hashlib.sha1(repr(stats).encode(), usedforsecurity=False).hexdigest()
+
+
 def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, index: int | None) -> BenchmarkEntry | None:
+    """A BenchmarkEntry from its indexed row (fields in order, evidence left out), its evidence read on use."""
     if row is None or index is None:
         return None
-    if _EVIDENCE_LAST:
-        return BenchmarkEntry(*row, StoredEvidence(source, blob, index))  # type: ignore[call-arg]
-    return BenchmarkEntry(**dict(zip(_ENTRY_FIELDS, row, strict=True)), evidence=StoredEvidence(source, blob, index))
+    return BenchmarkEntry(*row[:_EVIDENCE_AT], StoredEvidence(source, blob, index), *row[_EVIDENCE_AT:])  # type: ignore[call-arg]
 
 
 def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> RecordSet:

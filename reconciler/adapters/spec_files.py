@@ -7,17 +7,19 @@ JSON path, the bad value and what was expected; a bad spec is a permanent error 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import pickle
+import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import jsonschema
-import yaml
+from typing import TYPE_CHECKING, Any, cast
 
 from reconciler import SCHEMA_DIR
+from reconciler.adapters.cache_files import cache_file
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
 from reconciler.domain.spec import (
     BenchmarkSettings,
@@ -38,6 +40,13 @@ from reconciler.domain.spec import (
 )
 from reconciler.domain.workload import GIB_IN_GB, ram_shortfall
 
+if TYPE_CHECKING:
+    import jsonschema
+    import yaml
+
+# PyYAML and jsonschema are imported where they are used: a command whose spec is unchanged since it was last
+# validated (load_spec_cached) imports neither (~0.1 s of a read-only command's start).
+
 SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
 
 
@@ -46,6 +55,8 @@ SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
 
 @cache
 def _spec_validator() -> jsonschema.Draft202012Validator:
+    import jsonschema
+
     schema = json.loads(SPEC_SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     # JSON Schema counts 1.0 as an integer; a slot count of 1.0 would then break range() downstream.
@@ -57,6 +68,8 @@ def _spec_validator() -> jsonschema.Draft202012Validator:
 
 def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], int]]:
     """Map every JSON path in a composed YAML tree to its 1-based line number."""
+    import yaml
+
     yield path, node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
@@ -244,6 +257,8 @@ def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any,
 
 def _duplicate_keys(node: yaml.Node, file: str, path: tuple[Any, ...] = ()) -> Iterable[SpecProblem]:
     """YAML loaders keep the last of two equal keys silently; an operator's second `count:` must not win unseen."""
+    import yaml
+
     if isinstance(node, yaml.MappingNode):
         first_line: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -300,12 +315,16 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
 
 def _first_alias(text: str) -> yaml.AliasEvent | None:
     """The first alias in the text, found by the event parser (linear: nothing is expanded)."""
+    import yaml
+
     return next((event for event in yaml.parse(text, Loader=yaml.SafeLoader) if isinstance(event, yaml.AliasEvent)),
                 None)
 
 
 def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, list[SpecProblem]]:
     """Validate spec text. Returns (spec or None, every problem found: errors and warnings)."""
+    import yaml
+
     try:
         alias = _first_alias(text)
         if alias is not None:
@@ -355,4 +374,67 @@ def load_spec(path: str | Path) -> FleetSpec:
     spec, problems = check_spec_text(text, str(path))
     if spec is None:
         raise SpecError(problems)
+    return spec
+
+
+# --- the validated-spec cache ------------------------------------------------------------------------------------
+
+#: Bump when what the cache file holds changes.
+_SPEC_CACHE_FORMAT = 1
+
+
+def _validation_inputs() -> bytes:
+    """Everything besides the spec's bytes that validation's outcome depends on: the schema, the code of this
+    module and of the domain (semantic checks, the FleetSpec classes), the Python version, and which PyYAML
+    and jsonschema are installed (their files' size and mtime; found without importing them)."""
+    import importlib.util
+
+    import reconciler.domain
+
+    h = hashlib.sha256(f"{_SPEC_CACHE_FORMAT}\0{sys.version}\0".encode())
+    h.update(SPEC_SCHEMA_PATH.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    for source in sorted(Path(reconciler.domain.__file__).parent.glob("*.py")):
+        h.update(source.name.encode() + b"\0" + source.read_bytes())
+    for library in ("yaml", "jsonschema"):
+        found = importlib.util.find_spec(library)
+        origin = found.origin if found is not None else None
+        if origin:
+            st = os.stat(origin)
+            h.update(f"{origin}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.digest()
+
+
+def spec_cache_path(spec_path: Path) -> Path:
+    """Where load_spec_cached keeps the last valid spec of the directory holding `spec_path`."""
+    return cache_file(spec_path.parent, "spec", ".pickle")
+
+
+def load_spec_cached(path: str | Path, cache: Path | None = None) -> FleetSpec:
+    """`load_spec`, remembering a spec that passed by the hash of its bytes, of the name it was loaded under
+    and of everything validation depends on (`_validation_inputs`): a read-only command whose spec has not
+    changed neither parses nor validates it again, and imports neither PyYAML nor jsonschema. A spec with
+    problems is never remembered (its errors are reported in full each time). The cache (`cache`, default
+    `spec_cache_path`) is rebuildable: a missing, unreadable or foreign file only means validating again."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return load_spec(path)  # its error names the file and the problem
+    key = hashlib.sha256(raw + b"\0" + str(path).encode() + b"\0" + _validation_inputs()).hexdigest()
+    cache = cache if cache is not None else spec_cache_path(path)
+    try:
+        stored = pickle.loads(cache.read_bytes())  # noqa: S301 - our own cache file, in the git dir
+    except Exception:  # missing, unreadable, truncated or foreign: validate again and rewrite it
+        stored = None
+    if isinstance(stored, dict) and stored.get("key") == key and isinstance(stored.get("spec"), FleetSpec):
+        return cast(FleetSpec, stored["spec"])
+    spec = load_spec(path)
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(pickle.dumps({"key": key, "spec": spec}, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, cache)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError:  # a read-only git dir: validate every time
+        tmp.unlink(missing_ok=True)
     return spec

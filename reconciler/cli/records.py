@@ -111,6 +111,9 @@ def _clip(text: str) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    return ["  " + "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in [headers, *rows]]
+    table = [[str(cell) for cell in row] for row in [headers, *rows]]
+    if any(len(row) != len(headers) for row in table):
+        raise ValueError("every row needs one cell per header")
+    widths = [max(map(len, column)) for column in zip(*table, strict=True)]
+    line = "  " + "  ".join(f"{{:<{w}}}" for w in widths)  # one format call per row: 10,000 perf rows
+    return [line.format(*row).rstrip() for row in table]

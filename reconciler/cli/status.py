@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from reconciler.adapters.record_index import load_indexed
-from reconciler.adapters.spec_files import load_spec
+from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import RecordError
 from reconciler.domain.spec import SpecError
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             last_pass = None
     now = args.at or datetime.now(UTC)
     try:
-        spec = load_spec(spec_dir / "fleet.yaml")
+        spec = load_spec_cached(spec_dir / "fleet.yaml")
     except SpecError as exc:
         print(f"fleet status: stalled: {exc}", file=sys.stderr)
         if html_out is not None:

@@ -296,7 +296,8 @@ class RecordSet:
     @classmethod
     def with_views(cls, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord],
                    problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
-                   bad_machine_ids: frozenset[str], perf: Mapping[str, MachinePerf],
+                   bad_machine_ids: frozenset[str],
+                   perf: Mapping[str, MachinePerf] | Callable[[], Mapping[str, MachinePerf]],
                    status_counts: Mapping[str, int],
                    bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
                    bad_machines: Callable[[], list[BadMachine]] | None = None,
@@ -306,7 +307,10 @@ class RecordSet:
         (tests/unit/test_record_index.py compares them)."""
         out = cls(machines, images, problems, unreadable_machine_ids)
         out._derived["bad"] = frozenset(bad_machine_ids) | unreadable_machine_ids
-        out._derived["perf"] = dict(perf)
+        if callable(perf):  # built on first use: most commands never read the 10,000 perf rows
+            out._derived["perf_from"] = perf
+        else:
+            out._derived["perf"] = dict(perf)
         out._derived["counts"] = dict(sorted(status_counts.items()))
         if bad_marks is not None:
             out._derived["marks_from"] = bad_marks
@@ -387,7 +391,8 @@ class RecordSet:
     def perf_history(self) -> dict[str, MachinePerf]:
         """Per machine with measured rates; a fresh dict each call (the callers' to keep or change)."""
         if "perf" not in self._derived:
-            self._derived["perf"] = perf_history(self.machines.values())
+            source = self._derived.get("perf_from")
+            self._derived["perf"] = dict(source()) if source is not None else perf_history(self.machines.values())
         return dict(self._derived["perf"])
 
 

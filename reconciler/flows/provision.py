@@ -27,7 +27,7 @@ from reconciler.adapters.slot_provider import (
     load_slot_state,
     save_slot_state,
 )
-from reconciler.adapters.spec_files import load_spec
+from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.domain import errors
 from reconciler.domain.marketplace import MarketplaceAuthError, MarketplaceError
 from reconciler.domain.planner import (
@@ -297,7 +297,7 @@ def read_controller_secret(path: Path | None) -> bytes:
 
 def load_inputs(spec_path: Path, out: TextIO) -> tuple[FleetSpec, RecordSet]:
     try:
-        spec = load_spec(spec_path)
+        spec = load_spec_cached(spec_path)
     except SpecError as exc:
         raise ApplyError(str(exc)) from None
     records = load_indexed(spec_path.parent)

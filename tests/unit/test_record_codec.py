@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 
 from reconciler import SCHEMA_DIR
 from reconciler.adapters import record_codec
-from reconciler.adapters.record_files import parse_machine_record, render_machine_record
+from reconciler.adapters.record_files import (
+    ENTRY_FIELDS,
+    _entry_decoder,
+    parse_machine_record,
+    parse_machine_rows,
+    render_machine_record,
+)
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -197,3 +203,135 @@ def test_the_compiled_image_record_check_agrees_with_jsonschema(doc: dict[str, A
 
 def test_a_schema_keyword_the_compiler_does_not_know_keeps_jsonschema() -> None:
     assert record_codec.compile_schema({"type": "object", "oneOf": [{"required": ["a"]}]}) is None
+
+
+# --- the typed entry decoder (msgspec): the same rows as the stdlib decoder + the schema check ---------------
+
+ENTRY_CHECK = record_codec.compile_schema({**MACHINE_SCHEMA["$defs"]["entry"], "$defs": MACHINE_SCHEMA["$defs"]})
+
+
+def _general_rows(lines: list[str], evidence: bool) -> list[tuple[Any, ...]] | None:
+    """The rows the general path gives for these entry lines (stdlib decoder, else the YAML loader, then the
+    compiled check), or None where it refuses them (not YAML, or an entry the schema refuses)."""
+    try:
+        entries = record_codec.decode_entry_lines(lines)
+    except record_codec.NotFast:
+        try:
+            entries = yaml.load("benchmarks:\n" + "\n".join(lines), Loader=LOADER)["benchmarks"]  # noqa: S506
+        except yaml.YAMLError:
+            return None
+    assert ENTRY_CHECK is not None
+    if not all(ENTRY_CHECK(e) for e in entries):
+        return None
+    wanted = [(n, d) for n, d in ENTRY_FIELDS if evidence or n != "evidence"]
+    return [tuple(e[n] if n in e else (d() if callable(d) else d) for n, d in wanted) for e in entries]
+
+
+def _check_typed_against_general(lines: list[str]) -> bool:
+    """Whenever the typed decoder returns rows, the general path gives the same; True if it returned rows."""
+    taken = False
+    for evidence in (True, False):
+        decoder = _entry_decoder(evidence)
+        assert decoder is not None, "msgspec is a dependency: the typed decoder must be built from the schema"
+        rows = decoder(lines)
+        if rows is None:
+            continue
+        taken = True
+        general = _general_rows(lines, evidence)
+        assert general is not None, lines
+        assert _same([list(r) for r in rows], [list(r) for r in general])
+        if evidence:  # the evidence decoded exactly (it is left out of the index's rows)
+            index = [n for n, _ in ENTRY_FIELDS].index("evidence")
+            assert all(type(r[index]) is dict for r in rows)
+    return taken
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records())
+def test_the_typed_entry_decoder_reads_a_rendered_record_as_the_stdlib_path_does(record: MachineRecord) -> None:
+    try:
+        _, lines = record_codec.split_fast(render_machine_record(record))
+    except record_codec.NotFast:
+        return
+    _check_typed_against_general(lines)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_whenever_the_typed_decoder_accepts_a_hand_edited_text_the_stdlib_path_reads_the_same(
+        data: st.DataObject) -> None:
+    text = data.draw(_mutations(BASE))
+    try:
+        _, lines = record_codec.split_fast(text)
+    except record_codec.NotFast:
+        return
+    _check_typed_against_general(lines)
+
+
+@st.composite
+def _entry_lines(draw: st.DrawFn) -> list[str]:
+    """Entries as JSON lines, some schema-valid, some not (wrong types, unknown or missing fields, odd values)."""
+    docs = _schema_documents()
+    out = []
+    for _ in range(draw(st.integers(1, 3))):
+        doc = draw(docs)
+        entry = doc["benchmarks"][0] if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), list) \
+            and doc["benchmarks"] else doc
+        try:
+            out.append("- " + json.dumps(entry))
+        except (TypeError, ValueError):
+            out.append("- {}")
+    return out
+
+
+@settings(max_examples=800, deadline=None)
+@given(_entry_lines())
+def test_the_typed_entry_decoder_accepts_only_what_jsonschema_accepts(lines: list[str]) -> None:
+    validator = jsonschema.Draft202012Validator({**MACHINE_SCHEMA["$defs"]["entry"], "$defs": MACHINE_SCHEMA["$defs"]})
+    if _check_typed_against_general(lines):
+        for line in lines:
+            assert validator.is_valid(json.loads(line[2:]))
+
+
+@pytest.mark.parametrize("line", [
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", '
+    '"proofs_per_hour": 1e5}',                                        # a string to YAML: the schema refuses it
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", '
+    '"proofs_per_hour": true}',                                       # a bool is not a number
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", '
+    '"proofs_per_hour": -1}',                                         # minimum 0
+    '- {"instance_id": "", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r"}',
+    '- {"instance_id": "i", "at": "t", "verdict": "fine", "blame": "none", "marks_bad": false, "reason": "r"}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": 0, "reason": "r"}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", "x": 1}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", '
+    '"evidence": null}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", '
+    '"evidence": [1]}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "\\/"}',
+    '- {"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "\tx"}',
+])
+def test_entries_the_schema_refuses_or_yaml_reads_otherwise_leave_the_typed_decoder(line: str) -> None:
+    for evidence in (True, False):
+        decoder = _entry_decoder(evidence)
+        assert decoder is not None
+        assert decoder([line]) is None
+
+
+def test_a_record_as_the_reconciler_writes_it_takes_the_typed_path() -> None:
+    """The fast path is really taken (not silently always falling back): a usual entry, numbers that are ints
+    and floats, evidence with nested values and an exponent inside the evidence."""
+    entry = BenchmarkEntry("i-1", "2026-12-02T18:00:00Z", "below-min-rate", "machine", True, "slow: 21.0/h < 40/h",
+                           pool="rtx4090-a", proofs_per_hour=21.0, seconds_per_proof=171.4, min_rate_proofs_per_hour=40,
+                           evidence={"log_tail": ["[1/10] ok — 116.1s"], "proofs": {"requested": 10}, "x": 1.5e-07})
+    record = MachineRecord("40213", status="bad", host_id="7000", gpu_name="RTX 4090", benchmarks=(entry,))
+    text = render_machine_record(record)
+    _, lines = record_codec.split_fast(text)
+    rows = _entry_decoder(True)(lines)  # type: ignore[misc]
+    assert rows is not None and BenchmarkEntry(*rows[0]) == entry
+    assert type(rows[0][[n for n, _ in ENTRY_FIELDS].index("min_rate_proofs_per_hour")]) is int  # 40 stays 40
+    assert _entry_decoder(False)(lines) is not None  # type: ignore[misc]
+    assert parse_machine_rows(text, Path("40213.yaml"), evidence=False)[1] == \
+        [tuple(v for (n, _), v in zip(ENTRY_FIELDS, rows[0], strict=True) if n != "evidence")]
+    assert parse_machine_record(text, Path("40213.yaml")) == record

@@ -187,6 +187,7 @@ def test_a_file_whose_blob_left_the_index_is_read_again(repo: Path) -> None:
     _index(repo).load(spec)
     with sqlite3.connect(default_index_path(spec)) as db:  # as pruning leaves it: the file row, no blob row
         db.execute("DELETE FROM blobs WHERE kind = 'm'")
+        db.execute("DELETE FROM snapshots")  # (pruning drops every snapshot: none may name a pruned blob)
     index = _index(repo)
     assert_same(index.load(spec), spec)
     assert index.parsed == 3
@@ -213,6 +214,47 @@ def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path:
     assert_same(index.load(spec), spec)
     assert index.parsed == 10
     assert_same(RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec), spec)  # what was stored
+
+
+def test_an_unchanged_listing_is_answered_from_the_snapshot_and_every_change_leaves_it(repo: Path) -> None:
+    """The snapshot (the whole answer for one listing) is used only while every file's stat is what it was;
+    its derived views (kill-budget marks, bad-machine entries, prices) are kept on first use."""
+    spec = repo / "fleet-spec"
+    first = _index(repo)
+    assert_same(first.load(spec), spec)
+    assert not first.from_snapshot
+    for _ in range(2):  # the first computes the derived views and keeps them, the second reads them
+        again = _index(repo)
+        records = again.load(spec)
+        assert again.from_snapshot and (again.parsed, again.hashed) == (0, 0)
+        assert_same(records, spec)
+    path = machine_record_path(spec, "222")
+    changes = [
+        lambda: path.write_text(path.read_text().replace("status: bad", "status: pardoned")),  # a human edit
+        lambda: git(repo, "checkout", "--quiet", "--", "fleet-spec"),  # a revert of it
+        lambda: _write(spec, _record("444", 10.0, bad=True)),  # a new record
+        lambda: machine_record_path(spec, "111").unlink(),  # a deleted one
+        lambda: os.utime(path),  # touched, same content: hashed again, nothing parsed
+    ]
+    for change in changes:
+        change()
+        index = _index(repo)
+        records = index.load(spec)
+        assert not index.from_snapshot
+        assert_same(records, spec)
+        again = _index(repo)
+        assert_same(again.load(spec), spec)
+        assert again.from_snapshot
+
+
+def test_no_snapshot_is_kept_of_a_file_that_had_not_settled(tmp_path: Path) -> None:
+    spec = tmp_path / "spec"
+    path = _write(spec, _record("333", 50.0))
+    stamp = os.stat(path).st_mtime_ns
+    for _ in range(2):  # read in the tick it was written: its stat proves nothing yet
+        index = RecordIndex(tmp_path / "index.sqlite", clock_ns=lambda: stamp)
+        assert_same(index.load(spec), spec)
+        assert not index.from_snapshot and index.hashed == 1
 
 
 def test_git_blob_ids_match_git(repo: Path) -> None:
@@ -249,3 +291,6 @@ def test_the_indexed_recordset_equals_load_records_over_random_edits(
                     text = render_machine_record(_record(name, 40.0, 10.0, bad=True))
                 (spec / "machines" / f"{name}.yaml").write_text(text.replace("{m}", name), encoding="utf-8")
             assert_same(index.load(spec), spec)
+            again = RecordIndex(Path(tmp) / "index.sqlite", clock_ns=ahead)  # the next command: from the snapshot
+            assert_same(again.load(spec), spec)
+            assert again.from_snapshot
