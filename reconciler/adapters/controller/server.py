@@ -508,8 +508,20 @@ def _edge_protocol(limits: EdgeLimits, reports: tuple[ControllerApi, GroupCommit
 # --- the ASGI app ----------------------------------------------------------------------------------------
 
 
+#: json.dumps's default encoder, its C core built once (json.dumps builds it on every call).
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_response_encoder = None if _c_make_encoder is None else _c_make_encoder(
+    None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+
+
+def _json_text(value: Any) -> str:
+    if _response_encoder is None:
+        return json.dumps(value, ensure_ascii=True)
+    return "".join(_response_encoder(value, 0))
+
+
 def _json_response(response: Response) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps(response.body, ensure_ascii=True).encode("ascii")
+    body = _json_text(response.body).encode("ascii")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii")),
                (b"cache-control", b"no-store")]
     if response.close:
