@@ -174,11 +174,16 @@ class ControllerApi:
             return replace(self.error_response(request, exc), authenticated=True)
 
     def store_prepared(self, prepared: PreparedReport) -> Response:
-        return self.store_all([prepared])[0]
+        stored = self.store_all([prepared])
+        assert stored is not None  # waits for the write lock
+        return stored[0]
 
-    def store_all(self, prepared: list[PreparedReport]) -> list[Response]:
-        """Store prepared reports in one transaction; each gets its own answer (see ControllerStore.write_all)."""
-        outcomes = self.store.write_all([p.write for p in prepared])
+    def store_all(self, prepared: list[PreparedReport], *, wait: bool = True) -> list[Response] | None:
+        """Store prepared reports in one transaction; each gets its own answer (see ControllerStore.write_all;
+        `wait=False`: None when another controller process is writing)."""
+        outcomes = self.store.write_all([p.write for p in prepared], wait=wait)
+        if outcomes is None:
+            return None
         return [self._stored(p, error, result) for p, (error, result) in zip(prepared, outcomes, strict=True)]
 
     def _stored(self, prepared: PreparedReport, error: BaseException | None, result: Any) -> Response:
