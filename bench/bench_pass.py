@@ -57,6 +57,7 @@ class PassTime:
     parsed: int  # files load_records parsed (the rest came from the cache)
     verdicts: int
     records_written: int
+    cpu_s: float = 0.0  # process CPU time of the three phases (the machine is shared: wall time varies with load)
 
     @property
     def total_s(self) -> float:
@@ -113,15 +114,16 @@ def _warm_passes(spec: FleetSpec, spec_dir: Path, cache: RecordCache, records: l
             note = f"bench: rewritten before pass {rep} over {size} instances"
             write_text_atomic(machine_record_path(spec_dir, machine_id),
                               render_machine_record(replace(current.machines[machine_id], note=note)))
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         loaded = load_records(spec_dir, cache)
         t1 = time.perf_counter()
         decision = decide(spec, reports, loaded, frozenset(), None, now)
         t2 = time.perf_counter()
         request = commit_request(decision)
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         written = len(request.changes) if request is not None else 0
-        out.append(PassTime(t1 - t0, t2 - t1, t3 - t2, len(changed), cache.parsed, len(decision.verdicts), written))
+        out.append(PassTime(t1 - t0, t2 - t1, t3 - t2, len(changed), cache.parsed, len(decision.verdicts), written,
+                            c3 - c0))
     return out
 
 
@@ -148,6 +150,6 @@ def _warm_figure(name: str, size: int, machines: int, runs: list[PassTime], repe
         name, total, "s",
         f"median of {repeats}; {first.changed_files} record files changed since the last pass, {first.parsed} "
         f"parsed, the other {machines - first.parsed:,} from the cache: load_records {_median(runs, 'load_s'):.3f} s "
-        f"+ decide {_median(runs, 'decide_s'):.3f} s + render {_median(runs, 'render_s'):.3f} s; "
-        f"{first.verdicts} new verdicts, {first.records_written} records written",
+        f"+ decide {_median(runs, 'decide_s'):.3f} s + render {_median(runs, 'render_s'):.3f} s (CPU "
+        f"{_median(runs, 'cpu_s'):.3f} s); {first.verdicts} new verdicts, {first.records_written} records written",
         target=f"< {TARGET_S:g} s" if target else None, passed=total < TARGET_S if target else None)

@@ -102,7 +102,7 @@ def recorded_failures(records: RecordSet, since: datetime | None = None) -> list
     for rec in records.machines.values():
         for entry in rec.benchmarks:
             at = entry.at
-            if older and at[4:5] == at[7:8] == "-" and at[:10] < older:
+            if at < older and at[4:5] == at[7:8] == "-":  # `at < older`: as at[:10] < older, without a slice
                 continue
             failure = _entry_failure(rec.machine_id, entry)
             if failure is not None and (since is None or failure.at >= since):

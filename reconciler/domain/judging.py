@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
 from reconciler.domain.breaker import KillBudget, apply_guards
 from reconciler.domain.observations import InstanceReport
@@ -109,15 +110,13 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     reports = list(reports)
     judged = set(judged_instance_ids)
     judged_serving = set(judged_serving_ids)
-    passed: set[str] = set()
-    for rec in records.machines.values():
-        judged |= rec.judged_instances()
-        for b in rec.benchmarks:
-            if b.stage == "serving":
-                judged_serving.add(b.instance_id)
-            elif b.verdict == "ok":
-                passed.add(b.instance_id)
-    signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
+    # Every recorded instance is judged (MachineRecord.judged_instances); comprehensions: 100,000 entries.
+    entries = [b for rec in records.machines.values() for b in rec.benchmarks]
+    judged.update([b.instance_id for b in entries])
+    judged_serving.update([b.instance_id for b in entries if b.stage == "serving"])
+    passed = {b.instance_id for b in entries if b.stage != "serving" and b.verdict == "ok"}
+    # Newest signal first, for `judge_serving`'s "anyone heard from since?": only once an instance serves.
+    signals: list[tuple[datetime, str]] | None = None
     machines: dict[str, MachineRecord] = dict(records.machines)
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
@@ -125,7 +124,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
     by_machine: dict[str | None, list[Verdict]] = {}  # this pass's candidates per machine (params strikes)
     unrecordable: list[Verdict] = []
     quarantined: list[tuple[str, str]] = []
-    for report in sorted(reports, key=lambda r: (r.registered_at, r.instance_id)):
+    for report in sorted(reports, key=attrgetter("registered_at", "instance_id")):
         serving = report.instance_id in judged
         if serving and (report.instance_id not in passed or report.instance_id in judged_serving):
             continue
@@ -142,13 +141,17 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             continue
         machine_id = _machine_id(report.machine_id)
         history = machines.get(machine_id) if machine_id else None
-        prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
         verdict: Verdict | None
         try:
             if serving:
-                others = next((t for t, i in signals if i != report.instance_id), None)
+                others = None
+                if report.first("serve", "started") is not None:  # else judge_serving never reads it
+                    if signals is None:
+                        signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
+                    others = next((t for t, i in signals if i != report.instance_id), None)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
             else:
+                prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
                 verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
                                 prior_params_failures=prior)
                 if verdict is None:

@@ -428,6 +428,12 @@ def clean_line(raw: str) -> tuple[str, str]:
 
 def read_tail(lines: Iterable[str]) -> list[LogicalLine]:
     """Clean and join a tail into logical lines (see the module docstring)."""
+    return list(_read_tail(lines if isinstance(lines, tuple) else tuple(lines)))
+
+
+@lru_cache(maxsize=256)
+def _read_tail(lines: tuple[str, ...]) -> tuple[LogicalLine, ...]:
+    # Remembered: the judge reads one attempt's tail several times (classify, error_line, the evidence).
     items = [clean_line(raw) for raw in lines]
     used: set[int] = set()
     out: list[LogicalLine] = []
@@ -464,7 +470,7 @@ def read_tail(lines: Iterable[str]) -> list[LogicalLine]:
         text = f"{tag}: {body.strip()}" if tag else body.strip()
         out.append(LogicalLine(text=text, tag=tag, noise=bool(_NOISE.search(body.strip())) or not body.strip(),
                                tunnel=tag == "tunnel" or bool(_TUNNEL.match(body))))
-    return out
+    return tuple(out)
 
 
 def _next_in_stream(items: list[tuple[str, str]], used: set[int], start: int, tag: str, *,
@@ -492,7 +498,7 @@ def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES, *,
     matcher = _SIGNATURES_MATCHER if table is SIGNATURES else _Matcher(table)
     first = _first_signature if table is SIGNATURES else matcher.first
     best: SignatureMatch | None = None
-    for i, ln in enumerate(read_tail(lines)):
+    for i, ln in enumerate(_read_tail(lines if isinstance(lines, tuple) else tuple(lines))):
         if ln.noise or (ln.tunnel and not include_tunnel):
             continue
         k = first(ln.text, len(ln.tag) + 2 if ln.tag else 0)
@@ -546,8 +552,9 @@ _first_signature = lru_cache(maxsize=1 << 14)(_SIGNATURES_MATCHER.first)
 
 
 def clear_line_memo() -> None:
-    """Forget the remembered line matches (tests: a cold start gives the same answers)."""
+    """Forget the remembered tails and line matches (tests: a cold start gives the same answers)."""
     _first_signature.cache_clear()
+    _read_tail.cache_clear()
 
 
 _ERRORISH = re.compile(r"\b(?:error|errors|failed|failure|fatal|panicked|exception|denied|refused|killed|abort(?:ed)?"
@@ -557,7 +564,8 @@ _ERRORISH = re.compile(r"\b(?:error|errors|failed|failure|fatal|panicked|excepti
 def error_line(lines: Iterable[str], *, include_tunnel: bool = False) -> str | None:
     """Without a signature: the last line that reads like an error (never noise or a tunnel line), else the
     last meaningful line."""
-    usable = [ln for ln in read_tail(lines) if not ln.noise and (include_tunnel or not ln.tunnel)]
+    usable = [ln for ln in _read_tail(lines if isinstance(lines, tuple) else tuple(lines))
+              if not ln.noise and (include_tunnel or not ln.tunnel)]
     for ln in reversed(usable):
         if _ERRORISH.search(ln.text) and not re.search(r"\b(?:INFO|DEBUG|TRACE)\b", ln.text[:40]):
             return ln.text

@@ -6,7 +6,10 @@ redaction remembers the lines it has redacted.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 
 from reconciler.domain.breaker import recorded_failures
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
@@ -52,3 +55,28 @@ def test_remembered_redaction_equals_redaction() -> None:
         assert [redact_line(line) for line in lines] == [plain.line(line) for line in lines]
         assert redact_lines(lines) == plain.lines(lines)
     assert VAST_KEY not in "".join(redact_lines(lines))
+
+
+def _plain_reference(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(k): _plain_reference(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_reference(v) for v in value]
+    return value
+
+
+def test_an_entry_renders_as_the_plain_copy_of_its_fields() -> None:
+    evidence = {"log_tail": ("a", "b"), "phases": MappingProxyType({"params": "t"}), 3: [1.5, None, True],
+                "nested": {"x": ({"y": ()},)}, "empty": {}}
+    entries = [BenchmarkEntry("i1", "2026-12-03T06:00:00Z", "ok", "none", False, "r"),
+               BenchmarkEntry("i2", "2026-12-03T06:00:00Z", "timeout", "unknown", True, "r", pool="p",
+                              proofs_per_hour=0.0, probation=False, evidence=evidence),
+               BenchmarkEntry("i3", "t", "ok", "none", False, "r", evidence=MappingProxyType({}))]
+    for entry in entries:
+        want = {f.name: _plain_reference(getattr(entry, f.name)) for f in fields(entry)
+                if f.name != "evidence" and getattr(entry, f.name) is not None and getattr(entry, f.name) != {}}
+        if entry.evidence:
+            want["evidence"] = _plain_reference(entry.evidence)
+        got = entry.to_yaml_dict()
+        assert got == want and list(got) == list(want)
+        assert got.get("evidence") is not entry.evidence

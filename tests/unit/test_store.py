@@ -269,7 +269,7 @@ def test_refuses_files_it_cannot_use(tmp_path: Path) -> None:
 def test_store_file_is_wal_with_schema_version(tmp_path: Path, store: ControllerStore) -> None:
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2  # v2 added the directives table (serving)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3  # v2 added directives, v3 re-keyed events
     conn.close()
 
 

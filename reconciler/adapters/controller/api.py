@@ -89,6 +89,13 @@ class PreparedReport:
     limit_note: str = ""
 
 
+#: Store refusals as answers: (status, error, how the detail is worded).
+_REFUSALS: dict[type[BaseException], tuple[int, str, str]] = {
+    UnknownInstance: (404, "unknown instance", "register"), InstanceDestroyed: (410, "instance destroyed", ""),
+    ResultConflict: (409, "result conflict", ""), EventLimitExceeded: (422, "event limit reached", "batch"),
+}
+
+
 def _status_answer(status: Any) -> Mapping[str, Any]:
     return {"status": status}
 
@@ -167,21 +174,27 @@ class ControllerApi:
             return replace(self.error_response(request, exc), authenticated=True)
 
     def store_prepared(self, prepared: PreparedReport) -> Response:
-        try:
-            try:
-                return Response(200, prepared.answer(self.store.write(prepared.write)), authenticated=True)
-            except UnknownInstance as exc:
-                raise ApiError(404, "unknown instance", f"{exc}; register first") from None
-            except InstanceDestroyed as exc:
-                raise ApiError(410, "instance destroyed", str(exc)) from None
-            except ResultConflict as exc:
-                raise ApiError(409, "result conflict", str(exc)) from None
-            except EventLimitExceeded as exc:
-                raise ApiError(422, "event limit reached", f"{exc}{prepared.limit_note}") from None
-        except ApiError as exc:
-            return replace(self.error_response(prepared.request, exc), authenticated=True)
-        except sqlite3.Error as exc:
-            return replace(self._store_unavailable(prepared.request, exc), authenticated=True)
+        return self.store_all([prepared])[0]
+
+    def store_all(self, prepared: list[PreparedReport]) -> list[Response]:
+        """Store prepared reports in one transaction; each gets its own answer (see ControllerStore.write_all)."""
+        outcomes = self.store.write_all([p.write for p in prepared])
+        return [self._stored(p, error, result) for p, (error, result) in zip(prepared, outcomes, strict=True)]
+
+    def _stored(self, prepared: PreparedReport, error: BaseException | None, result: Any) -> Response:
+        if error is None:
+            return Response(200, prepared.answer(result), authenticated=True)
+        if isinstance(error, sqlite3.Error):
+            return replace(self._store_unavailable(prepared.request, error), authenticated=True)
+        refusal = _REFUSALS.get(type(error))
+        if refusal is None:
+            log.error("internal error storing %s %s: %r", prepared.request.method,
+                      urlsplit(prepared.request.target).path, error)
+            return Response(500, {"error": "internal error", "detail": None}, close=True, authenticated=True)
+        status, reason, note = refusal
+        detail = f"{error}; register first" if note == "register" else f"{error}{prepared.limit_note}" \
+            if note == "batch" else str(error)
+        return replace(self.error_response(prepared.request, ApiError(status, reason, detail)), authenticated=True)
 
     @staticmethod
     def error_response(request: Request, exc: ApiError) -> Response:

@@ -33,7 +33,6 @@ import email.utils
 import json
 import logging
 import socket
-import sqlite3
 import ssl
 import threading
 import time
@@ -48,7 +47,7 @@ import httptools
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, PreparedReport, Request, Response
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
@@ -222,6 +221,8 @@ class EdgeProtocol(HttpToolsProtocol):
 
     limits: EdgeLimits = EdgeLimits()
     guard: UnauthenticatedConnections
+    #: Worker reports are answered inline (see `_start_asgi_task`) by this API and group commit; None: ASGI only.
+    reports: tuple[ControllerApi, GroupCommit] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -237,6 +238,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._done = False
         self._eof = False
         self.is_authenticated = False
+        self._feeding = False
+        self._inline_pending: tuple[RequestResponseCycle, Any] | None = None
 
     # --- life cycle ---
 
@@ -307,6 +310,7 @@ class EdgeProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if len(self._head_prefix) < 8192:
                 self._head_prefix += data[:8192]
+        self._feeding = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -323,6 +327,11 @@ class EdgeProtocol(HttpToolsProtocol):
             status, error, detail = classify_parse_error(self._head_prefix, exc)
             self._refuse(status, error, detail)
             return
+        finally:
+            self._feeding = False
+            pending, self._inline_pending = self._inline_pending, None
+            if pending is not None:
+                self._start_report(*pending)
         if self._awaiting_head and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(431, "Request header fields too large",
                          f"request head longer than {self.limits.max_head_bytes} bytes")
@@ -364,6 +373,83 @@ class EdgeProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self._eof and not self.pipeline and self.cycle is not None and self.cycle.response_complete:
             self._edge_transport.hard_close() if self._edge_transport is not None else None
+
+    # --- worker reports answered inline ---
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """A worker report whose body is complete is answered without an ASGI task: the API and the group
+        commit are called from the protocol and the answer is written here (same API, same bytes; the task,
+        the receive/send messages and the body deadline's timer cost as much CPU as the API itself). A
+        report whose body is still arriving (large, slow, `Expect: 100-continue`) takes the ASGI path."""
+        if self.reports is not None and cycle.scope["method"] == "POST" and \
+                cycle.scope["path"].startswith(WORKER_PREFIX):
+            if self._feeding:  # its body may be in the data being parsed: decide when the feed is done
+                self._inline_pending = (cycle, app)
+                return
+            if not cycle.more_body:  # a pipelined request started after the previous answer
+                self._answer_inline(cycle)
+                return
+        super()._start_asgi_task(cycle, app)
+
+    def _start_report(self, cycle: RequestResponseCycle, app: Any) -> None:
+        transport = self._edge_transport
+        if self._done or transport is None or transport.is_closing() or cycle.response_complete:
+            return  # refused or closed while parsing: nothing to answer
+        if cycle.more_body:
+            super()._start_asgi_task(cycle, app)
+        else:
+            self._answer_inline(cycle)
+
+    def _answer_inline(self, cycle: RequestResponseCycle) -> None:
+        assert self.reports is not None
+        api, commits = self.reports
+        try:
+            request = request_of(cycle.scope)  # type: ignore[arg-type]  # HTTPScope is a Scope
+            step = api.begin(request)
+            if not isinstance(step, BodyNeeded):
+                self._send_inline(cycle, step)
+                return
+            if cycle.waiting_for_100_continue and self._edge_transport is not None:
+                # As uvicorn's receive() does when the app reads the body: the same bytes on the wire
+                # (a server may omit it once the body is here, RFC 9110 10.1.1; clients accept both).
+                self._edge_transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                cycle.waiting_for_100_continue = False
+            body = bytes(cycle.body)
+            cycle.body = bytearray()
+            if len(body) < step.length:
+                self._send_inline(cycle, api.error_response(request, ApiError(
+                    400, "incomplete body", f"got {len(body)} of {step.length} bytes", close=True)))
+                return
+            commits.submit(request, step, body[:step.length], lambda response: self._send_inline(cycle, response))
+        except Exception:
+            log.exception("internal error on %s %s", cycle.scope["method"], cycle.scope["path"])
+            self._send_inline(cycle, Response(500, {"error": "internal error", "detail": None}, close=True))
+
+    def _send_inline(self, cycle: RequestResponseCycle, response: Response) -> None:
+        """Write the answer as uvicorn's `send` would (default headers, lowercase names, `connection: close`
+        when the connection ends) in one write, then finish the cycle as uvicorn does."""
+        transport = self._edge_transport
+        if self._done or cycle.disconnected or cycle.response_complete or transport is None or \
+                transport.is_closing():
+            return
+        if response.authenticated:
+            self.mark_authenticated()
+        headers, body = _json_response(response)
+        if response.close:
+            cycle.keep_alive = False
+        content = [STATUS_LINE[response.status]]
+        for name, value in (*cycle.default_headers, *headers):
+            content.extend((name, b": ", value, b"\r\n"))
+        if not cycle.keep_alive and not response.close:  # (a closing answer carries the header already)
+            content.append(b"connection: close\r\n")
+        content.extend((b"\r\n", body))
+        cycle.response_started = cycle.response_complete = True
+        cycle.waiting_for_100_continue = False
+        transport.write(b"".join(content))
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            transport.close()
+        cycle.on_response()
 
     # --- answers and closing ---
 
@@ -412,9 +498,10 @@ class EdgeProtocol(HttpToolsProtocol):
         self._refuse(400, "Bad request syntax", msg)
 
 
-def _edge_protocol(limits: EdgeLimits) -> tuple[type[EdgeProtocol], UnauthenticatedConnections]:
+def _edge_protocol(limits: EdgeLimits, reports: tuple[ControllerApi, GroupCommit] | None = None
+                   ) -> tuple[type[EdgeProtocol], UnauthenticatedConnections]:
     guard = UnauthenticatedConnections(limits.max_unauthenticated)
-    protocol = type("ServerEdgeProtocol", (EdgeProtocol,), {"limits": limits, "guard": guard})
+    protocol = type("ServerEdgeProtocol", (EdgeProtocol,), {"limits": limits, "guard": guard, "reports": reports})
     return protocol, guard
 
 
@@ -463,19 +550,27 @@ class GroupCommit:
 
     def __init__(self, api: ControllerApi):
         self.api = api
-        self._queue: list[tuple[Request, BodyNeeded, bytes, asyncio.Future[Response]]] = []
+        self._queue: list[tuple[Request, BodyNeeded, bytes, Callable[[Response], None]]] = []
         self._scheduled = False
         self.flushes = 0
         self.writes = 0
 
     def finish(self, request: Request, step: BodyNeeded, body: bytes) -> asyncio.Future[Response]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Response] = loop.create_future()
-        self._queue.append((request, step, body, future))
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+
+        def deliver(response: Response) -> None:
+            if not future.done():
+                future.set_result(response)
+
+        self.submit(request, step, body, deliver)
+        return future
+
+    def submit(self, request: Request, step: BodyNeeded, body: bytes, deliver: Callable[[Response], None]) -> None:
+        """Store the report with this turn's others; `deliver(response)` once they are committed."""
+        self._queue.append((request, step, body, deliver))
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._flush)  # after the other requests of this turn queued theirs
-        return future
+            asyncio.get_running_loop().call_soon(self._flush)  # after the other requests of this turn queued theirs
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -492,26 +587,20 @@ class GroupCommit:
             except Exception:
                 log.exception("internal error on %s %s", request.method, step.action)
                 prepared.append(internal_error)
-        responses: list[Response] = []
+        # Then every write in one transaction (no savepoints: a write refuses before it modifies anything, and
+        # one that fails otherwise is rolled back and the others stored without it; see write_all).
+        writes = [item for item in prepared if not isinstance(item, Response)]
         try:
-            with self.api.store.group():
-                for (request, step, _, _), item in zip(batch, prepared, strict=True):
-                    if isinstance(item, Response):
-                        responses.append(item)
-                        continue
-                    try:
-                        responses.append(self.api.store_prepared(item))
-                    except Exception:
-                        log.exception("internal error on %s %s", request.method, step.action)
-                        responses.append(internal_error)
-        except sqlite3.Error as exc:
-            log.error("store commit failed for %d reports: %s", len(batch), exc)
-            unavailable = Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
-                                   authenticated=True)
-            responses = [item if isinstance(item, Response) else unavailable for item in prepared]
-        for (_, _, _, future), response in zip(batch, responses, strict=True):
-            if not future.done():
-                future.set_result(response)
+            stored = iter(self.api.store_all(writes))
+            responses = [item if isinstance(item, Response) else next(stored) for item in prepared]
+        except Exception:
+            log.exception("internal error storing %d reports", len(writes))
+            responses = [item if isinstance(item, Response) else internal_error for item in prepared]
+        for (_, _, _, deliver), response in zip(batch, responses, strict=True):
+            try:
+                deliver(response)
+            except Exception:
+                log.exception("could not answer a stored report")
 
 
 def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_timeout_s,
@@ -522,23 +611,7 @@ def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        authorization = content_type = transfer_encoding = None
-        lengths: list[str] = []
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"content-type":
-                content_type = value.decode("latin-1")
-            elif name == b"content-length":
-                lengths.append(value.decode("latin-1").strip())
-            elif name == b"transfer-encoding":
-                transfer_encoding = value.decode("latin-1")
-        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
-        query: bytes = scope.get("query_string", b"")
-        target = raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        request = Request(method=scope["method"], target=target, read_body=_no_sync_body,
-                          authorization=authorization, content_type=content_type,
-                          content_lengths=tuple(lengths), transfer_encoding=transfer_encoding)
+        request = request_of(scope)
         step = api.begin(request)
         if isinstance(step, BodyNeeded):
             try:
@@ -564,6 +637,26 @@ def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_
                 transport.uncork()
 
     return app
+
+
+def request_of(scope: Scope) -> Request:
+    """The API's view of an HTTP request head (ASGI scope)."""
+    authorization = content_type = transfer_encoding = None
+    lengths: list[str] = []
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"content-length":
+            lengths.append(value.decode("latin-1").strip())
+        elif name == b"transfer-encoding":
+            transfer_encoding = value.decode("latin-1")
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query: bytes = scope.get("query_string", b"")
+    target = raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+    return Request(method=scope["method"], target=target, read_body=_no_sync_body, authorization=authorization,
+                   content_type=content_type, content_lengths=tuple(lengths), transfer_encoding=transfer_encoding)
 
 
 def _no_sync_body(length: int) -> bytes:
@@ -649,7 +742,7 @@ class ControllerServer:
         self.commits = GroupCommit(self.api)
         self.app = build_app(self.api, list(extra_routes), body_timeout_s=self.limits.body_timeout_s,
                              commits=self.commits)
-        self.protocol, self.guard = _edge_protocol(self.limits)
+        self.protocol, self.guard = _edge_protocol(self.limits, (self.api, self.commits))
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
