@@ -232,7 +232,7 @@ def _check_typed_against_general(lines: list[str]) -> bool:
     taken = False
     for evidence in (True, False):
         decoder = _entry_decoder(evidence)
-        assert decoder is not None, "msgspec is a dependency: the typed decoder must be built from the schema"
+        assert decoder is not None, "msgspec is a dependency (pyproject.toml): .venv/bin/pip install -e '.[dev]'"
         rows = decoder(lines)
         if rows is None:
             continue

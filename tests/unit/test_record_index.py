@@ -209,10 +209,16 @@ def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path:
     for i in range(9):
         _write(spec, _record(f"{i}00", 40.0 + i, 10.0, bad=i % 3 == 0))
     (spec / "machines" / "broken.yaml").write_text("machine_id: 'broken'\nstatus: maybe\nbenchmarks: []\n")
+    (spec / "machines" / "0dir.yaml").mkdir()  # cannot be read: the child reports it
     index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
-    index.PARALLEL_FROM = 2  # the child parses half of the 10 new blobs
-    assert_same(index.load(spec), spec)
-    assert index.parsed == 10
+    index.PARALLEL_FROM, index.parallel = 2, True  # the child reads and parses half of the 11 files
+    records = index.load(spec)
+    assert index.split and index.parsed == 10 and index.hashed == 10
+    assert any("0dir.yaml: cannot read" in p for p in records.problems)
+    assert_same(records, spec)
+    unsplit = RecordIndex(tmp_path / "other.sqlite", clock_ns=ahead)
+    unsplit.PARALLEL_FROM, unsplit.parallel = 2, False
+    assert unsplit.load(spec) == records and not unsplit.split
     assert_same(RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec), spec)  # what was stored
 
 
