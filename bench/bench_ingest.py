@@ -1,8 +1,10 @@
 """Controller ingest on loopback: events/s (one per request and in batches) and log lines/s accepted by a
-real controller process.
+real controller.
 
-The controller (ControllerStore on SQLite WAL + ControllerServer) runs in its own process, as in
-production; client processes with several threads each post over HTTP/1.1 keep-alive (one connection,
+The controller (ControllerStore on SQLite WAL + ControllerServer) runs as `fleet controller serve` does: its
+default number of processes on this machine (one per CPU, `--workers`), sharing the port and the store; two
+reference rows repeat the event figures with one controller process. Controller CPU is the sum over its
+processes. Client processes with several threads each post over HTTP/1.1 keep-alive (one connection,
 one instance and its own token per thread). Every request is a complete ingest: token check, schema
 validation, redaction, one SQLite transaction. Only 200 answers are counted. Each phase is bounded by a
 request count per thread and a deadline.

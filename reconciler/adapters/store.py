@@ -321,6 +321,17 @@ class WriteLock:
         self.held = False
         self.waits = 0
 
+    def try_acquire(self) -> bool:
+        """Take the lock if no other process holds it; never waits."""
+        if not self.held:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.waits += 1
+                return False
+            self.held = True
+        return True
+
     def acquire(self) -> None:
         if self.held:
             return
@@ -577,12 +588,24 @@ class ControllerStore:
         """Run a write made by one of the `prepare_*` methods, in a committed transaction (see _transaction)."""
         return self._transaction(prepared.body)
 
-    def write_all(self, prepared: Sequence[PreparedWrite[Any]]) -> list[tuple[BaseException | None, Any]]:
+    def write_all(self, prepared: Sequence[PreparedWrite[Any]], *, wait: bool = True
+                  ) -> list[tuple[BaseException | None, Any]] | None:
         """Run many prepared writes in one transaction (with any other thread's queued writes) and return,
         per write, (error, result) once committed. Each write succeeds or fails alone, as by `write`: a
         refusal (StoreError) leaves the others intact, any other failure is retried without the write that
-        caused it (see _commit_batch); an error of the COMMIT itself is every write's error."""
+        caused it (see _commit_batch); an error of the COMMIT itself is every write's error.
+
+        `wait=False`: None at once, nothing run, when another process holds the write lock (an event loop
+        retries later and serves other requests meanwhile instead of blocking on the lock)."""
         pending = [_PendingWrite(p.body) for p in prepared]
+        if not wait:
+            with self._lock:
+                if self._write_lock is not None and not self._write_lock.try_acquire():
+                    return None
+                with self._queue_lock:
+                    batch, self._queue = [*self._queue, *pending], []
+                self._commit_batch(batch)  # it releases the write lock when it ends
+            return [(p.error, p.result) for p in pending]
         with self._queue_lock:
             self._queue.extend(pending)  # all or none of them are in one committer's batch
         with self._lock:

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from reconciler.domain.observations import format_time, parse_time
-from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet, check_image_digest
+from reconciler.domain.records import (
+    BenchmarkEntry,
+    ImageSuspectRecord,
+    MachineRecord,
+    RecordError,
+    RecordSet,
+    check_image_digest,
+)
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
 from reconciler.domain.verdicts import CORRELATED_VERDICTS as CORRELATED_VERDICTS  # re-exported
@@ -95,19 +102,17 @@ def verdict_failure(v: Verdict) -> Failure | None:
 
 def recorded_failures(records: RecordSet, since: datetime | None = None) -> list[Failure]:
     """Recorded verdicts that count against their image; with `since`, only those at or after it."""
-    # An entry dated (YYYY-MM-DD) before `older` is older than `since` whatever its offset (at most a day):
-    # skipped without parsing its time (a fleet's history holds ~10 entries per machine, nearly all old).
-    older = (since - timedelta(days=2)).strftime("%Y-%m-%d") if since is not None else ""
     out = []
-    for rec in records.machines.values():
-        for entry in rec.benchmarks:
-            at = entry.at
-            if at < older and at[4:5] == at[7:8] == "-":  # `at < older`: as at[:10] < older, without a slice
-                continue
-            failure = _entry_failure(rec.machine_id, entry)
-            if failure is not None and (since is None or failure.at >= since):
+    for rec in records.machines.values():  # each record's failures (times parsed) found once per record object
+        for failure in rec.derived("breaker.failures", _record_failures):
+            if since is None or failure.at >= since:
                 out.append(failure)
     return out
+
+
+def _record_failures(record: MachineRecord) -> tuple[Failure, ...]:
+    found = (_entry_failure(record.machine_id, entry) for entry in record.benchmarks)
+    return tuple(f for f in found if f is not None)
 
 
 def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str, KillBudget]:

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from reconciler.domain import errors
 from reconciler.domain.verdicts import RATE_VERDICTS
@@ -101,6 +101,8 @@ class BenchmarkEntry:
         return out
 
 
+_T = TypeVar("_T")
+
 #: BenchmarkEntry's fields but the evidence (written last), in order: `fields()` per entry cost a tenth of a render.
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 
@@ -113,6 +115,17 @@ class MachineRecord:
     gpu_name: str | None = None
     note: str | None = None
     benchmarks: tuple[BenchmarkEntry, ...] = ()
+    _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def derived(self, key: str, compute: Callable[[MachineRecord], _T]) -> _T:
+        """`compute(self)`, remembered on this record object under `key`. A record never changes, and a loop's
+        RecordCache keeps the records of unchanged files from pass to pass: a pass summarises 10,000 records
+        (judged instances, failures for the breaker) from what the earlier passes computed."""
+        try:
+            return cast(_T, self._derived[key])
+        except KeyError:
+            value = self._derived[key] = compute(self)
+            return value
 
     @property
     def is_bad(self) -> bool:

@@ -6,9 +6,11 @@ store's write lock makes concurrent writers take turns and times out as "databas
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -261,3 +263,54 @@ def test_two_writer_processes_on_one_store_lose_and_duplicate_nothing(tmp_path: 
     assert sorted(int(e.message.split()[0]) for e in report.events if e.message) == list(range(250))
     assert store.integrity_check() == ["ok"]
     store.close()
+
+
+def test_a_busy_write_lock_defers_the_flush_instead_of_blocking_the_loop(tmp_path: Path) -> None:
+    """Another process holds the store's write lock: the report waits (the loop keeps answering others, here
+    /healthz), is stored once the lock is free, and with no time left to wait it is answered 503."""
+    db = tmp_path / "c.db"
+    store = ControllerStore(db)
+    processes = ControllerProcesses(ServeConfig(db, SECRET, ADMIN, log_level="WARNING"), store, 1).start()
+    iid = "p-0-locked"
+    holder = None
+    try:
+        assert post_fresh(processes.url, f"/api/v1/instances/{iid}/register", iid, register_doc(iid)).status_code == 200
+        holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, f"{db}.write-lock"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "held"
+        host, port = processes.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            body = json.dumps(progress(1)).encode()
+            sock.sendall(f"POST /api/v1/instances/{iid}/events HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                         f"{auth(iid)['Authorization']}\r\nContent-Type: application/json\r\nContent-Length: "
+                         f"{len(body)}\r\n\r\n".encode() + body)
+            for _ in range(400):  # wait for the deferral on the socket itself: no answer may come meanwhile
+                if processes.server.commits.deferred:
+                    break
+                assert not select.select([sock], [], [], 0.05)[0], "answered while another process held the lock"
+            assert processes.server.commits.deferred > 0
+            with httpx.Client(base_url=processes.url, timeout=10) as client:  # the loop is not blocked
+                assert client.get("/healthz").status_code == 200
+            holder.stdin.close()
+            holder.wait(timeout=30)
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+        assert store.stats()["events"] == 1
+        # No time left to wait: 503, nothing stored.
+        holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, f"{db}.write-lock"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        processes.server.commits.lock_timeout_s = 0.0
+        refused = post_fresh(processes.url, f"/api/v1/instances/{iid}/events", iid, progress(2))
+        assert refused.status_code == 503 and refused.json()["error"] == "store unavailable"
+        assert store.stats()["events"] == 1
+    finally:
+        if holder is not None:
+            if holder.stdin is not None and not holder.stdin.closed:
+                holder.stdin.close()
+            holder.wait(timeout=30)
+            if holder.stdout is not None:
+                holder.stdout.close()
+        processes.stop()
+        store.close()

@@ -1,6 +1,6 @@
 """The shortcuts that keep a judging pass fast at 10,000 instances (issue 16) give the answers of the plain
-code: the breaker's window skips old record entries by their date without parsing them, and the judge's
-redaction remembers the lines it has redacted.
+code: per-record summaries remembered on the (immutable) record object, the breaker's window over them, the
+judge's redaction remembering the lines it has redacted, entries rendered without ABC checks.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 from reconciler.domain.breaker import recorded_failures
+from reconciler.domain.judging import decide
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import Redactor, redact_line, redact_lines
+from tests.scenarios import LATER, SPEC, completed_report
 from tests.unit.test_redact import CASES, IMAGE_DIGEST, VAST_KEY
 
 SINCE = datetime(2026, 12, 3, 6, 0, tzinfo=UTC)
@@ -45,6 +47,36 @@ def test_the_breaker_window_gives_what_parsing_every_entry_gives() -> None:
         since = SINCE + timedelta(hours=hours)
         want = [f for f in every if f.at >= since]
         assert recorded_failures(records, since=since) == want, since
+
+
+def test_a_record_remembers_its_summaries_and_a_changed_record_starts_afresh() -> None:
+    calls: list[str] = []
+
+    def count(rec: MachineRecord) -> int:
+        calls.append(rec.machine_id)
+        return len(rec.benchmarks)
+
+    rec = MachineRecord("m1", benchmarks=(BenchmarkEntry("i1", "2026-12-03T06:00:00Z", "ok", "none", False, "r"),))
+    assert rec.derived("n", count) == rec.derived("n", count) == 1 and calls == ["m1"]
+    failing = BenchmarkEntry("i2", "2026-12-03T07:00:00Z", "benchmark-error", "image", False, "r", pool="p",
+                             image_digest=IMAGE_DIGEST, signature="cuda-illegal-address")
+    assert recorded_failures(RecordSet(machines={"m1": rec})) == []
+    grown = rec.with_entry(failing, host_id=None, gpu_name=None)
+    assert grown.derived("n", count) == 2 and calls == ["m1", "m1"]
+    assert [f.instance_id for f in recorded_failures(RecordSet(machines={"m1": grown}))] == ["i2"]
+    assert rec == MachineRecord("m1", benchmarks=rec.benchmarks)  # what is remembered is not part of the value
+    assert "_derived" not in repr(rec)
+
+
+def test_decide_sees_an_instance_judged_in_a_record_that_changed_between_passes() -> None:
+    report = completed_report("inst-1", "40213", 50.0)
+    rec = MachineRecord("40213")
+    first = decide(SPEC, [report], RecordSet(machines={"40213": rec}), (), None, LATER)
+    assert [v.instance_id for v in first.verdicts] == ["inst-1"]
+    judged = first.machine_records["40213"]
+    assert decide(SPEC, [report], RecordSet(machines={"40213": judged}), (), None, LATER).verdicts == ()
+    assert [v.instance_id for v in decide(SPEC, [report], RecordSet(machines={"40213": rec}), (), None,
+                                          LATER).verdicts] == ["inst-1"]  # the old record object: still unjudged
 
 
 def test_remembered_redaction_equals_redaction() -> None:

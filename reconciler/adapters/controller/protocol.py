@@ -79,18 +79,24 @@ def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else f"{text[:limit // 2]} ... {text[-(limit // 2):]}"
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+#: Built once: `json.loads` with an option builds a new JSONDecoder (and its scanner) on every call.
+_JSON_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
 def parse_json_body(raw: bytes) -> Any:
     """Bytes -> JSON value, or ApiError(400) naming the problem (encoding, syntax, NaN/Infinity, depth)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ApiError(400, "malformed JSON", f"body is not UTF-8: {exc}") from None
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
+    if text.startswith("\ufeff"):  # json.loads's own check, which JSONDecoder.decode does not make
+        raise ApiError(400, "malformed JSON", "Unexpected UTF-8 BOM (decode using utf-8-sig) at line 1 column 1")
     try:
-        return json.loads(text, parse_constant=no_constants)
+        return _JSON_DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, "malformed JSON", f"{exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except ValueError as exc:

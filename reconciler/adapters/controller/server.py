@@ -51,7 +51,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, PreparedReport, Request, Response
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import WRITE_LOCK_TIMEOUT_S, ControllerStore
 
 log = logging.getLogger(__name__)
 
@@ -508,8 +508,20 @@ def _edge_protocol(limits: EdgeLimits, reports: tuple[ControllerApi, GroupCommit
 # --- the ASGI app ----------------------------------------------------------------------------------------
 
 
+#: json.dumps's default encoder, its C core built once (json.dumps builds it on every call).
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_response_encoder = None if _c_make_encoder is None else _c_make_encoder(
+    None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+
+
+def _json_text(value: Any) -> str:
+    if _response_encoder is None:
+        return json.dumps(value, ensure_ascii=True)
+    return "".join(_response_encoder(value, 0))
+
+
 def _json_response(response: Response) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps(response.body, ensure_ascii=True).encode("ascii")
+    body = _json_text(response.body).encode("ascii")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii")),
                (b"cache-control", b"no-store")]
     if response.close:
@@ -544,16 +556,26 @@ class GroupCommit:
     """Reports that are ready in the same event-loop turn are stored in one SQLite transaction.
 
     Each request still gets its own answer (a write that is refused or fails alone does not affect the
-    others: a savepoint each), but the COMMIT, which is most of a small write's cost, is paid once per
-    turn. Every answer is sent only after that COMMIT: a 2xx still means "in the database".
+    others), but the COMMIT, which is most of a small write's cost, is paid once per turn. Every answer is
+    sent only after that COMMIT: a 2xx still means "in the database". When another controller process holds
+    the store's write lock, the loop does not wait for it: the prepared reports stay pending, the loop serves
+    other requests, and the flush is retried after 50 us (doubling up to 1 ms) with whatever arrived
+    meanwhile, so a busy store means bigger transactions rather than a stalled loop. After `lock_timeout_s`
+    without the lock the pending reports are answered 503 (temporary).
     """
 
-    def __init__(self, api: ControllerApi):
+    def __init__(self, api: ControllerApi, lock_timeout_s: float = WRITE_LOCK_TIMEOUT_S):
         self.api = api
+        self.lock_timeout_s = lock_timeout_s
         self._queue: list[tuple[Request, BodyNeeded, bytes, Callable[[Response], None]]] = []
+        self._pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         self._scheduled = False
+        self._waiting_since: float | None = None
+        self._retry_s = 0.0
         self.flushes = 0
         self.writes = 0
+        #: Flushes put off because another process was writing.
+        self.deferred = 0
 
     def finish(self, request: Request, step: BodyNeeded, body: bytes) -> asyncio.Future[Response]:
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
@@ -572,35 +594,61 @@ class GroupCommit:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)  # after the other requests of this turn queued theirs
 
+    @staticmethod
+    def _deliver(deliver: Callable[[Response], None], response: Response) -> None:
+        try:
+            deliver(response)
+        except Exception:
+            log.exception("could not answer a report")
+
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._queue = self._queue, []
-        self.flushes += 1
         self.writes += len(batch)
         internal_error = Response(500, {"error": "internal error", "detail": None}, close=True)
         # First the CPU work of every report (parse, validate, redact), outside the write transaction: other
-        # controller processes wait for the store's write lock only while statements run.
-        prepared: list[Response | PreparedReport] = []
-        for request, step, body, _ in batch:
+        # controller processes wait for the store's write lock only while statements run. Refusals are
+        # answered at once.
+        for request, step, body, deliver in batch:
             try:
-                prepared.append(self.api.prepare(request, step, body))
+                item = self.api.prepare(request, step, body)
             except Exception:
                 log.exception("internal error on %s %s", request.method, step.action)
-                prepared.append(internal_error)
+                item = internal_error
+            if isinstance(item, Response):
+                self._deliver(deliver, item)
+            else:
+                self._pending.append((item, deliver))
+        if not self._pending:
+            return
         # Then every write in one transaction (no savepoints: a write refuses before it modifies anything, and
         # one that fails otherwise is rolled back and the others stored without it; see write_all).
-        writes = [item for item in prepared if not isinstance(item, Response)]
+        writes = [item for item, _ in self._pending]
         try:
-            stored = iter(self.api.store_all(writes))
-            responses = [item if isinstance(item, Response) else next(stored) for item in prepared]
+            responses = self.api.store_all(writes, wait=False)
         except Exception:
             log.exception("internal error storing %d reports", len(writes))
-            responses = [item if isinstance(item, Response) else internal_error for item in prepared]
-        for (_, _, _, deliver), response in zip(batch, responses, strict=True):
-            try:
-                deliver(response)
-            except Exception:
-                log.exception("could not answer a stored report")
+            responses = [internal_error] * len(writes)
+        if responses is None:  # another process is writing: try again soon, with what arrives meanwhile
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if self._waiting_since is None:
+                self._waiting_since, self._retry_s = now, 50e-6
+            if now - self._waiting_since < self.lock_timeout_s:
+                self.deferred += 1
+                self._scheduled = True
+                loop.call_later(self._retry_s, self._flush)
+                self._retry_s = min(self._retry_s * 2, 1e-3)
+                return
+            log.error("store write lock not free for %g s: answering %d reports 503", self.lock_timeout_s,
+                      len(writes))
+            responses = [Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
+                                  authenticated=True)] * len(writes)
+        self._waiting_since = None
+        self.flushes += 1
+        pending, self._pending = self._pending, []
+        for (_, deliver), response in zip(pending, responses, strict=True):
+            self._deliver(deliver, response)
 
 
 def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_timeout_s,
