@@ -383,8 +383,7 @@ class RecordSet:
         if "marks" not in self._derived:
             source = self._derived.get("marks_from")
             self._derived["marks"] = source() if source is not None else [
-                (rec.machine_id, e.pool, e.at) for rec in self.machines.values() for e in rec.benchmarks
-                if e.marks_bad]
+                mark for rec in self.machines.values() for mark in rec.derived("records.bad_marks", _bad_marks)]
         return list(self._derived["marks"])
 
     def status_counts(self) -> dict[str, int]:
@@ -416,6 +415,10 @@ def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
             out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
                                               statistics.median(rates), rates[-1])
     return out
+
+
+def _bad_marks(record: MachineRecord) -> tuple[tuple[str, str | None, str], ...]:
+    return tuple((record.machine_id, e.pool, e.at) for e in record.benchmarks if e.marks_bad)
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
