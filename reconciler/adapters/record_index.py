@@ -705,6 +705,7 @@ class RecordIndex:
                                     bad_machines=lambda: self._bad_machines_of(
                                         memo.get("bad_view", lambda: self._bad_views(machines, bad)),
                                         machines, gpu_of, status_of),
+                                    bad_machine_gpus=lambda: dict(sorted(gpu_of.items())),
                                     last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)))
 
     # --- snapshots: the whole answer for one unchanged listing -----------------------------------------------

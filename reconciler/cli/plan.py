@@ -127,7 +127,7 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
               slot_plan: SlotPlan | None, digest: str | None) -> list[dict[str, Any]]:
     bad = records.bad_machine_ids()
     rows = []
-    gpu_of = {b.machine_id: b.gpu_name for b in records.bad_machines()}  # unreadable ones: unknown GPU
+    gpu_of = records.bad_machine_gpus()  # unreadable ones: unknown GPU
     for pool in spec.pools:
         bad_known = sorted(m for m in bad if gpu_of.get(m) in (None, pool.gpu_name))
         running = None

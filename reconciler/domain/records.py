@@ -301,6 +301,7 @@ class RecordSet:
                    status_counts: Mapping[str, int],
                    bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
                    bad_machines: Callable[[], list[BadMachine]] | None = None,
+                   bad_machine_gpus: Callable[[], dict[str, str | None]] | None = None,
                    last_prices: Callable[[], dict[str, float | None]] | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
@@ -316,6 +317,8 @@ class RecordSet:
             out._derived["marks_from"] = bad_marks
         if bad_machines is not None:
             out._derived["bad_view_from"] = bad_machines
+        if bad_machine_gpus is not None:
+            out._derived["bad_gpus_from"] = bad_machine_gpus
         if last_prices is not None:
             out._derived["prices_from"] = last_prices
         return out
@@ -355,6 +358,14 @@ class RecordSet:
             self._derived["bad_view"] = source() if source is not None else [
                 BadMachine.of(rec) for rec in self.bad_records()]
         return list(self._derived["bad_view"])
+
+    def bad_machine_gpus(self) -> dict[str, str | None]:
+        """The GPU model of each machine `bad_machines` lists, by id, without building their entries."""
+        if "bad_gpus" not in self._derived:
+            source = self._derived.get("bad_gpus_from")
+            self._derived["bad_gpus"] = source() if source is not None else {
+                b.machine_id: b.gpu_name for b in self.bad_machines()}
+        return dict(self._derived["bad_gpus"])
 
     def last_prices(self) -> dict[str, float | None]:
         """Per machine, the price of its newest benchmark entry that has one (None: no entry has a price)."""

@@ -69,6 +69,7 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert indexed.status_counts() == plain.status_counts()
     assert indexed.bad_records() == plain.bad_records()
     assert indexed.bad_machines() == plain.bad_machines()
+    assert indexed.bad_machine_gpus() == plain.bad_machine_gpus()
     assert indexed.last_prices() == plain.last_prices()
     for gpu in ("RTX 4090", "H100"):  # the plan's forecast from views equals the walk over every record
         from_views = sorted(known_machines(indexed, gpu), key=lambda k: k.machine_id)
