@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import LastChange, VerdictCommit
-from reconciler.adapters.record_files import parse_machine_record
 from reconciler.adapters.record_history import RecordHistoryParser
 from reconciler.domain.records import BenchmarkEntry, RecordError
 
@@ -42,12 +41,13 @@ def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], cur
             last_change: LastChange | None, now: datetime | None = None) -> MachineHistory:
     """Pure: the commits and record texts git gave us -> what to tell the human. With `now`, the status says
     where the machine stands (bad until its expiry, on probation, permanent, banned)."""
-    history = RecordHistoryParser(Path(record_path))  # the versions share most lines: each is parsed once
+    # The versions (and the current text, usually the newest version again) share most lines: each is parsed once.
+    history = RecordHistoryParser(Path(record_path))
     verdicts = tuple(_evidence(history, record_path, c) for c in commits)
     detail = None
     if current_text is not None:
         try:
-            record = parse_machine_record(current_text, Path(record_path))
+            record = history.parse(current_text)
         except RecordError as exc:
             status, detail = "unreadable", str(exc)
         else:
