@@ -31,36 +31,15 @@ from reconciler.adapters.record_files import (
     write_text_atomic,
 )
 from reconciler.adapters.store import ControllerStore
-from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet
+from reconciler.domain.records import ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.flows.judge import run_pass
 from tests.fakes import Sleeps
 from tests.gitrepos import clone, git, human_commit, make_origin, origin_file
 from tests.loop_support import FakeReports
+from tests.record_support import rated_entry, rated_record, write_record
 from tests.scenarios import LATER, SPEC_YAML, completed_report
 
 DIGEST = "sha256:" + "c3" * 32
-
-
-def _entry(instance: str, rate: float, marks_bad: bool = False) -> BenchmarkEntry:
-    verdict = "below-min-rate" if marks_bad else "ok"
-    return BenchmarkEntry(instance_id=instance, at="2026-12-02T10:00:00Z", verdict=verdict,
-                          blame="machine" if marks_bad else "none", marks_bad=marks_bad,
-                          reason=f"{verdict} {rate}/h", proofs_per_hour=rate,
-                          evidence={"log_tail": ["throughput:    0.7 proofs/min"], "exit_code": 0})
-
-
-def _record(machine_id: str, *rates: float, bad: bool = False) -> MachineRecord:
-    rec = MachineRecord(machine_id)
-    for i, rate in enumerate(rates):
-        rec = rec.with_entry(_entry(f"p-{machine_id}-{i}", rate, bad and i == len(rates) - 1), host_id="7",
-                             gpu_name="RTX 4090")
-    return rec
-
-
-def _write(spec_dir: Path, rec: MachineRecord) -> Path:
-    path = machine_record_path(spec_dir, rec.machine_id)
-    write_text_atomic(path, render_machine_record(rec))
-    return path
 
 
 def ahead() -> int:
@@ -70,8 +49,8 @@ def ahead() -> int:
 
 @pytest.fixture
 def spec_dir(tmp_path: Path) -> Path:
-    for rec in (_record("111", 45.0, 41.0), _record("222", 20.0, bad=True), _record("333", 50.0)):
-        _write(tmp_path, rec)
+    for rec in (rated_record("111", 45.0, 41.0), rated_record("222", 20.0, bad=True), rated_record("333", 50.0)):
+        write_record(tmp_path, rec)
     image = ImageSuspectRecord(image_digest=DIGEST, signature="cuda-999", status="suspect", machines=("1", "2", "3"),
                                tripped_at="2026-12-02T11:00:00Z", reason="3 machines")
     write_text_atomic(image_record_path(tmp_path, DIGEST), render_image_record(image))
@@ -99,8 +78,8 @@ def test_unchanged_files_are_served_from_the_cache_as_the_same_objects(spec_dir:
 def test_a_changed_file_is_parsed_again_and_only_it(spec_dir: Path) -> None:
     cache = RecordCache(clock_ns=ahead)
     first = _load(spec_dir, cache)
-    changed = _record("111", 45.0, 41.0, 12.0, bad=True)
-    _write(spec_dir, changed)  # as git checkout does: a new file in place of the old one
+    changed = rated_record("111", 45.0, 41.0, 12.0, bad=True)
+    write_record(spec_dir, changed)  # as git checkout does: a new file in place of the old one
     second = _load(spec_dir, cache)
     assert (cache.parsed, cache.reused) == (1, 3)
     assert second.machines["111"] == changed and second.bad_machine_ids() == {"111", "222"}
@@ -188,13 +167,13 @@ def test_anchors_and_aliases_are_refused_as_record_problems(spec_dir: Path, text
 
 def test_stars_and_ampersands_in_values_are_not_aliases(spec_dir: Path) -> None:
     rec = MachineRecord("555", note="checked *all* fans & PSU; see *ticket 12* &x").with_entry(
-        _entry("p-555-0", 44.0), host_id="7", gpu_name="RTX 4090")
-    _write(spec_dir, rec)
+        rated_entry("p-555-0", 44.0), host_id="7", gpu_name="RTX 4090")
+    write_record(spec_dir, rec)
     assert _load(spec_dir, RecordCache()).machines["555"] == rec
 
 
 def test_derived_views_are_computed_once_and_perf_history_is_the_callers_copy() -> None:
-    records = RecordSet(machines={"1": _record("1", 40.0, 44.0), "2": _record("2", 10.0, bad=True)})
+    records = RecordSet(machines={"1": rated_record("1", 40.0, 44.0), "2": rated_record("2", 10.0, bad=True)})
     assert records.bad_machine_ids() is records.bad_machine_ids() == {"2"}
     perf = records.perf_history()
     perf.clear()
@@ -241,7 +220,7 @@ class _Tree:
         if op in ("same-bytes", "in-place") and not path.exists():
             return
         if op == "record":
-            write_text_atomic(path, render_machine_record(_record(machine_id, rate, bad=rate < 30)))
+            write_text_atomic(path, render_machine_record(rated_record(machine_id, rate, bad=rate < 30)))
         elif op == "broken":
             write_text_atomic(path, f"machine_id: '{machine_id}'\nstatus: {rate}\nbenchmarks: []\n")
         elif op == "alias":
@@ -273,8 +252,9 @@ def test_a_cached_load_always_equals_a_load_without_a_cache(ops: list[tuple[str,
 
 
 def test_fleet_reconcile_loop_mode_passes_over_its_records_with_a_cache_until_sigterm(tmp_path: Path) -> None:
-    origin, _seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML,
-                                           "fleet-spec/machines/123.yaml": render_machine_record(_record("123", 45.0))})
+    origin, _seed = make_origin(tmp_path, {
+        "fleet-spec/fleet.yaml": SPEC_YAML,
+        "fleet-spec/machines/123.yaml": render_machine_record(rated_record("123", 45.0))})
     db = tmp_path / "controller.db"
     ControllerStore(db).close()
     argv = [sys.executable, "-m", "reconciler.cli", "reconcile", "--repo", str(origin), "--workdir",

@@ -27,33 +27,11 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
 from reconciler.domain.forecast import _known, known_machines
-from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordError, RecordSet
+from reconciler.domain.records import ImageSuspectRecord, RecordError, RecordSet
 from tests.gitrepos import git
+from tests.record_support import rated_record, write_record
 
 DIGEST = "sha256:" + "c3" * 32
-
-
-def _entry(instance: str, rate: float, marks_bad: bool = False, pool: str = "rtx4090") -> BenchmarkEntry:
-    verdict = "below-min-rate" if marks_bad else "ok"
-    return BenchmarkEntry(instance_id=instance, at="2026-12-02T10:00:00Z", verdict=verdict,
-                          blame="machine" if marks_bad else "none", marks_bad=marks_bad, pool=pool,
-                          price_usd_per_hour=None if rate > 44 else round(rate / 100, 2),
-                          reason=f"{verdict} {rate}/h", proofs_per_hour=rate,
-                          evidence={"log_tail": [f"throughput:    {rate / 60:.3f} proofs/min"], "exit_code": 0})
-
-
-def _record(machine_id: str, *rates: float, bad: bool = False) -> MachineRecord:
-    rec = MachineRecord(machine_id)
-    for i, rate in enumerate(rates):
-        rec = rec.with_entry(_entry(f"p-{machine_id}-{i}", rate, bad and i == len(rates) - 1), host_id="7",
-                             gpu_name="RTX 4090")
-    return rec
-
-
-def _write(spec_dir: Path, rec: MachineRecord) -> Path:
-    path = machine_record_path(spec_dir, rec.machine_id)
-    write_text_atomic(path, render_machine_record(rec))
-    return path
 
 
 def ahead() -> int:
@@ -90,8 +68,8 @@ def repo(tmp_path: Path) -> Path:
     root.mkdir()
     git(root, "init", "--quiet", "--initial-branch=main")
     spec = root / "fleet-spec"
-    for rec in (_record("111", 45.0, 41.0), _record("222", 20.0, bad=True), _record("333", 50.0)):
-        _write(spec, rec)
+    for rec in (rated_record("111", 45.0, 41.0), rated_record("222", 20.0, bad=True), rated_record("333", 50.0)):
+        write_record(spec, rec)
     image = ImageSuspectRecord(image_digest=DIGEST, signature="cuda-999", status="suspect", machines=("1", "2", "3"),
                                tripped_at="2026-12-02T11:00:00Z", reason="3 machines")
     write_text_atomic(image_record_path(spec, DIGEST), render_image_record(image))
@@ -139,7 +117,7 @@ def test_a_branch_switch_and_a_deleted_record_are_seen(repo: Path) -> None:
     index = _index(repo)
     index.load(spec)
     git(repo, "checkout", "--quiet", "-b", "other")
-    _write(spec, _record("111", 45.0, 41.0, 9.0, bad=True))
+    write_record(spec, rated_record("111", 45.0, 41.0, 9.0, bad=True))
     machine_record_path(spec, "333").unlink()
     git(repo, "commit", "--quiet", "-am", "other branch")
     records = index.load(spec)
@@ -155,7 +133,7 @@ def test_a_branch_switch_and_a_deleted_record_are_seen(repo: Path) -> None:
 def test_a_rewrite_within_the_same_clock_tick_is_seen(tmp_path: Path) -> None:
     """Same size, same mtime (coarse clock): the file was "racy" when first read, so it is hashed again."""
     spec = tmp_path / "spec"
-    path = _write(spec, _record("333", 50.0))
+    path = write_record(spec, rated_record("333", 50.0))
     stamp = os.stat(path).st_mtime_ns
     index = RecordIndex(tmp_path / "index.sqlite", clock_ns=lambda: stamp)  # read in the tick it was written
     assert index.load(spec).machines["333"].status == "ok"
@@ -200,7 +178,7 @@ def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
     entry = records.machines["111"].benchmarks[1]
     assert entry.evidence == {"log_tail": ["throughput:    0.683 proofs/min"], "exit_code": 0}
     later = _index(repo).load(spec)
-    _write(spec, _record("111", 45.0, 41.0, 30.0))  # changed after the load, before the evidence was read
+    write_record(spec, rated_record("111", 45.0, 41.0, 30.0))  # changed after the load, before the evidence was read
     with pytest.raises(RecordError, match="changed while it was being read"):
         dict(later.machines["111"].benchmarks[0].evidence)
 
@@ -208,7 +186,7 @@ def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
 def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path: Path) -> None:
     spec = tmp_path / "spec"
     for i in range(9):
-        _write(spec, _record(f"{i}00", 40.0 + i, 10.0, bad=i % 3 == 0))
+        write_record(spec, rated_record(f"{i}00", 40.0 + i, 10.0, bad=i % 3 == 0))
     (spec / "machines" / "broken.yaml").write_text("machine_id: 'broken'\nstatus: maybe\nbenchmarks: []\n")
     (spec / "machines" / "0dir.yaml").mkdir()  # cannot be read: the child reports it
     index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
@@ -239,7 +217,7 @@ def test_an_unchanged_listing_is_answered_from_the_snapshot_and_every_change_lea
     changes = [
         lambda: path.write_text(path.read_text().replace("status: bad", "status: pardoned")),  # a human edit
         lambda: git(repo, "checkout", "--quiet", "--", "fleet-spec"),  # a revert of it
-        lambda: _write(spec, _record("444", 10.0, bad=True)),  # a new record
+        lambda: write_record(spec, rated_record("444", 10.0, bad=True)),  # a new record
         lambda: machine_record_path(spec, "111").unlink(),  # a deleted one
         lambda: os.utime(path),  # touched, same content: hashed again, nothing parsed
     ]
@@ -256,7 +234,7 @@ def test_an_unchanged_listing_is_answered_from_the_snapshot_and_every_change_lea
 
 def test_no_snapshot_is_kept_of_a_file_that_had_not_settled(tmp_path: Path) -> None:
     spec = tmp_path / "spec"
-    path = _write(spec, _record("333", 50.0))
+    path = write_record(spec, rated_record("333", 50.0))
     stamp = os.stat(path).st_mtime_ns
     for _ in range(2):  # read in the tick it was written: its stat proves nothing yet
         index = RecordIndex(tmp_path / "index.sqlite", clock_ns=lambda: stamp)
@@ -293,9 +271,9 @@ def test_the_indexed_recordset_equals_load_records_over_random_edits(
         for step in (first, second):
             for name, text in step:
                 if text == "RENDER":
-                    text = render_machine_record(_record(name, 40.0, 44.0))
+                    text = render_machine_record(rated_record(name, 40.0, 44.0))
                 elif text == "RENDER_BAD":
-                    text = render_machine_record(_record(name, 40.0, 10.0, bad=True))
+                    text = render_machine_record(rated_record(name, 40.0, 10.0, bad=True))
                 (spec / "machines" / f"{name}.yaml").write_text(text.replace("{m}", name), encoding="utf-8")
             assert_same(index.load(spec), spec)
             again = RecordIndex(Path(tmp) / "index.sqlite", clock_ns=ahead)  # the next command: from the snapshot
