@@ -3,7 +3,9 @@ raw-socket exchange for what httpx will not send (malformed heads, pipelining)."
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -80,3 +82,12 @@ def raw_exchange(url: str, payload: bytes) -> bytes:
 
 def status_of(reply: bytes) -> int:
     return int(reply.split(b" ", 2)[1])
+
+
+def stop_serving(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM a `fleet ... serve` subprocess, require a clean exit, and close its pipes."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    for stream in (proc.stdout, proc.stderr):
+        if stream:
+            stream.close()

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import ssl
 import subprocess
@@ -25,7 +24,7 @@ from starlette.routing import Route
 from reconciler.adapters.controller.server import ControllerServer, EdgeLimits
 from reconciler.adapters.store import ControllerStore
 from reconciler.domain.tokens import instance_token
-from tests.controller_support import ADMIN, ADMIN_AUTH, SECRET, StepClock, auth, register_doc
+from tests.controller_support import ADMIN, ADMIN_AUTH, SECRET, StepClock, auth, register_doc, stop_serving
 
 SLOW_HEAD = b"POST /api/v1/instances/p-0-slow00/logs HTTP/1.1\r\nHost: x\r\n"
 
@@ -310,11 +309,7 @@ def test_fleet_controller_serve_with_tls_flags(tmp_path: Path) -> None:
             assert client.post("/api/v1/instances/p-0-tls001/register", json=register_doc("p-0-tls001"),
                                headers=auth("p-0-tls001")).status_code == 200
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()
+        stop_serving(proc)
 
 
 def test_fleet_reconcile_refuses_tls_flags_without_listen(tmp_path: Path) -> None:

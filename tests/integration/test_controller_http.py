@@ -27,7 +27,18 @@ from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, _protocol_va
 from reconciler.adapters.store import ControllerStore
 from reconciler.domain.observations import BenchmarkResult, PhaseEvent
 from reconciler.domain.tokens import instance_token
-from tests.controller_support import ADMIN, ADMIN_AUTH, DIGEST, SECRET, T0, Harness, auth, raw_exchange, register_doc
+from tests.controller_support import (
+    ADMIN,
+    ADMIN_AUTH,
+    DIGEST,
+    SECRET,
+    T0,
+    Harness,
+    auth,
+    raw_exchange,
+    register_doc,
+    stop_serving,
+)
 
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
 RESULT = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T18:40:00Z", "started_at": "2026-12-02T18:20:00Z",
@@ -408,11 +419,7 @@ def test_sigkill_mid_ingest_loses_no_acknowledged_report(tmp_path: Path) -> None
             assert r.status_code == 200
             assert client.get(f"/api/instance-logs/{ids[1]}?tail=1", headers=ADMIN_AUTH).json()["lines"] == ["after"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()
+        stop_serving(proc)
 
 
 def test_serve_refuses_to_start_without_a_secret(tmp_path: Path) -> None:
