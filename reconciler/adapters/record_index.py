@@ -77,6 +77,7 @@ _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry
 _PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE = (_ENTRY_FIELDS.index(name) for name in (
     "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour"))
 _BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
+_NO_STAT = (0, 0, -1, 0, 0)  # the stat of a file that could not be stat()ed: equal to no indexed file's
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -373,18 +374,22 @@ class RecordIndex:
         self.from_snapshot = self.split = False
         self._fresh = {}
         problems: list[str] = []
-        listed = self._list(spec_dir, problems)
         dir_key = os.path.abspath(spec_dir)
+        # Nothing indexed for this directory (a cold build): every file will be read, and reading gives its
+        # stat; the stat() of the listing only serves to compare with what the index knows.
+        empty = self._db.execute("SELECT NOT EXISTS (SELECT 1 FROM files WHERE dir = ?) AND NOT EXISTS "
+                                 "(SELECT 1 FROM snapshots WHERE dir = ?)", (dir_key, dir_key)).fetchone()[0]
+        listed = self._list(spec_dir, problems, with_stat=not empty)
         stats = {item.path: item.stat for item in listed}
         snapshot_key = (dir_key, str(spec_dir))
-        if not problems:
+        if not problems and not empty:
             answer = self._snapshot(snapshot_key, stats)
             if answer is not None:
                 self.reused = len(listed)
                 self.from_snapshot = True
                 return answer
         # One query: what the index knows of each file (stat, blob) and of its blob (summary columns).
-        known = {row[0]: row[1:] for row in self._db.execute(
+        known = {} if empty else {row[0]: row[1:] for row in self._db.execute(
             "SELECT f.path, f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns, f.settled, f.blob, b.blob, b.problem, "
             "b.key, b.status, b.gpu_name, b.perf_samples, b.perf_median, b.perf_last FROM files f "
             "LEFT JOIN blobs b ON b.blob = f.blob AND b.kind = f.kind WHERE f.dir = ?", (dir_key,))}
@@ -445,7 +450,8 @@ class RecordIndex:
             token = self._store_snapshot(snapshot_key, settled_stats, view)
         return self._record_set(view, snapshot_key, token)
 
-    def _list(self, spec_dir: Path, problems: list[str]) -> list[_Listed]:
+    def _list(self, spec_dir: Path, problems: list[str], *, with_stat: bool = True) -> list[_Listed]:
+        """The record files, by kind and name; `with_stat`: each with its stat (else a stat no file has)."""
         out = []
         for sub, kind in ((MACHINES_DIR, "m"), (IMAGES_DIR, "i")):
             directory = spec_dir / sub
@@ -460,13 +466,16 @@ class RecordIndex:
                 problems.append(f"{directory}: cannot list records: {exc}")
                 continue
             stat = os.stat
+            if not with_stat:
+                out += [_Listed(f"{absolute}/{name}", f"{shown}/{name}", kind, _NO_STAT) for name in names]
+                continue
             for name in names:
                 path = f"{absolute}/{name}"
                 try:
                     st = stat(path)
                     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 except OSError:
-                    key = (0, 0, -1, 0, 0)
+                    key = _NO_STAT
                 out.append(_Listed(path, f"{shown}/{name}", kind, key))
         return out
 
