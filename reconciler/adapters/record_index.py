@@ -548,22 +548,25 @@ class RecordIndex:
 
     #: This many files to read or more (a cold build) are read, hashed, parsed and stored in two processes...
     PARALLEL_FROM = 2000
-    #: ...if True; if None, whenever the machine has two cores or more. Also on a busy machine: the split adds
+    #: ...if True (the caller knows its process has no other thread); if None, whenever the machine has two
+    #: cores or more and this process runs one thread. Also on a busy machine: the split adds
     #: almost no work (the child hands back only summary columns, each process stores its own share), so two
     #: processes get more of the contended cores than one. Measured on 2 cores, cold `fleet records`, 10,000
-    #: files, forked / one process: 1.53-1.71 / 2.30-2.38 s idle, 1.86-1.97 / 2.04-2.73 s with one busy loop
+    #: files, forked / one process: 1.53-1.71 / 2.30-2.38 s (others' load ~1.3), 1.86-1.97 / 2.04-2.73 s with one busy loop
     #: running beside it, 2.73-3.12 / 2.87-3.86 s with two.
     parallel: bool | None = None
 
     def _in_two_processes(self, files: int) -> bool:
         if files < self.PARALLEL_FROM or not hasattr(os, "fork") or self.parallel is False:
             return False
+        if self.parallel:
+            return True
         # Only from a process with one thread: a lock another thread holds at the fork (inside SQLite, say)
         # would stay locked forever in the child.
         threading = sys.modules.get("threading")
         if threading is not None and threading.active_count() > 1:
             return False
-        return bool(self.parallel) or (os.cpu_count() or 1) >= 2
+        return (os.cpu_count() or 1) >= 2
 
     #: The share of the files the child takes: it also stores its share before it answers, while the parent,
     #: which stores its own share after that, parses a little more (with the parse ~5x the store, ~0.45 has

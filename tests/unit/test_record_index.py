@@ -205,6 +205,31 @@ def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path:
     assert again.parsed == 0 and again.hashed == 0 and again.reused == 10  # 0dir.yaml: a problem again
 
 
+def test_a_process_running_other_threads_does_not_fork(tmp_path: Path) -> None:
+    """A lock another thread held at the fork would stay locked in the child: such a process parses alone."""
+    import threading
+
+    spec = tmp_path / "spec"
+    for i in range(4):
+        write_record(spec, rated_record(f"{i}00", 40.0 + i))
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+        index.PARALLEL_FROM = 2
+        assert_same(index.load(spec), spec)
+        assert not index.split and index.parsed == 4
+    finally:
+        release.set()
+        other.join()
+    if (os.cpu_count() or 1) >= 2 and threading.active_count() == 1:  # alone again: the child takes its share
+        index = RecordIndex(tmp_path / "other.sqlite", clock_ns=ahead)
+        index.PARALLEL_FROM = 2
+        assert_same(index.load(spec), spec)
+        assert index.split
+
+
 @pytest.mark.parametrize("where", ["in memory", "child could not store"])
 def test_when_the_child_cannot_store_its_share_the_parent_stores_it(tmp_path: Path, where: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
