@@ -549,10 +549,10 @@ class RecordIndex:
     #: This many files to read or more (a cold build) are read, hashed, parsed and stored in two processes...
     PARALLEL_FROM = 2000
     #: ...if True (the caller knows its process has no other thread); if None, whenever the machine has two
-    #: cores or more and this process runs one thread. Also on a busy machine: the split adds
-    #: almost no work (the child hands back only summary columns, each process stores its own share), so two
-    #: processes get more of the contended cores than one. Measured on 2 cores, cold `fleet records`, 10,000
-    #: files, forked / one process: 1.53-1.71 / 2.30-2.38 s (others' load ~1.3), 1.86-1.97 / 2.04-2.73 s with one busy loop
+    #: cores or more and this process runs one thread. Also on a busy machine: the split adds almost no work
+    #: (the child hands back only summary columns, each process stores its own share), so two processes get
+    #: more of the contended cores than one. Measured on 2 cores, cold `fleet records`, 10,000 files, forked /
+    #: one process: 1.53-1.71 / 2.30-2.38 s (others' load ~1.3), 1.86-1.97 / 2.04-2.73 s with one busy loop
     #: running beside it, 2.73-3.12 / 2.87-3.86 s with two.
     parallel: bool | None = None
 
