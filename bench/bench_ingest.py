@@ -4,17 +4,21 @@ real controller.
 The controller (ControllerStore on SQLite WAL + ControllerServer) runs as `fleet controller serve` does: its
 default number of processes on this machine (one per CPU, `--workers`), sharing the port and the store; two
 reference rows repeat the event figures with one controller process. Controller CPU is the sum over its
-processes. Client processes with several threads each post over HTTP/1.1 keep-alive (one connection,
-one instance and its own token per thread). Every request is a complete ingest: token check, schema
-validation, redaction, one SQLite transaction. Only 200 answers are counted. Each phase is bounded by a
-request count per thread and a deadline.
+processes. Client processes post over HTTP/1.1 keep-alive, one connection per simulated worker (one
+instance and its own token per connection), each connection with exactly one request outstanding: its next
+request is sent when its answer is in. Every request is a complete ingest: token check, schema validation,
+redaction, one SQLite transaction committed before the answer; one event per request in the single-event
+phases. Only 200 answers are counted. Each phase is bounded by a request count per connection and a deadline.
 
 Clients: the controller and the clients share this machine's 2 cores, while real workers are curl
-processes on their own machines. httpx spends ~0.8-1 ms of CPU per request, more than the controller does,
-so with httpx the figure says as much about httpx as about the controller. The main figures therefore use
-`KeepAliveClient`, a minimal HTTP/1.1 client on a raw socket (the idea of wrk: ~50 us per request); two
-phases repeat the event figures with httpx (single events: as the earlier runs measured). CPU per request
-of the controller and of the clients is in every detail column, so no figure hides where the time went.
+processes on their own machines, so the clients' CPU here is an artifact of the bench. httpx spends
+~0.8-1 ms of CPU per request, more than the controller does, so with httpx the figure says as much about
+httpx as about the controller. The main figures therefore use `KeepAliveClient`, a minimal HTTP/1.1 client
+on a raw socket driven as wrk drives its connections: one thread per client process waits on all its
+connections at once (epoll) and answers each one's response with its next request, and the bytes of each
+connection's first requests are encoded before the timed start (`PREBUILT_ITEMS`; any later ones as they
+are sent). Two phases repeat the event figures with httpx (one thread per connection). CPU per request of
+the controller and of the clients is in every detail column, so no figure hides where the time went.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import multiprocessing
 import os
 import resource
+import selectors
 import signal
 import socket
 import subprocess
@@ -44,9 +49,13 @@ from reconciler.domain.tokens import instance_token
 
 SECRET = b"bench-controller-secret-0123456789"
 CLIENT_PROCESSES = 2
-THREADS_PER_PROCESS = 4
+#: Keep-alive connections (simulated workers) per client process; the httpx phases use a thread for each.
+CONNECTIONS_PER_PROCESS = 4
 PHASE_SECONDS = 6.0
-MAX_REQUESTS_PER_THREAD = 20_000
+MAX_REQUESTS_PER_CONNECTION = 20_000
+#: Events or log lines per connection whose requests the raw client encodes before the timed start (single
+#: events: enough for ~1,300 requests/s per connection over a phase); any further ones are encoded as sent.
+PREBUILT_ITEMS = 8_000
 LOG_BATCH_LINES = 100
 EVENT_BATCH_SIZE = 20
 #: Issue 14's targets on loopback: one event per request, and events in batches.
@@ -120,8 +129,9 @@ PHASES = (
 
 
 class KeepAliveClient:
-    """POST JSON over one HTTP/1.1 keep-alive connection and return the status; reconnects when the
-    server closes. Enough HTTP for this bench (Content-Length bodies), nothing more."""
+    """POST JSON over one HTTP/1.1 keep-alive connection; reconnects when the server closes. Enough HTTP for
+    this bench (Content-Length bodies), nothing more. `send` waits for the answer; `start` + `answer` let one
+    thread drive several connections (see `_raw_connections`), each with one request outstanding."""
 
     def __init__(self, url: str):
         parts = urlsplit(url)
@@ -129,32 +139,55 @@ class KeepAliveClient:
         self._connect()
 
     def _connect(self) -> None:
-        self._sock = socket.create_connection(self._address, timeout=30)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._rfile = self._sock.makefile("rb")
+        self.sock = socket.create_connection(self._address, timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buffer = b""
 
     def close(self) -> None:
-        self._rfile.close()
-        self._sock.close()
+        self.sock.close()
+
+    @staticmethod
+    def request(path: str, authorization: str, doc: Any) -> bytes:
+        """The bytes of one POST of `doc` as JSON."""
+        body = json.dumps(doc).encode()
+        return (f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: {authorization}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
     def post(self, path: str, authorization: str, doc: Any) -> int:
-        body = json.dumps(doc).encode()
-        self._sock.sendall(f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: {authorization}\r\n"
-                           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        status = int(self._rfile.readline().split(b" ", 2)[1])
-        length, close = 0, False
-        while (line := self._rfile.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
-        self._rfile.read(length)
-        if close:
+        return self.send(self.request(path, authorization, doc))
+
+    def send(self, request: bytes) -> int:
+        """Send one complete request and return its answer's status."""
+        self.start(request)
+        while (status := self.answer()) is None:
+            pass
+        return status
+
+    def start(self, request: bytes) -> None:
+        self.sock.sendall(request)
+
+    def answer(self) -> int | None:
+        """Read what has arrived (one recv: it blocks only if nothing has); the status once the whole
+        answer is in (its body is dropped), else None."""
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the controller closed the connection in the middle of an answer")
+        buffer = self._buffer = self._buffer + chunk
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        head = buffer[:end].lower()
+        length = 0
+        if (at := head.find(b"\r\ncontent-length:")) >= 0:
+            line_end = head.find(b"\r\n", at + 2)
+            length = int(head[at + 17:line_end if line_end >= 0 else len(head)])
+        if len(buffer) < end + 4 + length:
+            return None
+        self._buffer = buffer[end + 4 + length:]
+        if b"\r\nconnection: close" in head:
             self.close()
             self._connect()
-        return status
+        return int(head.split(b" ", 2)[1])
 
 
 class HttpxClient:
@@ -180,15 +213,19 @@ def _register(url: str, iid: str) -> None:
         r.raise_for_status()
 
 
-def _thread(url: str, iid: str, phase: Phase, start_at: float, deadline: float, out: list[int]) -> None:
-    authorization = f"Bearer {instance_token(SECRET, iid)}"
-    path = f"/api/v1/instances/{iid}/{phase.action}"
+def _worker(iid: str, phase: Phase) -> tuple[str, str]:
+    """(path, Authorization header) of a simulated worker's instance."""
+    return f"/api/v1/instances/{iid}/{phase.action}", f"Bearer {instance_token(SECRET, iid)}"
+
+
+def _httpx_thread(url: str, iid: str, phase: Phase, start_at: float, deadline: float, out: list[int]) -> None:
+    path, authorization = _worker(iid, phase)
     accepted = 0
-    client = HttpxClient(url) if phase.client == "httpx" else KeepAliveClient(url)
+    client = HttpxClient(url)
     try:
         while time.time() < start_at:
             time.sleep(0.001)
-        for n in range(MAX_REQUESTS_PER_THREAD):
+        for n in range(MAX_REQUESTS_PER_CONNECTION):
             if time.time() >= deadline:
                 break
             accepted += phase.per_request if client.post(path, authorization, phase.body(n)) == 200 else 0
@@ -197,19 +234,67 @@ def _thread(url: str, iid: str, phase: Phase, start_at: float, deadline: float, 
     out.append(accepted)
 
 
+def _raw_connections(url: str, ids: list[str], phase: Phase, start_at: float, deadline: float) -> int:
+    """One thread drives one keep-alive connection per instance, as wrk does: each connection has exactly
+    one request outstanding, and its next one is sent when its answer is in. The first requests of each
+    connection are encoded before the start; any further ones as they are sent."""
+    workers = [_worker(iid, phase) for iid in ids]
+    prebuilt = [[KeepAliveClient.request(path, authorization, phase.body(n))
+                 for n in range(min(PREBUILT_ITEMS // phase.per_request, MAX_REQUESTS_PER_CONNECTION))]
+                for path, authorization in workers]
+    clients = [KeepAliveClient(url) for _ in ids]
+    sent = [0] * len(ids)
+    accepted = 0
+    selector = selectors.DefaultSelector()
+
+    def send_next(i: int) -> None:
+        n = sent[i]
+        if n >= MAX_REQUESTS_PER_CONNECTION or time.time() >= deadline:
+            return
+        sent[i] += 1
+        clients[i].start(prebuilt[i][n] if n < len(prebuilt[i]) else
+                         KeepAliveClient.request(*workers[i], phase.body(n)))
+        selector.register(clients[i].sock, selectors.EVENT_READ, i)
+
+    try:
+        while time.time() < start_at:
+            time.sleep(0.001)
+        for i in range(len(clients)):
+            send_next(i)
+        while selector.get_map():
+            for key, _ in selector.select():
+                i = key.data
+                status = clients[i].answer()
+                if status is None:
+                    continue
+                selector.unregister(key.fileobj)  # (a closing answer replaced the socket)
+                accepted += phase.per_request if status == 200 else 0
+                send_next(i)
+    finally:
+        selector.close()
+        for client in clients:
+            client.close()
+    return accepted
+
+
 def _client_process(url: str, ids: list[str], phase_number: int, start_at: float, deadline: float
                     ) -> tuple[int, float, float]:
     """(items accepted, end time, CPU seconds this client process spent)."""
     phase = PHASES[phase_number]
     before = resource.getrusage(resource.RUSAGE_SELF)
-    counts: list[int] = []
-    threads = [threading.Thread(target=_thread, args=(url, iid, phase, start_at, deadline, counts)) for iid in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if phase.client == "raw":
+        accepted = _raw_connections(url, ids, phase, start_at, deadline)
+    else:
+        counts: list[int] = []
+        threads = [threading.Thread(target=_httpx_thread, args=(url, iid, phase, start_at, deadline, counts))
+                   for iid in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        accepted = sum(counts)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return sum(counts), time.time(), (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return accepted, time.time(), (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -227,7 +312,9 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
     requests = max(accepted // phase.per_request, 1)
     client = "raw keep-alive client" if phase.client == "raw" else "httpx client"
     processes = "1 controller process" if phase.workers == 1 else f"{phase.workers} controller processes"
-    cost = (f"{processes}; clients {CLIENT_PROCESSES} processes x {THREADS_PER_PROCESS} threads, {client},"
+    shape = (f"{CONNECTIONS_PER_PROCESS} connections" if phase.client == "raw"
+             else f"{CONNECTIONS_PER_PROCESS} threads")
+    cost = (f"{processes}; clients {CLIENT_PROCESSES} processes x {shape}, {client},"
             f" {elapsed:.1f} s; controller CPU {server_cpu / requests * 1e6:,.0f} us/request (all processes)"
             f" (= {requests / max(server_cpu, 1e-9):,.0f} requests per CPU-second), clients"
             f" {client_cpu / requests * 1e6:,.0f} us/request")
@@ -259,14 +346,15 @@ def _one_run(url: str, pids: list[int], number: int, phase: Phase, repeat: int, 
              ) -> tuple[int, float, float, float, float]:
     """One timed run of a phase: (items accepted, seconds, controller CPU s, clients CPU s, 1-min load)."""
     # Fresh instances per run: every run starts from the same per-instance history.
-    ids = [f"bench-{number}-{repeat}-{p}-{t:06x}" for p in range(CLIENT_PROCESSES) for t in range(THREADS_PER_PROCESS)]
+    ids = [f"bench-{number}-{repeat}-{p}-{t:06x}" for p in range(CLIENT_PROCESSES)
+           for t in range(CONNECTIONS_PER_PROCESS)]
     for iid in ids:
         _register(url, iid)
     start_at = time.time() + 1.0
     deadline = start_at + PHASE_SECONDS
     cpu_before = _cpu_seconds(pids)
     with ctx.Pool(CLIENT_PROCESSES) as pool:
-        parts = [ids[p * THREADS_PER_PROCESS:(p + 1) * THREADS_PER_PROCESS] for p in range(CLIENT_PROCESSES)]
+        parts = [ids[p * CONNECTIONS_PER_PROCESS:(p + 1) * CONNECTIONS_PER_PROCESS] for p in range(CLIENT_PROCESSES)]
         done = pool.starmap(_client_process, [(url, part, number, start_at, deadline) for part in parts])
     server_cpu = _cpu_seconds(pids) - cpu_before
     elapsed = max(end for _, end, _ in done) - start_at

@@ -238,6 +238,69 @@ def test_write_lock_waits_for_another_process_then_gives_up_as_locked(tmp_path: 
         holder.stdout.close()
 
 
+def test_write_lock_helper_waits_in_the_kernel_and_hands_the_lock_over(tmp_path: Path) -> None:
+    """wait_in_background: a helper thread blocks in flock until the other process lets go, then holds the lock
+    for this process; the next try_acquire takes it over without the lock ever being free in between."""
+    path = tmp_path / "c.db.write-lock"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdin is not None
+    lock = WriteLock(path)
+    other = os.open(path, os.O_RDWR)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert not lock.try_acquire()
+        free = threading.Event()
+        lock.wait_in_background(free.set)
+        lock.wait_in_background(free.set)  # a second request while one is under way starts no second wait
+        assert not free.is_set() and not lock.granted()
+        holder.stdin.close()  # the other process lets go: the kernel wakes the helper
+        holder.wait(timeout=30)
+        assert free.wait(timeout=30)
+        assert lock.granted() and not lock.held
+        with pytest.raises(BlockingIOError):  # held for us by the helper: nobody else gets it
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert lock.try_acquire() and lock.held and lock.adopted == 1 and not lock.granted()
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.release()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released for real
+        # Busy again: the helper waits on its own descriptor, so it is not fooled by this process's own lock.
+        again = threading.Event()
+        assert not lock.try_acquire()
+        lock.wait_in_background(again.set)
+        fcntl.flock(other, fcntl.LOCK_UN)
+        assert again.wait(timeout=30)
+        lock.acquire()  # the blocking path takes a granted lock over as well
+        assert lock.held and lock.adopted == 2
+        lock.release()
+    finally:
+        os.close(other)
+        lock.close()
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        holder.stdout.close()
+
+
+def test_background_checkpoints_copy_the_wal_off_the_request_path(tmp_path: Path) -> None:
+    store = ControllerStore(tmp_path / "c.db")
+    iid = "p-0-ckpt0"
+    store.register(iid, register_doc(iid))
+    store.checkpoint_in_background(interval_s=0.001)
+    store.checkpoint_in_background()  # once only
+    assert store.checkpointed.wait(timeout=30)
+    for k in range(50):
+        store.add_event(iid, progress(k))
+    assert store.stats()["events"] == 50
+    frames, copied = store.checkpoint() or (0, -1)
+    assert frames == copied  # everything the writes left in the WAL is in the database file
+    store.close()
+    reopened = ControllerStore(tmp_path / "c.db")
+    assert reopened.stats()["events"] == 50 and reopened.integrity_check() == ["ok"]
+    reopened.close()
+
+
 WRITER = """
 import sys
 from reconciler.adapters.store import ControllerStore
@@ -305,6 +368,15 @@ def test_a_busy_write_lock_defers_the_flush_instead_of_blocking_the_loop(tmp_pat
         refused = post_fresh(processes.url, f"/api/v1/instances/{iid}/events", iid, progress(2))
         assert refused.status_code == 503 and refused.json()["error"] == "store unavailable"
         assert store.stats()["events"] == 1
+        # The helper thread still waits for the lock; when it gets it nobody wants it any more: it is let go.
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        processes.server.commits.lock_timeout_s = 10.0
+        assert post_fresh(processes.url, f"/api/v1/instances/{iid}/events", iid, progress(3)).status_code == 200
+        other = WriteLock(Path(f"{db}.write-lock"))
+        other.acquire()  # another process can write: the controller holds no lock it does not use
+        other.close()
+        assert store.write_lock is not None and store.write_lock.adopted >= 1
     finally:
         if holder is not None:
             if holder.stdin is not None and not holder.stdin.closed:

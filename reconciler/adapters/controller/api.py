@@ -178,10 +178,11 @@ class ControllerApi:
         assert stored is not None  # waits for the write lock
         return stored[0]
 
-    def store_all(self, prepared: list[PreparedReport], *, wait: bool = True) -> list[Response] | None:
+    def store_all(self, prepared: list[PreparedReport], *, wait: bool = True,
+                  on_free: Callable[[], None] | None = None) -> list[Response] | None:
         """Store prepared reports in one transaction; each gets its own answer (see ControllerStore.write_all;
-        `wait=False`: None when another controller process is writing)."""
-        outcomes = self.store.write_all([p.write for p in prepared], wait=wait)
+        `wait=False`: None when another controller process is writing, `on_free()` called once it is done)."""
+        outcomes = self.store.write_all([p.write for p in prepared], wait=wait, on_free=on_free)
         if outcomes is None:
             return None
         return [self._stored(p, error, result) for p, (error, result) in zip(prepared, outcomes, strict=True)]
