@@ -38,6 +38,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from functools import cache
+from operator import itemgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -197,6 +198,40 @@ def parse_fast(text: str) -> dict[str, Any]:
 def split_fast(text: str) -> tuple[dict[str, Any], list[str]]:
     """The record's own fields (read as YAML would, not schema-checked) and its entry lines (`- {...}`, not
     read yet), or NotFast. `text` has universal newlines."""
+    doc, body = split_entries(text)
+    return doc, entry_lines(body)
+
+
+def entry_lines(body: str) -> list[str]:
+    """The lines of the entry part `split_entries` returns (its last newline ends the last line)."""
+    lines = body.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def split_entries(text: str) -> tuple[dict[str, Any], str]:
+    """The record's own fields, as `split_fast` reads them, and the text after the `benchmarks:` line (the
+    entry lines, each ending with a newline but perhaps the last; "" for none), or NotFast.
+
+    The usual record (comment lines, `field: value` lines, `benchmarks:`, entry lines) is cut with one search:
+    the entry lines, most of the bytes, are not split here."""
+    mark = text.find(f"\n{ENTRIES_KEY}:")
+    after = mark + len(ENTRIES_KEY) + 2
+    if mark < 0 or text.startswith(f"{ENTRIES_KEY}:") or text[after:after + 1] != "\n":
+        return _split_lines(text)  # no header, an empty list, something after the key: line by line
+    # The first line that starts with the key is this one: no earlier line can end the header.
+    head = text[:mark].split("\n")
+    start = 0
+    while start < len(head) and head[start].startswith("#"):
+        start += 1
+    if _DIVERGENT.search(text, 0, mark):
+        raise NotFast("characters JSON and YAML read differently")
+    return _header(head[start:]), text[after + 1:]
+
+
+def _split_lines(text: str) -> tuple[dict[str, Any], str]:
+    """`split_entries` for any text: line by line."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -220,7 +255,7 @@ def split_fast(text: str) -> tuple[dict[str, Any], list[str]]:
         raise NotFast("no benchmarks line")
     if _DIVERGENT.search("\n".join(lines[:i])):
         raise NotFast("characters JSON and YAML read differently")
-    return _header(lines[header_start:i - 1]), lines[i:]
+    return _header(lines[header_start:i - 1]), "".join(f"{line}\n" for line in lines[i:])
 
 
 def decode_entry_lines(lines: list[str]) -> list[Any]:
@@ -484,31 +519,39 @@ _NumberCheck = tuple[int, bool, "int | float | None"]
 
 
 class EntryDecoder:
-    """The entry lines of a record decoded and schema-checked in one step by msgspec, into tuples in the order
-    of `fields` (the record dataclass's fields). Built from the entry schema by `entry_decoder`; a list it
+    """The entry lines of a record decoded and schema-checked by msgspec, one line per call, into tuples in the
+    order of `fields` (the record dataclass's fields). Built from the entry schema by `entry_decoder`; a list it
     returns holds exactly what `decode_entry_lines` + the schema check give (tests/unit/test_record_codec.py).
     Returns None whenever it is not certain of that (a text outside the fast subset, an entry the schema
     refuses, a JSON error): the caller then takes the general path, which gives the real errors.
 
+    Each line is decoded on its own, as YAML reads it: one entry per line (a line holding two objects, or an
+    object running on into the next line, is not an entry line; decoding the lines joined into one array
+    would have read such lines as entries).
+
     Number fields are decoded untyped, so that every float literal passes `_yaml_float` (msgspec calls no hook
     for typed floats), and checked here. `raw_field`: that object-typed field is only checked to be a JSON
-    object, not decoded, and left out of the tuples (the record index stores entries without their evidence;
-    what is inside it cannot change any other field's value)."""
+    object (msgspec skips its contents, still checking they are JSON), not decoded, and left out of the
+    tuples (the record index stores entries without their evidence; what is inside it cannot change any other
+    field's value)."""
 
     def __init__(self, decoder: Any, errors: tuple[type[Exception], ...], numbers: list[_NumberCheck],
-                 raw_index: int | None) -> None:
+                 drop_last: bool) -> None:
+        from msgspec.structs import astuple
+
         self._decode = decoder.decode
+        self._astuple = astuple
         self._errors = errors
         self._numbers = numbers
-        self._raw_index = raw_index
+        self._cut = itemgetter(slice(None, -1 if drop_last else None))  # the skipped field is the struct's last
 
     def __call__(self, lines: list[str]) -> list[tuple[Any, ...]] | None:
-        for line in lines:
-            if not line.startswith("- {") or not line.endswith("}"):
-                return None
-        body = "[" + ",".join([line[2:] for line in lines]) + "]"
-        # decode_entry_lines' checks, made once on the whole body (a raw newline cannot be inside a JSON
-        # string - strict decoders refuse it - so joining the lines changes nothing).
+        return self.decode_entries("".join(f"{line}\n" for line in lines))
+
+    def decode_entries(self, body: str) -> list[tuple[Any, ...]] | None:
+        """The entries of `body`, the entry part of a record (`split_entries`), or None (see the class)."""
+        # decode_entry_lines' character checks, made once on the whole part (a newline is no divergent
+        # character, and no match can span two lines: every line ends with "}").
         if body.isascii():
             if "\t" in body or "\x7f" in body:
                 return None
@@ -516,13 +559,23 @@ class EntryDecoder:
             return None
         if "\\" in body and _DIVERGENT_ESCAPE.search(body):
             return None
+        # Line by line (as `entry_lines` cuts them; found with memchr, the part is not split): each line is
+        # "- {...}", the text after "- " decoded as one entry, made a tuple, the skipped field cut off.
+        decode, astuple, cut = self._decode, self._astuple, self._cut
+        rows = []
+        find, startswith, endswith = body.find, body.startswith, body.endswith
+        start, size = 0, len(body)
         try:
-            structs = self._decode(body)
+            while start < size:
+                end = find("\n", start)
+                if end < 0:
+                    end = size
+                if not startswith("- {", start, end) or not endswith("}", start, end):
+                    return None
+                rows.append(cut(astuple(decode(body[start + 2:end]))))
+                start = end + 1
         except self._errors:
             return None
-        from msgspec.structs import astuple
-
-        rows = [astuple(s) for s in structs]
         for row in rows:
             for i, nullable, minimum in self._numbers:
                 v = row[i]
@@ -532,25 +585,17 @@ class EntryDecoder:
                 elif ((v.__class__ is not float and v.__class__ is not int)  # a bool is not a number here
                       or (minimum is not None and v < minimum)):
                     return None
-        raw = self._raw_index
-        if raw is None:
-            return rows
-        out = []
-        for row in rows:
-            value = row[raw]
-            if value is not None and memoryview(value)[0] != 0x7B:  # "{": the schema wants an object here
-                return None
-            out.append(row[:raw] + row[raw + 1:])
-        return out
+        return rows
 
 
 def entry_decoder(schema: Mapping[str, Any], entry_ref: str, fields: list[tuple[str, Any]],
                   raw_field: str | None = None) -> EntryDecoder | None:
     """An EntryDecoder for the entries of `schema` (the node `entry_ref` points at, "#/$defs/entry"), giving
     tuples in the order of `fields` ((name, default) pairs: what a field absent from the entry becomes; a
-    callable default is a factory). None if msgspec is not installed (a virtualenv made before it became a
-    dependency), or the entry schema uses anything the translation below does not cover, or its properties are
-    not exactly `fields`: the stdlib decoder and the compiled check then do all the work, with the same result."""
+    callable default is a factory), `raw_field` left out. None if msgspec is not installed (a virtualenv made
+    before it became a dependency), or the entry schema uses anything the translation below does not cover, or
+    its properties are not exactly `fields`: the stdlib decoder and the compiled check then do all the work,
+    with the same result."""
     try:
         import msgspec
     except ImportError:
@@ -568,32 +613,34 @@ def entry_decoder(schema: Mapping[str, Any], entry_ref: str, fields: list[tuple[
         return None
     struct_fields: list[tuple[Any, ...]] = []
     numbers: list[_NumberCheck] = []
-    for index, (name, given_default) in enumerate(fields):
-        sub = props[name]
-        default = given_default
+    for name, default in fields:
         if name == raw_field:
-            if set(sub) - _ANNOTATIONS != {"type"} or sub["type"] != "object":
+            continue
+        sub = props[name]
+        kind = _msgspec_type(sub, msgspec)
+        if kind is None:
+            number = _number_check(sub)
+            if number is None:
                 return None
-            kind: Any = msgspec.Raw
-            default = None  # absent: nothing to check (a JSON null gives Raw(b"null"), refused above)
-        else:
-            kind = _msgspec_type(sub, msgspec)
-            if kind is None:
-                number = _number_check(sub)
-                if number is None:
-                    return None
-                kind = Any
-                numbers.append((index, *number))
+            kind = Any
+            numbers.append((len(struct_fields), *number))
         if name in required:
             struct_fields.append((name, kind))
         elif callable(default):
             struct_fields.append((name, kind, msgspec.field(default_factory=default)))
         else:
             struct_fields.append((name, kind, default))
-    entry = msgspec.defstruct("RecordEntry", struct_fields, forbid_unknown_fields=True)
-    decoder = msgspec.json.Decoder(list[entry], float_hook=_yaml_float)  # type: ignore[valid-type]
-    raw_index = [name for name, _ in fields].index(raw_field) if raw_field is not None else None
-    return EntryDecoder(decoder, (msgspec.DecodeError, msgspec.ValidationError, _NotYamlFloat), numbers, raw_index)
+    if raw_field is not None:
+        sub = props[raw_field]
+        if set(sub) - _ANNOTATIONS != {"type"} or sub["type"] != "object" or raw_field in required:
+            return None
+        # Any JSON object, its contents skipped (still checked to be JSON); absent: None, left out anyway.
+        any_object = msgspec.defstruct("AnyObject", [], forbid_unknown_fields=False)
+        struct_fields.append((raw_field, any_object, None))
+    entry = msgspec.defstruct("RecordEntry", struct_fields, forbid_unknown_fields=True, gc=False)
+    decoder = msgspec.json.Decoder(entry, float_hook=_yaml_float)
+    return EntryDecoder(decoder, (msgspec.DecodeError, msgspec.ValidationError, _NotYamlFloat), numbers,
+                        raw_field is not None)
 
 
 def _number_check(node: Mapping[str, Any]) -> tuple[bool, int | float | None] | None:

@@ -179,11 +179,11 @@ def parse_machine_rows(text: str, file: Path, *, evidence: bool = True) -> tuple
     decoder = _entry_decoder(evidence)
     if decoder is not None:
         try:
-            own, lines = record_codec.split_fast(text)
+            own, body = record_codec.split_entries(text)
         except record_codec.NotFast:
             pass
         else:
-            rows = decoder(lines)
+            rows = decoder.decode_entries(body)
             if rows is not None:
                 if isinstance(own.get("machine_id"), int):
                     own["machine_id"] = str(own["machine_id"])

@@ -37,6 +37,7 @@ import os
 import pickle
 import sqlite3
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -69,9 +70,14 @@ from reconciler.domain.verdicts import RATE_VERDICTS
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
 FORMAT = 7
 _PLACEHOLDER = "\x00record-file\x00"
+_PLACEHOLDER_FILE = Path(f"{_PLACEHOLDER}.yaml")
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")  # positional construction
 _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
+_PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE = (_ENTRY_FIELDS.index(name) for name in (
+    "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour"))
+_BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
+_NO_STAT = (0, 0, -1, 0, 0)  # the stat of a file that could not be stat()ed: equal to no indexed file's
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -321,6 +327,7 @@ class RecordIndex:
         if not memory:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(":memory:" if memory else str(self.path), timeout=2.0, isolation_level=None)
+        self._on_disk = not memory  # another process (a forked child) can store into it
         try:
             # 16 KiB pages for a new index: a row holds a record's entries (~2-5 KB), which 4 KiB pages spill
             # into overflow chains; a cold build of 10,000 records stores in ~40% less CPU.
@@ -367,18 +374,22 @@ class RecordIndex:
         self.from_snapshot = self.split = False
         self._fresh = {}
         problems: list[str] = []
-        listed = self._list(spec_dir, problems)
         dir_key = os.path.abspath(spec_dir)
+        # Nothing indexed for this directory (a cold build): every file will be read, and reading gives its
+        # stat; the stat() of the listing only serves to compare with what the index knows.
+        empty = self._db.execute("SELECT NOT EXISTS (SELECT 1 FROM files WHERE dir = ?) AND NOT EXISTS "
+                                 "(SELECT 1 FROM snapshots WHERE dir = ?)", (dir_key, dir_key)).fetchone()[0]
+        listed = self._list(spec_dir, problems, with_stat=not empty)
         stats = {item.path: item.stat for item in listed}
         snapshot_key = (dir_key, str(spec_dir))
-        if not problems:
+        if not problems and not empty:
             answer = self._snapshot(snapshot_key, stats)
             if answer is not None:
                 self.reused = len(listed)
                 self.from_snapshot = True
                 return answer
         # One query: what the index knows of each file (stat, blob) and of its blob (summary columns).
-        known = {row[0]: row[1:] for row in self._db.execute(
+        known = {} if empty else {row[0]: row[1:] for row in self._db.execute(
             "SELECT f.path, f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns, f.settled, f.blob, b.blob, b.problem, "
             "b.key, b.status, b.gpu_name, b.perf_samples, b.perf_median, b.perf_last FROM files f "
             "LEFT JOIN blobs b ON b.blob = f.blob AND b.kind = f.kind WHERE f.dir = ?", (dir_key,))}
@@ -394,9 +405,11 @@ class RecordIndex:
                 self.reused += 1
             else:
                 reads.append(item)
+        unstored: tuple[list[tuple[Any, ...]], dict[tuple[str, str], _Parsed]] | None = None
         if self._in_two_processes(len(reads)):
-            # A cold build (or thousands of changed files): two processes each read, hash and parse half.
-            file_rows, read_blobs, read_problems, new = self._read_forked(reads, dir_key)
+            # A cold build (or thousands of changed files): two processes each read, hash, parse and store a
+            # share of the files.
+            file_rows, read_blobs, read_problems, new, unstored = self._read_forked(reads, dir_key)
             blob_of.update(read_blobs)
         else:
             file_rows, read_blobs, read_problems, raw_of = self._read(reads, dir_key)
@@ -413,7 +426,8 @@ class RecordIndex:
         self.parsed = len(new)
         self._fresh = {blob: parsed for (blob, kind), parsed in new.items() if kind == "m" and parsed.problem is None}
         listed_paths = {i.path for i in listed}
-        complete = self._store(dir_key, file_rows, [p for p in known if p not in listed_paths], new)
+        rows_to_store, new_to_store = (file_rows, new) if unstored is None else unstored
+        complete = self._store(dir_key, rows_to_store, [p for p in known if p not in listed_paths], new_to_store)
         for key, parsed in new.items():
             stored[key] = (parsed.problem, parsed.key, parsed.status, parsed.gpu_name, *(parsed.perf or (0, 0.0, 0.0)))
         listing_problems = bool(problems)
@@ -436,7 +450,8 @@ class RecordIndex:
             token = self._store_snapshot(snapshot_key, settled_stats, view)
         return self._record_set(view, snapshot_key, token)
 
-    def _list(self, spec_dir: Path, problems: list[str]) -> list[_Listed]:
+    def _list(self, spec_dir: Path, problems: list[str], *, with_stat: bool = True) -> list[_Listed]:
+        """The record files, by kind and name; `with_stat`: each with its stat (else a stat no file has)."""
         out = []
         for sub, kind in ((MACHINES_DIR, "m"), (IMAGES_DIR, "i")):
             directory = spec_dir / sub
@@ -451,13 +466,16 @@ class RecordIndex:
                 problems.append(f"{directory}: cannot list records: {exc}")
                 continue
             stat = os.stat
+            if not with_stat:
+                out += [_Listed(f"{absolute}/{name}", f"{shown}/{name}", kind, _NO_STAT) for name in names]
+                continue
             for name in names:
                 path = f"{absolute}/{name}"
                 try:
                     st = stat(path)
                     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 except OSError:
-                    key = (0, 0, -1, 0, 0)
+                    key = _NO_STAT
                 out.append(_Listed(path, f"{shown}/{name}", kind, key))
         return out
 
@@ -497,21 +515,45 @@ class RecordIndex:
         return file_rows, blob_of, read_problems, raw_of
 
     def _read_and_parse(self, items: list[_Listed], dir_key: str) -> _ReadParsed:
-        """`_read`, then every distinct blob read parsed (the bulk path: no look-up of blobs already indexed)."""
-        file_rows, blob_of, read_problems, raw_of = self._read(items, dir_key)
-        todo: dict[tuple[str, str], bytes] = {}
-        for item in items:
-            blob = blob_of.get(item.path)
-            if blob is not None:
-                todo.setdefault((blob, item.kind), raw_of[item.path])
-        return file_rows, blob_of, read_problems, self._parse_all(todo)
+        """`_read`, then every distinct blob read parsed (the bulk path: no look-up of blobs already indexed).
+        Each file is parsed right after it is read, while its bytes are in the CPU's cache, and not kept."""
+        file_rows: list[tuple[Any, ...]] = []
+        blob_of: dict[str, str] = {}
+        read_problems: dict[str, str] = {}
+        new: dict[tuple[str, str], _Parsed] = {}
+        clock, racy, parse = self._clock_ns, self.RACY_NS, self._parse
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # see _parse_all
+        try:
+            for item in items:
+                path = item.path
+                read_at = clock()
+                try:
+                    st, raw = _read_file(path)
+                except OSError as exc:
+                    read_problems[path] = f"{item.file}: cannot read: {exc}"
+                    continue
+                blob = git_blob_id(raw)
+                blob_of[path] = blob
+                settled = int(max(st.st_mtime_ns, st.st_ctime_ns) < read_at - racy)
+                file_rows.append((path, dir_key, item.kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                  st.st_ctime_ns, settled, blob))
+                key = (blob, item.kind)
+                if key not in new:
+                    new[key] = parse(raw, item.kind)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return file_rows, blob_of, read_problems, new
 
-    #: This many files to read or more (a cold build) are read, hashed and parsed in two processes...
+    #: This many files to read or more (a cold build) are read, hashed, parsed and stored in two processes...
     PARALLEL_FROM = 2000
-    #: ...if True; if None, only when the machine has a core to spare: a 1-minute load average below the core
-    #: count minus a half (the load counts this process too). On a busy machine the second process only
-    #: competes with the first for the same core, and the fork and the hand-back cost more than they save
-    #: (measured: +15-30% wall at load 3-4 on 2 cores; on an idle one the split saves about a quarter).
+    #: ...if True (the caller knows its process has no other thread); if None, whenever the machine has two
+    #: cores or more and this process runs one thread. Also on a busy machine: the split adds almost no work
+    #: (the child hands back only summary columns, each process stores its own share), so two processes get
+    #: more of the contended cores than one. Measured on 2 cores, cold `fleet records`, 10,000 files, forked /
+    #: one process: 1.53-1.71 / 2.30-2.38 s (others' load ~1.3), 1.86-1.97 / 2.04-2.73 s with one busy loop
+    #: running beside it, 2.73-3.12 / 2.87-3.86 s with two.
     parallel: bool | None = None
 
     def _in_two_processes(self, files: int) -> bool:
@@ -519,31 +561,61 @@ class RecordIndex:
             return False
         if self.parallel:
             return True
-        cores = os.cpu_count() or 1
-        try:
-            return cores >= 2 and os.getloadavg()[0] < cores - 0.5
-        except OSError:  # no load average on this system
+        # Only from a process with one thread: a lock another thread holds at the fork (inside SQLite, say)
+        # would stay locked forever in the child.
+        threading = sys.modules.get("threading")
+        if threading is not None and threading.active_count() > 1:
             return False
+        return (os.cpu_count() or 1) >= 2
 
-    def _read_forked(self, items: list[_Listed], dir_key: str) -> _ReadParsed:
-        """`_read_and_parse` over two processes: a forked child takes the first half and hands back only plain
-        rows (marshal); forking before any file is read keeps the copy-on-write cost small. If the child fails,
-        its half is done here."""
-        half = len(items) // 2
-        theirs, mine = items[:half], items[half:]
+    #: The share of the files the child takes: it also stores its share before it answers, while the parent,
+    #: which stores its own share after that, parses a little more (with the parse ~5x the store, ~0.45 has
+    #: both finish together).
+    CHILD_SHARE = 0.45
+
+    def _read_forked(self, items: list[_Listed], dir_key: str
+                     ) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, str], dict[tuple[str, str], _Parsed],
+                                tuple[list[tuple[Any, ...]], dict[tuple[str, str], _Parsed]]]:
+        """`_read_and_parse` over two processes: a forked child reads, hashes, parses and stores (its own SQLite
+        connection, its own transaction) a share of the files, then hands back their index rows and summary
+        columns (marshal), not the stored entries; the parent does the rest meanwhile. Returns what
+        `_read_and_parse` returns for all files, plus the rows and blobs the parent has still to store (the
+        child's too if it could not store them: an in-memory index, the write lock held elsewhere). If the
+        child fails, its share is done here.
+
+        SQLite connections must not cross a fork: the parent closes its connection before forking and opens
+        a new one after, and the child opens its own."""
+        cut = int(len(items) * self.CHILD_SHARE)
+        theirs, mine = items[:cut], items[cut:]
+        on_disk = self._on_disk
+        if on_disk:
+            self._db.close()
         read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: its half, sent as plain values; leave without running any cleanup
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read_end)
+            os.close(write_end)
+            pid = None
+        if pid == 0:  # the child: its share, stored, sent as plain values; leave without running any cleanup
             code = 1
             try:
                 os.close(read_end)
                 rows, blobs, problems, done = self._read_and_parse(theirs, dir_key)
-                sent = (rows, blobs, problems, [(key, *vars(p).values()) for key, p in done.items()])
+                stored = on_disk and self._store_from_child(dir_key, rows, done)
+                sent = (stored, rows, blobs, problems,
+                        [(key, p.problem, p.key, p.status, p.gpu_name, p.perf, None if stored else p.data, p.marks,
+                          p.bad_view, p.last_price) for key, p in done.items()])
                 with os.fdopen(write_end, "wb") as sink:
                     sink.write(marshal.dumps(sent))
                 code = 0
             finally:
                 os._exit(code)
+        if on_disk:
+            self._db = self._open()
+        if pid is None:  # no fork: all here
+            rows, blobs, problems, new = self._read_and_parse(items, dir_key)
+            return rows, blobs, problems, new, (rows, new)
         os.close(write_end)
         try:
             file_rows, blob_of, read_problems, new = self._read_and_parse(mine, dir_key)
@@ -556,14 +628,33 @@ class RecordIndex:
         except (EOFError, ValueError, TypeError):
             got = None
         self.split = got is not None
-        if got is None:  # the child failed: its half here
+        to_store_rows, to_store = list(file_rows), dict(new)
+        if got is None:  # the child failed: its share here
+            got_stored = False
             got_rows, got_blobs, got_problems, got_parsed = self._read_and_parse(theirs, dir_key)
         else:
-            got_rows, got_blobs, got_problems, parsed_rows = got
+            got_stored, got_rows, got_blobs, got_problems, parsed_rows = got
             got_parsed = {tuple(key): _Parsed(*values) for key, *values in parsed_rows}
+        if not got_stored:
+            to_store_rows += got_rows
+            for key, parsed in got_parsed.items():
+                to_store.setdefault(key, parsed)
         for key, theirs_parsed in got_parsed.items():
             new.setdefault(key, theirs_parsed)
-        return got_rows + file_rows, {**got_blobs, **blob_of}, {**got_problems, **read_problems}, new
+        return (got_rows + file_rows, {**got_blobs, **blob_of}, {**got_problems, **read_problems}, new,
+                (to_store_rows, to_store))
+
+    def _store_from_child(self, dir_key: str, file_rows: list[tuple[Any, ...]],
+                          new: dict[tuple[str, str], _Parsed]) -> bool:
+        """In the forked child: store its share through a connection of its own (never the parent's)."""
+        try:
+            db = sqlite3.connect(str(self.path), timeout=2.0, isolation_level=None)
+        except sqlite3.Error:
+            return False
+        try:
+            return _store_rows(db, file_rows, [], new, prune=False)
+        except sqlite3.Error:
+            return False
 
     def _parse_all(self, todo: dict[tuple[str, str], bytes]) -> dict[tuple[str, str], _Parsed]:
         """Parse the new blobs with the cyclic GC paused (a bulk parse allocates millions of objects that all
@@ -577,7 +668,7 @@ class RecordIndex:
                 gc.enable()
 
     def _parse(self, raw: bytes, kind: str) -> _Parsed:
-        placeholder = Path(f"{_PLACEHOLDER}.yaml")
+        placeholder = _PLACEHOLDER_FILE
         try:
             text = _decode(raw)
             if kind == "i":
@@ -589,52 +680,28 @@ class RecordIndex:
             return _Parsed(message)
         # The entries as tuples in field order (evidence left out): what BenchmarkEntry objects are built from.
         entries = tuple(rows)
-        pph = _ENTRY_FIELDS.index("proofs_per_hour")
-        verdict = _ENTRY_FIELDS.index("verdict")
-        rates = [e[pph] for e in entries if e[pph] is not None and e[verdict] in _PERF_VERDICTS]
+        rates = [e[_PPH] for e in entries if e[_PPH] is not None and e[_VERDICT] in _PERF_VERDICTS]
         perf = (len(rates), statistics.median(rates), rates[-1]) if rates else None
         host_id = doc.get("host_id")
-        mid, status, gpu_name = doc["machine_id"], doc["status"], doc.get("gpu_name")
-        data = marshal.dumps((mid, status, None if host_id is None else str(host_id), gpu_name, doc.get("note"),
-                              entries))
-        marks_bad, pool, at = (_ENTRY_FIELDS.index(f) for f in ("marks_bad", "pool", "at"))
-        marks = marshal.dumps([(e[pool], e[at]) for e in entries if e[marks_bad]])
-        marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][marks_bad]), None)
-        last = len(entries) - 1 if entries else None
-        bad_view = marshal.dumps((None if host_id is None else str(host_id), doc.get("note"), marking,
-                                  None if marking is None else entries[marking], last,
-                                  None if last is None else entries[last]))
-        price = _ENTRY_FIELDS.index("price_usd_per_hour")
-        last_price = next((e[price] for e in reversed(entries) if e[price] is not None), None)
+        if host_id is not None:
+            host_id = str(host_id)
+        mid, status, gpu_name, note = doc["machine_id"], doc["status"], doc.get("gpu_name"), doc.get("note")
+        data = marshal.dumps((mid, status, host_id, gpu_name, note, entries))
+        marks = marshal.dumps([(e[_POOL], e[_AT]) for e in entries if e[_MARKS_BAD]])
+        bad_view = None  # only a bad machine's is ever read (RecordSet.bad_machines)
+        if status in _BAD_STATUSES:
+            marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][_MARKS_BAD]), None)
+            last = len(entries) - 1 if entries else None
+            bad_view = marshal.dumps((host_id, note, marking, None if marking is None else entries[marking], last,
+                                      None if last is None else entries[last]))
+        last_price = next((e[_PRICE] for e in reversed(entries) if e[_PRICE] is not None), None)
         return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
                        bad_view=bad_view, last_price=last_price)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> bool:
         """Store the new blobs and file rows; False if another process held the write lock (nothing stored)."""
-        if not file_rows and not gone and not new:
-            return True
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:  # another process is writing: it or the next command stores
-            return False
-        try:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
-                  p.bad_view, p.last_price)
-                 for (blob, kind), p in new.items()])
-            self._db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
-            self._db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
-            blobs, files = (self._db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("blobs", "files"))  # noqa: S608
-            if blobs > 2 * files + 1000:  # contents no file has any more (old versions, other branches)
-                self._db.execute("DELETE FROM blobs WHERE blob NOT IN (SELECT blob FROM files)")
-                self._db.execute("DELETE FROM snapshots")  # none may name a blob that is gone
-            self._db.execute("COMMIT")
-        except sqlite3.OperationalError:
-            self._db.execute("ROLLBACK")
-            return False
-        return True
+        return _store_rows(self._db, file_rows, gone, new, prune=True)
 
     def _assemble(self, listed: list[_Listed], blob_of: dict[str, str],
                   stored: dict[tuple[str, str], tuple[Any, ...]], read_problems: dict[str, str],
@@ -671,7 +738,7 @@ class RecordIndex:
             if is_machine:
                 machines.append((key, blob, item.file))
                 counts[status] = counts.get(status, 0) + 1
-                if status in ("bad", "banned"):  # MachineRecord.is_bad
+                if status in _BAD_STATUSES:
                     bad.append((key, gpu_name, status))
                 if samples:
                     perf.append((key, gpu_name, samples, median, last))
@@ -794,6 +861,36 @@ class RecordIndex:
                 out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
                                           benchmarks=benchmarks)
         return out
+
+
+def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: list[str],
+                new: dict[tuple[str, str], _Parsed], *, prune: bool) -> bool:
+    """Store new blobs and file rows in one transaction; False if another process held the write lock (nothing
+    stored). `prune`: drop the blobs no file has any more when they have piled up."""
+    if not file_rows and not gone and not new:
+        return True
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:  # another process is writing: it or the next command stores
+        return False
+    try:
+        db.executemany(
+            "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
+              p.bad_view, p.last_price)
+             for (blob, kind), p in new.items()])
+        db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
+        db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
+        if prune:
+            blobs, files = (db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("blobs", "files"))  # noqa: S608
+            if blobs > 2 * files + 1000:  # contents no file has any more (old versions, other branches)
+                db.execute("DELETE FROM blobs WHERE blob NOT IN (SELECT blob FROM files)")
+                db.execute("DELETE FROM snapshots")  # none may name a blob that is gone
+        db.execute("COMMIT")
+    except sqlite3.OperationalError:
+        db.execute("ROLLBACK")
+        return False
+    return True
 
 
 def _read_file(path: str) -> tuple[os.stat_result, bytes]:

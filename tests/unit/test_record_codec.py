@@ -28,7 +28,7 @@ from reconciler.adapters.record_files import (
     parse_machine_rows,
     render_machine_record,
 )
-from reconciler.domain.records import BenchmarkEntry, MachineRecord
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MACHINE_SCHEMA = json.loads((SCHEMA_DIR / "machine-record.schema.json").read_text())
@@ -335,3 +335,40 @@ def test_a_record_as_the_reconciler_writes_it_takes_the_typed_path() -> None:
     assert parse_machine_rows(text, Path("40213.yaml"), evidence=False)[1] == \
         [tuple(v for (n, _), v in zip(ENTRY_FIELDS, rows[0], strict=True) if n != "evidence")]
     assert parse_machine_record(text, Path("40213.yaml")) == record
+
+
+_ENTRY = ('{"instance_id": "i", "at": "t", "verdict": "ok", "blame": "none", "marks_bad": false, "reason": "r", '
+          '"evidence": {"x": [{}')
+
+
+@pytest.mark.parametrize("lines", [
+    [f"- {_ENTRY}]}}}}, {_ENTRY}]}}}}"],           # two entries on one line: not YAML (",": expected block end)
+    [f"- {_ENTRY}]}}}},{_ENTRY}, {{}}", "- {}]}}"],  # the second entry runs on into the next line
+])
+def test_a_line_that_is_not_exactly_one_entry_leaves_the_typed_decoder_and_is_an_error(lines: list[str]) -> None:
+    for evidence in (True, False):
+        decoder = _entry_decoder(evidence)
+        assert decoder is not None
+        assert decoder(lines) is None
+    text = "machine_id: '7'\nstatus: ok\nbenchmarks:\n" + "".join(f"{line}\n" for line in lines)
+    with pytest.raises(RecordError, match=r"7\.yaml: not valid YAML"):
+        parse_machine_rows(text, Path("7.yaml"), evidence=False)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_the_one_search_split_equals_the_line_by_line_split(data: st.DataObject) -> None:
+    """split_entries cuts the usual record with one search; wherever it does, reading line by line (the
+    general path) gives the same fields, the same entry lines, or the same refusal."""
+    text = data.draw(st.one_of(_mutations(BASE), _mutations("# c\n" + BASE), _mutations(BASE.replace(
+        "status: bad\n", "status: bad\nbenchmarks: x\n")), st.just(BASE.split("benchmarks:")[0] + "benchmarks:")))
+    try:
+        fast = record_codec.split_entries(text)
+    except record_codec.NotFast:
+        fast = None
+    try:
+        general = record_codec._split_lines(text)
+    except record_codec.NotFast:
+        general = None
+    assert fast == general or (fast is not None and general is not None and fast[0] == general[0]
+                               and record_codec.entry_lines(fast[1]) == record_codec.entry_lines(general[1]))

@@ -199,6 +199,56 @@ def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path:
     unsplit.PARALLEL_FROM, unsplit.parallel = 2, False
     assert unsplit.load(spec) == records and not unsplit.split
     assert_same(RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec), spec)  # what was stored
+    again = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    again._db.execute("DELETE FROM snapshots")  # file by file: each blob, the child's share too, was stored
+    assert_same(again.load(spec), spec)
+    assert again.parsed == 0 and again.hashed == 0 and again.reused == 10  # 0dir.yaml: a problem again
+
+
+def test_a_process_running_other_threads_does_not_fork(tmp_path: Path) -> None:
+    """A lock another thread held at the fork would stay locked in the child: such a process parses alone."""
+    import threading
+
+    spec = tmp_path / "spec"
+    for i in range(4):
+        write_record(spec, rated_record(f"{i}00", 40.0 + i))
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+        index.PARALLEL_FROM = 2
+        assert_same(index.load(spec), spec)
+        assert not index.split and index.parsed == 4
+    finally:
+        release.set()
+        other.join()
+    if (os.cpu_count() or 1) >= 2 and threading.active_count() == 1:  # alone again: the child takes its share
+        index = RecordIndex(tmp_path / "other.sqlite", clock_ns=ahead)
+        index.PARALLEL_FROM = 2
+        assert_same(index.load(spec), spec)
+        assert index.split
+
+
+@pytest.mark.parametrize("where", ["in memory", "child could not store"])
+def test_when_the_child_cannot_store_its_share_the_parent_stores_it(tmp_path: Path, where: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tmp_path / "spec"
+    for i in range(9):
+        write_record(spec, rated_record(f"{i}00", 40.0 + i, 10.0, bad=i % 3 == 0))
+    if where == "in memory":  # the cache directory cannot be made: an in-memory index the child cannot reach
+        (tmp_path / "file").write_text("")
+        index = RecordIndex(tmp_path / "file" / "index.sqlite", clock_ns=ahead)
+        assert index.rebuilt is not None and "in-memory" in index.rebuilt
+    else:  # the child's store fails (another writer held the lock): it sends its entries back instead
+        monkeypatch.setattr(RecordIndex, "_store_from_child", lambda *a: False)
+        index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index.PARALLEL_FROM, index.parallel = 2, True
+    assert_same(index.load(spec), spec)
+    assert index.split
+    index._db.execute("DELETE FROM snapshots")
+    assert_same(index.load(spec), spec)
+    assert index.parsed == 0 and index.reused == 9  # the parent stored the child's share
 
 
 def test_an_unchanged_listing_is_answered_from_the_snapshot_and_every_change_leaves_it(repo: Path) -> None:
