@@ -39,6 +39,7 @@ import sqlite3
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -302,6 +303,7 @@ class RecordIndex:
         self.split = False  # the last load read and parsed half of the files in a forked child
         self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (their derived columns)
         self._db = self._open()
+        _LIVE.add(self)
 
     @classmethod
     def for_spec_dir(cls, spec_dir: Path, **kw: Any) -> RecordIndex:
@@ -561,6 +563,8 @@ class RecordIndex:
     def _in_two_processes(self, files: int) -> bool:
         if files < self.PARALLEL_FROM or not hasattr(os, "fork") or self.parallel is False:
             return False
+        if self._file_open_elsewhere_here():
+            return False
         if self.parallel:
             return True
         # Only from a process with one thread: a lock another thread holds at the fork (inside SQLite, say)
@@ -569,6 +573,22 @@ class RecordIndex:
         if threading is not None and threading.active_count() > 1:
             return False
         return (os.cpu_count() or 1) >= 2
+
+    def _file_open_elsewhere_here(self) -> bool:
+        """Another index object of this process has a connection open to the same file. SQLite keeps its lock
+        bookkeeping per process, per file: a child forked while such a connection is open inherits it and
+        would take locks it does not hold (so the split is made only when this object's connection, closed
+        before the fork, is the process's only one)."""
+        mine = os.path.abspath(self.path)
+        for other in list(_LIVE):
+            if other is self or not other._on_disk or os.path.abspath(other.path) != mine:
+                continue
+            try:
+                other._db.total_changes  # noqa: B018 - raises on a closed connection
+            except sqlite3.ProgrammingError:
+                continue
+            return True
+        return False
 
     #: The share of the files the child takes: it also stores its share before it answers, while the parent,
     #: which stores its own share after that, parses a little more (with the parse ~5x the store, ~0.45 has
@@ -591,12 +611,12 @@ class RecordIndex:
         theirs, mine = items[:cut], items[cut:]
         prepare_machine_parse(evidence=False)  # once, before the fork: not in each process
         on_disk = self._on_disk
+        read_end, write_end = os.pipe()
         if on_disk:
             self._db.close()
-        read_end, write_end = os.pipe()
         try:
             pid = os.fork()
-        except OSError:
+        except OSError:  # no fork (out of processes or memory): all here
             os.close(read_end)
             os.close(write_end)
             pid = None
@@ -866,6 +886,10 @@ class RecordIndex:
                 out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
                                           benchmarks=benchmarks)
         return out
+
+
+#: Every RecordIndex of this process (see RecordIndex._file_open_elsewhere_here).
+_LIVE: weakref.WeakSet[RecordIndex] = weakref.WeakSet()
 
 
 def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: list[str],
