@@ -12,10 +12,12 @@ How a load stays correct and cheap:
   treats "racily clean" index entries), has the blob id the index recorded. Any other file is read and hashed
   as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
   revert, a rewrite by the reconciler all change the stat and so the blob looked up.
-- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked in one
-  msgspec pass, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
+- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked by
+  msgspec one line each, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
   columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
   without evidence. The same content under the same name is never parsed twice, across processes.
+  A cold build (thousands of files to read) is split over two processes: a forked child reads, parses and
+  stores a share of the files through its own connection while the parent does the rest (_read_forked).
 - The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
   is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
   only when read, from the file, checked against the blob id it was indexed under.
