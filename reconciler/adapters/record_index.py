@@ -1,7 +1,8 @@
 """Parsed-record index: the record files of a spec directory, parsed once per git blob, kept in SQLite.
 
-Place in the flow: the read-only commands (`fleet records`, `status`, `plan`, `apply`) and the reconcile loop
-load their `RecordSet` through `RecordIndex.load(spec_dir)` instead of parsing every file on every start.
+Place in the flow: the read-only commands (`fleet records`, `status`, `plan`, `apply`) load their `RecordSet`
+through `RecordIndex.load(spec_dir)` instead of parsing every file on every start; the reconcile loop does for
+its first pass (`load_for_pass`), then keeps the records in its RecordCache.
 The index is a cache, never the source of truth: the files in the work tree are. Delete it at any time
 (it lives in the checkout's git directory, `.git/fleet/records.sqlite`, or under `$XDG_CACHE_HOME/gpu-fleet/`
 for a spec directory outside git) and the next command rebuilds it; a corrupt one is rebuilt on the spot.
