@@ -72,6 +72,12 @@ def _compiled_on_first_use(pattern: str) -> re.Pattern[str]:
     return cast("re.Pattern[str]", _CompiledOnFirstUse(pattern))
 
 
+def compile_lazy_patterns() -> None:
+    """Compile now the patterns compiled on first use (before forking parse workers)."""
+    for pattern in (_DIVERGENT, _NON_ASCII_BMP):
+        pattern.search("")
+
+
 ENTRIES_KEY = "benchmarks"
 
 # Characters PyYAML's reader refuses in a stream (yaml/reader.py NON_PRINTABLE), plus the ones YAML treats as

@@ -168,6 +168,15 @@ def _entry_decoder(evidence: bool) -> record_codec.EntryDecoder | None:
     return record_codec.entry_decoder(schema, ref, list(ENTRY_FIELDS), raw_field=None if evidence else "evidence")
 
 
+def prepare_machine_parse(*, evidence: bool = True) -> None:
+    """Build now what parsing machine records builds on first use (msgspec imported, the entry decoder, the
+    compiled check, the codec's regexes): a caller about to fork parse workers builds it once, not per
+    process."""
+    _entry_decoder(evidence)
+    _fast_check(_MACHINE_SCHEMA)
+    record_codec.compile_lazy_patterns()
+
+
 def parse_machine_rows(text: str, file: Path, *, evidence: bool = True) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
     """The schema-checked record in `text`: its own fields (machine_id as a string; `benchmarks` left out) and
     its entries as tuples in BenchmarkEntry field order (`BenchmarkEntry(*row)`), or RecordError.

@@ -56,6 +56,7 @@ from reconciler.adapters.record_files import (
     parse_image_record,
     parse_machine_record,
     parse_machine_rows,
+    prepare_machine_parse,
 )
 from reconciler.domain.records import (
     _SAFE_ID,
@@ -81,6 +82,7 @@ _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry
 _PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE = (_ENTRY_FIELDS.index(name) for name in (
     "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour"))
 _BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
+_NO_MARKS = marshal.dumps([])  # the marks column of a record without entries that marked it bad
 _NO_STAT = (0, 0, -1, 0, 0)  # the stat of a file that could not be stat()ed: equal to no indexed file's
 
 _SCHEMA = """
@@ -584,6 +586,7 @@ class RecordIndex:
         a new one after, and the child opens its own."""
         cut = int(len(items) * self.CHILD_SHARE)
         theirs, mine = items[:cut], items[cut:]
+        prepare_machine_parse(evidence=False)  # once, before the fork: not in each process
         on_disk = self._on_disk
         if on_disk:
             self._db.close()
@@ -649,6 +652,7 @@ class RecordIndex:
         except sqlite3.Error:
             return False
         try:
+            db.execute("PRAGMA synchronous=NORMAL")  # as the parent's connection (_connect): no fsync per commit
             return _store_rows(db, file_rows, [], new, prune=False)
         except sqlite3.Error:
             return False
@@ -838,8 +842,9 @@ class RecordIndex:
     def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
         """RecordSet.bad_marks from the marks column: no record is built."""
         by_blob = self._column("marks", list(dict.fromkeys(machines.values())))
-        loads = marshal.loads
-        return [(mid, pool, at) for mid, blob in machines.items() for pool, at in loads(by_blob[blob])]
+        loads, none = marshal.loads, _NO_MARKS
+        return [(mid, pool, at) for mid, blob in machines.items() if (marks := by_blob[blob]) != none
+                for pool, at in loads(marks)]
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
         """The MachineRecords of these blobs, from their stored rows. A reconcile pass builds all 10,000 (100,000
