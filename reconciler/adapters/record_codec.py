@@ -26,9 +26,9 @@ the record schemas use; a document the fast check accepts is valid for jsonschem
 and one it refuses is re-checked by jsonschema for the error messages.
 
 Typed decoding (`entry_decoder`): the entry schema is translated into a msgspec struct, so that the entry lines
-of a record as the reconciler writes it are decoded and checked in one C pass (~5x less CPU than the stdlib
-decoder plus the compiled check). It answers only when certain to equal the path above (property tests in
-tests/unit/test_record_codec.py); otherwise that path runs, and jsonschema stays the contract.
+of a record as the reconciler writes it are decoded and checked by msgspec, one call per line (~5x less CPU
+than the stdlib decoder plus the compiled check). It answers only when certain to equal the path above
+(property tests in tests/unit/test_record_codec.py); otherwise that path runs, and jsonschema stays the contract.
 """
 
 from __future__ import annotations

@@ -182,9 +182,9 @@ def parse_machine_rows(text: str, file: Path, *, evidence: bool = True) -> tuple
     its entries as tuples in BenchmarkEntry field order (`BenchmarkEntry(*row)`), or RecordError.
     `evidence=False`: the tuples lack the evidence field (it is checked to be an object, not decoded).
 
-    A record as the reconciler writes it is decoded and checked in one step (msgspec, from the schema); any
-    other text - a hand edit in block YAML, an entry the schema refuses - takes the YAML/stdlib path and the
-    compiled check, with jsonschema's messages for what is wrong."""
+    A record as the reconciler writes it is decoded and checked by msgspec (from the schema, one call per entry
+    line); any other text - a hand edit in block YAML, an entry the schema refuses - takes the YAML/stdlib path
+    and the compiled check, with jsonschema's messages for what is wrong."""
     decoder = _entry_decoder(evidence)
     if decoder is not None:
         try:

@@ -13,10 +13,12 @@ How a load stays correct and cheap:
   treats "racily clean" index entries), has the blob id the index recorded. Any other file is read and hashed
   as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
   revert, a rewrite by the reconciler all change the stat and so the blob looked up.
-- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked in one
-  msgspec pass, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
+- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked by
+  msgspec one line each, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
   columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
   without evidence. The same content under the same name is never parsed twice, across processes.
+  A cold build (thousands of files to read) is split over two processes: a forked child reads, parses and
+  stores a share of the files through its own connection while the parent does the rest (_read_forked).
 - The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
   is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
   only when read, from the file, checked against the blob id it was indexed under.
@@ -40,6 +42,7 @@ import sqlite3
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -299,6 +302,7 @@ class RecordIndex:
         self.split = False  # the last load read and parsed half of the files in a forked child
         self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (their derived columns)
         self._db = self._open()
+        _LIVE.add(self)
 
     @classmethod
     def for_spec_dir(cls, spec_dir: Path, **kw: Any) -> RecordIndex:
@@ -558,6 +562,8 @@ class RecordIndex:
     def _in_two_processes(self, files: int) -> bool:
         if files < self.PARALLEL_FROM or not hasattr(os, "fork") or self.parallel is False:
             return False
+        if self._file_open_elsewhere_here():
+            return False
         if self.parallel:
             return True
         # Only from a process with one thread: a lock another thread holds at the fork (inside SQLite, say)
@@ -566,6 +572,22 @@ class RecordIndex:
         if threading is not None and threading.active_count() > 1:
             return False
         return (os.cpu_count() or 1) >= 2
+
+    def _file_open_elsewhere_here(self) -> bool:
+        """Another index object of this process has a connection open to the same file. SQLite keeps its lock
+        bookkeeping per process, per file: a child forked while such a connection is open inherits it and
+        would take locks it does not hold (so the split is made only when this object's connection, closed
+        before the fork, is the process's only one)."""
+        mine = os.path.abspath(self.path)
+        for other in list(_LIVE):
+            if other is self or not other._on_disk or os.path.abspath(other.path) != mine:
+                continue
+            try:
+                other._db.total_changes  # noqa: B018 - raises on a closed connection
+            except sqlite3.ProgrammingError:
+                continue
+            return True
+        return False
 
     #: The share of the files the child takes: it also stores its share before it answers, while the parent,
     #: which stores its own share after that, parses a little more (with the parse ~5x the store, ~0.45 has
@@ -588,12 +610,12 @@ class RecordIndex:
         theirs, mine = items[:cut], items[cut:]
         prepare_machine_parse(evidence=False)  # once, before the fork: not in each process
         on_disk = self._on_disk
+        read_end, write_end = os.pipe()
         if on_disk:
             self._db.close()
-        read_end, write_end = os.pipe()
         try:
             pid = os.fork()
-        except OSError:
+        except OSError:  # no fork (out of processes or memory): all here
             os.close(read_end)
             os.close(write_end)
             pid = None
@@ -871,6 +893,10 @@ class RecordIndex:
             if gc_was_enabled:
                 gc.enable()
         return out
+
+
+#: Every RecordIndex of this process (see RecordIndex._file_open_elsewhere_here).
+_LIVE: weakref.WeakSet[RecordIndex] = weakref.WeakSet()
 
 
 def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: list[str],

@@ -237,6 +237,24 @@ def test_a_process_running_other_threads_does_not_fork(tmp_path: Path) -> None:
         assert index.split
 
 
+def test_no_fork_while_another_connection_of_this_process_has_the_index_open(tmp_path: Path) -> None:
+    """SQLite's lock bookkeeping is per process and per file: a child forked while another connection of the
+    parent has the file open would inherit it. The split waits until that connection is closed."""
+    spec = tmp_path / "spec"
+    for i in range(4):
+        write_record(spec, rated_record(f"{i}00", 40.0 + i))
+    other = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index.PARALLEL_FROM, index.parallel = 2, True
+    assert_same(index.load(spec), spec)
+    assert not index.split and index.parsed == 4
+    other.close()
+    index._db.execute("DELETE FROM files")
+    index._db.execute("DELETE FROM snapshots")
+    assert_same(index.load(spec), spec)
+    assert index.split
+
+
 @pytest.mark.parametrize("where", ["in memory", "child could not store"])
 def test_when_the_child_cannot_store_its_share_the_parent_stores_it(tmp_path: Path, where: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
