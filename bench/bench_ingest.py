@@ -3,12 +3,15 @@ real controller.
 
 The controller (ControllerStore on SQLite WAL + ControllerServer) runs as `fleet controller serve` does: its
 default number of processes on this machine (one per CPU, `--workers`), sharing the port and the store; two
-reference rows repeat the event figures with one controller process. Controller CPU is the sum over its
-processes. Client processes post over HTTP/1.1 keep-alive, one connection per simulated worker (one
-instance and its own token per connection), each connection with exactly one request outstanding: its next
-request is sent when its answer is in. Every request is a complete ingest: token check, schema validation,
-redaction, one SQLite transaction committed before the answer; one event per request in the single-event
-phases. Only 200 answers are counted. Each phase is bounded by a request count per connection and a deadline.
+reference rows repeat the event figures with one controller process, and one the single events with 8
+connections instead of 32 (how runs before 2026-12-03 12:35 measured; see CONNECTIONS_PER_PROCESS).
+Controller CPU is the sum over its processes. Two client processes post over HTTP/1.1 keep-alive, one
+connection per simulated worker (one instance and its own token per connection; 16 per client process),
+each connection with exactly one request outstanding: its next request is sent when its answer is in.
+Every request is a complete ingest: token check, schema validation, redaction, one SQLite transaction
+committed before the answer (requests that arrive together share it: group commit); one event per request
+in the single-event phases. Only 200 answers are counted. Each phase is bounded by a request count per
+connection and a deadline.
 
 Clients: the controller and the clients share this machine's 2 cores, while real workers are curl
 processes on their own machines, so the clients' CPU here is an artifact of the bench. httpx spends
@@ -17,7 +20,8 @@ httpx as about the controller. The main figures therefore use `KeepAliveClient`,
 on a raw socket driven as wrk drives its connections: one thread per client process waits on all its
 connections at once (epoll) and answers each one's response with its next request, and the bytes of each
 connection's first requests are encoded before the timed start (`PREBUILT_ITEMS`; any later ones as they
-are sent). Two phases repeat the event figures with httpx (one thread per connection). CPU per request of
+are sent). Two phases repeat the event figures with httpx (4 threads per client process, one connection
+each). CPU per request of
 the controller and of the clients is in every detail column, so no figure hides where the time went.
 """
 
@@ -49,13 +53,18 @@ from reconciler.domain.tokens import instance_token
 
 SECRET = b"bench-controller-secret-0123456789"
 CLIENT_PROCESSES = 2
-#: Keep-alive connections (simulated workers) per client process; the httpx phases use a thread for each.
-CONNECTIONS_PER_PROCESS = 4
+#: Keep-alive connections (simulated workers) per client process: 32 in all. With 8 (until 2026-12-03 12:35,
+#: still a reference row) the kernel's SO_REUSEPORT hash split them 5/3, 5/3, 2/6, 5/3 over two controller
+#: processes in four runs, so the figure measured that draw more than the controller; a real fleet has
+#: thousands of connections, spread evenly.
+CONNECTIONS_PER_PROCESS = 16
+#: The httpx phases use a thread per connection (httpx's CPU per request would otherwise be the figure).
+HTTPX_THREADS_PER_PROCESS = 4
 PHASE_SECONDS = 6.0
 MAX_REQUESTS_PER_CONNECTION = 20_000
 #: Events or log lines per connection whose requests the raw client encodes before the timed start (single
-#: events: enough for ~1,300 requests/s per connection over a phase); any further ones are encoded as sent.
-PREBUILT_ITEMS = 8_000
+#: events: enough for ~330 requests/s per connection, ~10,000/s in all, over a phase); later ones as sent.
+PREBUILT_ITEMS = 2_000
 LOG_BATCH_LINES = 100
 EVENT_BATCH_SIZE = 20
 #: Issue 14's targets on loopback: one event per request, and events in batches.
@@ -100,6 +109,8 @@ class Phase:
     action: str  # events | logs
     #: Controller processes; 1 = the reference (one process, as before --workers).
     workers: int = CONTROLLER_WORKERS
+    #: Connections (simulated workers) per client process.
+    connections: int = CONNECTIONS_PER_PROCESS
 
 
 def progress_event(k: int) -> dict[str, Any]:
@@ -121,8 +132,10 @@ PHASES = (
     Phase("events", "raw", 1, progress_event, "events"),
     Phase("event batches", "raw", EVENT_BATCH_SIZE, event_batch, "events"),
     Phase("log lines", "raw", LOG_BATCH_LINES, log_batch, "logs"),
-    Phase("events (httpx client)", "httpx", 1, progress_event, "events"),
-    Phase("event batches (httpx client)", "httpx", EVENT_BATCH_SIZE, event_batch, "events"),
+    Phase("events (httpx client)", "httpx", 1, progress_event, "events", connections=HTTPX_THREADS_PER_PROCESS),
+    Phase("event batches (httpx client)", "httpx", EVENT_BATCH_SIZE, event_batch, "events",
+          connections=HTTPX_THREADS_PER_PROCESS),
+    Phase("events (8 connections)", "raw", 1, progress_event, "events", connections=4),
     Phase("events (1 controller process)", "raw", 1, progress_event, "events", workers=1),
     Phase("event batches (1 controller process)", "raw", EVENT_BATCH_SIZE, event_batch, "events", workers=1),
 )
@@ -312,8 +325,7 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
     requests = max(accepted // phase.per_request, 1)
     client = "raw keep-alive client" if phase.client == "raw" else "httpx client"
     processes = "1 controller process" if phase.workers == 1 else f"{phase.workers} controller processes"
-    shape = (f"{CONNECTIONS_PER_PROCESS} connections" if phase.client == "raw"
-             else f"{CONNECTIONS_PER_PROCESS} threads")
+    shape = f"{phase.connections} connections" if phase.client == "raw" else f"{phase.connections} threads"
     cost = (f"{processes}; clients {CLIENT_PROCESSES} processes x {shape}, {client},"
             f" {elapsed:.1f} s; controller CPU {server_cpu / requests * 1e6:,.0f} us/request (all processes)"
             f" (= {requests / max(server_cpu, 1e-9):,.0f} requests per CPU-second), clients"
@@ -327,6 +339,9 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
                  else "one event per request (how earlier runs measured)")
         return Figure(f"controller ingest: events {'in batches' if phase.per_request > 1 else 'one per request'}, "
                       "httpx client", rate, "events/s", f"{accepted:,} accepted; {cost}; {shape}")
+    if phase.connections != CONNECTIONS_PER_PROCESS:  # the reference: the earlier shape, 8 connections
+        return Figure(f"reference: events one per request, {phase.connections * CLIENT_PROCESSES} connections",
+                      rate, "events/s", f"{accepted:,} accepted; {cost}; how runs before 2026-12-03 12:35 measured")
     if phase.workers != CONTROLLER_WORKERS:  # the reference: one controller process, same load
         what = f"in batches of {phase.per_request}" if phase.per_request > 1 else "one per request"
         return Figure(f"reference: events {what}, 1 controller process", rate, "events/s",
@@ -347,14 +362,14 @@ def _one_run(url: str, pids: list[int], number: int, phase: Phase, repeat: int, 
     """One timed run of a phase: (items accepted, seconds, controller CPU s, clients CPU s, 1-min load)."""
     # Fresh instances per run: every run starts from the same per-instance history.
     ids = [f"bench-{number}-{repeat}-{p}-{t:06x}" for p in range(CLIENT_PROCESSES)
-           for t in range(CONNECTIONS_PER_PROCESS)]
+           for t in range(phase.connections)]
     for iid in ids:
         _register(url, iid)
     start_at = time.time() + 1.0
     deadline = start_at + PHASE_SECONDS
     cpu_before = _cpu_seconds(pids)
     with ctx.Pool(CLIENT_PROCESSES) as pool:
-        parts = [ids[p * CONNECTIONS_PER_PROCESS:(p + 1) * CONNECTIONS_PER_PROCESS] for p in range(CLIENT_PROCESSES)]
+        parts = [ids[p * phase.connections:(p + 1) * phase.connections] for p in range(CLIENT_PROCESSES)]
         done = pool.starmap(_client_process, [(url, part, number, start_at, deadline) for part in parts])
     server_cpu = _cpu_seconds(pids) - cpu_before
     elapsed = max(end for _, end, _ in done) - start_at

@@ -425,7 +425,17 @@ class WriteLock:
                 with self._state:
                     if self._closed:
                         return
-                fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel wakes this thread when the lock is free
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel wakes this thread when the lock is free
+                except OSError:
+                    # Never leave a writer waiting for a wake-up that cannot come: it retries (and a new wait
+                    # starts a new helper).
+                    log.exception("%s: waiting for the write lock failed", self.path)
+                    with self._state:
+                        callback, self._on_free, self._helper = self._on_free, None, None
+                    if callback is not None:
+                        callback()
+                    return
                 with self._state:
                     callback = self._on_free
                     if self._closed or callback is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
 from reconciler.domain.forecast import _known, known_machines
-from reconciler.domain.records import ImageSuspectRecord, RecordError, RecordSet
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet
 from tests.gitrepos import git
 from tests.record_support import rated_record, write_record
 
@@ -60,6 +61,12 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert list(indexed.machines) == list(plain.machines)
     assert dict(indexed.machines.items()) == dict(plain.machines.items())
     assert indexed == plain
+    # Entries built from index rows (their fields set as pickle sets them) are what __init__ would build.
+    for rec in indexed.machines.values():
+        for entry in rec.benchmarks:
+            assert list(vars(entry)) == [f.name for f in fields(BenchmarkEntry)]
+            rebuilt = BenchmarkEntry(**{f.name: getattr(entry, f.name) for f in fields(BenchmarkEntry)})
+            assert rebuilt == entry and repr(rebuilt) == repr(entry)
 
 
 @pytest.fixture
