@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
 from functools import cache
@@ -182,9 +182,9 @@ def parse_machine_rows(text: str, file: Path, *, evidence: bool = True) -> tuple
     its entries as tuples in BenchmarkEntry field order (`BenchmarkEntry(*row)`), or RecordError.
     `evidence=False`: the tuples lack the evidence field (it is checked to be an object, not decoded).
 
-    A record as the reconciler writes it is decoded and checked in one step (msgspec, from the schema); any
-    other text - a hand edit in block YAML, an entry the schema refuses - takes the YAML/stdlib path and the
-    compiled check, with jsonschema's messages for what is wrong."""
+    A record as the reconciler writes it is decoded and checked by msgspec (from the schema, one call per entry
+    line); any other text - a hand edit in block YAML, an entry the schema refuses - takes the YAML/stdlib path
+    and the compiled check, with jsonschema's messages for what is wrong."""
     decoder = _entry_decoder(evidence)
     if decoder is not None:
         try:
@@ -245,10 +245,17 @@ def _stat_key(st: os.stat_result) -> _StatKey:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def git_blob_id(raw: bytes) -> str:
+    """The id git gives these bytes as a blob (`git hash-object`), without running git."""
+    digest = hashlib.sha1(b"blob %d\x00" % len(raw), usedforsecurity=False)
+    digest.update(raw)  # not concatenated first: that copied every record once more
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class _Cached:
-    key: _StatKey
-    digest: bytes
+    key: _StatKey | None  # None: primed from the record index, not stat()ed by this cache yet
+    digest: str  # the git blob id of the content the record was parsed from
     record: MachineRecord | ImageSuspectRecord
     settled: bool  # last changed well before it was read: an unchanged stat key proves unchanged content
 
@@ -275,6 +282,8 @@ class RecordCache:
         self._clock_ns = clock_ns
         self._entries: dict[str, _Cached] = {}
         self._seen: set[str] = set()
+        #: A load went through this cache, or it was primed: the caller's first pass is over.
+        self.started = False
         self.parsed = 0
         self.reused = 0
         self.read = 0
@@ -283,12 +292,22 @@ class RecordCache:
         return len(self._entries)
 
     def begin(self) -> None:
+        self.started = True
         self._seen = set()
         self.parsed = self.reused = self.read = 0
 
     def end(self) -> None:
         for gone in self._entries.keys() - self._seen:
             del self._entries[gone]
+
+    def prime(self, spec_dir: Path, machines: Mapping[str, tuple[str, MachineRecord]]) -> None:
+        """Take machine records parsed elsewhere (machine id -> (blob id of its file, record)): the record
+        index's, on a process's first pass. Nothing is trusted on a stat it has not seen: the next load reads
+        each file once and keeps the record if the content is that blob (no parse), else parses."""
+        self.started = True
+        for machine_id, (blob, record) in machines.items():
+            key = os.path.abspath(machine_record_path(spec_dir, machine_id))
+            self._entries[key] = _Cached(None, blob, record, settled=False)
 
     def load(self, key: str, file: Path, parse: Callable[[str, Path], _Record]) -> _Record:
         """The record in `file` (`key`: its absolute path), from the cache when the file is unchanged."""
@@ -303,7 +322,7 @@ class RecordCache:
             st = os.fstat(fh.fileno())
             raw = fh.read()
         self.read += 1
-        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        digest = git_blob_id(raw)
         if cached is not None and cached.digest == digest:
             record = cast(_Record, cached.record)
             self.reused += 1

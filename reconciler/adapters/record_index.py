@@ -1,7 +1,8 @@
 """Parsed-record index: the record files of a spec directory, parsed once per git blob, kept in SQLite.
 
-Place in the flow: the read-only commands (`fleet records`, `status`, `plan`, `apply`) and the reconcile loop
-load their `RecordSet` through `RecordIndex.load(spec_dir)` instead of parsing every file on every start.
+Place in the flow: the read-only commands (`fleet records`, `status`, `plan`, `apply`) load their `RecordSet`
+through `RecordIndex.load(spec_dir)` instead of parsing every file on every start; the reconcile loop does for
+its first pass (`load_for_pass`), then keeps the records in its RecordCache.
 The index is a cache, never the source of truth: the files in the work tree are. Delete it at any time
 (it lives in the checkout's git directory, `.git/fleet/records.sqlite`, or under `$XDG_CACHE_HOME/gpu-fleet/`
 for a spec directory outside git) and the next command rebuilds it; a corrupt one is rebuilt on the spot.
@@ -12,10 +13,12 @@ How a load stays correct and cheap:
   treats "racily clean" index entries), has the blob id the index recorded. Any other file is read and hashed
   as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
   revert, a rewrite by the reconciler all change the stat and so the blob looked up.
-- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked in one
-  msgspec pass, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
+- A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked by
+  msgspec one line each, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
   columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
   without evidence. The same content under the same name is never parsed twice, across processes.
+  A cold build (thousands of files to read) is split over two processes: a forked child reads, parses and
+  stores a share of the files through its own connection while the parent does the rest (_read_forked).
 - The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
   is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
   only when read, from the file, checked against the blob id it was indexed under.
@@ -39,6 +42,7 @@ import sqlite3
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,8 +51,11 @@ from typing import Any, NamedTuple
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.record_files import (
+    RecordCache,
     _decode,
     check_record_name,
+    git_blob_id,
+    load_records,
     parse_image_record,
     parse_machine_record,
     parse_machine_rows,
@@ -95,13 +102,6 @@ CREATE TABLE IF NOT EXISTS snapshots (
   dir TEXT NOT NULL, shown TEXT NOT NULL, token TEXT NOT NULL, view BLOB NOT NULL,
   marks BLOB, bad_view BLOB, prices BLOB, PRIMARY KEY (dir, shown));
 """
-
-
-def git_blob_id(raw: bytes) -> str:
-    """The id git gives these bytes as a blob (`git hash-object`), without running git."""
-    digest = hashlib.sha1(b"blob %d\x00" % len(raw), usedforsecurity=False)
-    digest.update(raw)  # not concatenated first: that copied every record once more
-    return digest.hexdigest()
 
 
 def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
@@ -302,6 +302,7 @@ class RecordIndex:
         self.split = False  # the last load read and parsed half of the files in a forked child
         self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (their derived columns)
         self._db = self._open()
+        _LIVE.add(self)
 
     @classmethod
     def for_spec_dir(cls, spec_dir: Path, **kw: Any) -> RecordIndex:
@@ -561,6 +562,8 @@ class RecordIndex:
     def _in_two_processes(self, files: int) -> bool:
         if files < self.PARALLEL_FROM or not hasattr(os, "fork") or self.parallel is False:
             return False
+        if self._file_open_elsewhere_here():
+            return False
         if self.parallel:
             return True
         # Only from a process with one thread: a lock another thread holds at the fork (inside SQLite, say)
@@ -569,6 +572,22 @@ class RecordIndex:
         if threading is not None and threading.active_count() > 1:
             return False
         return (os.cpu_count() or 1) >= 2
+
+    def _file_open_elsewhere_here(self) -> bool:
+        """Another index object of this process has a connection open to the same file. SQLite keeps its lock
+        bookkeeping per process, per file: a child forked while such a connection is open inherits it and
+        would take locks it does not hold (so the split is made only when this object's connection, closed
+        before the fork, is the process's only one)."""
+        mine = os.path.abspath(self.path)
+        for other in list(_LIVE):
+            if other is self or not other._on_disk or os.path.abspath(other.path) != mine:
+                continue
+            try:
+                other._db.total_changes  # noqa: B018 - raises on a closed connection
+            except sqlite3.ProgrammingError:
+                continue
+            return True
+        return False
 
     #: The share of the files the child takes: it also stores its share before it answers, while the parent,
     #: which stores its own share after that, parses a little more (with the parse ~5x the store, ~0.45 has
@@ -591,12 +610,12 @@ class RecordIndex:
         theirs, mine = items[:cut], items[cut:]
         prepare_machine_parse(evidence=False)  # once, before the fork: not in each process
         on_disk = self._on_disk
+        read_end, write_end = os.pipe()
         if on_disk:
             self._db.close()
-        read_end, write_end = os.pipe()
         try:
             pid = os.fork()
-        except OSError:
+        except OSError:  # no fork (out of processes or memory): all here
             os.close(read_end)
             os.close(write_end)
             pid = None
@@ -850,22 +869,34 @@ class RecordIndex:
                 for pool, at in loads(marks)]
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
+        """The MachineRecords of these blobs, from their stored rows. A reconcile pass builds all 10,000 (100,000
+        entries): the GC is paused for it, and each entry gets its fields as pickle gives them back
+        (`_stored_entry`), not through the frozen dataclass's __init__ (20 guarded setattrs each):
+        ~0.95 -> ~0.5 s CPU for 10,000 records."""
         out: dict[str, MachineRecord] = {}
         wanted = list(blobs)
         source = self._evidence
-        at = _EVIDENCE_AT
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
-                                    chunk).fetchall()
-            for blob, data in rows:
-                mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
-                benchmarks = tuple(BenchmarkEntry(*e[:at], StoredEvidence(source, blob, i), *e[at:])  # type: ignore[call-arg]
-                                   for i, e in enumerate(entries))
-                out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
-                                          benchmarks=benchmarks)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start:start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
+                                        chunk).fetchall()
+                for blob, data in rows:
+                    mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
+                    benchmarks = tuple(_stored_entry(e, StoredEvidence(source, blob, i)) for i, e in enumerate(entries))
+                    out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
+                                              benchmarks=benchmarks)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         return out
+
+
+#: Every RecordIndex of this process (see RecordIndex._file_open_elsewhere_here).
+_LIVE: weakref.WeakSet[RecordIndex] = weakref.WeakSet()
 
 
 def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: list[str],
@@ -924,6 +955,22 @@ def _stats_token(stats: dict[str, tuple[int, int, int, int, int]]) -> str:
     return hashlib.sha1(repr(stats).encode(), usedforsecurity=False).hexdigest()
 
 
+_BEFORE_EVIDENCE, _AFTER_EVIDENCE = _ENTRY_FIELDS[:_EVIDENCE_AT], _ENTRY_FIELDS[_EVIDENCE_AT:]
+_new_object = object.__new__
+
+
+def _stored_entry(row: tuple[Any, ...], evidence: Mapping[str, Any]) -> BenchmarkEntry:
+    """A BenchmarkEntry from its indexed row (every field but evidence, in field order), built as pickle
+    builds one: its fields set in one go, in field order. The row was checked against the schema when it was
+    parsed, and the entry equals `BenchmarkEntry(*fields)` (tests/unit/test_record_index.py compares)."""
+    entry = _new_object(BenchmarkEntry)
+    values = entry.__dict__
+    values.update(zip(_BEFORE_EVIDENCE, row, strict=False))  # the row's first fields: those before evidence
+    values["evidence"] = evidence
+    values.update(zip(_AFTER_EVIDENCE, row[_EVIDENCE_AT:], strict=True))
+    return entry
+
+
 def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, index: int | None) -> BenchmarkEntry | None:
     """A BenchmarkEntry from its indexed row (fields in order, evidence left out), its evidence read on use."""
     if row is None or index is None:
@@ -938,3 +985,34 @@ def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> Reco
     # Not closed here: the RecordSet builds machine records from it on demand (closed with the process).
     return RecordIndex.for_spec_dir(Path(spec_dir)).load(spec_dir)
 
+
+
+def load_for_pass(spec_dir: str | Path, cache: RecordCache | None) -> RecordSet:
+    """The records a reconcile pass judges against, equal to `load_records(spec_dir, cache)`.
+
+    A pass needs every machine record built (decide and the directives walk them all). A long-running loop
+    keeps them in its `RecordCache` and re-reads only changed files; but its first pass (a restart, or
+    `--once`) would parse every file in full, ~3.5 s per 10,000 records. That pass loads through the
+    record index instead (a restarted loop finds it as the last pass left it, parses only what changed
+    since; with no index yet, a cold build), and primes the cache with what it built: the next pass reads
+    each file once to check it is still the blob indexed, parses none, and stats only from then on."""
+    spec_dir = Path(spec_dir)
+    if cache is not None and cache.started:
+        return load_records(spec_dir, cache)
+    # Not closed here: the RecordSet's derived views (perf rows, marks) are read from it on first use.
+    index = RecordIndex.for_spec_dir(spec_dir)
+    records = index.load(spec_dir)
+    if cache is None:  # `--once`: decide builds the records it walks
+        return records
+    machines = records.machines
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # as load_records: 10,000 records that all stay alive
+    try:
+        blobs = machines._blobs if isinstance(machines, LazyMachines) else {}
+        cache.prime(spec_dir, {mid: (blobs[mid], rec) for mid, rec in machines.items() if mid in blobs})
+        # The loop keeps them for its lifetime: out of the collector's generations (see load_records).
+        gc.freeze()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return records

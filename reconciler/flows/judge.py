@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
-from reconciler.adapters.record_files import RecordCache, load_records, render_image_record, render_machine_record
+from reconciler.adapters.record_files import RecordCache, render_image_record, render_machine_record
+from reconciler.adapters.record_index import load_for_pass
 from reconciler.adapters.spec_files import load_spec
 from reconciler.domain import errors
 from reconciler.domain.errors import READY, RECONCILING, STALLED, Condition
@@ -175,7 +176,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         except SpecError as exc:
             outcome["stalled"] = exc
             return None
-        records = load_records(workdir / Path(spec_file).parent, record_cache)
+        records = load_for_pass(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
         decision = decide(spec, reports, records, judged, desired_image_digest, now,
                           judged_serving_ids=store.trailer_values(SERVING_TRAILER))

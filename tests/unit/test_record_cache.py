@@ -30,6 +30,7 @@ from reconciler.adapters.record_files import (
     render_machine_record,
     write_text_atomic,
 )
+from reconciler.adapters.record_index import default_index_path, load_for_pass
 from reconciler.adapters.store import ControllerStore
 from reconciler.domain.records import ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.flows.judge import run_pass
@@ -178,6 +179,35 @@ def test_derived_views_are_computed_once_and_perf_history_is_the_callers_copy() 
     perf = records.perf_history()
     perf.clear()
     assert records.perf_history()["1"].median_proofs_per_hour == 42.0
+
+
+def test_a_first_pass_loads_through_the_record_index_and_primes_the_cache(spec_dir: Path) -> None:
+    """A loop's first pass (a restart) builds its records from the record index, then trusts no stat it has
+    not seen: the next pass reads every file once and parses only the one edited in between."""
+    index_path = default_index_path(spec_dir)
+    cache = RecordCache(clock_ns=ahead)
+    first = load_for_pass(spec_dir, cache)
+    assert index_path.exists() and cache.started and cache.parsed == 0
+    assert first == load_records(spec_dir)
+    edited = write_record(spec_dir, rated_record("333", 50.0, 12.0, bad=True))
+    second = load_for_pass(spec_dir, cache)
+    # 3 primed records: 2 kept (content is still the blob indexed), 1 parsed again; the image was not primed
+    assert (cache.read, cache.parsed, cache.reused) == (4, 2, 2)
+    assert second == load_records(spec_dir) and second.bad_machine_ids() == {"222", "333"}
+    assert second.machines["111"] is first.machines["111"]
+    assert second.machines["111"].benchmarks[0].evidence["exit_code"] == 0  # read from the file on use
+    load_for_pass(spec_dir, cache)
+    assert (cache.read, cache.parsed, cache.reused) == (0, 0, 4)  # stat only from then on
+    assert edited.exists()
+
+
+def test_a_first_pass_with_an_unreadable_index_still_loads_every_record(spec_dir: Path) -> None:
+    index_path = default_index_path(spec_dir)
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    index_path.write_bytes(b"not a database")
+    cache = RecordCache(clock_ns=ahead)
+    assert load_for_pass(spec_dir, cache) == load_records(spec_dir)
+    assert load_for_pass(spec_dir, cache) == load_records(spec_dir) and cache.parsed == 1  # the image only
 
 
 def test_the_loop_with_a_cache_builds_on_a_human_edit_merged_between_passes(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
 from reconciler.domain.forecast import _known, known_machines
-from reconciler.domain.records import ImageSuspectRecord, RecordError, RecordSet
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet
 from tests.gitrepos import git
 from tests.record_support import rated_record, write_record
 
@@ -60,6 +61,12 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert list(indexed.machines) == list(plain.machines)
     assert dict(indexed.machines.items()) == dict(plain.machines.items())
     assert indexed == plain
+    # Entries built from index rows (their fields set as pickle sets them) are what __init__ would build.
+    for rec in indexed.machines.values():
+        for entry in rec.benchmarks:
+            assert list(vars(entry)) == [f.name for f in fields(BenchmarkEntry)]
+            rebuilt = BenchmarkEntry(**{f.name: getattr(entry, f.name) for f in fields(BenchmarkEntry)})
+            assert rebuilt == entry and repr(rebuilt) == repr(entry)
 
 
 @pytest.fixture
@@ -228,6 +235,24 @@ def test_a_process_running_other_threads_does_not_fork(tmp_path: Path) -> None:
         index.PARALLEL_FROM = 2
         assert_same(index.load(spec), spec)
         assert index.split
+
+
+def test_no_fork_while_another_connection_of_this_process_has_the_index_open(tmp_path: Path) -> None:
+    """SQLite's lock bookkeeping is per process and per file: a child forked while another connection of the
+    parent has the file open would inherit it. The split waits until that connection is closed."""
+    spec = tmp_path / "spec"
+    for i in range(4):
+        write_record(spec, rated_record(f"{i}00", 40.0 + i))
+    other = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    index.PARALLEL_FROM, index.parallel = 2, True
+    assert_same(index.load(spec), spec)
+    assert not index.split and index.parsed == 4
+    other.close()
+    index._db.execute("DELETE FROM files")
+    index._db.execute("DELETE FROM snapshots")
+    assert_same(index.load(spec), spec)
+    assert index.split
 
 
 @pytest.mark.parametrize("where", ["in memory", "child could not store"])
