@@ -304,7 +304,7 @@ def _header(lines: list[str]) -> dict[str, Any]:
             read = known.get(line)
             if read is None:
                 m = _HEADER_LINE.match(line)
-                if m is None:
+                if m is None or m.group(1) in _YAML_WORDS:  # `no:`, `on:`, `null:`: YAML reads a bool or null key
                     raise NotFast(line)
                 read = m.group(1), _header_scalar(m.group(2))
                 if len(known) < _HEADER_LINES_KEPT:

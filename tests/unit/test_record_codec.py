@@ -151,6 +151,9 @@ def test_whenever_the_fast_reader_accepts_a_text_yaml_reads_the_same_document(da
     "status: ok\nbenchmarks:\n- {\"a\": 1}  # note\n",
     "note: &n x\nbenchmarks:\n- {\"a\": 1}\n",
     "note: \"open\nbenchmarks:\n- {\"a\": 1}\"\n",
+    "status: bad\nno: 'PSU: replaced'\nbenchmarks:\n- {\"a\": 1}\n",  # YAML: the key is the boolean false
+    "on: x\nbenchmarks:\n- {\"a\": 1}\n",
+    "null: x\nbenchmarks:\n- {\"a\": 1}\n",                      # YAML: the key is None
 ])
 def test_texts_where_json_and_yaml_could_differ_leave_the_fast_path(text: str) -> None:
     with pytest.raises(record_codec.NotFast):
