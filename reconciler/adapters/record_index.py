@@ -884,6 +884,10 @@ class RecordIndex:
                 marks = ",".join("?" * len(chunk))
                 rows = self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
                                         chunk).fetchall()
+                if len(rows) < len(chunk):  # parsed by the last load but not stored (the write lock was held)
+                    found = {blob for blob, _ in rows}
+                    rows += [(blob, parsed.data) for blob in chunk if blob not in found
+                             and (parsed := self._fresh.get(blob)) is not None and parsed.data is not None]
                 for blob, data in rows:
                     mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
                     benchmarks = tuple(_stored_entry(e, StoredEvidence(source, blob, i)) for i, e in enumerate(entries))

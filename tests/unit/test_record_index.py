@@ -255,6 +255,18 @@ def test_no_fork_while_another_connection_of_this_process_has_the_index_open(tmp
     assert index.split
 
 
+def test_records_parsed_but_not_stored_are_still_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process held the write lock: nothing was stored, and the machines are built from the parse."""
+    spec = tmp_path / "spec"
+    for i in range(3):
+        write_record(spec, rated_record(f"{i}00", 40.0 + i, 10.0, bad=i == 1))
+    index = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead)
+    monkeypatch.setattr("reconciler.adapters.record_index._store_rows", lambda *a, **k: False)
+    records = index.load(spec)
+    assert index._db.execute("SELECT count(*) FROM blobs").fetchone()[0] == 0
+    assert_same(records, spec)
+
+
 @pytest.mark.parametrize("where", ["in memory", "child could not store"])
 def test_when_the_child_cannot_store_its_share_the_parent_stores_it(tmp_path: Path, where: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
