@@ -494,16 +494,14 @@ class RecordIndex:
                     out[(row[0], row[1])] = row[2:]
         return out
 
-    def _read(self, items: list[_Listed], dir_key: str
-              ) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, str], dict[str, bytes]]:
-        """Read and hash these files: their index rows, path -> blob, path -> read problem, path -> bytes."""
-        file_rows: list[tuple[Any, ...]] = []
-        blob_of: dict[str, str] = {}
-        raw_of: dict[str, bytes] = {}
-        read_problems: dict[str, str] = {}
+    def _read_each(self, items: list[_Listed], dir_key: str, file_rows: list[tuple[Any, ...]], blob_of: dict[str, str],
+                   read_problems: dict[str, str]) -> Iterator[tuple[_Listed, bytes, str]]:
+        """Read and hash these files one at a time: each file's index row goes to `file_rows` and its blob id to
+        `blob_of` (a file that cannot be read: its problem to `read_problems`); yields (item, bytes, blob id)."""
+        clock, racy = self._clock_ns, self.RACY_NS
         for item in items:
             path = item.path
-            read_at = self._clock_ns()
+            read_at = clock()
             try:
                 st, raw = _read_file(path)
             except OSError as exc:
@@ -511,10 +509,19 @@ class RecordIndex:
                 continue
             blob = git_blob_id(raw)
             blob_of[path] = blob
-            raw_of[path] = raw
-            settled = int(max(st.st_mtime_ns, st.st_ctime_ns) < read_at - self.RACY_NS)
+            settled = int(max(st.st_mtime_ns, st.st_ctime_ns) < read_at - racy)
             file_rows.append((path, dir_key, item.kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                               st.st_ctime_ns, settled, blob))
+            yield item, raw, blob
+
+    def _read(self, items: list[_Listed], dir_key: str
+              ) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, str], dict[str, bytes]]:
+        """Read and hash these files: their index rows, path -> blob, path -> read problem, path -> bytes."""
+        file_rows: list[tuple[Any, ...]] = []
+        blob_of: dict[str, str] = {}
+        read_problems: dict[str, str] = {}
+        raw_of = {item.path: raw for item, raw, _ in self._read_each(items, dir_key, file_rows, blob_of,
+                                                                      read_problems)}
         return file_rows, blob_of, read_problems, raw_of
 
     def _read_and_parse(self, items: list[_Listed], dir_key: str) -> _ReadParsed:
@@ -524,23 +531,11 @@ class RecordIndex:
         blob_of: dict[str, str] = {}
         read_problems: dict[str, str] = {}
         new: dict[tuple[str, str], _Parsed] = {}
-        clock, racy, parse = self._clock_ns, self.RACY_NS, self._parse
+        parse = self._parse
         gc_was_enabled = gc.isenabled()
         gc.disable()  # see _parse_all
         try:
-            for item in items:
-                path = item.path
-                read_at = clock()
-                try:
-                    st, raw = _read_file(path)
-                except OSError as exc:
-                    read_problems[path] = f"{item.file}: cannot read: {exc}"
-                    continue
-                blob = git_blob_id(raw)
-                blob_of[path] = blob
-                settled = int(max(st.st_mtime_ns, st.st_ctime_ns) < read_at - racy)
-                file_rows.append((path, dir_key, item.kind, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                                  st.st_ctime_ns, settled, blob))
+            for item, raw, blob in self._read_each(items, dir_key, file_rows, blob_of, read_problems):
                 key = (blob, item.kind)
                 if key not in new:
                     new[key] = parse(raw, item.kind)
