@@ -974,7 +974,7 @@ def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, inde
     """A BenchmarkEntry from its indexed row (fields in order, evidence left out), its evidence read on use."""
     if row is None or index is None:
         return None
-    return BenchmarkEntry(*row[:_EVIDENCE_AT], StoredEvidence(source, blob, index), *row[_EVIDENCE_AT:])  # type: ignore[call-arg]
+    return _stored_entry(row, StoredEvidence(source, blob, index))
 
 
 def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> RecordSet:
