@@ -867,7 +867,7 @@ class RecordIndex:
         """The MachineRecords of these blobs, from their stored rows. A reconcile pass builds all 10,000 (100,000
         entries): the GC is paused for it, and each entry gets its fields as pickle gives them back
         (`_stored_entry`), not through the frozen dataclass's __init__ (20 guarded setattrs each):
-        ~0.95 -> ~0.5 s CPU for 10,000 records."""
+        ~0.95 -> ~0.65 s CPU for 10,000 records."""
         out: dict[str, MachineRecord] = {}
         wanted = list(blobs)
         source = self._evidence
@@ -985,16 +985,16 @@ def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> Reco
     return RecordIndex.for_spec_dir(Path(spec_dir)).load(spec_dir)
 
 
-
 def load_for_pass(spec_dir: str | Path, cache: RecordCache | None) -> RecordSet:
     """The records a reconcile pass judges against, equal to `load_records(spec_dir, cache)`.
 
     A pass needs every machine record built (decide and the directives walk them all). A long-running loop
     keeps them in its `RecordCache` and re-reads only changed files; but its first pass (a restart, or
-    `--once`) would parse every file in full, ~3.5 s per 10,000 records. That pass loads through the
-    record index instead (a restarted loop finds it as the last pass left it, parses only what changed
-    since; with no index yet, a cold build), and primes the cache with what it built: the next pass reads
-    each file once to check it is still the blob indexed, parses none, and stats only from then on."""
+    `--once`) would parse every file in full, ~3.5 s per 10,000 records. That pass loads through the record
+    index instead (a restarted loop finds it as its last first pass or the last read-only command left it,
+    and parses only what changed since; with no index yet, a cold build), and primes the cache with what it
+    built: the next pass reads each file once to check it is still the blob indexed, parses none, and stats
+    only from then on."""
     spec_dir = Path(spec_dir)
     if cache is not None and cache.started:
         return load_records(spec_dir, cache)
