@@ -13,13 +13,18 @@ written it: its identity, `Fleet-Machine`/`Fleet-Instance` trailers, records ren
 from __future__ import annotations
 
 import os
+import random
 import subprocess
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from bench.data import machine_id_of, machine_records
+from bench.data import DIGEST, POOLS, SLOTS_PER_POOL, T0, machine_id_of, machine_records, make_report
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
 from reconciler.adapters.record_files import render_machine_record
+from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 
 _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
@@ -75,3 +80,94 @@ def write_why_history(repo: Path, commits: int, verdicts: int, machines: int) ->
     _git(repo, "fast-import", "--quiet", stdin=b"".join(stream))
     _git(repo, "checkout", "--quiet", "main")
     return template.machine_id, entries
+
+
+# --- a controller store at fleet size -------------------------------------------------------------------
+
+#: What the instances of `write_fleet_store` are, by share of the fleet (the rest: admitted and serving).
+FAILED_ALIVE = 0.02  # recorded failing verdict, not destroyed yet (needs the operator)
+DESTROYED = 0.10  # replaced instances kept in the store (history)
+BENCHMARKING = 0.04  # registered, benchmark running, no verdict
+SILENT = 0.005  # serving, heartbeats stopped an hour ago (lost, not recorded yet)
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    """What `write_fleet_store` wrote, by kind: the instance ids a view must show or leave out."""
+
+    serving: tuple[str, ...]
+    failed: tuple[str, ...]
+    destroyed: tuple[str, ...]
+    benchmarking: tuple[str, ...]
+    silent: tuple[str, ...]
+    now: datetime
+
+
+def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int, seed: int = 13) -> FleetShape:
+    """A controller store with `instances` instances over the machines of `records` (one each, written as
+    the worker protocol delivers them): most passed and serve with heartbeats; some failed (their recorded
+    verdict), some were destroyed, some still benchmark, a few went silent while serving."""
+    from reconciler.adapters.store import ControllerStore
+
+    rng = random.Random(seed)
+    start = T0 + timedelta(hours=2)
+    now = start + timedelta(hours=3)
+    clock = [start]
+    kinds: dict[str, list[str]] = {k: [] for k in ("serving", "failed", "destroyed", "benchmarking", "silent")}
+    store = ControllerStore(db, now=lambda: clock[0])
+    try:
+        with store.group():
+            for i in range(instances):
+                rec = records[i % len(records)]
+                last = rec.benchmarks[-1]
+                pool = next(p for p in POOLS if p[0] == last.pool)
+                roll = rng.random()
+                if roll < BENCHMARKING:
+                    kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
+                elif last.verdict != "ok":
+                    kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
+                elif roll < BENCHMARKING + DESTROYED:
+                    kind, iid = "destroyed", last.instance_id
+                elif roll < BENCHMARKING + DESTROYED + SILENT:
+                    kind, iid = "silent", last.instance_id
+                else:
+                    kind, iid = "serving", last.instance_id
+                kinds[kind].append(iid)
+                _store_instance(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
+    finally:
+        store.close()
+    return FleetShape(*(tuple(kinds[k]) for k in ("serving", "failed", "destroyed", "benchmarking", "silent")),
+                      now=now)
+
+
+def _store_instance(store: Any, clock: list[datetime], iid: str, rec: MachineRecord, pool: tuple[str, str, float],
+                    kind: str, start: datetime, now: datetime) -> None:
+    report = make_report(iid, rec.machine_id, pool, "running" if kind == "benchmarking" else "ok",
+                         pool[2] * 1.2, start)
+    clock[0] = start
+    store.register(iid, {"protocol": 1, "instance_id": iid, "at": format_time(start), "pool": pool[0],
+                         "slot": report.slot, "machine_id": rec.machine_id, "host_id": report.host_id,
+                         "contract_id": report.contract_id, "gpu_name": pool[1], "image_digest": DIGEST})
+    store.add_logs(iid, list(report.log_tail))
+    docs = [{"protocol": 1, "phase": e.phase, "status": e.status, "at": format_time(e.at),
+             **({"details": dict(e.details)} if e.details else {})} for e in report.events]
+    if kind in ("serving", "silent"):  # admitted: serving since its result, a heartbeat every 5 minutes
+        served = start + timedelta(minutes=61)
+        beats = 3 if kind == "silent" else int((now - served).total_seconds() // 300)
+        docs.append({"protocol": 1, "phase": "serve", "status": "started", "at": format_time(served)})
+        docs += [{"protocol": 1, "phase": "serve", "status": "progress",
+                  "at": format_time(served + timedelta(minutes=5 * (n + 1))),
+                  "details": {"heartbeat": {"seq": n, "interval_s": 300, "completed": 4, "failed": 0, "busy": True,
+                                            "recent_proof_s": 75.0}}} for n in range(beats)]
+    for doc in docs:  # each arrives when sent: the controller stamps it with its own clock
+        clock[0] = parse_time(doc["at"])
+        store.add_event(iid, doc)
+    if (r := report.result) is not None:
+        clock[0] = r.at
+        store.set_result(iid, {"protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
+                               "completed": r.completed, "failed": r.failed, "exit_code": r.exit_code,
+                               "proofs_per_hour": r.proofs_per_hour, "seconds_per_proof": r.seconds_per_proof,
+                               "image_digest": r.image_digest, "log_tail": list(r.log_tail),
+                               "started_at": format_time(r.started_at or r.at)})
+    if kind == "destroyed":
+        store.mark_destroyed(iid, now - timedelta(minutes=30))

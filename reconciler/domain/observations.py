@@ -85,6 +85,26 @@ class BenchmarkResult:
 
 
 @dataclass(frozen=True)
+class InstanceSummary:
+    """An instance in the few columns the views triage by (the store answers these without its events):
+    which instances need the operator, and how many of each kind the rest are."""
+
+    instance_id: str
+    registered_at: datetime
+    pool: str | None
+    slot: str | None
+    machine_id: str | None
+    host_id: str | None
+    gpu_name: str | None
+    image_digest: str | None
+    destroyed_at: datetime | None
+    has_result: bool  # the benchmark result arrived
+    failed: bool  # some phase reported failure
+    serving: bool  # serving started and not stopped
+    last_signal: datetime  # the newest event's arrival (registration if none)
+
+
+@dataclass(frozen=True)
 class InstanceReport:
     """Everything one worker told the controller, in arrival order."""
 
