@@ -328,7 +328,8 @@ def _failed_verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdi
             marks_bad = False  # a network line during the benchmark (which needs no network) is not a strike
     else:
         marks_bad = marks == "yes"
-    setting = _setting(match, pool) if blame in ("configuration", "params") else None
+    # Image faults can carry advice too (ship a CA bundle, a portable CPU baseline): the signature's setting.
+    setting = _setting(match, pool) if blame in ("configuration", "params", "image") else None
     reason = f"{head or verdict}: {_where(attempt)}: {cause}{suffix}"
     return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=marks_bad, reason=reason,
                     attempt=attempt, match=match, signature=signature, rate=rate, spp=spp, setting=setting,
