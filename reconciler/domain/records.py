@@ -341,9 +341,19 @@ class RecordSet:
             return recorded
         key = f"bad@{now.isoformat()}"
         if key not in self._derived:
-            self._derived[key] = (frozenset(b.machine_id for b in self.bad_machines() if b.standing(now).excluded)
+            self._derived[key] = (frozenset(b.machine_id for b, standing in self.standings(now) if standing.excluded)
                                   | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived[key])
+
+    def standings(self, now: datetime | None) -> list[tuple[BadMachine, Standing]]:
+        """Every machine recorded bad or banned, by id, with where it stands at `now` (`standing_of`): bad,
+        permanent or banned (excluded from offers), or probation (rentable again). The one reading of a record's
+        standing that the offer queries (`bad_machine_ids`) and every view (`fleet records`, `fleet plan`,
+        `fleet status`, the page) share; `fleet why` and the directives call `standing_of` on the same record."""
+        key = f"standings@{now.isoformat() if now else None}"
+        if key not in self._derived:
+            self._derived[key] = [(b, b.standing(now)) for b in self.bad_machines()]
+        return list(self._derived[key])
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet

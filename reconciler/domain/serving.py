@@ -29,6 +29,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 from reconciler.domain.observations import InstanceReport, format_time
@@ -218,7 +219,7 @@ def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta) -> 
     yet back has been silent since the outage began, but its silence only says something about it once the
     controller has been hearing the fleet again for `lost_after_minutes`."""
     times = sorted({t for r in reports for t in signal_times(r)}, reverse=True)
-    for newer, older in zip(times, times[1:], strict=False):
+    for newer, older in pairwise(times):
         if newer - older > silence:
             return newer
     return None

@@ -371,3 +371,22 @@ def test_a_pardon_stands_until_a_new_failure() -> None:
     slow = completed_report("i-2", "40213", 20.0, registered_min=70)
     failed = decide(SPEC, [slow], RecordSet(machines=passed.machine_records), {"i-1"}, None, at(131))
     assert failed.machine_records["40213"].status == "bad"
+
+
+def test_every_view_reads_probation_from_the_same_standing() -> None:
+    from reconciler.domain.status import status_view
+    from reconciler.render.text import render_text
+
+    first = completed_report("i-a", "m-9", 20.0)  # below-min-rate: expires after 720 h, then 720 h of probation
+    record = decide(SPEC, [first], RecordSet(), set(), None, at(65)).machine_records["m-9"]
+    records = RecordSet(machines={"m-9": record})
+    for now, state, excluded in ((at(66), "bad", True), (at(65) + timedelta(hours=721), "probation", False)):
+        ((bad, standing),) = records.standings(now)
+        assert (bad.machine_id, standing.state, standing.excluded) == ("m-9", state, excluded)
+        assert standing == record.standing(now)  # what `fleet why` and the directives read
+        assert (records.bad_machine_ids(now) == {"m-9"}) is excluded  # what the offer queries exclude
+        view = status_view(SPEC, records, [], now)
+        (pool,) = [p for p in view.pools if p.name == "rtx-pro-4000"]
+        assert pool.bad == (1 if excluded else 0)
+        assert [(b.machine_id, b.standing) for b in view.bad_machines] == [("m-9", state)]
+        assert f"m-9  {state}: " in render_text(view)
