@@ -16,12 +16,9 @@ from reconciler.cli._shared import instant
 from reconciler.domain.observations import format_time
 from reconciler.domain.records import RecordError
 from reconciler.domain.spec import SpecError
-from reconciler.domain.status import FleetStatus, MarketStatus, StatusQuery, status_view
+from reconciler.domain.status import PAGE_SIZE, FleetStatus, MarketStatus, StatusQuery, status_view
 from reconciler.domain.sweep import MARKET_VIEW_FILE
 from reconciler.render.text import render_text
-
-#: Instances per page of `fleet status` (the operator reads the worst first; `--page 2` for more).
-DEFAULT_PER_PAGE = 50
 
 # --- command -----------------------------------------------------------------------------------------------
 
@@ -45,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="only this machine (repeatable)")
     shown.add_argument("--since", type=instant, default=None, metavar="TIME",
                        help="only instances heard from at or after this UTC time (ISO 8601)")
-    shown.add_argument("--limit", type=int, default=DEFAULT_PER_PAGE, metavar="N",
+    shown.add_argument("--limit", type=int, default=PAGE_SIZE, metavar="N",
                        help="instances per page (default: %(default)s; 0: no limit)")
     shown.add_argument("--page", type=int, default=1, help="which page of instances (default: %(default)s)")
     output = p.add_mutually_exclusive_group()

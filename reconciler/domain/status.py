@@ -256,6 +256,8 @@ def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now
         gpus=tuple(dict(g) for g in health.gpus), summary=health.describe(now))
 
 
+#: Instances per page of the views (`fleet status`, the live page) unless asked otherwise.
+PAGE_SIZE = 50
 #: Triage states (see `triage_state`); those in NEEDS_OPERATOR are shown by default.
 NEEDS_OPERATOR = ("failed", "silent", "judging", "benchmarking")
 #: Shown without --all as well: instances on machines that are on probation (a failure now is permanent).
@@ -298,6 +300,7 @@ class Triage:
     images_in_use: Mapping[str, frozenset[str]]  # pool -> digests its alive instances run
     state_counts: Mapping[tuple[str, str], int]  # (pool, state) -> instances (metrics)
     query: StatusQuery
+    states: Mapping[str, str] = field(default_factory=dict)  # instance id -> triage state (every instance)
 
 
 def triage_state(summary: InstanceSummary, entry: BenchmarkEntry | None, now: datetime,
@@ -326,9 +329,10 @@ def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapp
     state_counts: dict[tuple[str, str], int] = {}
     chosen: list[tuple[int, int, str]] = []
     left_out: dict[str, int] = {}
+    states: dict[str, str] = {}
     for n, summary in enumerate(summaries):
         found = recorded.get(summary.instance_id)
-        state = triage_state(summary, found[1] if found else None, now, lost_after)
+        state = states[summary.instance_id] = triage_state(summary, found[1] if found else None, now, lost_after)
         pool = summary.pool or "?"
         state_counts[(pool, state)] = state_counts.get((pool, state), 0) + 1
         if state != "destroyed":
@@ -359,14 +363,16 @@ def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapp
     return Triage(shown=shown, matching=len(chosen), page=page, pages=pages,
                   left_out=tuple(sorted(left_out.items(), key=lambda kv: _SEVERITY[kv[0]])),
                   pool_counts={k: (v[0], v[1], v[2]) for k, v in counts.items()},
-                  images_in_use={k: frozenset(v) for k, v in in_use.items()}, state_counts=state_counts, query=query)
+                  images_in_use={k: frozenset(v) for k, v in in_use.items()}, state_counts=state_counts, query=query,
+                  states=states)
 
 
 def recorded_for(records: RecordSet, summaries: Iterable[InstanceSummary]) -> dict[str, tuple[str, BenchmarkEntry]]:
-    """The recorded verdict of each summarised instance (from the record index's rows: no record built)."""
+    """The recorded verdict of each summarised instance that is not destroyed (a destroyed one is triaged as
+    destroyed whatever its verdict), from the record index's rows: no record built."""
     wanted: dict[str, set[str]] = {}
     for s in summaries:
-        if s.machine_id is not None:
+        if s.machine_id is not None and s.destroyed_at is None:
             wanted.setdefault(s.machine_id, set()).add(s.instance_id)
     return records.instance_entries(wanted)
 

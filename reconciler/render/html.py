@@ -19,6 +19,7 @@ from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 
@@ -418,6 +419,31 @@ def environment() -> jinja2.Environment:
 
 
 @dataclass(frozen=True)
+class _Attention:
+    """The page's filter form and page links, from the view's query."""
+
+    everything: bool
+    pools: tuple[str, ...]
+    machines: tuple[str, ...]
+    since: str | None
+    page_links: tuple[int, ...]
+
+    @classmethod
+    def of(cls, view: FleetStatus) -> _Attention:
+        q = view.query or {}
+        pages = view.pages
+        near = {1, pages, *range(max(1, view.page - 3), min(pages, view.page + 3) + 1)}  # first, last, around
+        return cls(bool(q.get("all")), tuple(q.get("pools") or ()), tuple(q.get("machines") or ()), q.get("since"),
+                   tuple(sorted(near)))
+
+    def link(self, page: int) -> str:
+        params = [("pool", p) for p in self.pools] + [("machine", m) for m in self.machines]
+        params += [("since", self.since)] if self.since else []
+        params += [("all", "1")] if self.everything else []
+        return "/?" + urlencode([*params, ("page", str(page))])
+
+
+@dataclass(frozen=True)
 class _Context:
     view: FleetStatus
     extras: PageExtras
@@ -438,7 +464,7 @@ class _Context:
                             [p for p in view.rates if p.pool == pool.name]) for pool in view.pools],
             "machines": machines[:MAX_MACHINE_ROWS], "machines_total": len(machines),
             "timelines": [(i, timeline(i, view.at)) for i in shown], "timelines_total": len(view.instances),
-            "chart_cap": MAX_CHART_MACHINES,
+            "chart_cap": MAX_CHART_MACHINES, "attention": _Attention.of(view),
             "segment_legend": (("fetching params", SEGMENT_COLORS["params"]),
                                ("daemon + benchmark", SEGMENT_COLORS["bench"]),
                                ("until destroyed", SEGMENT_COLORS["destroyed"]), ("failure", BAD_COLOR)),
