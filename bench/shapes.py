@@ -88,7 +88,7 @@ def write_why_history(repo: Path, commits: int, verdicts: int, machines: int) ->
 FAILED_ALIVE = 0.02  # recorded failing verdict, not destroyed yet (needs the operator)
 DESTROYED = 0.10  # replaced instances kept in the store (history)
 BENCHMARKING = 0.04  # registered, benchmark running, no verdict
-SILENT = 0.005  # serving, heartbeats stopped an hour ago (lost, not recorded yet)
+SILENT = 0.01  # serving, heartbeats stopped over an hour before `now` (lost, not recorded yet)
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,13 @@ class FleetShape:
 
 
 def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int, seed: int = 13) -> FleetShape:
-    """A controller store with `instances` instances over the machines of `records` (one each, written as
+    """A controller store with `instances` instances on the machines of `records` (one each, written as
     the worker protocol delivers them): most passed and serve with heartbeats; some failed (their recorded
     verdict), some were destroyed, some still benchmark, a few went silent while serving."""
     from reconciler.adapters.store import ControllerStore
 
+    if instances > len(records):
+        raise ValueError(f"{instances} instances need as many machine records (one instance each), not {len(records)}")
     rng = random.Random(seed)
     start = T0 + timedelta(hours=2)
     now = start + timedelta(hours=3)
