@@ -15,6 +15,7 @@ the page (and `fleet_up 0` is only for a snapshot that could not be built at all
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reconciler.adapters.record_files import RecordCache, load_records
-from reconciler.adapters.spec_files import load_spec
+from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.spec import FleetSpec, SpecError
@@ -46,6 +47,8 @@ from reconciler.domain.surfaces import (
     recorded_verdict_counts,
     triage_economics,
 )
+
+log = logging.getLogger(__name__)
 
 
 class StatusStore(Protocol):
@@ -92,7 +95,10 @@ class LiveStatusSource:
                  market: Callable[[], MarketView] | None = None,
                  prices: Callable[[], Mapping[str, float]] | None = None,
                  ttl_s: float = 2.0, now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, refresh_in_background: bool = False):
+        """`refresh_in_background`: a request that finds the state older than `ttl_s` is answered from it at once
+        while one background thread loads the next (the served process's setting: at 10,000 instances a load
+        takes longer than a page may). Without it (tests, one-shot callers) the request waits for the load."""
         self._spec_dir = spec_dir
         self._store = store
         self._digest = desired_image_digest
@@ -107,24 +113,48 @@ class LiveStatusSource:
         self._lock = threading.Lock()
         self._state: tuple[float, LiveState] | None = None
         self._queried: dict[StatusQuery, LiveSnapshot] = {}  # other queries' snapshots of the current state
+        self._background = refresh_in_background
+        self._refreshing = False
+        self._generation = 0  # bumped when what a load depends on changes: a load begun before is dropped
 
     def set_desired_image_digest(self, digest: str | None) -> None:
         """A new image was rolled out (the demo): stale-image and pause checks follow it from the next load."""
         with self._lock:
             self._digest = digest
             self._state = None
+            self._generation += 1
 
     def state(self) -> LiveState:
         with self._lock:  # one load at a time; concurrent readers wait for and share it
             return self._current()
 
     def _current(self) -> LiveState:
+        """The state (under self._lock): fresh, or stale while a background load runs, or loaded now."""
         if self._state is not None and self._monotonic() - self._state[0] < self._ttl:
+            return self._state[1]
+        if self._state is not None and self._background:
+            if not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="live-status-refresh", daemon=True).start()
             return self._state[1]
         state = self._load()
         self._state = (self._monotonic(), state)
         self._queried = {}
         return state
+
+    def _refresh(self) -> None:
+        with self._lock:
+            generation = self._generation
+        try:
+            state = self._load()  # outside the lock: requests keep being answered from the current state
+        except Exception:  # _load turns observation failures into notes; anything else: keep the old state
+            log.exception("live status: loading the fleet state failed; the page keeps the previous one")
+            state = None
+        with self._lock:
+            if state is not None and generation == self._generation:
+                self._state = (self._monotonic(), state)
+                self._queried = {}
+            self._refreshing = False
 
     def snapshot(self, query: StatusQuery | None = None) -> LiveSnapshot:
         """The default view (what needs the operator, first page), or the view of `query` (filters, a page,
@@ -185,7 +215,7 @@ class LiveStatusSource:
         extras = PageExtras(commits=commits, orphans=market.orphans,
                             spend_cap_usd_per_hour=market.spend_cap_usd_per_hour)
         try:
-            spec, spec_error = load_spec(spec_file), None
+            spec, spec_error = load_spec_cached(spec_file), None
         except SpecError as exc:
             spec, spec_error = None, str(exc)
         standings = machine_standings(records, now)

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import jinja2
 
 from reconciler.domain.observations import format_time, parse_time
-from reconciler.domain.status import FleetStatus, InstanceStatus, PoolStatus, RatePoint
+from reconciler.domain.status import BadMachineStatus, FleetStatus, InstanceStatus, PoolStatus, RatePoint
 from reconciler.domain.surfaces import PageExtras, total_usd_per_hour
 from reconciler.domain.verdicts import RATE_VERDICTS
 from reconciler.render.text import render_timeline
@@ -45,6 +45,8 @@ SEGMENT_COLORS = {"params": "#1e88e5", "daemon": "#8e24aa", "bench": "#8e24aa", 
 MAX_MACHINE_ROWS = 150
 MAX_TIMELINES = 40
 MAX_CHART_MACHINES = 48
+#: Bad machines listed on the page (those on probation first, then the newest verdicts); all with ?all=1.
+MAX_BAD_ROWS = 100
 
 
 @dataclass(frozen=True)
@@ -418,6 +420,14 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def _bad_rows(view: FleetStatus) -> list[BadMachineStatus]:
+    """At most MAX_BAD_ROWS bad machines (every one with --all / ?all=1): probation first, newest verdict next."""
+    if (view.query or {}).get("all") or len(view.bad_machines) <= MAX_BAD_ROWS:
+        return list(view.bad_machines)
+    newest = sorted(view.bad_machines, key=lambda b: b.at or "", reverse=True)
+    return sorted(newest, key=lambda b: b.standing != "probation")[:MAX_BAD_ROWS]  # stable: newest within each
+
+
 @dataclass(frozen=True)
 class _Attention:
     """The page's filter form and page links, from the view's query."""
@@ -465,6 +475,7 @@ class _Context:
             "machines": machines[:MAX_MACHINE_ROWS], "machines_total": len(machines),
             "timelines": [(i, timeline(i, view.at)) for i in shown], "timelines_total": len(view.instances),
             "chart_cap": MAX_CHART_MACHINES, "attention": _Attention.of(view),
+            "bad_rows": _bad_rows(view), "bad_total": len(view.bad_machines),
             "segment_legend": (("fetching params", SEGMENT_COLORS["params"]),
                                ("daemon + benchmark", SEGMENT_COLORS["bench"]),
                                ("until destroyed", SEGMENT_COLORS["destroyed"]), ("failure", BAD_COLOR)),
