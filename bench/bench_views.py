@@ -24,7 +24,7 @@ import time
 from datetime import UTC
 from pathlib import Path
 
-from bench.common import Figure
+from bench.common import GIT_ENV, Figure, git
 from bench.data import spec_yaml, write_records
 from bench.shapes import write_fleet_store, write_why_history
 
@@ -38,7 +38,6 @@ WHY_SHAPES = ((1_200, 600, 500), (20_000, 500, 10_000))
 STORE_SHAPES = (100, 10_000)
 MACHINES = 10_000
 ENTRIES_PER_MACHINE = 10
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
 
 
 def _cpu() -> float:
@@ -49,7 +48,7 @@ def _cpu() -> float:
 def _fleet_runs(args: list[str], cwd: Path) -> tuple[list[float], float, str]:
     """REPEATS fresh `fleet` processes: wall times, median CPU time, the last stderr."""
     walls, cpus, err = [], [], ""
-    env = {**os.environ, **_GIT_ENV}
+    env = {**os.environ, **GIT_ENV}
     for _ in range(REPEATS):
         cpu, start = _cpu(), time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "reconciler.cli", *args], cwd=cwd, env=env, capture_output=True,
@@ -60,10 +59,6 @@ def _fleet_runs(args: list[str], cwd: Path) -> tuple[list[float], float, str]:
             raise RuntimeError(f"fleet {' '.join(args)} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
         err = proc.stderr.decode()
     return walls, statistics.median(cpus), err
-
-
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, env={**os.environ, **_GIT_ENV})
 
 
 def _shown(walls: list[float]) -> str:
@@ -80,7 +75,7 @@ def _why_figures(tmp: Path) -> list[Figure]:
         for graph in (False, True):
             if graph:
                 started = time.perf_counter()
-                _git(repo, "commit-graph", "write", "--reachable", "--changed-paths")
+                git(repo, "commit-graph", "write", "--reachable", "--changed-paths")
                 print(f"    commit-graph written in {time.perf_counter() - started:.1f} s", flush=True)
             for paging in ([], ["--all"]):
                 walls, cpu, err = _fleet_runs(["why", machine, *paging], repo)
@@ -98,7 +93,7 @@ def _status_figures(tmp: Path) -> tuple[list[Figure], Path, object]:
     root = tmp / "fleet"
     spec_dir = root / "fleet-spec"
     spec_dir.mkdir(parents=True)
-    _git(root, "init", "--quiet", "--initial-branch=main")
+    git(root, "init", "--quiet", "--initial-branch=main")
     (spec_dir / "fleet.yaml").write_text(spec_yaml(), encoding="utf-8")
     started = time.perf_counter()
     records = write_records(spec_dir, MACHINES, ENTRIES_PER_MACHINE)

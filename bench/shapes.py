@@ -12,34 +12,19 @@ written it: its identity, `Fleet-Machine`/`Fleet-Instance` trailers, records ren
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.common import fast_import_data, git
 from bench.data import DIGEST, POOLS, SLOTS_PER_POOL, T0, machine_id_of, machine_records, make_report
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
 from reconciler.adapters.record_files import render_machine_record
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
-
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
-
-
-def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, check=False,
-                          env={**os.environ, **_GIT_ENV})
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode()
-
-
-def _data(raw: bytes) -> bytes:
-    return b"data %d\n" % len(raw) + raw + b"\n"
 
 
 def verdict_entry(template: BenchmarkEntry, k: int) -> BenchmarkEntry:
@@ -52,7 +37,7 @@ def write_why_history(repo: Path, commits: int, verdicts: int, machines: int) ->
     """Create `repo` with `commits` bot commits; every (commits // verdicts)-th one is a verdict of the watched
     machine (its record re-rendered with one more entry), the others each change one of `machines` other
     records. Returns the watched machine's id and its entries, oldest first."""
-    _git(repo.parent, "init", "--quiet", "--initial-branch=main", str(repo))
+    git(repo.parent, "init", "--quiet", "--initial-branch=main", str(repo))
     template = next(iter(machine_records(1, 30)))
     others = [render_machine_record(r).encode() for r in machine_records(4, 10, seed=3)]
     every = max(1, commits // verdicts)
@@ -75,10 +60,10 @@ def write_why_history(repo: Path, commits: int, verdicts: int, machines: int) ->
             # Another machine's record: a real rendered one under this id, distinct per commit.
             text = others[n % len(others)].replace(b"'100000'", f"'{mid}'".encode(), 1) + f"# {n}\n".encode()
         message = f"fleet: 1 verdict (machine {mid})\n\nFleet-Machine: {mid}\nFleet-Instance: {instance}\n"
-        stream.append(b"commit refs/heads/main\n" + who + _data(message.encode())
-                      + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + _data(text))
-    _git(repo, "fast-import", "--quiet", stdin=b"".join(stream))
-    _git(repo, "checkout", "--quiet", "main")
+        stream.append(b"commit refs/heads/main\n" + who + fast_import_data(message.encode())
+                      + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + fast_import_data(text))
+    git(repo, "fast-import", "--quiet", stdin=b"".join(stream))
+    git(repo, "checkout", "--quiet", "main")
     return template.machine_id, entries
 
 
