@@ -343,8 +343,13 @@ class GitStore:
             raise GitStoreError(f"{self._workdir} has unpushed commits not made by {BOT_NAME} "
                                 f"({'; '.join(foreign[:5])}); refusing to discard them")
 
-    def publish(self, build: Callable[[Path], CommitRequest | None]) -> PublishResult:
-        """Sync, build on the fresh tip, commit, push; on rejection re-sync and rebuild (bounded)."""
+    def publish(self, build: Callable[[Path], CommitRequest | None], *,
+                before_push: Callable[[], None] | None = None) -> PublishResult:
+        """Sync, build on the fresh tip, commit, push; on rejection re-sync and rebuild (bounded).
+
+        `before_push` runs right before every push and may raise to stop it (a replica's lease check: a leader
+        whose term ended must never push). Its exception propagates; the unpushed commit stays in this bot
+        clone and the next sync discards it."""
         last_error: TemporaryGitError | None = None
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:
@@ -361,6 +366,9 @@ class GitStore:
             if sha is None:
                 return PublishResult(None, attempt, False)
             _pause_point("push")
+            if before_push is not None:
+                before_push()
+            _pause_point("fenced")
             try:
                 self._push()
             except TemporaryGitError as exc:

@@ -21,8 +21,9 @@ from reconciler.adapters.record_files import RecordCache, render_image_record, r
 from reconciler.adapters.record_index import load_for_pass
 from reconciler.adapters.spec_files import load_spec
 from reconciler.domain import errors
-from reconciler.domain.errors import READY, RECONCILING, STALLED, Condition
+from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
 from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
+from reconciler.domain.leadership import LeaseLost, leader_trailer
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.records import (
     IMAGES_DIR,
@@ -54,9 +55,21 @@ class DirectiveSink(Protocol):
 class RecordPublisher(Protocol):
     """What the loop needs from git (implemented by `reconciler.gitstore.GitStore`)."""
 
-    def publish(self, build: Callable[[Path], CommitRequest | None]) -> PublishResult: ...
+    def publish(self, build: Callable[[Path], CommitRequest | None], *,
+                before_push: Callable[[], None] | None = None) -> PublishResult: ...
 
     def trailer_values(self, key: str) -> set[str]: ...
+
+
+@dataclass(frozen=True)
+class LeaderTerm:
+    """The leadership term a pass runs in, when replicas share a PostgreSQL store (the embedded store has none).
+
+    `fence` asks the database whether this replica still holds the lease in `epoch` and raises LeaseLost if
+    not; the pass calls it right before each write that other replicas would see (the push, the directives)."""
+
+    epoch: int
+    fence: Callable[[], None]
 
 
 # --- the pass (shell) -----------------------------------------------------------------------------------
@@ -79,6 +92,7 @@ class PassResult:
     reason: str | None = None  # the error taxonomy's reason constant when the pass did not finish
     image_records: tuple[ImageSuspectRecord, ...] = ()  # image-suspect records this pass wrote
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
+    standby: str | None = None  # a replica that does not lead: nothing judged or written; who leads instead
 
     @property
     def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
@@ -90,6 +104,8 @@ class PassResult:
         return self.stalled is None and self.observation_error is None and self.error is None
 
     def headline(self) -> str:
+        if self.standby:
+            return f"standby: {self.standby}"
         if self.stalled:
             return f"stalled: {self.stalled}"
         if self.observation_error:
@@ -110,6 +126,8 @@ class PassResult:
             kind, reason, message = RECONCILING, errors.OBSERVATION_FAILED, self.observation_error
         elif self.error:
             kind, reason, message = RECONCILING, self.reason or errors.GIT_FAILED, self.error
+        elif self.standby:
+            kind, reason, message = READY, STANDBY, self.headline()
         else:
             kind, reason, message = READY, "Succeeded", self.headline()
         since = self.at
@@ -125,7 +143,7 @@ class PassResult:
             "at": format_time(self.at), "ok": self.ok, "headline": self.headline(), "commit": self.commit,
             "pushed": self.pushed, "attempts": self.attempts, "pending": list(self.pending),
             "notes": list(self.notes), "stalled": self.stalled, "observation_error": self.observation_error,
-            "error": self.error,
+            "error": self.error, "standby": self.standby,
             "verdicts": [{"instance_id": v.instance_id, "machine_id": v.machine_id, "pool": v.pool,
                           "verdict": v.verdict, "blame": v.blame, "marks_bad": v.marks_bad,
                           "held_by": v.held_by, "root_cause": v.root_cause()} for v in self.verdicts],
@@ -141,27 +159,32 @@ def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[Fi
     return (*machines, *images)
 
 
-def commit_request(decision: PassDecision) -> CommitRequest | None:
-    """The commit that publishes a decision, or None when it changed no record (no empty commits)."""
+def commit_request(decision: PassDecision, leader_epoch: int | None = None) -> CommitRequest | None:
+    """The commit that publishes a decision, or None when it changed no record (no empty commits).
+    `leader_epoch`: the leadership term writing it (replicas), carried as the `Fleet-Leader-Epoch` trailer."""
     if not decision.machine_records and not decision.image_records:
         return None
     # Everything in a decision comes from redacted reports; the commit text is redacted once more because
     # a commit message, once pushed, cannot be taken back.
     return CommitRequest(redact_line(decision.summary()), "\n".join(redact_lines(decision.body().splitlines())),
-                         decision.trailers(), record_changes(decision))
+                         (*decision.trailers(), *leader_trailer(leader_epoch)), record_changes(decision))
 
 
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
              record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
-             monotonic: Callable[[], float] = time.monotonic) -> PassResult:
+             monotonic: Callable[[], float] = time.monotonic, term: LeaderTerm | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
     published records every pass (so a crash between commit and write only delays them one pass).
 
     `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
-    that changed since the last one (10,000 files: minutes to parse, milliseconds to stat)."""
+    that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
+
+    `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
+    commit as a trailer and its fence runs right before the push and before the directives are stored: a
+    replica whose term ended (paused past its lease, or cut off from the database) writes nothing."""
     try:
         reports = tuple(source.reports())
     except Exception as exc:  # any failure to observe must never become a verdict
@@ -183,11 +206,13 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         outcome["decision"] = decision
         after = RecordSet(machines={**records.machines, **decision.machine_records})
         outcome["directives"] = {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}
-        return commit_request(decision)
+        return commit_request(decision, term.epoch if term is not None else None)
 
     started = monotonic()
     try:
-        published = store.publish(build)
+        published = store.publish(build) if term is None else store.publish(build, before_push=term.fence)
+    except LeaseLost as exc:
+        return PassResult(at=now, error=str(exc), reason=exc.reason)
     except TemporaryGitError as exc:
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
@@ -199,7 +224,11 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     notes = decision.notes
     if directive_sink is not None:
         try:
+            if term is not None:
+                term.fence()
             directive_sink.set_directives(outcome["directives"], now)
+        except LeaseLost as exc:  # the new leader computes them from the same records on its first pass
+            notes = (*notes, f"directives not stored: {exc}")
         except Exception as exc:  # the records are published; workers learn their verdict next pass
             notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
