@@ -33,7 +33,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from reconciler.domain.leadership import Leadership, LeaseLost
+from reconciler.domain.leadership import Leadership, LeaseLost, describe
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +282,7 @@ class LeaseKeeper:
         """For /healthz and the page: this replica, the leader and since when."""
         leader = self.leader()
         doc: dict[str, object] = {"replica": self.holder, "leading": self.term() is not None,
+                                  "summary": describe(leader, self.holder, now),
                                   "leader": leader.to_json(self.holder, now) if leader else None}
         if self.last_error:
             doc["error"] = self.last_error

@@ -21,7 +21,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -169,7 +169,7 @@ def run_command(args: argparse.Namespace) -> int:
             surfaces = _surfaces(args, store, git, desired, status_file)
             if surfaces is None:
                 return 2
-            server = _start_controller(store, args.listen, args, surfaces.routes)
+            server = _start_controller(store, args.listen, args, surfaces.routes, health=partial(_health, keeper))
             if server is None:
                 return 2
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
@@ -281,8 +281,15 @@ def _read_token() -> str | None:
     return token.reveal() if token is not None else None
 
 
+def _health(keeper: LeaseKeeper | None) -> dict[str, object]:
+    """/healthz's word on leadership: an embedded store's one process always leads."""
+    if keeper is None:
+        return {"leadership": {"leading": True, "summary": "embedded store: this process is the only one"}}
+    return {"leadership": keeper.status(datetime.now(UTC))}
+
+
 def _start_controller(store: Any, address: tuple[str, int], args: argparse.Namespace,
-                      routes: Sequence[Any] = ()) -> Any:
+                      routes: Sequence[Any] = (), health: Callable[[], dict[str, object]] | None = None) -> Any:
     """The controller API on `address`, sharing `store`; None (after saying why) if it cannot start."""
     from reconciler.adapters.controller.server import ControllerServer
     from reconciler.cli.controller import ConfigError, load_admin_token, load_secret, tls_files
@@ -296,7 +303,7 @@ def _start_controller(store: Any, address: tuple[str, int], args: argparse.Names
         return None
     server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True,
                               tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
-                              extra_routes=list(routes))
+                              extra_routes=list(routes), health=health)
     try:
         server.start()
     except OSError as exc:
