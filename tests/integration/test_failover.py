@@ -278,28 +278,50 @@ def test_the_leader_killed_during_a_pass_is_replaced_and_nothing_is_lost_or_doub
     assert seen_by_other["leader"]["holder"] == health["leader"]["holder"]
 
 
-@pytest.mark.parametrize("step", ["push", "fenced"])
-def test_a_stale_leader_resumed_after_another_replica_took_over_never_pushes(
-        cluster: Cluster, gate: LeaseKeeper, step: str) -> None:
-    """Stopped right before the lease check (`push`) or right after it passed (`fenced`), past its lease; the
-    other replica commits in epoch 3; the old leader resumes: the check or git refuses, origin keeps one commit."""
-    replicas = [cluster.start(name, FLEET_TEST_PAUSE_AT=step) for name in ("r1", "r2")]
+def test_a_stale_leader_resumed_before_the_new_leader_pushed_is_stopped_by_the_lease_check(
+        cluster: Cluster, gate: LeaseKeeper) -> None:
+    """The case git cannot catch: the old leader (epoch 2) stopped right before its lease check, past its lease;
+    the new leader (epoch 3) has committed locally but not pushed yet, so origin has not moved and a push of the
+    old leader would fast-forward. Resumed now, the old leader's check refuses: origin does not move."""
+    replicas = [cluster.start(name, FLEET_TEST_PAUSE_AT="push") for name in ("r1", "r2")]
     worker_traffic(replicas)
     fds = open_pause_fifo(cluster)
     gate.stop(release=True)
-    stale = paused_replica(cluster, fds, step)  # stopped by itself: a paused VM, a long GC, a debugger
+    stale = paused_replica(cluster, fds, "push")  # stopped by itself: a paused VM, a long GC, a debugger
+    os.mkfifo(cluster.fifo)
+    new = paused_replica(cluster, open_pause_fifo(cluster), "push")  # took over and committed, not pushed
+    assert new is not stale
+    seed = git(cluster.origin, "rev-parse", "main")
+    _drain(stale)
+    os.kill(stale.proc.pid, signal.SIGCONT)
+    resumed = next(stale.passes())  # the pass it was in when stopped
+    assert not resumed["ok"] and resumed["condition"]["reason"] == "LeaseLost", resumed
+    assert "epoch 2 is no longer held" in resumed["error"], resumed
+    assert git(cluster.origin, "rev-parse", "main") == seed  # it did not push
+    os.kill(new.proc.pid, signal.SIGCONT)
+    cluster.first_pass_where(lambda d: bool(leads(d) and d.get("pushed")), {r.name for r in replicas})
+    epochs = trailers(cluster.origin, LEADER_EPOCH_TRAILER)
+    assert len(epochs) == 1 and int(epochs[0]) >= 3, epochs  # whoever leads by then; never the stale term
+    assert sorted(trailers(cluster.origin, "Fleet-Instance")) == sorted(WORKERS)
+
+
+def test_a_stale_leader_resumed_after_its_lease_check_is_stopped_by_git(cluster: Cluster, gate: LeaseKeeper) -> None:
+    """The window after the check: the old leader stopped between its lease check and its push; the new leader
+    pushed meanwhile. Resumed, its push is not a fast-forward: git refuses it, and the retry, recomputed on the
+    new tip, has nothing left to commit."""
+    replicas = [cluster.start(name, FLEET_TEST_PAUSE_AT="fenced") for name in ("r1", "r2")]
+    worker_traffic(replicas)
+    fds = open_pause_fifo(cluster)
+    gate.stop(release=True)
+    stale = paused_replica(cluster, fds, "fenced")
     other = next(r for r in replicas if r is not stale)
     cluster.first_pass_where(lambda d: bool(leads(d) and d.get("pushed")), {other.name})
     assert_judged_exactly_once(cluster, epoch="3")
     tip = git(cluster.origin, "rev-parse", "main")
-    seen = [doc for doc in _drain(stale)]  # what it printed before it stopped
+    _drain(stale)
     os.kill(stale.proc.pid, signal.SIGCONT)
-    resumed = next(stale.passes())  # the pass it was in when stopped
-    if step == "push":
-        assert not resumed["ok"] and "epoch 2 is no longer held" in resumed["error"], (resumed, seen)
-        assert resumed["condition"]["reason"] == "LeaseLost"
-    else:  # git refused the non-fast-forward push; the retry on the new tip had nothing left to commit
-        assert resumed["ok"] and resumed["commit"] is None, (resumed, seen)
+    resumed = next(stale.passes())
+    assert resumed["ok"] and resumed["commit"] is None and not resumed["pushed"], resumed
     assert git(cluster.origin, "rev-parse", "main") == tip
     assert_judged_exactly_once(cluster, epoch="3")
     later = next(stale.passes())  # from now on it follows
