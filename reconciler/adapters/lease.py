@@ -74,7 +74,7 @@ _HOLDS = """SELECT 1 FROM fleet_lease WHERE name = %(name)s AND holder = %(holde
 
 # A replica that stops cleanly hands the lease over at once instead of making the others wait out its term.
 _RELEASE = """UPDATE fleet_lease SET expires_at = clock_timestamp()
-              WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s"""
+              WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s RETURNING epoch"""
 
 
 def is_postgres_uri(location: object) -> bool:
@@ -161,8 +161,9 @@ class PostgresLease:
         """Whether `holder` still holds the lease in term `epoch`, by the database's clock."""
         return self._run(_HOLDS, {"name": self.name, "holder": holder, "epoch": epoch}) is not None
 
-    def release(self, holder: str, epoch: int) -> None:
-        self._run(_RELEASE, {"name": self.name, "holder": holder, "epoch": epoch})
+    def release(self, holder: str, epoch: int) -> bool:
+        """End `holder`'s term `epoch` now; False if it was not (or no longer) theirs."""
+        return self._run(_RELEASE, {"name": self.name, "holder": holder, "epoch": epoch}) is not None
 
     def close(self) -> None:
         with self._lock:

@@ -104,8 +104,12 @@ def test_a_clean_stop_releases_the_lease_so_the_next_replica_takes_over_at_once(
     a, b = keeper(postgres_db, "a:8080"), keeper(postgres_db, "b:8080")
     assert a.tick() == 1
     assert b.tick() is None
+    assert not b.lease.release(b.holder, 1)  # only the holder can end its term
     a.stop(release=True)
     assert b.tick() == 2
+    assert not a.lease.release(a.holder, 1)  # nor end it twice, nor end another's
+    assert b.lease.release(b.holder, 2)
+    assert a.tick() == 3
 
 
 def test_replicas_starting_together_elect_exactly_one_leader(postgres_db: str) -> None:
