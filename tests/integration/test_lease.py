@@ -21,6 +21,7 @@ from reconciler.domain.leadership import LEADER_EPOCH_TRAILER, LeaseLost, descri
 from reconciler.flows.judge import LeaderTerm, run_pass
 from tests.fakes import Sleeps
 from tests.gitrepos import git, make_origin, origin_log
+from tests.postgres_server import PostgresServer
 from tests.loop_support import FakeReports, trailers
 from tests.scenarios import LATER, SPEC_YAML, completed_report
 
@@ -189,3 +190,19 @@ def test_a_pass_whose_term_ended_before_the_push_pushes_nothing_and_stores_no_di
                         term=LeaderTerm(2, lambda: b.fence(2)))
     assert b_result.pushed and trailers(origin, LEADER_EPOCH_TRAILER) == ["2"]
     assert trailers(origin, "Fleet-Instance") == ["pro-0-a"] and len(sink.written) == 1
+
+
+def test_the_keeper_reconnects_by_itself_after_postgresql_restarts(private_postgres_server: PostgresServer) -> None:
+    uri = private_postgres_server.create_database()
+    clock = Clock()
+    a = keeper(uri, "a:8080", clock)
+    assert a.tick() == 1
+    private_postgres_server.stop(mode="immediate")
+    clock.now += 5
+    assert a.tick() == 1 and a.last_error is not None  # the renewal failed; the term still runs locally
+    with pytest.raises(LeaseLost, match="cannot confirm the lease"):
+        a.fence(1)  # but no write goes out unconfirmed
+    private_postgres_server.start()
+    clock.now += 5
+    assert a.tick() == 1 and a.last_error is None  # a new connection, the same term (its lease had not run out)
+    a.fence(1)
