@@ -21,8 +21,8 @@ from reconciler.domain.leadership import LEADER_EPOCH_TRAILER, LeaseLost, descri
 from reconciler.flows.judge import LeaderTerm, run_pass
 from tests.fakes import Sleeps
 from tests.gitrepos import git, make_origin, origin_log
-from tests.postgres_server import PostgresServer
 from tests.loop_support import FakeReports, trailers
+from tests.postgres_server import PostgresServer
 from tests.scenarios import LATER, SPEC_YAML, completed_report
 
 
