@@ -446,7 +446,8 @@ def _one_run(deployment: Deployment, number: int, phase: Phase, repeat: int, ctx
 
 def _start_controller(db: str) -> tuple[subprocess.Popen[str], str]:
     """`fleet controller serve --db DB --port 0`, as an operator starts it; its URL from what it prints."""
-    env = {**os.environ, "FLEET_CONTROLLER_SECRET": SECRET.decode(), "FLEET_ADMIN_TOKEN": "bench-admin-token-0123456789"}
+    env = {**os.environ, "FLEET_CONTROLLER_SECRET": SECRET.decode(),
+           "FLEET_ADMIN_TOKEN": "bench-admin-token-0123456789"}
     proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "controller", "serve", "--db", db, "--port", "0",
                              "--log-level", "warning"], stdout=subprocess.PIPE, text=True, cwd=os.getcwd(), env=env)
     assert proc.stdout is not None
