@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the record index of a spec directory outside git goes to $XDG_CACHE_HOME, so tests
+"""Shared pytest set-up: a real PostgreSQL server on demand (`postgres_server`, `postgres_db`,
+`private_postgres_server`); the record index of a spec directory outside git goes to $XDG_CACHE_HOME, so tests
 (and the CLI subprocesses they start) get a private cache directory instead of the user's ~/.cache."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
+from tests.postgres_server import REQUIRE_ENV, PostgresServer, PostgresUnavailable, postgres_required
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -18,3 +21,37 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         os.environ.pop("XDG_CACHE_HOME", None)
     else:
         os.environ["XDG_CACHE_HOME"] = old
+
+
+# ---- a real PostgreSQL server (tests/postgres_server.py) -------------------------------------------------------------
+def _postgres_or_skip() -> PostgresServer:
+    try:
+        return PostgresServer()
+    except PostgresUnavailable as exc:
+        if postgres_required():
+            pytest.fail(f"{exc} ({REQUIRE_ENV}=1 / CI=true: a missing PostgreSQL is a failure)")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One server shared by the session; tests that need a clean slate take `postgres_db`."""
+    server = _postgres_or_skip()
+    server.start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def postgres_db(postgres_server: PostgresServer) -> str:
+    """The URI (with the superuser's password) of a fresh, empty database on the shared server."""
+    return postgres_server.create_database()
+
+
+@pytest.fixture
+def private_postgres_server() -> Iterator[PostgresServer]:
+    """A server of the test's own, for tests that stop, kill or restart it."""
+    server = _postgres_or_skip()
+    server.start()
+    yield server
+    server.destroy()

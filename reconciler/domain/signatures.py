@@ -67,6 +67,22 @@ def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, 
                      tuple(dict.fromkeys(needs)))
 
 
+# How decisive a line is: the highest priority found anywhere in the evidence names the cause
+# (`strongest_signature`). A decisive hardware line outranks what it causes downstream (a CUDA code, a panic,
+# a daemon that stopped answering); a symptom (our daemon exited, a timeout) is the cause only when nothing
+# more decisive was logged.
+PRIORITY_HARDWARE = 100   # hardware Xid, NVML / nvidia-smi, GPU lost, the host's GPU runtime
+PRIORITY_APPLICATION_XID = 95  # the driver names our process as the one that faulted the GPU
+PRIORITY_LOADER = 92      # dynamic-loader failure, missing binary: the image cannot run at all
+PRIORITY_MEMORY_KILL = 90  # OOM kill, disk full: the pool is sized wrong
+PRIORITY_CUDA_CODE = 85   # a decoded cudaError
+PRIORITY_PARAMS = 80      # the params set-up
+PRIORITY_SOFTWARE = 70    # our scripts and binaries
+PRIORITY_NETWORK = 60     # the machine's network while fetching
+PRIORITY_MARKETPLACE = 55  # stopped from outside
+PRIORITY_PANIC = 50       # a generic panic in our binaries
+PRIORITY_SYMPTOM = 30     # cascade symptoms: our daemon gone, an RPC that failed because of it
+
 # Settings named by configuration/params verdicts (fleet-spec/schema/fleet.schema.json).
 SETTING_VRAM = "pools[].gpu_name (a GPU with more memory) or pools[].benchmark.concurrency"
 SETTING_HOST_RAM = "pools[].min_host_ram_gb (and the daemon's [memory] total_budget)"
@@ -356,6 +372,10 @@ class SignatureMatch:
     def blame(self) -> str:
         return self.signature.blame
 
+    @property
+    def priority(self) -> int:
+        return self.signature.priority
+
     def text(self) -> str:
         """The line, with the meaning of a bare numeric code appended (`sppark::Error #-2 [= ...: out of memory]`,
         `aria2c failed ... (exit code 7) [= aria2c 7: unfinished downloads]`)."""
@@ -508,6 +528,18 @@ def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES, *,
     return best
 
 
+def strongest_signature(lines: Iterable[str], *, include_tunnel: bool = False) -> SignatureMatch | None:
+    """The most decisive signature line of the whole evidence (log ring, failure tails, GPU probe, in any
+    order the caller joins them): the highest `priority` anywhere, the earliest line on a tie. `index` counts
+    logical lines of `lines` (multi-line reports joined). The same answer as `classify` over the default table."""
+    return classify(lines, include_tunnel=include_tunnel)
+
+
+def signature_named(name: str) -> Signature | None:
+    """The table entry a recorded verdict's `signature` names (None for a name no longer in the table)."""
+    return _BY_NAME.get(name)
+
+
 #: Non-ASCII letters that `re` matches to an ASCII letter case-insensitively (İ ı ſ K): a line holding one can
 #: match a signature without containing its `needs` once lower-cased, so it skips the prefilter.
 FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
@@ -546,6 +578,7 @@ class _Matcher:
 
 
 _SIGNATURES_MATCHER = _Matcher(SIGNATURES)
+_BY_NAME = {sig.name: sig for sig in SIGNATURES}
 #: Log lines repeat across reports once timestamps are stripped (the same params, daemon and bench lines on
 #: every machine): each distinct line is matched once. Pure: the answer depends on the line alone.
 _first_signature = lru_cache(maxsize=1 << 14)(_SIGNATURES_MATCHER.first)

@@ -309,3 +309,22 @@ def test_a_404_page_text_is_not_command_not_found() -> None:
 def test_error_line_prefers_the_last_error_over_progress() -> None:
     assert error_line(["fleet: params: downloading x", "Error: empty response", "[#1 1GiB/2GiB(50%) CN:1]"]) == \
         "Error: empty response"
+
+
+def test_strongest_signature_takes_the_most_decisive_line_of_the_whole_evidence() -> None:
+    from reconciler.domain.signatures import (
+        PRIORITY_HARDWARE,
+        PRIORITY_SYMPTOM,
+        signature_named,
+        strongest_signature,
+    )
+    evidence = ["Failed to initialize NVML: Driver/library version mismatch",
+                *[f"[#26a862 {i}GiB/56GiB(1%) CN:16 DL:408MiB ETA:46s]" for i in range(200)],
+                "Error: failed to connect to daemon at http://127.0.0.1:9820 | transport error"]
+    match = strongest_signature(evidence)
+    assert match is not None and match.name == "nvidia-driver-mismatch" and match.index == 0
+    assert match.priority == PRIORITY_HARDWARE
+    symptom = strongest_signature(evidence[1:])
+    assert symptom is not None and symptom.priority == PRIORITY_SYMPTOM
+    assert signature_named("nvidia-driver-mismatch") is match.signature and signature_named("no-such") is None
+    assert strongest_signature([]) is None
