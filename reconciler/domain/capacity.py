@@ -303,7 +303,8 @@ def signals_for(pool: PoolSpec, reports: Sequence[InstanceReport], queue: QueueS
                 serving: ServingSettings, prices: Mapping[str, float], now: datetime) -> PoolSignals:
     scaling = pool.scaling or ScalingSettings()
     states = slot_states(pool, reports, serving, prices, now)
-    live = {s.instance_id for s in states if s.state == "serving"}
+    # A draining machine takes no new work: its busy tail is not demand.
+    live = {s.instance_id for s in states if s.state == "serving" and s.slot not in pool.draining}
     serving_reports = [r for r in reports if r.instance_id in live]
     return PoolSignals(
         utilization(serving_reports, now, timedelta(minutes=scaling.scale_up_after_minutes)),
@@ -412,6 +413,8 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
                         words = [f"utilization {down.value:.2f} for {down.window_s / 60:.0f} min", *words[1:]]
                     if not signals.count("serving"):
                         words.insert(0, "no machine serving")
+                    if queue is not None:
+                        words.append("no task waiting")
 
     drain_ids: list[str] = []
     active = [i for i in slots if i not in draining]
