@@ -36,7 +36,8 @@ def curio_db(postgres_server: PostgresServer) -> tuple[PostgresServer, str]:
             ("UpdateProve", None, 12)] + [("SDR", None, 90)] * 5
     for kind, owner, minutes_ago in rows:
         posted = (T0 - timedelta(minutes=minutes_ago)).isoformat()
-        postgres_server.execute(f"INSERT INTO harmony_task (posted_time, owner_id, added_by, name) VALUES "
+        # Literals of the test's own table above, not input.
+        postgres_server.execute(f"INSERT INTO harmony_task (posted_time, owner_id, added_by, name) VALUES "  # noqa: S608
                                 f"('{posted}', {owner if owner else 'NULL'}, 1, '{kind}')", name)
     return postgres_server, name
 

@@ -108,7 +108,7 @@ def test_cooldown_breaker_kill_budget_and_spend_cap_hold_a_scale_up() -> None:
     assert d.after == 4
     tight = autoscaled_spec(AUTOSCALED_SPEC.replace("max_total_dph: 6.0", "max_total_dph: 1.9")
                             .replace("max: 8", "max: 3"))
-    t = one(tight, entry(2), reports[:2] + [serving("i-9", "rtx4090-9", BUSY_HOUR)], NO_QUEUE, at(57))
+    t = one(tight, entry(2), [*reports[:2], serving("i-9", "rtx4090-9", BUSY_HOUR)], NO_QUEUE, at(57))
     assert (t.after, t.held_by) == (3, None)  # 3 x 0.5 = 1.5 <= 1.9
     t4 = one(tight, entry(3), reports[:3], NO_QUEUE, at(57))
     assert t4.after == 3  # at max: held at the bound
@@ -144,7 +144,7 @@ def test_scale_down_drains_the_worst_usd_per_proof_first_and_releases_when_drain
     assert d.entry.slots == (0, 1, 2, 3) and d.entry.draining == (0, 1, 2) and not d.released
     # Nothing is deleted mid-proof: the planner keeps the draining slots' instances and never re-rents them.
     spec_now = apply_entries(SPEC, {"rtx4090": d.entry})
-    observed = {f"rtx4090-{i}": ObservedSlot(f"rtx4090-{i}", "rtx4090", f"i-{i}", f"m-i-{i}", "running", None)
+    observed = {f"rtx4090-{i}": ObservedSlot(f"rtx4090-{i}", "rtx4090", f"i-{i}", f"m-i-{i}", None, "running")
                 for i in range(4)}
     actions = {a.slot: a for a in plan(spec_now, observed, RecordSet(machines={}), None, at(57)).actions}
     assert actions["rtx4090-1"].kind == "keep" and actions["rtx4090-1"].reason == REASON_DRAINING
@@ -207,7 +207,7 @@ def test_min_equal_max_pins_and_new_bounds_apply_at_once() -> None:
 def test_capacity_file_round_trips_one_line_per_pool_and_a_bad_one_names_the_field() -> None:
     d = one(SPEC, entry(2), [serving(f"i-{i}", f"rtx4090-{i}", BUSY_HOUR) for i in range(2)], NO_QUEUE, at(57))
     text = render_capacity({"rtx4090": d.entry})
-    assert [line for line in text.splitlines() if not line.startswith("#")][0].startswith('"rtx4090": {"desired": 3')
+    assert next(line for line in text.splitlines() if not line.startswith("#")).startswith('"rtx4090": {"desired": 3')
     parsed, problems = parse_capacity(text, "capacity.yaml")
     assert not problems and parsed["rtx4090"] == replace(d.entry, signals=parsed["rtx4090"].signals)
     _, problems = parse_capacity('rtx4090: {"desired": 2, "slots": [0, 1], "draining": [5]}\n', "capacity.yaml")
