@@ -124,6 +124,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"unknown field(s) {', '.join(extra)}; allowed: {allowed}"
     if v == "type":
         return f"got {got}, expected a value of type {kw}"
+    if v in ("oneOf", "anyOf"):  # every branch refused it by type (see _specific): name the types
+        kinds = [str(e.validator_value) for e in error.context or () if e.validator == "type"]
+        return f"got {got}, expected a value of type {' or '.join(dict.fromkeys(kinds))}"
     if v == "enum":
         return f"got {got}, expected one of {', '.join(map(str, kw))}"
     if v == "const":
@@ -136,6 +139,15 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if v in ("minLength", "minItems"):
         return f"got {got}, expected at least {kw} {'character' if v == 'minLength' else 'item'}(s)"
     return f"got {got}: {error.message}"
+
+
+def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For `count: 2 | {min, max}` (oneOf): the branch of the value's own type says what is wrong with it."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        of_type = [e for e in error.context if e.validator != "type"]
+        if of_type:
+            return _specific(min(of_type, key=lambda e: len(e.absolute_path)))
+    return error
 
 
 def _problem_path(error: jsonschema.ValidationError) -> tuple[Any, ...]:
@@ -409,7 +421,8 @@ def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, 
                                   1)]
     lines = dict(_line_index(root)) if root is not None else {}
     problems = []
-    for error in sorted(_spec_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
+    found = (_specific(e) for e in _spec_validator().iter_errors(doc))
+    for error in sorted(found, key=lambda e: [str(p) for p in e.absolute_path]):
         path = _problem_path(error)
         line = lines.get(path) or lines.get(tuple(error.absolute_path))
         problems.append(SpecProblem(file, format_json_path(path), _describe(error), line))

@@ -312,6 +312,10 @@ def signals_for(pool: PoolSpec, reports: Sequence[InstanceReport], queue: QueueS
         queue, tuple(states))
 
 
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 def _queue_words(queue: QueueSnapshot | None, now: datetime) -> str:
     if queue is None or queue.error is not None or not queue.total_waiting:
         return ""
@@ -347,7 +351,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     up, down, queue = signals.utilization_up, signals.utilization_down, signals.queue
     words: list[str] = []
     if up.value is not None:
-        words.append(f"utilization {up.value:.2f} for {up.window_s / 60:.0f} min")
+        words.append(f"utilization {up.value:.2f} for {_span(up.window_s)}")
     queue_text = _queue_words(queue, now)
     if queue_text:
         words.append(queue_text)
@@ -410,7 +414,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
                 else:
                     new, direction = wanted, DOWN
                     if down.value is not None:
-                        words = [f"utilization {down.value:.2f} for {down.window_s / 60:.0f} min", *words[1:]]
+                        words = [f"utilization {down.value:.2f} for {_span(down.window_s)}", *words[1:]]
                     if not signals.count("serving"):
                         words.insert(0, "no machine serving")
                     if queue is not None:
