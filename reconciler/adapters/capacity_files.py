@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.observations import format_time, parse_time
-from reconciler.domain.spec import SpecProblem
+from reconciler.domain.spec import FleetSpec, SpecProblem
 
 CAPACITY_FILE = "capacity.yaml"
 
@@ -112,3 +112,11 @@ def load_capacity(spec_path: Path) -> tuple[dict[str, CapacityEntry], list[SpecP
     except (OSError, UnicodeDecodeError) as exc:
         return {}, [SpecProblem(str(path), "$", f"cannot read: {exc}")]
     return parse_capacity(text, str(path))
+
+
+def capacity_entries(spec: FleetSpec, spec_path: Path) -> dict[str, CapacityEntry]:
+    """The leader's entries for a spec with autoscaled pools ({} without any, or when the file is unreadable:
+    loading the spec already refused a broken one)."""
+    if not any(p.min_count is not None for p in spec.pools):
+        return {}
+    return load_capacity(spec_path)[0]

@@ -514,3 +514,87 @@ def capacity_json(d: CapacityDecision, now: datetime) -> dict[str, Any]:
             "reason": d.entry.reason, "changed_at": format_time(d.entry.changed_at) if d.entry.changed_at else None,
             "direction": d.entry.direction, "drain": list(d.drain), "released": list(d.released),
             "signals": d.signals.to_json(now)}
+
+
+# --- the view ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolCapacityStatus:
+    """What status, the page and /metrics show for one autoscaled pool."""
+
+    pool: str
+    min: int
+    max: int
+    desired: int
+    slots: int
+    draining: tuple[str, ...]
+    utilization: float | None  # over the scale-up window, now
+    utilization_window_min: float
+    serving: int
+    on_the_way: int
+    queue_configured: bool
+    waiting: Mapping[str, int]  # from the last pass (None when the queue could not be read)
+    queue_error: str | None
+    last_reason: str
+    last_change_at: str | None
+    last_direction: str | None
+    held_by: str | None
+    note: str
+    usd_per_hour_at_min: float
+    usd_per_hour_at_max: float
+
+    def summary(self) -> str:
+        util = "utilization ?" if self.utilization is None else f"utilization {self.utilization:.2f}"
+        util += f" over {self.utilization_window_min:g} min"
+        if not self.queue_configured:
+            queue = "no queue source: utilization only"
+        elif self.queue_error is not None:
+            queue = f"queue unavailable ({self.queue_error}): utilization only, never scaled down on it"
+        else:
+            queue = f"{sum(self.waiting.values())} waiting" + (
+                f" ({', '.join(f'{k} {n}' for k, n in sorted(self.waiting.items()))})" if self.waiting else "")
+        draining = f", draining {', '.join(self.draining)}" if self.draining else ""
+        return (f"desired {self.desired} of {self.min}..{self.max} ({self.slots} slot(s){draining}; "
+                f"{self.serving} serving, {self.on_the_way} on the way); {util}; {queue}")
+
+    def last(self) -> str:
+        held = f"; now held by {self.held_by}: {self.note}" if self.held_by else ""
+        if self.last_change_at is None:
+            return f"{self.last_reason}{held}"
+        return f"last change {self.last_direction or ''} at {self.last_change_at}: {self.last_reason}{held}"
+
+
+def capacity_view(spec: FleetSpec, reports: Sequence[InstanceReport], now: datetime,
+                  entries: Mapping[str, CapacityEntry], last_pass: Mapping[str, Any] | None) -> tuple[
+                      PoolCapacityStatus, ...]:
+    """Per autoscaled pool: bounds, desired, slots, utilization now, the last pass's queue and hold, the last
+    decision (from the bot's entry), and what the pool costs at its bounds (max price)."""
+    passed: dict[str, Mapping[str, Any]] = {}
+    for doc in (last_pass or {}).get("capacity") or ():
+        if isinstance(doc, Mapping) and isinstance(doc.get("pool"), str):
+            passed[doc["pool"]] = doc
+    out = []
+    for pool in spec.pools:
+        if pool.min_count is None:
+            continue
+        low, high = pool.bounds
+        sig = signals_for(pool, reports, None, spec.serving, {}, now)
+        entry = entries.get(pool.name)
+        last = passed.get(pool.name, {})
+        queue = (last.get("signals") or {}).get("queue") if isinstance(last.get("signals"), Mapping) else None
+        queue = queue if isinstance(queue, Mapping) else {}
+        waiting: Mapping[str, Any] = queue["waiting"] if isinstance(queue.get("waiting"), Mapping) else {}
+        error = queue.get("error") if isinstance(queue.get("error"), str) else (
+            None if queue or pool.queue is None else "not read yet (no pass of the leader seen)")
+        out.append(PoolCapacityStatus(
+            pool.name, low, high, pool.desired_count if pool.desired_count is not None else pool.count, pool.count,
+            pool.draining, sig.utilization_up.value, sig.utilization_up.window_s / 60, sig.count("serving"),
+            sig.count("on-the-way"), pool.queue is not None, {str(k): int(v) for k, v in waiting.items()}, error,
+            entry.reason if entry else "no decision yet (starts at min)",
+            format_time(entry.changed_at) if entry and entry.changed_at else None,
+            entry.direction if entry else None,
+            last.get("held_by") if isinstance(last.get("held_by"), str) else None,
+            str(last.get("note") or ""),
+            round(low * pool.max_price_usd_per_hour, 2), round(high * pool.max_price_usd_per_hour, 2)))
+    return tuple(out)
