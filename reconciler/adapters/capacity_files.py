@@ -13,7 +13,9 @@ Humans do not edit it: bounds live in fleet.yaml (`count: {min, max}`; min == ma
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +122,37 @@ def capacity_entries(spec: FleetSpec, spec_path: Path) -> dict[str, CapacityEntr
     if not any(p.min_count is not None for p in spec.pools):
         return {}
     return load_capacity(spec_path)[0]
+
+
+@dataclass(frozen=True)
+class CapacityChange:
+    """One capacity commit for a pool, from its `Fleet-Capacity:` trailer."""
+
+    commit: str
+    at: str
+    trailer: str
+
+
+def capacity_history(repo: Path, pool: str, spec_dir: str = "fleet-spec") -> list[CapacityChange]:
+    """Every capacity decision for `pool`, newest first: one path-limited `git log` of capacity.yaml with its
+    `Fleet-Capacity` trailers (raises GitHistoryError when `repo` is not a git checkout)."""
+    fmt = "%H%x1f%cI%x1f%(trailers:key=Fleet-Capacity,valueonly,separator=%x1e)%x1d"
+    proc = subprocess.run(["git", "log", f"--format={fmt}", "HEAD", "--", f"{spec_dir}/{CAPACITY_FILE}"],
+                          cwd=repo, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise GitHistoryError(f"git log in {repo}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+    out = []
+    for record in proc.stdout.split("\x1d"):
+        parts = record.strip("\n").split("\x1f")
+        if len(parts) != 3:
+            continue
+        commit, at, trailers = parts
+        for trailer in trailers.split("\x1e"):
+            trailer = trailer.strip()
+            if trailer.startswith(f"{pool} "):
+                out.append(CapacityChange(commit, at, trailer))
+    return out
+
+
+class GitHistoryError(Exception):
+    """The capacity history could not be read (not a git checkout, git failed)."""

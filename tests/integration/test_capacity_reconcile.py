@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.store import ControllerStore
+from reconciler.cli import main
 from tests.gitrepos import git, make_origin, origin_file
 from tests.postgres_server import PostgresServer
 from tests.scenarios import DIGEST
@@ -142,7 +143,7 @@ def _wait(what: str, predicate: Callable[[], bool], proc: subprocess.Popen[str],
 
 
 def test_fleet_reconcile_scales_up_on_a_growing_queue_and_down_by_draining_on_idle(
-        tmp_path: Path, curio: tuple[PostgresServer, str, str]) -> None:
+        tmp_path: Path, curio: tuple[PostgresServer, str, str], capsys: pytest.CaptureFixture[str]) -> None:
     server, db, reader_url = curio
     origin, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC, "fleet-spec/capacity.yaml": CAPACITY})
     store_path = tmp_path / "controller.db"
@@ -207,3 +208,15 @@ def test_fleet_reconcile_scales_up_on_a_growing_queue_and_down_by_draining_on_id
     trailers = _capacity_trailers(origin)
     assert [t.split(" (")[0] for t in trailers] == ["rtx4090 2 -> 4", "rtx4090 4 -> 6", "rtx4090 6 -> 1",
                                                     "rtx4090 1 -> 1"]
+
+    # `fleet why --pool` reads the decisions back from git; `fleet status` shows the pool's capacity.
+    assert main(["why", "--pool", "rtx4090", "--repo", str(tmp_path / "bot")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "capacity decisions for pool rtx4090, newest first (git log of fleet-spec/capacity.yaml):"
+    assert [line.split("  ")[3].split(" (")[0] for line in lines[1:]] == [
+        "rtx4090 1 -> 1", "rtx4090 6 -> 1", "rtx4090 4 -> 6", "rtx4090 2 -> 4"]
+    assert main(["status", "--workdir", str(tmp_path / "bot"), "--controller-db", str(store_path)]) == 0
+    status = capsys.readouterr().out
+    assert "capacity (autoscaled pools; bounds in fleet.yaml, decisions in capacity.yaml):" in status
+    assert "  rtx4090: desired 1 of 1..6 (1 slot(s); 1 serving, 0 on the way)" in status
+    assert "$0.50/h at min, $3.00/h at max (max price)" in status
