@@ -54,3 +54,14 @@ def test_an_unreadable_queue_is_said_in_status_the_page_and_metrics() -> None:
     ok = fleet_metrics(lambda: MetricsState(_view(QueueSnapshot({"PoRep": 4}, {})))).exposition().decode()
     assert 'fleet_pool_waiting_tasks{pool="rtx4090",task_type="PoRep"} 4.0' in ok
     assert 'fleet_pool_queue_up{pool="rtx4090"} 1.0' in ok
+
+
+def test_the_pr_comment_shows_usd_per_hour_at_min_and_at_max() -> None:
+    from reconciler.render.markdown import render_plan_markdown
+
+    row = {"pool": "rtx4090", "gpu": "RTX 4090", "desired": 2, "running": None, "bad_machines_known": 0,
+           "probation_known": 0, "paused": False, "actions": {},
+           "autoscaled": {"min": 1, "max": 8, "desired": 2, "usd_per_hour_at_min": 0.5, "usd_per_hour_at_max": 4.0,
+                          "target_utilization": 0.8, "queue": ["PoRep"]}}
+    text = render_plan_markdown(pools=[row], actions=None, forecasts=[], image_digest=None, notes=[])
+    assert "| **rtx4090** | 1..8 | 2 | $0.50 | $4.00 | 0.8 | PoRep |" in text
