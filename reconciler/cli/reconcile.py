@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reconcile", help="judge benchmarks and commit machine records (one pass or a loop)")
     p.add_argument("--repo", required=True, help="fleet repo URL or path (cloned into --workdir if needed)")
     p.add_argument("--workdir", type=Path, required=True, help="the reconciler's own clone")
-    p.add_argument("--controller-db", type=Path, required=True, help="controller store (SQLite)")
+    p.add_argument("--controller-db", required=True, metavar="PATH|URI",
+                   help="controller store: a SQLite file (one process) or a PostgreSQL URI "
+                        "postgresql://user@host:port/dbname (password from the URI, PGPASSWORD or ~/.pgpass)")
     p.add_argument("--branch", default="main", help="branch to judge and push (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="run a single pass and exit")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default: %(default)s)")
@@ -92,7 +94,8 @@ def _report(result: PassResult, as_json: bool) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
-    from reconciler.adapters.store import ControllerStore, StoreError
+    from reconciler.adapters.store import StoreError
+    from reconciler.adapters.stores import is_database_uri, open_store
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -105,13 +108,13 @@ def run_command(args: argparse.Namespace) -> int:
     if args.listen is None and (args.tls_cert is not None or args.tls_key is not None):
         print("fleet reconcile: --tls-cert/--tls-key secure the controller API, which needs --listen", file=sys.stderr)
         return 2
-    if args.listen is None and not args.controller_db.is_file():
+    if args.listen is None and not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
         print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
         return 1
     try:
         git = _open_git(args)
-        store = ControllerStore(args.controller_db)
+        store = open_store(args.controller_db)
     except (GitStoreError, TemporaryGitError, StoreError) as exc:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
@@ -238,5 +241,5 @@ def _start_controller(store: Any, address: tuple[str, int], args: argparse.Names
         print(f"fleet reconcile --listen: cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}",
               file=sys.stderr)
         return None
-    print(f"controller listening on {server.url} (store {store.path})", flush=True)
+    print(f"controller listening on {server.url} (store {store.location})", flush=True)
     return server

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--workdir", type=Path, help="the reconciler's clone (reads <workdir>/fleet-spec and "
                                                     "the loop's last pass)")
     where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
-    p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
+    p.add_argument("--controller-db", metavar="PATH|URI",
+                   help="controller store (a SQLite file or a postgresql:// URI); without it, records only")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="`fleet apply` state directory: adds the marketplace view (spend vs max_total_dph, orphans)")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
@@ -76,18 +77,19 @@ def run(args: argparse.Namespace) -> int:
     reports: list[InstanceReport] = []
     observation_error: str | None = None
     if args.controller_db is not None:
-        from reconciler.adapters.store import ControllerStore, StoreError
+        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.stores import is_database_uri, open_store
 
-        if not args.controller_db.is_file():
+        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
             observation_error = f"{args.controller_db}: no controller store there"
         else:
             try:
-                store = ControllerStore(args.controller_db)
+                store = open_store(args.controller_db)
                 try:
                     reports = store.reports()
                 finally:
                     store.close()
-            except StoreError as exc:
+            except (StoreError, StoreUnavailable) as exc:
                 observation_error = str(exc)
     if observation_error is not None:
         print(f"fleet status: {observation_error}", file=sys.stderr)

@@ -108,6 +108,8 @@ ERROR_TEXT: dict[int, str] = {
     # compute-sanitizer on an A100, quoted in public CUDA debugging notes: 'Program hit cudaErrorLaunchFailure
     # (error 719) due to "unspecified launch failure" on CUDA API call to cudaDeviceSynchronize.'
     719: "unspecified launch failure",
+    # pytorch/pytorch#11989 'RuntimeError: CUDA error: unknown error' (PyTorch prints cudaGetErrorString).
+    999: "unknown error",
     # PyTorch's `RuntimeError: CUDA error: device-side assert triggered` (the runtime's text for 710).
     710: "device-side assert triggered",
     # the runtime's text for 715 as GPU miners log it (public miner-watchdog configs list it verbatim).

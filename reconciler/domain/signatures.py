@@ -13,7 +13,7 @@ How a tail is read (`logical_lines`):
 2. Multi-line reports are joined into one logical line, within one stream: a Rust panic (`thread '..'
    panicked at <file>:<line>:<col>:` with the message on the NEXT line, Rust >= 1.73), an anyhow chain
    (`Error: X`, blank, `Caused by:`, `    0: Y` ...; unnumbered with one cause), an aria2c exception and
-   its `  -> [...]` causes.
+   its `  -> [...]` causes, a C++ `terminate called after throwing an instance of 'T'` and its `what():`.
 3. Noise never matches and is never a root cause: aria2c progress lines, cuzk's timing lines
    (`CUZK_TIMING:`, `CUZK_NTT_H:`, `TIMELINE,`, `FIN_TIMING`/`GPU_TIMING`, `pacer:`), per-proof result lines,
    Rust's backtrace hint; tunnel lines unless the tunnel itself is the failing phase.
@@ -588,6 +588,8 @@ _PANIC_HEAD = re.compile(r"thread '[^']*' panicked at \S+:\d+:\d+:\s*$")
 _CAUSED_BY = re.compile(r"^\s*Caused by:\s*$")
 _CAUSE = re.compile(r"^\s+(?:\d+: )?(\S.*)$")
 _ARIA2_CAUSE = re.compile(r"^\s+-> \[")
+_TERMINATE = "terminate called after throwing an instance of"
+_WHAT = re.compile(r"^\s*what\(\):\s*(.*)$")
 _NOISE = re.compile(
     r"^\[#[0-9a-f]+ .*\]$"                       # aria2c progress: [#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]
     r"|^\s*(?:CUZK_TIMING|CUZK_NTT_H):|^TIMELINE,"   # supraseal-c2 / cuzk-core timing on stderr
@@ -654,6 +656,12 @@ def _read_tail(lines: tuple[str, ...]) -> tuple[LogicalLine, ...]:
                         causes.append(m.group(1).strip())
                 used.update(chain)
                 body = " | ".join([body, *causes])
+        elif body.startswith(_TERMINATE):
+            # libstdc++'s terminate handler: the exception's type, then `  what():  <message>` on the next line.
+            j = _next_in_stream(items, used, i + 1, tag, skip_blank=True)
+            if j is not None and (m := _WHAT.match(items[j][1])):
+                body = f"{body.rstrip()} what(): {m.group(1).strip()}"
+                used.add(j)
         elif body.lstrip().startswith("Exception: ["):
             k = i + 1
             while k < len(items) and items[k][0] == tag and _ARIA2_CAUSE.match(items[k][1]):

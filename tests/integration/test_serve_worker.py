@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from tests.worker_support import (
     INSTANCE_ID,
     SECRET,
@@ -149,15 +149,15 @@ def services() -> Iterator[dict[str, StandInService]]:
 
 
 @pytest.fixture
-def controller(tmp_path: Path) -> Iterator[tuple[ControllerStore, ControllerServer]]:
-    store = ControllerStore(tmp_path / "controller.db")
+def controller(tmp_path: Path) -> Iterator[tuple[SqliteStore, ControllerServer]]:
+    store = SqliteStore(tmp_path / "controller.db")
     server = ControllerServer(store, SECRET, "admin-token-0123456789abcdef", require_machine_claim=True).start()
     yield store, server
     server.stop()
     store.close()
 
 
-def serve_events(store: ControllerStore) -> list[Any]:
+def serve_events(store: SqliteStore) -> list[Any]:
     reports = [r for r in store.reports() if r.instance_id == INSTANCE_ID]
     return [e for e in reports[0].events if e.phase == "serve"] if reports else []
 
@@ -173,14 +173,14 @@ def wait_for(what: str, predicate: Callable[[], bool], worker: WorkerProcess, ti
     assert predicate(), f"{what}: not within {timeout_s:.0f}s\n" + worker.out_path.read_text(errors="replace")[-5000:]
 
 
-def forward_states(store: ControllerStore, name: str) -> list[str]:
+def forward_states(store: SqliteStore, name: str) -> list[str]:
     return [e.details["forward"]["state"] for e in serve_events(store)
             if isinstance(e.details.get("forward"), dict) and e.details["forward"]["name"] == name]
 
 
 def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
         tmp_path: Path, services: dict[str, StandInService],
-        controller: tuple[ControllerStore, ControllerServer]) -> None:
+        controller: tuple[SqliteStore, ControllerServer]) -> None:
     store, server = controller
     write_fakes(tmp_path / "bin", ssh=False)
     fakes = tmp_path / "fakes"
@@ -235,7 +235,7 @@ def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
 
 
 def test_a_stop_verdict_means_no_serving(tmp_path: Path,
-                                         controller: tuple[ControllerStore, ControllerServer]) -> None:
+                                         controller: tuple[SqliteStore, ControllerServer]) -> None:
     store, server = controller
     write_fakes(tmp_path / "bin", ssh=False)
     mirror = ParamsMirror(sample_params()).start()
@@ -259,7 +259,7 @@ def test_a_stop_verdict_means_no_serving(tmp_path: Path,
 
 
 def test_a_stop_directive_during_the_benchmark_ends_it_early(
-        tmp_path: Path, controller: tuple[ControllerStore, ControllerServer]) -> None:
+        tmp_path: Path, controller: tuple[SqliteStore, ControllerServer]) -> None:
     store, server = controller
     write_fakes(tmp_path / "bin", ssh=False)
     mirror = ParamsMirror(sample_params()).start()
