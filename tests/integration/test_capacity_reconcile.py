@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.cli import main
 from tests.gitrepos import git, make_origin, origin_file
 from tests.postgres_server import PostgresServer
@@ -59,7 +59,7 @@ class Heartbeats(threading.Thread):
 
     def __init__(self, db: Path):
         super().__init__(daemon=True)
-        self.store = ControllerStore(db)
+        self.store = SqliteStore(db)
         self.busy = True
         self.stopped: set[str] = set()
         self.halt = threading.Event()
@@ -89,7 +89,7 @@ def _now() -> str:
 
 
 def _seed(db: Path) -> None:
-    store = ControllerStore(db)
+    store = SqliteStore(db)
     try:
         for iid, (slot, machine, rate, _) in WORKERS.items():
             store.register(iid, {"protocol": 1, "instance_id": iid, "at": _now(), "pool": "rtx4090", "slot": slot,
@@ -181,7 +181,7 @@ def test_fleet_reconcile_scales_up_on_a_growing_queue_and_down_by_draining_on_id
         assert '"desired": 1, "slots": [0, 1], "draining": [1]' in capacity
         # The worse $/proof machine (2500/h) drains; the other keeps serving. Nothing is stopped mid-proof:
         # its slot stays until the worker says it has finished.
-        reader = ControllerStore(store_path)
+        reader = SqliteStore(store_path)
         try:
             _wait("drain directive", lambda: (reader.directive("rtx4090-1-bbbbbb") or {}).get("action") == "drain",
                   proc, log)

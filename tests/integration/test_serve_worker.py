@@ -286,7 +286,7 @@ def test_a_stop_directive_during_the_benchmark_ends_it_early(
 
 
 def test_a_drain_directive_finishes_the_proof_in_progress_takes_no_new_work_then_stops(
-        tmp_path: Path, controller: tuple[ControllerStore, ControllerServer]) -> None:
+        tmp_path: Path, controller: tuple[SqliteStore, ControllerServer]) -> None:
     """Capacity shrinks the pool: `drain` cordons the cluster's client (the proving-load stand-in plays
     `curio cli cordon`), the daemon finishes the proof it holds, and only then does the worker stop."""
     store, server = controller
