@@ -33,6 +33,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from reconciler.domain import errors
 from reconciler.domain.leadership import Leadership, LeaseLost, describe
 
 log = logging.getLogger(__name__)
@@ -77,11 +78,6 @@ _RELEASE = """UPDATE fleet_lease SET expires_at = clock_timestamp()
               WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s RETURNING epoch"""
 
 
-def is_postgres_uri(location: object) -> bool:
-    """Whether a store location is a libpq URI (several replicas) rather than a SQLite file (one process)."""
-    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
-
-
 def replica_name(listen_port: int | None = None) -> str:
     """This process as operators know it: host and listening port (or pid, without --listen)."""
     return f"{socket.gethostname()}:{listen_port if listen_port is not None else os.getpid()}"
@@ -93,27 +89,21 @@ def holder_id(name: str) -> str:
     return f"{name}~{secrets.token_hex(3)}"
 
 
-def display_uri(uri: str) -> str:
-    """The URI without its password, for messages."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+class LeaseUnavailable(errors.TemporaryError):
+    """The lease's database did not answer (down, restarting, unreachable, wrong password): this replica cannot
+    confirm a term, so it does not write; it tries again on its next renewal."""
 
-    try:
-        params = conninfo_to_dict(uri)
-    except Exception:  # unparsable: say nothing of its content
-        return "<unparsable PostgreSQL URI>"
-    params.pop("password", None)
-    user = f"{params.get('user')}@" if params.get("user") else ""
-    port = f":{params['port']}" if params.get("port") else ""
-    if params.get("host") and params.get("dbname"):
-        return f"postgresql://{user}{params['host']}{port}/{params['dbname']}"
-    return make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
+    reason = errors.STORE_FAILED
 
 
 class PostgresLease:
     """The lease row, on one dedicated connection (autocommit; reconnects after any failure)."""
 
     def __init__(self, uri: str, *, name: str = LEASE_NAME, timeout_s: float = 5.0) -> None:
+        from reconciler.adapters.store_postgres import redacted_uri  # psycopg only where PostgreSQL is used
+
         self.uri, self.name, self.timeout_s = uri, name, timeout_s
+        self.location = redacted_uri(uri)  # for messages: never the password
         self._conn: Any = None
         self._lock = threading.Lock()  # one connection, used by the keeper's thread and the pass's fence
 
@@ -124,6 +114,7 @@ class PostgresLease:
             return self._conn
         timeout_ms = max(100, int(self.timeout_s * 1000))
         conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=max(1, round(self.timeout_s)),
+                               application_name="fleet-lease",
                                options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}")
         with conn.transaction():
             # CREATE TABLE IF NOT EXISTS is not safe against itself in PostgreSQL (two replicas starting at once
@@ -134,12 +125,17 @@ class PostgresLease:
         return conn
 
     def _run(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        """One statement; LeaseUnavailable (naming the URI, never the password) on any database failure."""
+        import psycopg
+
+        from reconciler.adapters.store_postgres import scrubbed
+
         with self._lock:
             try:
                 row = self._connection().execute(sql, params).fetchone()
-            except Exception:
+            except psycopg.Error as exc:
                 self._drop()
-                raise
+                raise LeaseUnavailable(f"{self.location}: {scrubbed(str(exc), self.uri)}") from None
         return tuple(row) if row is not None else None
 
     def _drop(self) -> None:

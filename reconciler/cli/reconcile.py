@@ -34,7 +34,6 @@ from reconciler.adapters.lease import (
     LeaseKeeper,
     PostgresLease,
     holder_id,
-    is_postgres_uri,
     replica_name,
 )
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
@@ -59,9 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reconcile", help="judge benchmarks and commit machine records (one pass or a loop)")
     p.add_argument("--repo", required=True, help="fleet repo URL or path (cloned into --workdir if needed)")
     p.add_argument("--workdir", type=Path, required=True, help="the reconciler's own clone")
-    p.add_argument("--controller-db", type=_store_location, required=True,
-                   help="controller store: a SQLite file (one process) or postgresql://user@host:port/dbname "
-                        "(several replicas; one leads)")
+    p.add_argument("--controller-db", required=True, metavar="PATH|URI",
+                   help="controller store: a SQLite file (one process) or a PostgreSQL URI "
+                        "postgresql://user@host:port/dbname (password from the URI, PGPASSWORD or ~/.pgpass)")
     p.add_argument("--branch", default="main", help="branch to judge and push (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="run a single pass and exit")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default: %(default)s)")
@@ -90,11 +89,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_command)
 
 
-def _store_location(text: str) -> str | Path:
-    """A libpq URI stays text (a Path would fold its '//'); anything else is a SQLite file."""
-    return text if is_postgres_uri(text) else Path(text)
-
-
 def _open_git(args: argparse.Namespace) -> GitStore:
     workdir: Path = args.workdir
     if (workdir / ".git").exists():
@@ -119,10 +113,15 @@ def _report(result: PassResult, as_json: bool) -> None:
         print(f"  {v.instance_id} machine {v.machine_id}: {v.root_cause()}", flush=True)
     for note in result.notes:
         print(f"  note: {note}", flush=True)
+    for d in result.capacity:
+        if d.changed or d.held_by:
+            print(f"  capacity {d.trailer()}" + (f"; held by {d.held_by}: {d.note}" if d.held_by else ""), flush=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from reconciler.adapters.store import ControllerStore, StoreError
+    from reconciler.adapters.curio_queue import CurioQueue
+    from reconciler.adapters.store import StoreError
+    from reconciler.adapters.stores import is_database_uri, open_store
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -138,14 +137,14 @@ def run_command(args: argparse.Namespace) -> int:
     if args.lease <= 0:
         print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
         return 2
-    replicated = is_postgres_uri(args.controller_db)
+    replicated = is_database_uri(args.controller_db)
     if args.listen is None and not replicated and not Path(args.controller_db).is_file():
         print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
         return 1
     try:
         git = _open_git(args)
-        store = ControllerStore(args.controller_db)
+        store = open_store(args.controller_db)
     except (GitStoreError, TemporaryGitError, StoreError) as exc:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
@@ -175,6 +174,9 @@ def run_command(args: argparse.Namespace) -> int:
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
         record_cache = None if args.once else RecordCache()
 
+        # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
+        queue = CurioQueue()
+
         def one_pass(now: datetime) -> PassResult:
             term = None
             if keeper is not None:
@@ -183,7 +185,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return PassResult(at=now, standby=_leadership_line(keeper))
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, term=term)
+                            directive_sink=store, queue_reader=queue, term=term)
 
         shown_standby: list[str] = []
 
@@ -310,5 +312,5 @@ def _start_controller(store: Any, address: tuple[str, int], args: argparse.Names
         print(f"fleet reconcile --listen: cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}",
               file=sys.stderr)
         return None
-    print(f"controller listening on {server.url} (store {store.path})", flush=True)
+    print(f"controller listening on {server.url} (store {store.location})", flush=True)
     return server

@@ -10,8 +10,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec_cached
+from reconciler.cli._shared import instant
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import RecordError
 from reconciler.domain.spec import SpecError
@@ -28,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--workdir", type=Path, help="the reconciler's clone (reads <workdir>/fleet-spec and "
                                                     "the loop's last pass)")
     where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
-    p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
+    p.add_argument("--controller-db", metavar="PATH|URI",
+                   help="controller store (a SQLite file or a postgresql:// URI); without it, records only")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="`fleet apply` state directory: adds the marketplace view (spend vs max_total_dph, orphans)")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
@@ -37,20 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     output.add_argument("--html", type=Path, metavar="FILE",
                         help="write a self-contained static HTML status page to FILE (also written, with the "
                              "problem shown, when the spec is stalled or the controller store is unreadable)")
-    p.add_argument("--at", type=_instant, default=None, metavar="TIME",
+    p.add_argument("--at", type=instant, default=None, metavar="TIME",
                    help="judge deadlines as of this UTC time (ISO 8601, e.g. 2026-12-02T22:00:00Z) instead of now: "
                         "replays what the status was at an incident")
     p.set_defaults(func=run)
-
-
-def _instant(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--at {text!r}: not an ISO 8601 time (e.g. 2026-12-02T22:00:00Z)") from None
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"--at {text!r}: give the time zone (Z for UTC)")
-    return value.astimezone(UTC)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,18 +77,19 @@ def run(args: argparse.Namespace) -> int:
     reports: list[InstanceReport] = []
     observation_error: str | None = None
     if args.controller_db is not None:
-        from reconciler.adapters.store import ControllerStore, StoreError
+        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.stores import is_database_uri, open_store
 
-        if not args.controller_db.is_file():
+        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
             observation_error = f"{args.controller_db}: no controller store there"
         else:
             try:
-                store = ControllerStore(args.controller_db)
+                store = open_store(args.controller_db)
                 try:
                     reports = store.reports()
                 finally:
                     store.close()
-            except StoreError as exc:
+            except (StoreError, StoreUnavailable) as exc:
                 observation_error = str(exc)
     if observation_error is not None:
         print(f"fleet status: {observation_error}", file=sys.stderr)
@@ -112,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             notes = (*notes, f"{args.state_dir / MARKET_VIEW_FILE}: unreadable marketplace view: {exc}")
     view = status_view(spec, load_indexed(spec_dir), reports, now,
                        desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                       include_rates=html_out is not None or args.json, market=market)
+                       include_rates=html_out is not None or args.json, market=market,
+                       capacity_entries=capacity_entries(spec, spec_dir / "fleet.yaml"))
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0
@@ -135,5 +130,5 @@ def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:
         print(f"fleet status: --html {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return False
     print(f"fleet status: wrote {path} ({len(view.pools)} pools, {len(view.instances)} instances, "
-          f"{len(view.bad_machines)} bad machines)")
+          f"{sum(1 for b in view.bad_machines if b.standing != 'probation')} bad machines)")
     return True

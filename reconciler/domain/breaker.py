@@ -4,14 +4,20 @@ Pure, used by `loop.decide` after `verdict.judge` and by `fleet status` to show 
 
 Circuit breaker: when the same image digest fails with the same signature on K distinct machines within the
 window (spec.circuit_breaker), the image - not the machines - is the suspect. From then on every failure with
-that digest + signature is held (`held_by: circuit-breaker`, blame image, not bad), and an image-suspect
-record names the pools, machines and instances; the planner pauses a pool while an active suspect for the
-desired digest names it (`planner.pool_pause`). Only image-class evidence counts against an image (issue 14
-item 5; `verdicts.counts_against_image`): a failure whose blame is `image` (our software: application Xids,
-illegal address, missing kernels, our scripts, our daemon not answering). Machine-class failures (hardware
-Xids, ECC, GPU lost, CUDA device errors), network and params failures, configuration faults (pool sized
-wrong), marketplace stops and unexplained failures never do, and neither does below-min-rate (a measurement of
-one machine). Humans clear a suspect with `status: cleared`: the failures the record already lists are then
+that digest + signature is held (`held_by: circuit-breaker`, not bad; blame image, a configuration blame kept
+with its setting), and an image-suspect record names the pools, machines and instances; the planner pauses a
+pool while an active suspect for the desired digest names it (`planner.pool_pause`).
+
+What counts (issue 23 item 1; `counts`): every failure that is not positively attributed to the machine, the
+network, the params mirror or the marketplace - image, configuration and unknown blame. An unexplained failure
+is keyed by a signature made of its verdict, phase, exit code and normalised last error line
+(`verdict.unrecognized_signature`), so the seed incident (exit 1 after 0 proofs, nothing but aria2c progress
+in the tail, on three machines) trips it. A machine blame read only from a CUDA error code (`sppark::Error
+#-999`, `cudaErrorLaunchFailure`, with no kernel Xid or nvidia-smi line beside it) is a symptom our own build
+can cause too: it counts, so when it recurs on distinct machines with one image the breaker decides instead
+(issue 23 item 4). Hardware seen first hand (Xid, ECC from the kernel, nvidia-smi), network, params and
+marketplace failures never count, and neither does below-min-rate (a measurement of one machine).
+Humans clear a suspect with `status: cleared`: the failures the record already lists are then
 forgiven, and only K NEW machines trip it again. A deleted record is forgotten: the next failure with that
 digest + signature re-counts the whole window (like a pardoned machine, only a NEW failure re-adds it).
 
@@ -23,6 +29,7 @@ bad costs nothing."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -42,8 +49,35 @@ from reconciler.domain.verdicts import CORRELATED_VERDICTS as CORRELATED_VERDICT
 from reconciler.domain.verdicts import counts_against_image
 
 #: Verdicts that say "this attempt broke" (CORRELATED_VERDICTS, from the registry); below-min-rate and
-#: stale-image never correlate, and only image-class blame counts (`counts_against_image`).
+#: stale-image never correlate; which blames count: `counts`.
 _SIG_SEPARATOR = ", "
+
+#: A CUDA runtime error as our daemon reports it: sppark's negated code (sppark util/exception.cuh), the enum
+#: name or its `failed: "<text>"` form. Alone it says the GPU call failed, not why (a dying GPU and a bad
+#: kernel in our build print the same code); the machine is seen first hand only through the kernel (`NVRM:
+#: Xid`), ECC counters or nvidia-smi.
+_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|@\S+:\d+ failed: \"")
+_FIRST_HAND = re.compile(r"\bXid\b|\bNVRM\b|nvidia-smi|\bNVML\b|fallen off the bus", re.IGNORECASE)
+
+
+def symptom_only(signature_line: str | None) -> bool:
+    """Whether a machine blame rests only on a CUDA error code (no kernel or driver line of its own)."""
+    return bool(signature_line and _CUDA_CODE.search(signature_line) and not _FIRST_HAND.search(signature_line))
+
+
+def counts(verdict: str, blame: str, signature_line: str | None = None) -> bool:
+    """Whether a failure counts towards the breaker: not positively attributed to the machine, the network,
+    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame that rests
+    only on a CUDA error code (`symptom_only`)."""
+    if counts_against_image(verdict, blame):
+        return True
+    return blame == "machine" and verdict in CORRELATED_VERDICTS and symptom_only(signature_line)
+
+
+def _signature_line(evidence: Mapping[str, object]) -> str | None:
+    sig = evidence.get("signature")
+    line = sig.get("line") if isinstance(sig, Mapping) else None
+    return line if isinstance(line, str) else None
 
 
 @dataclass(frozen=True)
@@ -85,7 +119,8 @@ def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
 
 
 def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
-    if not counts_against_image(entry.verdict, entry.blame) or not entry.signature or not entry.image_digest:
+    if not counts(entry.verdict, entry.blame, _signature_line(entry.evidence)) or not entry.signature \
+            or not entry.image_digest:
         return None
     try:
         at = parse_time(entry.at)
@@ -95,7 +130,8 @@ def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
 
 
 def verdict_failure(v: Verdict) -> Failure | None:
-    if not counts_against_image(v.verdict, v.blame) or not v.signature or not v.image_digest or not v.machine_id:
+    if not counts(v.verdict, v.blame, _signature_line(v.evidence)) or not v.signature or not v.image_digest \
+            or not v.machine_id:
         return None
     return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)
 
@@ -137,7 +173,7 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     changed: dict[str, ImageSuspectRecord] = {}
     budgets = kill_budgets(spec, records, now)
     used = {pool: set(b.used) for pool, b in budgets.items()}
-    already_bad = records.bad_machine_ids()
+    already_bad = records.bad_machine_ids(now)  # on probation: rentable, so a new failure is a new kill
     notes: list[str] = []
     out: list[Verdict] = []
     for v in verdicts:

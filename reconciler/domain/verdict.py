@@ -28,6 +28,7 @@ failing phase). It starts the verdict's `reason`, which status, the commit subje
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -54,6 +55,8 @@ HELD_BY_CIRCUIT_BREAKER = "circuit-breaker"
 HELD_BY_KILL_BUDGET = "kill-budget"
 
 SIGNATURE_INTERMITTENT_SELF_CHECK = "proof-self-check-intermittent"
+#: Part of every signature `unrecognized_signature` makes.
+UNRECOGNIZED = "-unrecognized-"
 
 #: Failed phases that end the benchmark attempt by themselves. A failed tunnel (Lotus API, not needed by
 #: the standalone benchmark) or report/serve step does not: the result or the deadline decides.
@@ -102,9 +105,10 @@ class Verdict:
     def held(self, by: str) -> Verdict:
         """This verdict, not marking the machine bad because a breaker holds it.
 
-        The circuit breaker re-blames the image (the same failure on many machines is the image's);
-        the kill budget keeps the blame (the machine may well be bad, we just may not kill more now)."""
-        blame = "image" if by == HELD_BY_CIRCUIT_BREAKER else self.blame
+        The circuit breaker re-blames the image (the same failure on many machines is the image's), but keeps
+        a configuration blame (the setting it names is still what to change); the kill budget keeps the blame
+        (the machine may well be bad, we just may not kill more now)."""
+        blame = "image" if by == HELD_BY_CIRCUIT_BREAKER and self.blame != "configuration" else self.blame
         return replace(self, marks_bad=False, held_by=by, blame=blame)
 
     def to_entry(self) -> BenchmarkEntry:
@@ -282,13 +286,13 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
     """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
     labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
     match = classify(attempt.evidence)
-    signature = match.name if match else None
     blame = match.blame if match else "unknown"
+    what = f"{failed} {'/'.join(labels)}"
+    cause = match.text() if match else (error_line(attempt.evidence) or f"{what}; no reason in the daemon log")
+    signature = match.name if match else unrecognized_signature("benchmark-error", attempt, cause)
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
         # Some proofs verify and some do not on the same inputs: the GPU computes wrong results at times.
         blame, signature = "machine", SIGNATURE_INTERMITTENT_SELF_CHECK
-    what = f"{failed} {'/'.join(labels)}"
-    cause = match.text() if match else (error_line(attempt.evidence) or f"{what}; no reason in the daemon log")
     return _failed_verdict(report, pool, now, "benchmark-error", attempt, blame, match, signature,
                            f"{_clip(redact_line(cause))} [{what}]", rate=rate if attempt.completed else None,
                            spp=spp if attempt.completed else None)
@@ -307,8 +311,7 @@ def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str
                  or "no log lines")
         if known_cause and cause != known_cause:
             cause = f"{known_cause}; last error: {cause}"
-    code = f"-exit-{attempt.exit_code}" if attempt.exit_code else ""
-    signature = match.name if match else f"{verdict}-unrecognized{code}"
+    signature = match.name if match else unrecognized_signature(verdict, attempt, cause)
     return _failed_verdict(report, pool, now, verdict, attempt, blame, match, signature,
                            _clip(redact_line(cause)), prior_params_failures=prior_params_failures)
 
@@ -328,8 +331,13 @@ def _failed_verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdi
             marks_bad = False  # a network line during the benchmark (which needs no network) is not a strike
     else:
         marks_bad = marks == "yes"
-    setting = _setting(match, pool) if blame in ("configuration", "params") else None
+    # Image faults can carry advice too (ship a CA bundle, a portable CPU baseline): the signature's setting.
+    setting = _setting(match, pool) if blame in ("configuration", "params", "image") else None
     reason = f"{head or verdict}: {_where(attempt)}: {cause}{suffix}"
+    if match is None and signature and UNRECOGNIZED in signature:
+        extra = {**(extra or {}), "signature": {
+            "name": signature, "blame": blame, "line": cause, "normalised": normalise_error_line(cause),
+            "means": "no catalogued signature explains it: keyed by phase, exit code and the normalised error line"}}
     return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=marks_bad, reason=reason,
                     attempt=attempt, match=match, signature=signature, rate=rate, spp=spp, setting=setting,
                     extra=extra)
@@ -356,9 +364,45 @@ def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _
     partial = (f" ({rate:.1f}/h partial, min {min_rate:g}/h)"
                if rate is not None and not all_done and "partial" not in cause else "")
     head = f"timeout after {pool.benchmark.timeout_minutes:g} min"
+    # A slow machine's partial rate is a measurement of that machine, not an unexplained failure.
+    signature = match.name if match else "timeout" if blame == "machine" else \
+        unrecognized_signature("timeout", attempt, cause)
     return _failed_verdict(report, pool, now, "timeout", attempt, blame, match,
-                           match.name if match else "timeout", _clip(redact_line(cause)) + partial, rate=rate,
+                           signature, _clip(redact_line(cause)) + partial, rate=rate,
                            extra={"completed": completed, "requested": requested}, head=head)
+
+
+#: What an unexplained failure's signature is made of (`unrecognized_signature`): the variable parts of its
+#: error line stripped, so the same failure on another machine, at another time, gets the same signature.
+_NORMALISE = (
+    (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d)?(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<time>"),
+    (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE), "<url>"),
+    (re.compile(r"(?<![\w.~])(?:\.{0,2}/)(?:[^\s/:'\"(),\]]+/?)+"), "<path>"),
+    (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE), "<id>"),
+    (re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b|\[[0-9a-f:]*:[0-9a-f:]*\](?::\d+)?", re.IGNORECASE),
+     "<addr>"),
+    (re.compile(r"\b(?:0x)?(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{6,}\b", re.IGNORECASE), "<id>"),
+    (re.compile(r"\d+(?:\.\d+)?"), "N"),
+    (re.compile(r"\s+"), " "),
+)
+
+
+def normalise_error_line(line: str) -> str:
+    """`line` without what differs between machines and runs: times, URLs, paths, ids, addresses, numbers."""
+    text = line
+    for pattern, replacement in _NORMALISE:
+        text = pattern.sub(replacement, text)
+    return text.strip().lower()
+
+
+def unrecognized_signature(verdict: str, attempt: _Attempt, line: str) -> str:
+    """The signature of a failure no catalogued signature explains: verdict, phase, exit code and a short hash of
+    the normalised error line (`<verdict>-unrecognized-<phase>-exit-<code>-<hash8>`). Stable across machines
+    and runs, so the circuit breaker can correlate it (issue 23 item 1); the line itself is in the evidence."""
+    code = "none" if attempt.exit_code is None else str(attempt.exit_code)
+    key = f"{attempt.phase}\n{code}\n{normalise_error_line(line)}"
+    return f"{verdict}{UNRECOGNIZED}{attempt.phase}-exit-{code}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def _where(attempt: _Attempt) -> str:

@@ -7,18 +7,22 @@ enum (fleet-spec/schema/machine-record.schema.json) must list the same names; a 
 `verdict.judge` decides WHICH kind applies; this table says what that kind then implies.
 
 Blame classes (issue 13) live here too: who must act, whether a verdict with that blame marks the machine
-bad, and whether it is evidence against the image (the circuit breaker counts only image-class failures,
-issue 14 item 5).
+bad, and whether it is evidence against the image. The circuit breaker counts every failure that is not
+positively attributed to the machine, the network, the params mirror or the marketplace (issue 23 item 1):
+image, configuration and unknown blame; the same unexplained failure on K distinct machines with one image is
+exactly the correlation the breaker exists for (the seed incident: exit 1 after 0 proofs, blame unknown).
 - machine: the rented machine (GPU hardware or driver, host runtime, too slow). Marks the machine bad.
-- image: our software (worker scripts, the cuzk build, benchmark inputs). Never marks a machine bad; the only
-  evidence the circuit breaker counts against an image digest.
+- image: our software (worker scripts, the cuzk build, benchmark inputs). Never marks a machine bad; counts
+  against the image digest.
 - network: the machine's network while fetching params. A strike: the Nth such failure marks it bad
   (verdict.PARAMS_FAILURES_BEFORE_BAD).
 - params: the params source or its set-up (mirror 404, missing SRS or c1.json): fix `params.*`.
 - configuration: the pool is sized or set up wrong for the workload (VRAM, host RAM, disk): the verdict names
-  the setting to change; neither the machine nor the image is at fault.
+  the setting to change; neither the machine nor the image is at fault. Counts for the breaker: the same fault
+  on K machines pauses the pool until the setting (or image) is fixed, instead of renting more that fail.
 - marketplace: the marketplace or host stopped or withheld the instance (stop signals).
-- unknown: no signature explains the failure; never marks a machine bad.
+- unknown: no signature explains the failure; never marks a machine bad; counts for the breaker (keyed by a
+  signature made of phase, exit code and the normalised last error line: `verdict.unrecognized_signature`).
 - none: a passing verdict.
 """
 
@@ -83,11 +87,11 @@ BLAME_CLASSES: dict[str, BlameClass] = {b.name: b for b in (
                "the machine's network failed while fetching params"),
     BlameClass("params", "no", False, "us: the params set-up",
                "the params source or set-up: mirror, manifest, missing SRS or c1.json"),
-    BlameClass("configuration", "no", False, "us: the pool's settings",
+    BlameClass("configuration", "no", True, "us: the pool's settings",
                "the pool is sized or set up wrong for the workload (VRAM, host RAM, disk)"),
     BlameClass("marketplace", "no", False, "the marketplace",
                "the marketplace or host stopped or withheld the instance"),
-    BlameClass("unknown", "no", False, "nobody yet (unexplained)",
+    BlameClass("unknown", "no", True, "nobody yet (unexplained)",
                "no signature explains the failure; read the evidence"),
 )}
 

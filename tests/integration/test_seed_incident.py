@@ -12,9 +12,12 @@ machine bad ("0 proofs/hour"); it was our image. Expected now:
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import timedelta
 from pathlib import Path
+
+import pytest
 
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records, parse_image_record, parse_machine_record
@@ -143,3 +146,58 @@ def test_status_after_the_incident_shows_pause_budget_timelines_and_root_causes(
     text = render_text(view)
     assert "image suspects (circuit breaker):" in text and "machines 40213, 51877" in text
     assert "registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started +25m00s" in text
+
+
+#: The seed's own incident as it reached us (issue 23): the benchmark exits 1 after 0 proofs and the only lines
+#: left in the tail are aria2c's progress lines (aria2 src/ConsoleStatCalc.cc's summary format), so no signature
+#: explains it: blame unknown, never the machine. Three distinct machines with one image trip the breaker.
+ARIA2C_PROGRESS_ONLY = tuple(f"2026-12-02T18:{10 + n // 4:02d}:{n % 4 * 15:02d}Z [#26a862 {n + 30}GiB/56GiB"
+                             f"({(n + 30) * 100 // 56}%) CN:16 DL:408MiB ETA:{26 - n}s]" for n in range(26))
+SPEC_OF_THREE_YAML = SPEC_YAML.replace("circuit_breaker: {distinct_machines: 2,",
+                                       "circuit_breaker: {distinct_machines: 3,")
+
+
+def test_the_seed_incident_on_three_machines_pauses_the_pools_and_marks_no_machine_bad(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert SPEC_OF_THREE_YAML != SPEC_YAML
+    origin, _seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_OF_THREE_YAML})
+    git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))
+    store = GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(1))
+    machines = (("pro-4000-0-5e0c01", "40213", "7781"), ("pro-4000-1-5e0c02", "51877", "9001"),
+                ("rtx4090-0-5e0c03", "62001", "9002"))
+    source = FakeReports()
+    for n, (instance, machine, host) in enumerate(machines):
+        pool = "rtx4090" if instance.startswith("rtx4090") else "rtx-pro-4000"
+        source.items.append(error_report(instance, machine, ARIA2C_PROGRESS_ONLY, host_id=host, pool=pool,
+                                         registered_min=5 * n))
+        result = run_pass(store, source, LATER + timedelta(minutes=10 * n), desired_image_digest=DIGEST)
+        assert result.pushed
+        (verdict,) = result.verdicts
+        assert (verdict.verdict, verdict.marks_bad) == ("benchmark-error", False)
+        assert verdict.reason.startswith("benchmark-error: benchmark exit 1, 0/10 proofs: ")
+        assert "[#26a862" not in verdict.reason  # a progress line is never the cause
+        if n < 2:
+            assert verdict.blame == "unknown" and verdict.held_by is None and not result.image_records
+    signature = verdict.signature
+    assert signature is not None and signature.startswith("benchmark-error-unrecognized-benchmark-exit-1-")
+    assert (verdict.blame, verdict.held_by) == ("image", "circuit-breaker")
+
+    suspect = parse_image_record(origin_file(origin, IMAGE_RECORD) or "", Path(IMAGE_RECORD))
+    assert suspect.active and suspect.signature == signature
+    assert suspect.machines == ("40213", "51877", "62001") and suspect.pools == ("rtx-pro-4000", "rtx4090")
+    assert "circuit breaker tripped" in git(origin, "log", "-1", "--format=%b", "main")
+    on_origin = load_records(store.workdir / "fleet-spec")
+    assert on_origin.bad_machine_ids() == set()
+    assert all(not e.marks_bad for rec in on_origin.machines.values() for e in rec.benchmarks)
+
+    from reconciler.cli import main
+    capsys.readouterr()
+    code = main(["status", "--spec-dir", str(store.workdir / "fleet-spec"), "--image-digest", DIGEST, "--json"])
+    view = json.loads(capsys.readouterr().out)
+    assert code == 0
+    states = {p["name"]: p["state"] for p in view["pools"]}
+    assert states == {name: f"paused: image {DIGEST[:19]} suspect ({signature})"
+                      for name in ("rtx-pro-4000", "rtx4090")}
+    main(["status", "--spec-dir", str(store.workdir / "fleet-spec"), "--image-digest", DIGEST])
+    text = capsys.readouterr().out
+    assert "paused: image" in text and "machines 40213, 51877, 62001" in text

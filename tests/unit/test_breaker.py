@@ -1,7 +1,8 @@
 """Circuit breaker and kill budget over judged history + this pass's verdicts (pure).
 
-Only image-class evidence counts against an image (issue 14 item 5): one test per blame class shows that
-the same failure on many machines trips the breaker only when it is our software's."""
+Every failure not positively attributed to the machine, the network, the params mirror or the marketplace
+counts against an image (issue 23 item 1): one test per blame class shows which trip the breaker when the same
+failure recurs on distinct machines with one image, and which never do."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from reconciler.domain.breaker import apply_guards, kill_budgets
 from reconciler.domain.records import ImageSuspectRecord, RecordSet
+from reconciler.domain.verdict import Verdict
 from tests.scenarios import (
     CUDA_ERROR_TAIL,
     DAEMON_REFUSED_TAIL,
@@ -62,8 +64,8 @@ def test_active_suspect_holds_later_failures_and_grows() -> None:
     assert out.image_records[DIGEST].machines == ("111", "222", "444")
 
 
-#: One failure per blame class that is NOT the image's, as real tails; the same on three machines never trips.
-NOT_THE_IMAGE = {
+#: One failure per blame class, as real tails: (tail, blame, phase).
+FAILURES = {
     "machine-xid-79": (["[ 9132.551027] NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has "
                         "fallen off the bus.", "Error: Prove RPC failed"], "machine", "benchmark"),
     "machine-ecc": (["NVRM: Xid (PCI:0000:01:00): 48, pid=812, name=cuzk-daemon, An uncorrectable double bit error "
@@ -82,29 +84,74 @@ NOT_THE_IMAGE = {
     "marketplace-stop": (["fleet: received SIGTERM during phase benchmark"], "marketplace", "benchmark"),
     "unknown": (["Error: empty response"], "unknown", "benchmark"),
 }
+#: Positively attributed: the machine seen first hand (kernel Xid, nvidia-smi), the network, the params mirror,
+#: the marketplace. The same failure on three machines never trips the breaker.
+POSITIVE = ("machine-xid-79", "machine-ecc", "machine-gpu-lost", "network-dns", "params-mirror-404",
+            "marketplace-stop")
+NOT_THE_IMAGE = {case: FAILURES[case] for case in POSITIVE}
+
+
+def _three(case: str, machines: tuple[str, ...] = ("111", "222", "333")) -> list[Verdict]:
+    tail, _, phase = FAILURES[case]
+    make = params_failed_report if phase == "params" else error_report
+    return [verdict_of(make(f"p-{m}", m, tail, pool="rtx4090")) for m in machines]
 
 
 @pytest.mark.parametrize("case", sorted(NOT_THE_IMAGE))
-def test_failures_that_are_not_the_images_never_trip_the_breaker(case: str) -> None:
-    tail, blame, phase = NOT_THE_IMAGE[case]
-    if phase == "params":
-        reports = [params_failed_report(f"p-{m}", m, tail, pool="rtx4090") for m in ("111", "222", "333")]
-    else:
-        reports = [error_report(f"p-{m}", m, tail, pool="rtx4090") for m in ("111", "222", "333")]
-    verdicts = [verdict_of(r) for r in reports]
-    assert {v.blame for v in verdicts} == {blame}
+def test_failures_positively_attributed_elsewhere_never_trip_the_breaker(case: str) -> None:
+    verdicts = _three(case)
+    assert {v.blame for v in verdicts} == {FAILURES[case][1]}
     out = apply_guards(SPEC, RecordSet(), verdicts, LATER)
     assert out.image_records == {} and all(v.held_by != "circuit-breaker" for v in out.verdicts)
     # Recorded history of the same failures does not trip it either.
-    later = verdict_of(error_report("p-444", "444", tail, pool="rtx4090") if phase != "params"
-                       else params_failed_report("p-444", "444", tail, pool="rtx4090"))
+    (later,) = _three(case, ("444",))
     assert apply_guards(SPEC, records_of(verdicts), [later], LATER).image_records == {}
+
+
+@pytest.mark.parametrize("case", ["configuration-oom", "configuration-vram", "machine-cuda-device", "unknown"])
+def test_failures_not_positively_attributed_trip_the_breaker_on_distinct_machines(case: str) -> None:
+    # Issue 23 items 1 and 4: an unexplained failure, a pool-sizing fault and a machine blame read only from a
+    # CUDA error code all recur on distinct machines with one image: the breaker decides, the pool pauses.
+    first, second, third = _three(case)
+    assert first.blame == FAILURES[case][1] and first.signature == second.signature == third.signature
+    out = apply_guards(SPEC, RecordSet(), [first, second, third], LATER)
+    record = out.image_records[DIGEST]
+    assert record.active and record.signature == first.signature and record.machines == ("111", "222", "333")
+    assert [v.held_by for v in out.verdicts] == [None, "circuit-breaker", "circuit-breaker"]
+    assert not any(v.marks_bad for v in out.verdicts[1:])
+    # Held verdicts blame the image, except a configuration fault, which keeps its setting to change.
+    assert {v.blame for v in out.verdicts[1:]} == {"configuration" if first.blame == "configuration" else "image"}
+    # The same from recorded history: two recorded machines, the third trips it.
+    assert apply_guards(SPEC, records_of([first]), [second], LATER).image_records[DIGEST].machines == ("111", "222")
+
+
+def test_the_seed_incident_trips_the_breaker_with_an_unrecognised_signature() -> None:
+    # Exit 1 after 0 proofs, nothing in the tail but aria2c progress: blame unknown, machines never bad.
+    tail = [f"[#26a862 {n}GiB/56GiB({n * 100 // 56}%) CN:16 DL:408MiB ETA:{56 - n}s]" for n in range(30, 56)]
+    verdicts = [verdict_of(error_report(f"p-{m}", m, tail, pool="rtx4090", registered_min=i))
+                for i, m in enumerate(("111", "222", "333"))]
+    assert {v.blame for v in verdicts} == {"unknown"} and not any(v.marks_bad for v in verdicts)
+    assert len({v.signature for v in verdicts}) == 1
+    assert verdicts[0].signature is not None and "-unrecognized-benchmark-exit-1-" in verdicts[0].signature
+    out = apply_guards(SPEC, RecordSet(), verdicts, LATER)
+    assert out.image_records[DIGEST].machines == ("111", "222", "333")
+    assert not any(v.marks_bad for v in out.verdicts)
+
+
+def test_unrecognised_signatures_differ_by_phase_exit_code_and_error_line_but_not_by_numbers_or_paths() -> None:
+    def sig(tail: list[str], exit_code: int = 1) -> str | None:
+        return verdict_of(error_report("p-1", "111", tail, exit_code=exit_code)).signature
+
+    base = sig(["Error: empty response from 127.0.0.1:9820 after 12.5s reading /var/tmp/x/c1.json job 3fa9b2c7e1"])
+    assert base == sig(["Error: empty response from 10.0.0.7:9821 after 3s reading /data/c1.json job 77aa01bc9f"])
+    assert base != sig(["Error: empty response from 127.0.0.1:9820 after 12.5s reading /var/tmp/x/c1.json"], 2)
+    assert base != sig(["Error: stream closed"])
 
 
 @pytest.mark.parametrize("case", ["configuration-oom", "configuration-vram", "params-mirror-404", "marketplace-stop",
                                   "unknown"])
 def test_only_machine_evidence_spends_the_kill_budget(case: str) -> None:
-    tail, _, phase = NOT_THE_IMAGE[case]
+    tail, _, phase = FAILURES[case]
     make = params_failed_report if phase == "params" else error_report
     verdicts = [verdict_of(make(f"p-{m}", m, tail, pool="rtx-pro-4000")) for m in ("111", "222", "333")]
     out = apply_guards(SPEC, RecordSet(), verdicts, LATER)
