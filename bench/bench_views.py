@@ -123,13 +123,13 @@ def _status_figures(tmp: Path) -> tuple[list[Figure], Path, object]:
 def _page_figures(root: Path, shape: object) -> list[Figure]:
     from starlette.testclient import TestClient
 
-    from reconciler.adapters.store import ControllerStore
+    from reconciler.adapters.store import SqliteStore
     from reconciler.flows.live_status import LiveStatusSource
     from reconciler.render.live import ReadAccess, StatusRoutes, status_app
     from reconciler.render.metrics import fleet_metrics
 
     now = shape.now  # type: ignore[attr-defined]
-    store = ControllerStore(root / f"controller-{STORE_SHAPES[-1]}.db")
+    store = SqliteStore(root / f"controller-{STORE_SHAPES[-1]}.db")
     clock = [0.0]
     source = LiveStatusSource(root / "fleet-spec", store, now=lambda: now, monotonic=lambda: clock[0], ttl_s=2.0)
     routes = StatusRoutes(source.snapshot, ReadAccess((), open_reads=True), metrics=fleet_metrics(source.metrics_state),

@@ -92,7 +92,7 @@ def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int
     """A controller store with `instances` instances on the machines of `records` (one each, written as
     the worker protocol delivers them): most passed and serve with heartbeats; some failed (their recorded
     verdict), some were destroyed, some still benchmark, a few went silent while serving."""
-    from reconciler.adapters.store import ControllerStore
+    from reconciler.adapters.store import SqliteStore
 
     if instances > len(records):
         raise ValueError(f"{instances} instances need as many machine records (one instance each), not {len(records)}")
@@ -101,41 +101,56 @@ def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int
     now = start + timedelta(hours=3)
     clock = [start]
     kinds: dict[str, list[str]] = {k: [] for k in ("serving", "failed", "destroyed", "benchmarking", "silent")}
-    store = ControllerStore(db, now=lambda: clock[0])
+    store = SqliteStore(db, now=lambda: clock[0])
+    destroyed_at = now - timedelta(minutes=30)
     try:
-        with store.group():
-            for i in range(instances):
-                rec = records[i % len(records)]
-                last = rec.benchmarks[-1]
-                pool = next(p for p in POOLS if p[0] == last.pool)
-                roll = rng.random()
-                if roll < BENCHMARKING:
-                    kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
-                elif last.verdict != "ok":
-                    kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
-                elif roll < BENCHMARKING + DESTROYED:
-                    kind, iid = "destroyed", last.instance_id
-                elif roll < BENCHMARKING + DESTROYED + SILENT:
-                    kind, iid = "silent", last.instance_id
-                else:
-                    kind, iid = "serving", last.instance_id
-                kinds[kind].append(iid)
-                _store_instance(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
+        batch: list[Any] = []
+        for i in range(instances):
+            rec = records[i % len(records)]
+            last = rec.benchmarks[-1]
+            pool = next(p for p in POOLS if p[0] == last.pool)
+            roll = rng.random()
+            if roll < BENCHMARKING:
+                kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
+            elif last.verdict != "ok":
+                kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
+            elif roll < BENCHMARKING + DESTROYED:
+                kind, iid = "destroyed", last.instance_id
+            elif roll < BENCHMARKING + DESTROYED + SILENT:
+                kind, iid = "silent", last.instance_id
+            else:
+                kind, iid = "serving", last.instance_id
+            kinds[kind].append(iid)
+            batch += _instance_writes(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
+            if len(batch) > 5_000:  # one transaction per few hundred instances (write_all)
+                _write(store, batch)
+                batch = []
+        _write(store, batch)
+        for iid in kinds["destroyed"]:
+            store.mark_destroyed(iid, destroyed_at)
     finally:
         store.close()
     return FleetShape(*(tuple(kinds[k]) for k in ("serving", "failed", "destroyed", "benchmarking", "silent")),
                       now=now)
 
 
-def _store_instance(store: Any, clock: list[datetime], iid: str, rec: MachineRecord, pool: tuple[str, str, float],
-                    kind: str, start: datetime, now: datetime) -> None:
+def _write(store: Any, batch: list[Any]) -> None:
+    for error, _ in store.write_all(batch):
+        if error is not None:
+            raise error
+
+
+def _instance_writes(store: Any, clock: list[datetime], iid: str, rec: MachineRecord,
+                     pool: tuple[str, str, float], kind: str, start: datetime, now: datetime) -> list[Any]:
+    """The writes of one instance as the worker protocol delivers them, each prepared at its arrival time (the
+    controller stamps what it receives with its own clock)."""
     report = make_report(iid, rec.machine_id, pool, "running" if kind == "benchmarking" else "ok",
                          pool[2] * 1.2, start)
     clock[0] = start
-    store.register(iid, {"protocol": 1, "instance_id": iid, "at": format_time(start), "pool": pool[0],
-                         "slot": report.slot, "machine_id": rec.machine_id, "host_id": report.host_id,
-                         "contract_id": report.contract_id, "gpu_name": pool[1], "image_digest": DIGEST})
-    store.add_logs(iid, list(report.log_tail))
+    writes = [store.prepare_register(iid, {
+        "protocol": 1, "instance_id": iid, "at": format_time(start), "pool": pool[0], "slot": report.slot,
+        "machine_id": rec.machine_id, "host_id": report.host_id, "contract_id": report.contract_id,
+        "gpu_name": pool[1], "image_digest": DIGEST}), store.prepare_logs(iid, list(report.log_tail))]
     docs = [{"protocol": 1, "phase": e.phase, "status": e.status, "at": format_time(e.at),
              **({"details": dict(e.details)} if e.details else {})} for e in report.events]
     if kind in ("serving", "silent"):  # admitted: serving since its result, a heartbeat every 5 minutes
@@ -146,15 +161,15 @@ def _store_instance(store: Any, clock: list[datetime], iid: str, rec: MachineRec
                   "at": format_time(served + timedelta(minutes=5 * (n + 1))),
                   "details": {"heartbeat": {"seq": n, "interval_s": 300, "completed": 4, "failed": 0, "busy": True,
                                             "recent_proof_s": 75.0}}} for n in range(beats)]
-    for doc in docs:  # each arrives when sent: the controller stamps it with its own clock
+    for doc in docs:
         clock[0] = parse_time(doc["at"])
-        store.add_event(iid, doc)
+        writes.append(store.prepare_event(iid, doc))
     if (r := report.result) is not None:
         clock[0] = r.at
-        store.set_result(iid, {"protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
-                               "completed": r.completed, "failed": r.failed, "exit_code": r.exit_code,
-                               "proofs_per_hour": r.proofs_per_hour, "seconds_per_proof": r.seconds_per_proof,
-                               "image_digest": r.image_digest, "log_tail": list(r.log_tail),
-                               "started_at": format_time(r.started_at or r.at)})
-    if kind == "destroyed":
-        store.mark_destroyed(iid, now - timedelta(minutes=30))
+        writes.append(store.prepare_result(iid, {
+            "protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
+            "completed": r.completed, "failed": r.failed, "exit_code": r.exit_code,
+            "proofs_per_hour": r.proofs_per_hour, "seconds_per_proof": r.seconds_per_proof,
+            "image_digest": r.image_digest, "log_tail": list(r.log_tail),
+            "started_at": format_time(r.started_at or r.at)}))
+    return writes

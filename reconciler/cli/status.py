@@ -10,6 +10,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.cli._shared import instant
@@ -29,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--workdir", type=Path, help="the reconciler's clone (reads <workdir>/fleet-spec and "
                                                     "the loop's last pass)")
     where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
-    p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
+    p.add_argument("--controller-db", metavar="PATH|URI",
+                   help="controller store (a SQLite file or a postgresql:// URI); without it, records only")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="`fleet apply` state directory: adds the marketplace view (spend vs max_total_dph, orphans)")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
@@ -101,23 +103,25 @@ def run(args: argparse.Namespace) -> int:
     include_rates = html_out is not None or as_json
     observation_error: str | None = None
     view: FleetStatus | None = None
+    capacity = capacity_entries(spec, spec_dir / "fleet.yaml")
     if args.controller_db is not None:
-        from reconciler.adapters.store import ControllerStore, StoreError
+        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.stores import is_database_uri, open_store
         from reconciler.flows.fleet_status import triaged_view
 
-        if not args.controller_db.is_file():
+        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
             observation_error = f"{args.controller_db}: no controller store there"
         else:
             try:
-                store = ControllerStore(args.controller_db)
+                store = open_store(args.controller_db)
                 try:
                     # Summaries of every instance (no events), then the full reports of the shown page only.
                     view, _ = triaged_view(spec, records, store.instance_summaries(), store.reports_of, now, query,
                                            desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                                           include_rates=include_rates, market=market)
+                                           include_rates=include_rates, market=market, capacity_entries=capacity)
                 finally:
                     store.close()
-            except StoreError as exc:
+            except (StoreError, StoreUnavailable) as exc:
                 observation_error = str(exc)
     if observation_error is not None:
         print(f"fleet status: {observation_error}", file=sys.stderr)
@@ -126,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         notes = (*notes, f"observation failed, instances not shown: {observation_error}")
     if view is None:  # records only (no store, or it could not be read)
         view = status_view(spec, records, [], now, desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                           include_rates=include_rates, market=market)
+                           include_rates=include_rates, market=market, capacity_entries=capacity)
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0

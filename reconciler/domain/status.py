@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.domain.breaker import kill_budgets
+from reconciler.domain.capacity import CapacityEntry, PoolCapacityStatus, capacity_view
 from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
@@ -187,6 +188,7 @@ class FleetStatus:
     early_saved_minutes: float = 0.0  # benchmark time early verdicts saved (all records)
     early_saved_usd_at_most: float = 0.0
     market: MarketStatus | None = None  # with `fleet status --state-dir`: the last apply's view of the market
+    capacity: tuple[PoolCapacityStatus, ...] = ()  # autoscaled pools (count: {min, max})
     #: With a triage: the instances not shown because they need nothing, by state (--all shows them), how many
     #: match the query, and which page of them `instances` is.
     left_out: tuple[tuple[str, int], ...] = ()
@@ -377,6 +379,12 @@ def recorded_for(records: RecordSet, summaries: Iterable[InstanceSummary]) -> di
     return records.instance_entries(wanted)
 
 
+def autoscaled_instances(spec: FleetSpec, summaries: Iterable[InstanceSummary]) -> list[str]:
+    """The alive instances of the autoscaled pools: their full reports feed the capacity view."""
+    autoscaled = {p.name for p in spec.pools if p.min_count is not None}
+    return [s.instance_id for s in summaries if s.pool in autoscaled and s.destroyed_at is None]
+
+
 def machine_standings(records: RecordSet, now: datetime) -> dict[str, str]:
     """machine id -> standing at `now` of every machine recorded bad or banned (bad, permanent, probation,
     banned); the bad-machine view is indexed, so no record is built."""
@@ -399,12 +407,15 @@ def _suspects_in_use(suspects: Collection[SuspectStatus], spec: FleetSpec, desir
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
                 notes: Sequence[str] = (), include_rates: bool = True,
-                market: MarketStatus | None = None, triaged: Triage | None = None,
-                standings: Mapping[str, str] | None = None) -> FleetStatus:
+                market: MarketStatus | None = None,
+                capacity_entries: Mapping[str, CapacityEntry] | None = None, triaged: Triage | None = None,
+                standings: Mapping[str, str] | None = None,
+                capacity_reports: Sequence[InstanceReport] | None = None) -> FleetStatus:
     """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
     HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work).
     `triaged`: `reports` are the shown page of a triage, whose counts give the pools' figures (without it,
-    `reports` are every instance). `standings`: `machine_standings` if already computed."""
+    `reports` are every instance). `standings`: `machine_standings` if already computed. `capacity_reports`:
+    the reports of the autoscaled pools' instances, when `reports` are not all of them (a triaged page)."""
     if triaged is not None:  # the triage's order: what needs the operator most first
         order = {iid: n for n, iid in enumerate(triaged.shown)}
         reports = sorted(reports, key=lambda r: order.get(r.instance_id, len(order)))
@@ -505,6 +516,9 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
                        rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
                        bad_machines=_bad_machines(records, now), desired_image_digest=desired_image_digest,
                        early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2),
-                       market=market, left_out=triaged.left_out if triaged else (),
+                       market=market,
+                       capacity=capacity_view(spec, reports if capacity_reports is None else capacity_reports, now,
+                                              capacity_entries or {}, last_pass),
+                       left_out=triaged.left_out if triaged else (),
                        matching=triaged.matching if triaged else None, page=triaged.page if triaged else 1,
                        pages=triaged.pages if triaged else 1, query=triaged.query.to_json() if triaged else None)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.observations import InstanceReport, InstanceSummary
 from reconciler.domain.records import RecordSet
 from reconciler.domain.spec import FleetSpec
@@ -18,6 +19,7 @@ from reconciler.domain.status import (
     MarketStatus,
     StatusQuery,
     Triage,
+    autoscaled_instances,
     machine_standings,
     recorded_for,
     status_view,
@@ -38,11 +40,15 @@ def triaged_view(spec: FleetSpec, records: RecordSet, summaries: Sequence[Instan
                  query: StatusQuery | None = None, *,
                  desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
                  notes: Sequence[str] = (), include_rates: bool = True,
-                 market: MarketStatus | None = None) -> tuple[FleetStatus, Triage]:
-    """`reports_of(instance_ids)`: the full reports of the shown instances (the store's `reports_of`)."""
+                 market: MarketStatus | None = None,
+                 capacity_entries: Mapping[str, CapacityEntry] | None = None) -> tuple[FleetStatus, Triage]:
+    """`reports_of(instance_ids)`: the full reports of these instances (the store's `reports_of`): the shown
+    page, and the autoscaled pools' alive instances (their utilization)."""
     standings = machine_standings(records, now)
     triaged = triage(spec, summaries, recorded_for(records, summaries), standings, now, query or StatusQuery())
     reports = reports_of(list(triaged.shown)) if triaged.shown else []
+    autoscaled = autoscaled_instances(spec, summaries)
     view = status_view(spec, records, reports, now, desired_image_digest=desired_image_digest, last_pass=last_pass,
-                       notes=notes, include_rates=include_rates, market=market, triaged=triaged, standings=standings)
+                       notes=notes, include_rates=include_rates, market=market, triaged=triaged, standings=standings,
+                       capacity_entries=capacity_entries, capacity_reports=reports_of(autoscaled) if autoscaled else [])
     return view, triaged

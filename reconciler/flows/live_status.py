@@ -24,8 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_files import RecordCache, load_records
 from reconciler.adapters.spec_files import load_spec_cached
+from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.spec import FleetSpec, SpecError
@@ -33,6 +35,7 @@ from reconciler.domain.status import (
     PAGE_SIZE,
     FleetStatus,
     StatusQuery,
+    autoscaled_instances,
     machine_standings,
     recorded_for,
     status_view,
@@ -79,6 +82,8 @@ class _Loaded:
     last_pass: Mapping[str, Any] | None
     ingested: Mapping[str, int]
     market: MarketView
+    capacity_entries: Mapping[str, CapacityEntry]
+    capacity_reports: Sequence[InstanceReport]  # the autoscaled pools' alive instances, in full
 
 
 @dataclass(frozen=True)
@@ -219,8 +224,18 @@ class LiveStatusSource:
         except SpecError as exc:
             spec, spec_error = None, str(exc)
         standings = machine_standings(records, now)
+        entries: Mapping[str, CapacityEntry] = {}
+        capacity_reports: Sequence[InstanceReport] = ()
+        if spec is not None:
+            entries = capacity_entries(spec, spec_file)
+            autoscaled = autoscaled_instances(spec, summaries)
+            if autoscaled:  # utilization needs their heartbeats: full reports of those pools only
+                try:
+                    capacity_reports = self._store.reports_of(autoscaled)
+                except Exception as exc:
+                    notes.append(f"observation failed, capacity not shown: {type(exc).__name__}: {exc}")
         loaded = _Loaded(now, spec, spec_error, records, summaries, recorded_for(records, summaries), standings,
-                         tuple(notes), extras, self._last_pass(), ingested, market)
+                         tuple(notes), extras, self._last_pass(), ingested, market, entries, capacity_reports)
         snapshot, metrics = self._view(loaded, DEFAULT_QUERY)
         assert metrics is not None
         return LiveState(snapshot, metrics, loaded)
@@ -242,7 +257,8 @@ class LiveStatusSource:
             except Exception as exc:  # the summaries were read; the page of reports was not
                 notes = (*notes, f"observation failed, instances not shown: {type(exc).__name__}: {exc}")
         view = status_view(loaded.spec, loaded.records, reports, loaded.now, desired_image_digest=self._digest,
-                           last_pass=loaded.last_pass, notes=notes, triaged=triaged, standings=loaded.standings)
+                           last_pass=loaded.last_pass, notes=notes, triaged=triaged, standings=loaded.standings,
+                           capacity_entries=loaded.capacity_entries, capacity_reports=loaded.capacity_reports)
         prices = self._prices() if self._prices is not None else None
         economics = triage_economics(loaded.spec, loaded.summaries, loaded.recorded, triaged, prices,
                                      loaded.records.last_prices())

@@ -98,6 +98,9 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
+        leadership = view.last_pass.get("leadership")
+        if isinstance(leadership, dict) and leadership.get("summary"):
+            lines.append(f"  leader: {leadership['summary']} (as of that pass)")
     lines.append("")
     header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
     rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),
@@ -106,6 +109,13 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    if view.capacity:
+        lines += ["", "capacity (autoscaled pools; bounds in fleet.yaml, decisions in capacity.yaml):"]
+        for c in view.capacity:
+            lines.append(f"  {c.pool}: {c.summary()}")
+            lines.append(f"      {c.last()}")
+            lines.append(f"      ${c.usd_per_hour_at_min:.2f}/h at min, ${c.usd_per_hour_at_max:.2f}/h at max "
+                         "(max price)")
     lines += _suspect_lines(view)
     lines += _instances_heading(view)
     for i in view.instances:

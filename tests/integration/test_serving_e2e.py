@@ -41,7 +41,7 @@ from reconciler.adapters.params_mirror import ParamsMirrorServer
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotOutputs, SlotProvider, directory_digest
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.cli.demo import init_origin, make_params
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
@@ -111,7 +111,7 @@ class ServingWorld:
 
     def __post_init__(self) -> None:
         make_params(self.tmp / "mirror", 64 << 10)
-        self.store = ControllerStore(self.tmp / "controller.db", ring_lines=2000)
+        self.store = SqliteStore(self.tmp / "controller.db", ring_lines=2000)
         self.secret = secrets.token_bytes(32)
         self.controller = ControllerServer(self.store, self.secret, admin_token=secrets.token_hex(16),
                                            require_machine_claim=True).start()
