@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from reconciler.adapters.git import GitStore
-from reconciler.cli import main
 from reconciler.adapters.lease import LeaseKeeper, PostgresLease, holder_id
+from reconciler.cli import main
 from reconciler.domain.errors import LEASE_LOST
 from reconciler.domain.leadership import LEADER_EPOCH_TRAILER, LeaseLost, describe
 from reconciler.flows.judge import LeaderTerm, run_pass
