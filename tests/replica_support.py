@@ -160,7 +160,8 @@ class Cluster:
     def gate(self) -> LeaseKeeper:
         """The caller holds the lease (epoch 1 on a fresh database) until it stops this keeper: no replica
         judges a half-posted benchmark meanwhile."""
-        keeper = LeaseKeeper(PostgresLease(self.db), holder_id("test-gate"), self.lease_s)
+        # A long lease of its own: renewals of a thread in a busy test process must not let it lapse early.
+        keeper = LeaseKeeper(PostgresLease(self.db), holder_id("test-gate"), 60.0)
         keeper.start()
         return keeper
 
