@@ -179,7 +179,8 @@ _CURL_NEEDS = ("curl: (", "exit code ")
 
 def _cuda_needs(code: int) -> tuple[str, ...]:
     enum, text, *_ = CUDA_OWN_SIGNATURES[code]
-    return f"sppark::error #-{code}", enum.lower(), text.lower()
+    driver = cuda_errors.DRIVER_ERROR_NAMES.get(code)
+    return f"sppark::error #-{code}", enum.lower(), text.lower(), *((driver.lower(),) if driver else ())
 
 
 def _aria2(codes: Iterable[int]) -> str:
@@ -193,17 +194,23 @@ def _curl(codes: Iterable[int]) -> str:
 
 def _cuda(code: int) -> str:
     enum, text, *_ = CUDA_OWN_SIGNATURES[code]
-    return rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+    driver = cuda_errors.DRIVER_ERROR_NAMES.get(code)
+    return (rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+            + (rf"|\b{driver}\b" if driver else ""))
 
 
-def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
-    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, and the runtime's text
-    where the table has it (quoted by sppark or after PyTorch's `CUDA error: `; bare when it is distinctive)."""
+def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
+                driver_codes: Sequence[int] = ()) -> tuple[str, tuple[str, ...]]:
+    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, the driver API's name
+    (`CUDA_ERROR_...`), and the runtime's text where the table has it (quoted by sppark or after PyTorch's
+    `CUDA error: `; bare when it is distinctive)."""
     enums = [cuda_errors.CUDA_ERRORS[c].name for c in codes] + list(names)
     texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
+    drivers = [cuda_errors.DRIVER_ERROR_NAMES[c].removeprefix("CUDA_ERROR_") for c in driver_codes]
     regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
-             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
-    needs = ["sppark::error #-", "cudaerror"]
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b"
+             rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b")
+    needs = ["sppark::error #-", "cudaerror", "cuda_error_"]
     if texts:
         quoted = "|".join(re.escape(t) for t in texts)
         regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
@@ -215,8 +222,13 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, t
     return regex, tuple(needs)
 
 
-_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT)
-_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES)
+#: Driver API codes decoded by the class signatures (those with a signature of their own, and 214 in gpu-ecc,
+#: are decoded there).
+_OWN_DRIVER = (*CUDA_OWN_SIGNATURES, 214)
+_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT, driver_codes=[
+    c for c in cuda_errors.driver_codes_with_blame("machine") if c not in _OWN_DRIVER])
+_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES, driver_codes=[
+    c for c in cuda_errors.driver_codes_with_blame("image") if c not in _OWN_DRIVER])
 
 
 def _cuda_sigs(priority: int) -> list[Signature]:
@@ -554,6 +566,7 @@ class SignatureMatch:
 _BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit code \d+|^curl: \(\d+\)|\berrorCode=\d+\s*$")
 _SPPARK_CODE = re.compile(r"sppark::Error #-(\d+)")
 _CUDA_ENUM = re.compile(r"\b(cudaError[A-Za-z]+)\b")
+_CUDA_DRIVER = re.compile(r"\bCUDA_ERROR_[A-Z_]+\b")
 _TOOL_CODE = re.compile(r"\b(aria2c|curl)\b.*?\bexit code (\d+)|^(curl): \((\d+)\)")
 
 
@@ -565,6 +578,11 @@ def code_meaning(line: str) -> str | None:
     m = _CUDA_ENUM.search(line)
     if m and m.group(1) in cuda_errors.BY_NAME:
         return cuda_errors.BY_NAME[m.group(1)].meaning()
+    m = _CUDA_DRIVER.search(line)
+    if m and m.group(0) in cuda_errors.DRIVER_BY_NAME:
+        code = cuda_errors.DRIVER_BY_NAME[m.group(0)]
+        runtime = cuda_errors.CUDA_ERRORS.get(code)
+        return f"{m.group(0)} ({code})" + (f" = {runtime.meaning()}" if runtime else "")
     m = _TOOL_CODE.search(line)
     if m:
         tool, code = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(3), int(m.group(4)))

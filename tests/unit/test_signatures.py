@@ -424,3 +424,14 @@ def test_every_catalogued_xid_has_its_class(code: int) -> None:
     assert (match.blame if match else None) == expected
     if match is not None:
         assert match.priority == {"machine": 100, "image": 95, "unknown": 52}[expected]
+
+
+@pytest.mark.parametrize("code", sorted(__import__("reconciler.domain.cuda_errors", fromlist=["x"]).DRIVER_ERROR_NAMES))
+def test_every_driver_api_code_decodes_by_name_with_its_blame(code: int) -> None:
+    from reconciler.domain.cuda_errors import DRIVER_ERROR_NAMES, driver_blame
+    name = DRIVER_ERROR_NAMES[code]
+    match = classify([f"Error: DriverError({name}, \"\")"])
+    blame = driver_blame(code)
+    assert (match.blame if match else "none") == blame, (name, match and match.name)
+    meaning = code_meaning(name)
+    assert meaning is not None and meaning.startswith(f"{name} ({code})")
