@@ -21,11 +21,12 @@ Blame by what the code says about who failed, for a rented machine running our b
   by another process, 220 uncorrectable NVLink, 702 launch timeout (a display watchdog on the host), 719 launch
   failure, 802 system not ready (driver daemons), 803 system driver mismatch, 805-810 the host's MPS, 999
   unknown. Without a kernel log (most containers) a GPU that fell off the bus shows only as 719 or 999; these
-  codes are `correlates=True` in the signatures: the same code on distinct machines with one image is the
-  breaker's to judge, not each machine's.
+  codes count for the circuit breaker (`breaker.symptom_only`: a machine blame resting only on a CUDA code):
+  the same code on distinct machines with one image is the breaker's to judge, not each machine's.
 - configuration: 2 (memory allocation: the pool's GPU or host memory is too small for the workload).
 - image: the driver is older than our build's runtime (35, 36), no kernel or PTX for the GPU (209, 218, 222,
   221, 223), kernel faults (700, 710, 714-718), and every API-misuse code: our software called CUDA wrongly.
+- none: 600 (cudaErrorNotReady), "not actually an error": decoded, never a cause.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ CUDA_ERROR_NAMES: dict[int, str] = {
 CUDA_13_NAMES = ("cudaErrorVersionTranslation", "cudaErrorContained", "cudaErrorTensorMemoryLeak",
                  "cudaErrorStreamDetached", "cudaErrorGraphRecaptureFailure")
 
+#: "This result is not actually an error" (NVIDIA's description of cudaErrorNotReady): a query's answer that
+#: healthy code logs too; decoded, never a cause.
+NOT_AN_ERROR = frozenset({600})
 MACHINE_CODES = frozenset({3, 46, 100, 102, 127, 214, 216, 220, 702, 719, 802, 803, 805, 806, 807, 808, 809, 810, 999})
 CONFIGURATION_CODES = frozenset({2})
 
@@ -129,6 +133,8 @@ class CudaError:
 
 
 def _blame(code: int) -> str:
+    if code in NOT_AN_ERROR:
+        return "none"
     if code in MACHINE_CODES:
         return "machine"
     if code in CONFIGURATION_CODES:

@@ -29,7 +29,7 @@ from reconciler.adapters.slot_provider import (
 )
 from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.domain import errors
-from reconciler.domain.marketplace import MarketplaceAuthError, MarketplaceError
+from reconciler.domain.marketplace import MarketplaceAuthError, MarketplaceError, MarketplaceRateLimitedError
 from reconciler.domain.planner import (
     STATUS_GONE,
     Delete,
@@ -72,6 +72,8 @@ class ActionResult:
     message: str
     outputs: SlotOutputs | None = None
     temporary: bool = False
+    #: The market asked us not to try before this many seconds (a 429 with a long Retry-After).
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,8 @@ def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider
         temporary = is_temporary(exc)
         kind = "temporary" if temporary else "permanent"
         return ActionResult(action, False, f"FAILED  {action.kind} {action.slot} ({kind}): {describe_error(exc)}",
-                            temporary=temporary)
+                            temporary=temporary,
+                            retry_after_s=exc.retry_after_s if isinstance(exc, MarketplaceRateLimitedError) else None)
 
 
 # --- resolving the command's inputs ---------------------------------------------------------------------
