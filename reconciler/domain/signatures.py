@@ -1,10 +1,13 @@
 """Failure signatures: which line of a worker's log says who broke the benchmark, and why.
 
 Used by `verdict.py` (blame and the root-cause line of every failed verdict) and, through the verdicts'
-signature names, by `breaker.py`. Pure data and pure functions; the strings come from the real tools, each
-group citing its source (curio `extern/cuzk` and `extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid
-catalogue, aria2c and curl exit codes, glibc, bash, the kernel); `tests/fixtures/tails/` holds whole real
-tails for every entry.
+signature names, by `breaker.py`; the evidence scan picks its cause with `strongest_signature`. Pure data and
+pure functions; the strings come from the real tools, each group citing its source (curio `extern/cuzk` and
+`extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid catalogue, aria2c and curl exit codes, glibc, bash,
+the kernel, Go crypto/x509, OpenSSL via curl, rustls, libstdc++); the two tables built whole live beside this
+module (`cuda_errors.py`: every cudaError and CUresult code; `xid.py`: every Xid of NVIDIA's catalogue).
+`tests/fixtures/tails/` holds whole real tails for every class, and test_signature_generalisation.py real
+lines the tables were not written from.
 
 How a tail is read (`logical_lines`):
 1. Each line is cleaned: the worker's ring timestamp (`2026-12-03T06:40:00Z `), ANSI colour and the daemon's
@@ -18,11 +21,15 @@ How a tail is read (`logical_lines`):
    (`CUZK_TIMING:`, `CUZK_NTT_H:`, `TIMELINE,`, `FIN_TIMING`/`GPU_TIMING`, `pacer:`), per-proof result lines,
    Rust's backtrace hint; tunnel lines unless the tunnel itself is the failing phase.
 
-Precedence: every signature has a priority; the highest-priority match anywhere in the tail wins, the
-earliest line on a tie. Hardware first (a GPU fault cascades into software symptoms), then memory kills
-and disk (a daemon killed for memory is followed by "connection refused", which must not outrank it), then
-decoded CUDA errors, params set-up, our software, network, and last the cascade symptoms (our daemon not
-answering, an RPC that failed because the daemon died).
+Precedence: every signature has a priority (PRIORITY_*: how decisive its line is); the highest-priority match
+anywhere in the evidence wins, the earliest line on a tie. Hardware first (Xid, NVML, GPU lost, a machine
+check: a GPU fault cascades into software symptoms), then the dynamic loader and missing binaries (the
+image cannot run at all), memory kills and disk (a daemon killed for memory is followed by "connection
+refused", which must not outrank it), decoded CUDA errors (machine-class codes above the rest), TLS and
+params set-up, our software and deaths by signal, network, a marketplace stop, an ambiguous Xid, a generic
+panic, and last the cascade symptoms (our daemon not answering, an RPC that failed because the daemon died).
+One signature needs two lines: cuzk's `cudaHostAlloc failed` warning and a later out-of-memory code are
+pinned host memory (`PINNED_HOST_MEMORY`, applied by `refine`).
 
 To extend: add a Signature at the right priority, a realistic line to tests/unit/test_signatures.py and,
 for a new failure mode, a whole tail with its source to tests/fixtures/tails/.
