@@ -778,6 +778,9 @@ FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
 _FOLDING = re.compile(f"[{FOLDS_TO_ASCII}]")
 
 
+_NEEDLE_KEY = 4
+
+
 class _Matcher:
     """A table's signatures in priority order, with the prefilter: per line, only the signatures one of whose
     `needs` occurs in the lower-cased line are searched (the rest cannot match: see `Signature.needs`)."""
@@ -789,7 +792,12 @@ class _Matcher:
         for k, sig in enumerate(self.table):
             for needle in sig.needs:
                 by_needle.setdefault(needle, []).append(k)
-        self._needles = tuple((needle, tuple(ks)) for needle, ks in by_needle.items())
+        # Needles grouped by their first few characters: a group is tested only when its key is in the line
+        # (a needle is in the line only if its prefix is), which skips most needles on most lines.
+        groups: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        for needle, ks in by_needle.items():
+            groups.setdefault(needle[:_NEEDLE_KEY], []).append((needle, tuple(ks)))
+        self._groups = tuple((key, tuple(items)) for key, items in groups.items())
         self._steps = tuple((sig.pattern.search, not sig.whole_line) for sig in self.table)
 
     def first(self, text: str, body_at: int) -> int | None:
@@ -797,7 +805,8 @@ class _Matcher:
         `body_at`: a signature that is not `whole_line` is also tried on the body alone)."""
         if text.isascii() or not _FOLDING.search(text):
             lower = text.lower()
-            ks: Iterable[int] = sorted({k for needle, ks in self._needles if needle in lower for k in ks}
+            ks: Iterable[int] = sorted({k for key, items in self._groups if key in lower
+                                        for needle, ks in items if needle in lower for k in ks}
                                        .union(self._always))
         else:
             ks = range(len(self.table))
