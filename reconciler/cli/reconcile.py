@@ -87,9 +87,13 @@ def _report(result: PassResult, as_json: bool) -> None:
         print(f"  {v.instance_id} machine {v.machine_id}: {v.root_cause()}", flush=True)
     for note in result.notes:
         print(f"  note: {note}", flush=True)
+    for d in result.capacity:
+        if d.changed or d.held_by:
+            print(f"  capacity {d.trailer()}" + (f"; held by {d.held_by}: {d.note}" if d.held_by else ""), flush=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from reconciler.adapters.curio_queue import CurioQueue
     from reconciler.adapters.store import StoreError
     from reconciler.adapters.stores import is_database_uri, open_store
 
@@ -130,9 +134,12 @@ def run_command(args: argparse.Namespace) -> int:
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
         record_cache = None if args.once else RecordCache()
 
+        # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
+        queue = CurioQueue()
+
         def one_pass(now: datetime) -> PassResult:
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store)
+                            directive_sink=store, queue_reader=queue)
 
         def on_pass(result: PassResult) -> None:
             try:

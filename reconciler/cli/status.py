@@ -10,6 +10,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.cli._shared import instant
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             notes = (*notes, f"{args.state_dir / MARKET_VIEW_FILE}: unreadable marketplace view: {exc}")
     view = status_view(spec, load_indexed(spec_dir), reports, now,
                        desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                       include_rates=html_out is not None or args.json, market=market)
+                       include_rates=html_out is not None or args.json, market=market,
+                       capacity_entries=capacity_entries(spec, spec_dir / "fleet.yaml"))
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.domain.breaker import kill_budgets
+from reconciler.domain.capacity import CapacityEntry, PoolCapacityStatus, capacity_view
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
@@ -180,6 +181,7 @@ class FleetStatus:
     early_saved_minutes: float = 0.0  # benchmark time early verdicts saved (all records)
     early_saved_usd_at_most: float = 0.0
     market: MarketStatus | None = None  # with `fleet status --state-dir`: the last apply's view of the market
+    capacity: tuple[PoolCapacityStatus, ...] = ()  # autoscaled pools (count: {min, max})
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -245,7 +247,8 @@ def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
                 notes: Sequence[str] = (), include_rates: bool = True,
-                market: MarketStatus | None = None) -> FleetStatus:
+                market: MarketStatus | None = None,
+                capacity_entries: Mapping[str, CapacityEntry] | None = None) -> FleetStatus:
     """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
     HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
     reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
@@ -332,4 +335,4 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
                        rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
                        bad_machines=_bad_machines(records, now), desired_image_digest=desired_image_digest,
                        early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2),
-                       market=market)
+                       market=market, capacity=capacity_view(spec, reports, now, capacity_entries or {}, last_pass))

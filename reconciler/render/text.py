@@ -57,6 +57,13 @@ def render_text(view: FleetStatus) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    if view.capacity:
+        lines += ["", "capacity (autoscaled pools; bounds in fleet.yaml, decisions in capacity.yaml):"]
+        for c in view.capacity:
+            lines.append(f"  {c.pool}: {c.summary()}")
+            lines.append(f"      {c.last()}")
+            lines.append(f"      ${c.usd_per_hour_at_min:.2f}/h at min, ${c.usd_per_hour_at_max:.2f}/h at max "
+                         "(max price)")
     if view.suspects:
         lines += ["", "image suspects (circuit breaker):"]
         for s in view.suspects:
