@@ -218,6 +218,8 @@ def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, 
     """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
     for bad, standing in records.standings(now):
+        if standing.state == "ok":
+            continue  # recorded bad once, past its probation now: nothing to show
         marking = bad.marking
         if marking is None:
             out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,

@@ -390,3 +390,9 @@ def test_every_view_reads_probation_from_the_same_standing() -> None:
         assert pool.bad == (1 if excluded else 0)
         assert [(b.machine_id, b.standing) for b in view.bad_machines] == [("m-9", state)]
         assert f"m-9  {state}: " in render_text(view)
+    # Past its probation the record (still `status: bad` in its file) stands ok everywhere, as an ok one does.
+    ended = at(65) + timedelta(hours=720 + 720 + 1)
+    ((_, standing),) = records.standings(ended)
+    assert (standing.state, standing.excluded) == ("ok", False) and records.bad_machine_ids(ended) == frozenset()
+    assert MachineRecord("m-9", "ok", benchmarks=record.benchmarks).standing(ended).state == "ok"
+    assert status_view(SPEC, records, [], ended).bad_machines == ()
