@@ -30,8 +30,9 @@ from reconciler.domain.capacity import (
     capacity_trailers,
     decide_all,
 )
-from reconciler.domain.errors import READY, RECONCILING, STALLED, Condition
+from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
 from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
+from reconciler.domain.leadership import LeaseLost, leader_trailer
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import (
@@ -64,9 +65,21 @@ class DirectiveSink(Protocol):
 class RecordPublisher(Protocol):
     """What the loop needs from git (implemented by `reconciler.gitstore.GitStore`)."""
 
-    def publish(self, build: Callable[[Path], CommitRequest | None]) -> PublishResult: ...
+    def publish(self, build: Callable[[Path], CommitRequest | None], *,
+                before_push: Callable[[], None] | None = None) -> PublishResult: ...
 
     def trailer_values(self, key: str) -> set[str]: ...
+
+
+@dataclass(frozen=True)
+class LeaderTerm:
+    """The leadership term a pass runs in, when replicas share a PostgreSQL store (the embedded store has none).
+
+    `fence` asks the database whether this replica still holds the lease in `epoch` and raises LeaseLost if
+    not; the pass calls it right before each write that other replicas would see (the push, the directives)."""
+
+    epoch: int
+    fence: Callable[[], None]
 
 
 # --- the pass (shell) -----------------------------------------------------------------------------------
@@ -90,6 +103,7 @@ class PassResult:
     image_records: tuple[ImageSuspectRecord, ...] = ()  # image-suspect records this pass wrote
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
     capacity: tuple[CapacityDecision, ...] = ()  # autoscaled pools: signals and what was decided this pass
+    standby: str | None = None  # a replica that does not lead: nothing judged or written; who leads instead
 
     @property
     def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
@@ -101,6 +115,8 @@ class PassResult:
         return self.stalled is None and self.observation_error is None and self.error is None
 
     def headline(self) -> str:
+        if self.standby:
+            return f"standby: {self.standby}"
         if self.stalled:
             return f"stalled: {self.stalled}"
         if self.observation_error:
@@ -121,6 +137,8 @@ class PassResult:
             kind, reason, message = RECONCILING, errors.OBSERVATION_FAILED, self.observation_error
         elif self.error:
             kind, reason, message = RECONCILING, self.reason or errors.GIT_FAILED, self.error
+        elif self.standby:
+            kind, reason, message = READY, STANDBY, self.headline()
         else:
             kind, reason, message = READY, "Succeeded", self.headline()
         since = self.at
@@ -136,7 +154,7 @@ class PassResult:
             "at": format_time(self.at), "ok": self.ok, "headline": self.headline(), "commit": self.commit,
             "pushed": self.pushed, "attempts": self.attempts, "pending": list(self.pending),
             "notes": list(self.notes), "stalled": self.stalled, "observation_error": self.observation_error,
-            "error": self.error,
+            "error": self.error, "standby": self.standby,
             "capacity": [capacity_json(d, self.at) for d in self.capacity],
             "verdicts": [{"instance_id": v.instance_id, "machine_id": v.machine_id, "pool": v.pool,
                           "verdict": v.verdict, "blame": v.blame, "marks_bad": v.marks_bad,
@@ -154,9 +172,10 @@ def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[Fi
 
 
 def commit_request(decision: PassDecision, capacity: Sequence[CapacityDecision] = (),
-                   capacity_file: FileChange | None = None) -> CommitRequest | None:
+                   capacity_file: FileChange | None = None, leader_epoch: int | None = None) -> CommitRequest | None:
     """The commit that publishes a decision (records and, when it changed, capacity.yaml), or None when it
-    changed nothing (no empty commits)."""
+    changed nothing (no empty commits). `leader_epoch`: the leadership term writing it (replicas), carried as the
+    `Fleet-Leader-Epoch` trailer."""
     has_records = bool(decision.machine_records or decision.image_records)
     if not has_records and capacity_file is None:
         return None
@@ -171,7 +190,8 @@ def commit_request(decision: PassDecision, capacity: Sequence[CapacityDecision] 
     changes = (*record_changes(decision), *((capacity_file,) if capacity_file is not None else ()))
     # Everything in a decision comes from redacted reports; the commit text is redacted once more because
     # a commit message, once pushed, cannot be taken back.
-    return CommitRequest(redact_line(summary), "\n".join(redact_lines(body.splitlines())), trailers, changes)
+    return CommitRequest(redact_line(summary), "\n".join(redact_lines(body.splitlines())),
+                         (*trailers, *leader_trailer(leader_epoch)), changes)
 
 
 class QueueReader(Protocol):
@@ -226,7 +246,8 @@ def with_drains(directive_docs: dict[str, dict[str, Any]], spec: FleetSpec,
 def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
              record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
-             monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None) -> PassResult:
+             monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
+             term: LeaderTerm | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
@@ -235,7 +256,11 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
     that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
 
-    `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only)."""
+    `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
+
+    `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
+    commit as a trailer and its fence runs right before the push and before the directives are stored: a
+    replica whose term ended (paused past its lease, or cut off from the database) writes nothing."""
     try:
         reports = tuple(source.reports())
     except Exception as exc:  # any failure to observe must never become a verdict
@@ -263,12 +288,12 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         outcome["directives"] = with_drains(
             {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
             reports)
-        return commit_request(decision, capacity, capacity_file)
+        return commit_request(decision, capacity, capacity_file, term.epoch if term is not None else None)
 
     started = monotonic()
     try:
-        published = store.publish(build)
-    except TemporaryGitError as exc:
+        published = store.publish(build) if term is None else store.publish(build, before_push=term.fence)
+    except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
@@ -279,7 +304,11 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     notes = decision.notes
     if directive_sink is not None:
         try:
+            if term is not None:
+                term.fence()
             directive_sink.set_directives(outcome["directives"], now)
+        except LeaseLost as exc:  # the new leader computes them from the same records on its first pass
+            notes = (*notes, f"directives not stored: {exc}")
         except Exception as exc:  # the records are published; workers learn their verdict next pass
             notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,

@@ -49,6 +49,9 @@ def render_text(view: FleetStatus) -> str:
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
+        leadership = view.last_pass.get("leadership")
+        if isinstance(leadership, dict) and leadership.get("summary"):
+            lines.append(f"  leader: {leadership['summary']} (as of that pass)")
     lines.append("")
     header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
     rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),
