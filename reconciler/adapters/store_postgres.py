@@ -47,7 +47,7 @@ MIGRATION_LOCK_KEY = 0x666C6565746D6967
 CONNECT_TIMEOUT_S = 5
 #: Seconds a read or write waits for a pooled connection before it fails as StoreUnavailable (the server is
 #: down or every connection busy): short, because the HTTP edge waits on it.
-ACQUIRE_TIMEOUT_S = 2.0
+ACQUIRE_TIMEOUT_S = 1.0
 
 #: The layout of SCHEMA_VERSION 3 (SQLite's v1-v3 in one step; the same tables, columns and keys). Times are
 #: ISO 8601 text in UTC, as in SQLite, so the shared SQL orders and compares them the same way.

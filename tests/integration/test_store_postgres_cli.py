@@ -6,13 +6,16 @@ password, exit status 1, nothing written: no commit reaches the origin and the d
 from __future__ import annotations
 
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.git import GitStore
 from reconciler.adapters.store_copy import copy_store
 from reconciler.adapters.store_postgres import PostgresStore, redacted_uri
 from reconciler.cli import main
+from reconciler.flows.judge import run_pass
 from tests.gitrepos import origin_log
 from tests.integration.test_loop import _seed_store, origin  # noqa: F401 - `origin` is a fixture
 from tests.postgres_server import PostgresServer
@@ -72,3 +75,31 @@ def test_reconcile_and_status_refuse_a_bad_database_with_one_clear_line(
     assert origin_log(origin) == before  # nothing committed, nothing pushed
     assert postgres_server.execute("SELECT version FROM fleet_schema ORDER BY version", newer_name) == [(3,), (99,)]
     assert postgres_server.execute("SELECT count(*) FROM instances", newer_name) == [(0,)]
+
+
+def test_a_pass_while_the_database_is_away_observes_nothing_and_judges_nothing(
+        origin: Path, tmp_path: Path, private_postgres_server: PostgresServer,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The store restarting between a replica's start and its pass: the pass's read fails as a temporary error
+    (never half a store read), nothing is committed; with the database back, the next pass judges."""
+    db = tmp_path / "controller.db"
+    _seed_store(db)
+    uri = private_postgres_server.create_database()
+    copy_store(db, uri)
+    before = origin_log(origin)
+    argv = ["reconcile", "--repo", str(origin), "--workdir", str(tmp_path / "w"), "--controller-db", uri, "--once",
+            "--image-digest", DIGEST]
+    store = PostgresStore(uri)  # (opened while the server is up, as a running replica's store was)
+    try:
+        private_postgres_server.stop()
+        git = GitStore.clone(str(origin), tmp_path / "w")
+        result = run_pass(git, store, datetime(2026, 12, 3, tzinfo=UTC), desired_image_digest=DIGEST,
+                          directive_sink=store)
+        assert not result.ok and result.observation_error is not None and result.verdicts == ()
+        assert result.observation_error.startswith("StoreUnavailable: ")
+        assert origin_log(origin) == before
+    finally:
+        store.close()
+    private_postgres_server.start()
+    assert main(argv) == 0
+    assert "committed" in capsys.readouterr().out and origin_log(origin) != before
