@@ -132,7 +132,7 @@ def _password_of(uri: str) -> str | None:
     return dict(parse_qsl(parts.query)).get("password")
 
 
-def _scrubbed(message: str, uri: str) -> str:
+def scrubbed(message: str, uri: str) -> str:
     """A driver's message with the password replaced, should libpq ever quote it, in plain or URI-encoded form."""
     password = _password_of(uri)
     if password:
@@ -216,7 +216,7 @@ class PostgresStore(_SqlStore):
                 migrate(conn, self.location)
         except psycopg.Error as exc:
             raise StoreError(f"{self.location}: cannot open the controller store: "
-                             f"{_scrubbed(str(exc), uri)}") from None
+                             f"{scrubbed(str(exc), uri)}") from None
         self._acquire_timeout_s = acquire_timeout_s
         self._pool = psycopg_pool.ConnectionPool(uri, min_size=1, max_size=max(1, pool_size), kwargs=connect_kwargs,
                                                  open=False, timeout=acquire_timeout_s, name="fleet-store")
@@ -242,7 +242,7 @@ class PostgresStore(_SqlStore):
         # OperationalError: connection lost, server shutting down or starting, deadlock or serialization
         # failure (TransactionRollback); InterfaceError: a connection found closed. Both mean "not now".
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg_pool.PoolTimeout):
-            return StoreUnavailable(f"{self.location}: {_scrubbed(str(exc), self._uri)}")
+            return StoreUnavailable(f"{self.location}: {scrubbed(str(exc), self._uri)}")
         return None
 
     def _tails(self, conn: SqlConnection, instance_ids: Sequence[str], *, everyone: bool) -> dict[str, list[str]]:

@@ -63,7 +63,7 @@ class Scenario:
                 proc.kill()
                 out, err = proc.communicate(timeout=30)
                 pytest.fail(f"the reconciler never reached {step!r}: rc={proc.returncode} {out} {err}")
-            announced = os.read(rfd, 200).decode().strip()
+            announced = os.read(rfd, 200).decode().split()[0]  # "<step> <pid>"
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)

@@ -283,3 +283,46 @@ def test_a_stop_directive_during_the_benchmark_ends_it_early(
                                          "< 40/h")
     assert report.result is None and not [e for e in report.events if e.status == "failed"]
     assert "[50/50]" not in proc.stdout  # it did not run to the end
+
+
+def test_a_drain_directive_finishes_the_proof_in_progress_takes_no_new_work_then_stops(
+        tmp_path: Path, controller: tuple[SqliteStore, ControllerServer]) -> None:
+    """Capacity shrinks the pool: `drain` cordons the cluster's client (the proving-load stand-in plays
+    `curio cli cordon`), the daemon finishes the proof it holds, and only then does the worker stop."""
+    store, server = controller
+    write_fakes(tmp_path / "bin", ssh=False)
+    store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "serve", "verdict": "ok",
+                                        "reason": "ok: 50.0/h >= 40/h", "heartbeat_s": 0.3}}, store.clock())
+    mirror = ParamsMirror(sample_params()).start()
+    env = worker_env(tmp_path, server.url, mirror.url, FLEET_AFTER_BENCH="serve", FLEET_DIRECTIVE_POLL_S="0.2",
+                     FLEET_SERVE_CMD="proving-load", FLEET_DRAIN_CMD="proving-load cordon",
+                     STANDIN_SERVE_SECONDS_PER_PROOF="1.5")
+    worker = WorkerProcess(env, tmp_path / "run")
+    served = tmp_path / "standin"
+    try:
+        wait_for("a served proof", lambda: any(
+            (e.details.get("heartbeat") or {}).get("completed") for e in serve_events(store)), worker)
+        store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "drain", "reason": "capacity: pool rtx4090 "
+                                            "3 -> 2 (utilization 0.31 for 30 min; no task waiting)"}},
+                             store.clock())
+        wait_for("worker exits", lambda: worker.poll() is not None, worker, timeout_s=60)
+    finally:
+        proc = worker.finish(timeout_s=30)
+        mirror.stop()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    events = serve_events(store)
+    (drain,) = [e for e in events if (e.details.get("drain") or {}).get("state") == "started"]
+    assert drain.details["drain"]["how"] == "ran 'proving-load cordon'"
+    done = [e for e in events if e.status == "done"]
+    assert done[-1].message == ("drained: no proofs left in progress (capacity: pool rtx4090 3 -> 2 (utilization "
+                                "0.31 for 30 min; no task waiting))")
+    # The proof in progress when the drain began was finished (COMPLETED after the drain started), and no
+    # proof was begun after it: the daemon was idle when the worker stopped.
+    (served_file,) = served.glob("daemon-*.served")
+    proofs = [line.split() for line in served_file.read_text().splitlines()]
+    assert all(label == "COMPLETED" for _, _, label in proofs)
+    drain_epoch = int((drain.worker_at or drain.at).timestamp())
+    after = [p for p in proofs if int(p[0]) >= drain_epoch]
+    assert 1 <= len(after) <= 2, (drain_epoch, proofs)  # the one in progress (its second may equal the drain's)
+    last = [e.details["heartbeat"] for e in events if "heartbeat" in e.details][-1]
+    assert last["busy"] is False

@@ -131,8 +131,11 @@ class ControllerApi:
 
     def __init__(self, store: ControllerStore, secret: bytes, admin_token: str | None, *,
                  allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False):
+                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False,
+                 health: Callable[[], Mapping[str, object]] | None = None):
         self.store = store
+        #: More for /healthz from the process serving this API (a replica: who leads, and since when).
+        self.health = health
         self.secret = check_secret(secret)
         self.admin_token = admin_token or None
         self.allow_open_reads = allow_open_reads
@@ -238,7 +241,8 @@ class ControllerApi:
             return Response(200, directive, authenticated=True)
         if path == "/healthz":
             self._require_method(request, "GET")
-            return Response(200, {"status": "ok", "instances": self.store.instance_count()})
+            return Response(200, {"status": "ok", "instances": self.store.instance_count(),
+                                  **(self.health() if self.health is not None else {})})
         if path == "/api/instances":
             self._require_method(request, "GET")
             admin = self._require_reader(request)

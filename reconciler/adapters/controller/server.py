@@ -36,7 +36,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from http import HTTPStatus
@@ -747,9 +747,11 @@ class ControllerServer:
                  port: int = 0, *, allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
                  now: Callable[[], datetime] | None = None, require_machine_claim: bool = False,
                  limits: EdgeLimits | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
-                 extra_routes: Iterable[BaseRoute] = ()):
+                 extra_routes: Iterable[BaseRoute] = (),
+                 health: Callable[[], Mapping[str, object]] | None = None):
         self.api = ControllerApi(store, secret, admin_token, allow_open_reads=allow_open_reads,
-                                 max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim)
+                                 max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim,
+                                 health=health)
         self.host, self.port = host, port
         self.limits = limits or EdgeLimits()
         if (tls_cert is None) != (tls_key is None):
