@@ -144,7 +144,7 @@ ARIA2_CHECKSUM = (32,)
 ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
                  5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
                  9: "not enough disk space", 19: "name resolution failed", 22: "bad HTTP response",
-                 24: "HTTP authorization failed",
+                 24: "HTTP authorization failed", 28: "bad or unrecognized option",
                  29: "server overloaded or in maintenance", 32: "checksum validation failed"}
 #: curl EXIT CODES (curl man page) grouped by meaning.
 CURL_NOT_FOUND = (22,)
@@ -152,8 +152,10 @@ CURL_DNS = (6,)
 CURL_CONNECT = (7,)
 CURL_TIMEOUT = (28,)
 CURL_DISK = (23,)
-CURL_NETWORK = (16, 18, 52, 55, 56, 92)
-CURL_MEANING = {6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+CURL_NETWORK = (16, 18, 35, 52, 55, 56, 92)
+CURL_MEANING = {2: "failed to initialize", 3: "URL using bad/illegal format or missing URL",
+                6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+                35: "SSL connect error",
                 22: "HTTP error (-f)", 23: "write error", 28: "operation timed out", 52: "empty reply",
                 55: "send failure", 56: "receive failure", 60: "peer certificate cannot be authenticated",
                 77: "problem with the CA cert (path? access rights?)", 92: "HTTP/2 stream error"}
@@ -278,7 +280,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the driver lost the GPU (nvidia-smi): reboot or service", needs=("is lost", "has been lost")),
     _sig("nvidia-driver-unreachable", "machine", 100,
          r"couldn't communicate with the NVIDIA driver"
-         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)"
+         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded|Insufficient Permissions)"
          r"|Unable to determine the device handle for GPU\S*: Unknown Error",
          "the host's NVIDIA driver is not loaded or not reachable from the container",
          needs=("couldn't communicate with the nvidia driver", "failed to initialize nvml: ",
@@ -299,9 +301,15 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the GPU is busy or unavailable (exclusive mode held by another process)",
          explains="cudaErrorDevicesUnavailable (46): device busy or unavailable", needs=_cuda_needs(46)),
     _sig("nvidia-libs-missing", "machine", 100,
-         r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file",
+         r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file"
+         r"|couldn't find libnvidia-ml\.so",
          "the host's container runtime did not inject the NVIDIA driver libraries or devices",
-         needs=("cannot open shared object file", "/dev/nvidia")),
+         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so")),
+    # The kernel driver could not bring the GPU up (NVRM: `RmInitAdapter failed!`, older drivers
+    # `rm_init_adapter failed for device bearing minor number N`): the GPU or its host.
+    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE, r"RmInitAdapter failed|rm_init_adapter failed",
+         "the host's NVIDIA driver could not initialise the GPU (RmInitAdapter failed): hardware, power or driver",
+         needs=("rminitadapter failed", "rm_init_adapter failed")),
     _sig("host-no-gpu-runtime", "machine", 100,
          r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
          "the host's docker has no working NVIDIA container runtime",
@@ -465,6 +473,14 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("proof-self-check", "image", 65, r"self-check FAILED|self-check failed|self-check error",
          "a proof failed cuzk's PoRep self-check (wrong c1.json for --sector-num/--miner-id if every proof "
          "fails; a flaky GPU if only some do)", needs=("self-check ",)),
+    # Our downloader invocations (aria2 manual EXIT STATUS 28; curl man page EXIT CODES 2, 3).
+    _sig("downloader-usage-error", "image", PRIORITY_SOFTWARE, rf"{_aria2((28,))}|{_curl((2,))}",
+         "our fetch script called aria2c/curl with an option it does not accept (aria2c 28, curl 2)",
+         explains="aria2c 28: bad or unrecognized option / curl 2: failed to initialize",
+         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
+    _sig("params-url-malformed", "configuration", PRIORITY_PARAMS, _curl((3,)),
+         "the params URL is malformed (curl 3): params.base_url", setting=SETTING_MIRROR,
+         explains="curl 3: URL using bad/illegal format or missing URL", needs=_CURL_NEEDS),
     # --- 60: the machine's network while fetching ----------------------------------------------------
     _sig("checksum-mismatch", "network", 60,
          rf"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)|{_aria2(ARIA2_CHECKSUM)}",
@@ -489,7 +505,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          needs=(*_CURL_NEEDS, "connection refused", "couldn't connect to server")),
     _sig("download-failed-network", "network", 60,
          rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
-         "the download failed on the network (aria2c 1/2/5/6/7/8/22/29, curl 16/18/52/55/56/92)",
+         "the download failed on the network (aria2c 1/2/5/6/7/8/22, curl 16/18/35/52/55/56/92)",
          explains="aria2c/curl network failure", needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
     _sig("download-aborted", "network", 58, r"Download aborted|download failed",
          "a download was aborted (aria2c's line before its errorCode)", needs=("download aborted", "download failed")),
