@@ -382,7 +382,8 @@ class ControllerStore(Protocol):
 
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool: ...
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int: ...
 
     def directive(self, instance_id: str) -> dict[str, Any] | None: ...
 
@@ -770,11 +771,16 @@ class _SqlStore:
 
         return self.write(PreparedWrite(body, instance_id))
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int:
-        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed."""
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int:
+        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed.
+        `fence` runs first in the same transaction and may raise to write nothing (a replica's lease check,
+        reconciler/adapters/lease.py: it also keeps the lease from changing hands until this commits)."""
         rows = [(instance_id, _iso(now), _canonical(body)) for instance_id, body in sorted(directives.items())]
 
         def body(conn: SqlConnection) -> int:
+            if fence is not None:
+                fence(conn)
             return conn.executemany(
                 "INSERT INTO directives (instance_id, set_at, body) VALUES (?, ?, ?) ON CONFLICT (instance_id) "
                 "DO UPDATE SET set_at = excluded.set_at, body = excluded.body "
