@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import (
+    bench_capacity,
     bench_failover,
     bench_git,
     bench_ingest,
@@ -38,6 +39,7 @@ BENCHES: dict[str, Callable[[], list[Figure]]] = {
     "records": bench_records.run,
     "failover": bench_failover.run,
     "views": bench_views.run,
+    "capacity": bench_capacity.run,
 }
 RESULTS = Path(__file__).with_name("results.md")
 NOTES = Path(__file__).with_name("notes.md")

@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from reconciler.domain.capacity import QueueSnapshot
 from reconciler.domain.redact import redact_line
@@ -38,6 +39,16 @@ SELECT name,
   FROM harmony_task
  WHERE name = ANY(%s)
  GROUP BY name
+"""
+
+#: Sealing sectors whose precommit landed, not failed, with no PoRep task yet: each gets one once its seed is on
+#: chain (curio harmony/harmonydb/sql/20231217-sdr-pipeline.sql: sectors_sdr_pipeline.after_precommit_msg_success,
+#: task_id_porep, after_porep, failed; tasks/seal/poller_precommit_msg.go sets seed_epoch = precommit epoch +
+#: PreCommitChallengeDelay). A leading indicator of PoRep demand: read only for pools counting PoRep.
+UPCOMING_POREP_QUERY = """
+SELECT count(*)
+  FROM sectors_sdr_pipeline
+ WHERE after_precommit_msg_success AND NOT after_porep AND task_id_porep IS NULL AND NOT failed
 """
 
 _URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]+:)[^@\s]+@")
@@ -74,6 +85,7 @@ class CurioQueue:
                     cur.execute(QUEUE_QUERY, (list(source.task_types),))
                     rows = cur.fetchall()
                 conn.rollback()
+                upcoming = self._upcoming(conn) if "PoRep" in source.task_types else None
         except psycopg.Error as exc:
             kind = type(exc).__name__
             return QueueSnapshot(error=f"{kind}: {_clean(str(exc)) or 'no message'}")
@@ -88,4 +100,19 @@ class CurioQueue:
             if isinstance(first, datetime):
                 first = first if first.tzinfo is not None else first.replace(tzinfo=UTC)
                 oldest = first if oldest is None else min(oldest, first)
-        return QueueSnapshot(waiting, running, oldest)
+        return QueueSnapshot(waiting, running, oldest, upcoming=upcoming)
+
+    @staticmethod
+    def _upcoming(conn: Any) -> int | None:
+        """Sectors past precommit; None when the role may not read the pipeline (the queue still counts)."""
+        import psycopg
+
+        try:
+            with conn.cursor() as cur:
+                cur.execute(UPCOMING_POREP_QUERY)
+                row = cur.fetchone()
+            conn.rollback()
+        except psycopg.Error:
+            conn.rollback()
+            return None
+        return int(row[0]) if row else None

@@ -44,6 +44,11 @@ from reconciler.domain.spec import FleetSpec, PoolSpec, ScalingSettings, Serving
 DOWN_MARGIN = 0.15
 #: Heartbeats must cover this share of the window's machine-time before utilization is trusted.
 MIN_COVERAGE = 0.75
+#: A sector's PoRep task is posted once its seed is on chain: PreCommitChallengeDelay (150 epochs of 30 s on
+#: mainnet) after its precommit landed (curio tasks/seal/poller_precommit_msg.go: `randHeight :=
+#: pci.PreCommitEpoch + policy.GetPreCommitChallengeDelay()`). Sectors past precommit are PoRep demand that
+#: arrives within this many minutes: more than a cold start ahead.
+SEED_LEAD_MINUTES = 75.0
 
 UP = "up"
 DOWN = "down"
@@ -70,6 +75,9 @@ class QueueSnapshot:
     oldest_waiting_at: datetime | None = None
     #: The queue could not be read (unreachable, refused the role, no URL): the pool runs on utilization only.
     error: str | None = None
+    #: Sealing sectors whose precommit landed and that wait for their seed: each becomes a PoRep task within
+    #: about SEED_LEAD_MINUTES (None: not read; a leading indicator, never needed).
+    upcoming: int | None = None
 
     @property
     def total_waiting(self) -> int:
@@ -266,6 +274,7 @@ class PoolSignals:
         if self.queue is not None:
             q = self.queue
             out["queue"] = {"waiting": dict(q.waiting), "running": dict(q.running), "error": q.error,
+                            "upcoming": q.upcoming,
                             "oldest_wait_min": None if q.oldest_waiting_at is None
                             else round((now - q.oldest_waiting_at).total_seconds() / 60, 1)}
         return out
@@ -363,9 +372,27 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     waiting = queue.total_waiting if queue is not None and queue.error is None else 0
     queue_pressure = waiting > 0 and queue is not None and queue.oldest_waiting_at is not None and \
         now - queue.oldest_waiting_at >= timedelta(minutes=scaling.scale_up_after_minutes)
-    busy_pressure = up.covered and up.value is not None and up.value > target
-    needed_up = math.ceil((up.busy_machines + (waiting / per_machine_tasks if per_machine_tasks > 0 else 0))
-                          / target - 1e-9)
+    # Cold start: a machine rented now serves in ~cold_start minutes, so size for the demand then. The trend
+    # is the change of busy machine-equivalents between the long (down) window and the short (up) one, whose
+    # centres lie (down - up) / 2 apart; only a rising trend counts (a falling one is the down rule's). With
+    # curio's sectors past precommit (the leading indicator below) the trend is not needed: it only adds noise.
+    trend = 0.0
+    leading = queue is not None and queue.error is None and queue.upcoming is not None
+    if not leading and up.covered and down.covered and down.window_s > up.window_s:
+        trend = max(0.0, (up.busy_machines - down.busy_machines) / ((down.window_s - up.window_s) / 120.0))
+    forecast = up.busy_machines + trend * scaling.cold_start_minutes
+    queued = waiting / per_machine_tasks if per_machine_tasks > 0 else 0.0
+    # Sectors waiting for their seed: the PoRep rate of the next SEED_LEAD_MINUTES, in machines at the minimum.
+    coming = queue.upcoming if queue is not None and queue.error is None and queue.upcoming else 0
+    coming_machines = coming * 60.0 / SEED_LEAD_MINUTES / pool.min_rate_proofs_per_hour \
+        if pool.min_rate_proofs_per_hour > 0 else 0.0
+    if coming:
+        words.append(f"{coming} sectors past precommit (PoRep due within ~{SEED_LEAD_MINUTES:.0f} min)")
+    active_now = max(1, len([i for i in slots if i not in draining]))
+    busy_pressure = (up.covered and up.value is not None and (
+        up.value > target or (forecast + queued) / active_now > target)) or \
+        (coming_machines + queued) / active_now > target
+    needed_up = math.ceil((max(forecast, coming_machines) + queued) / target - 1e-9)
 
     held: str | None = None
     note = ""
@@ -404,7 +431,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         elif not down.covered and signals.count("serving"):
             held, note = HELD_MISSING_DATA, "heartbeats cover too little of the window"
         else:
-            busy = down.busy_machines if down.covered else 0.0
+            busy = max(down.busy_machines if down.covered else 0.0, coming_machines)
             wanted = max(low, math.ceil(busy / (target - DOWN_MARGIN) - 1e-9)) if target > DOWN_MARGIN else desired
             if wanted < desired:
                 if in_cooldown:
@@ -414,11 +441,12 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
                 else:
                     new, direction = wanted, DOWN
                     if down.value is not None:
-                        words = [f"utilization {down.value:.2f} for {_span(down.window_s)}", *words[1:]]
+                        words = [f"utilization {down.value:.2f} for {_span(down.window_s)}",
+                                 *(w for w in words if not w.startswith("utilization "))]
                     if not signals.count("serving"):
                         words.insert(0, "no machine serving")
                     if queue is not None:
-                        words.append("no task waiting")
+                        words.insert(1, "no task waiting")
 
     drain_ids: list[str] = []
     active = [i for i in slots if i not in draining]

@@ -82,6 +82,7 @@ class ScalingSettings:
     scale_up_after_minutes: float = 10.0  # demand above target this long (window) before renting more
     scale_down_after_minutes: float = 30.0  # idle below target this long (window) before draining
     cooldown_minutes: float = 15.0  # no change at all this long after a change (no flapping)
+    cold_start_minutes: float = 15.0  # params + benchmark before a new machine serves: size for demand then
 
 
 @dataclass(frozen=True)

@@ -92,15 +92,15 @@ def _bad_machine_lines(view: FleetStatus, everything: bool) -> list[str]:
 def render_text(view: FleetStatus, *, everything: bool = True) -> str:
     """`everything=False` (fleet status without --all): bad machines as counts, only those on probation listed."""
     lines = [f"fleet status at {view.at}"]
-    if view.last_pass:
+    if view.last_pass and view.last_pass.get("at"):
         lines.append(f"reconciler: last pass {view.last_pass.get('at')}: {view.last_pass.get('headline')}")
         cond = view.last_pass.get("condition")
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
-        leadership = view.last_pass.get("leadership")
-        if isinstance(leadership, dict) and leadership.get("summary"):
-            lines.append(f"  leader: {leadership['summary']} (as of that pass)")
+    leadership = view.last_pass.get("leadership") if view.last_pass else None
+    if isinstance(leadership, dict) and leadership.get("summary"):
+        lines.append(f"leader: {leadership['summary']} (as of {leadership.get('at') or 'the last pass'})")
     lines.append("")
     header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
     rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),
@@ -138,6 +138,8 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
         m = view.market
         lines += ["", f"marketplace (fleet {m.fleet}, labels {m.label_prefix}*, as of the last apply {m.at}):",
                   f"  {m.cap_line()}"]
+        if m.wait is not None:
+            lines.append(f"  the market asked us to wait: no call before {m.wait.get('until')} ({m.wait.get('why')})")
         if m.orphans:
             lines.append(f"  {len(m.orphans)} instance(s) with this fleet's label and no slot (orphans):")
         for o in m.orphans:

@@ -39,15 +39,25 @@ def curio_db(postgres_server: PostgresServer) -> tuple[PostgresServer, str]:
         # Literals of the test's own table above, not input.
         postgres_server.execute(f"INSERT INTO harmony_task (posted_time, owner_id, added_by, name) VALUES "  # noqa: S608
                                 f"('{posted}', {owner if owner else 'NULL'}, 1, '{kind}')", name)
+    # Sealing sectors: 1 before precommit, 3 past it waiting for their seed (one failed), 1 with its PoRep task.
+    for number, precommitted, porep_task, failed in ((1, False, None, False), (2, True, None, False),
+                                                    (3, True, None, False), (4, True, None, True),
+                                                    (5, True, 9, False)):
+        values = f"(1000, {number}, 8, {precommitted}, {porep_task or 'NULL'}, {failed})"  # the test's own literals
+        insert = ("INSERT INTO sectors_sdr_pipeline (sp_id, sector_number, reg_seal_proof, "  # noqa: S608
+                  "after_precommit_msg_success, task_id_porep, failed) VALUES " + values)
+        postgres_server.execute(insert, name)
     return postgres_server, name
 
 
-def _role(server: PostgresServer, db: str, grant: bool) -> str:
+def _role(server: PostgresServer, db: str, grant: bool, pipeline: bool = True) -> str:
     role, password = f"r_{uuid.uuid4().hex[:10]}", f"pw-{uuid.uuid4().hex}"
     server.create_role(role, password)
     server.execute(f'GRANT CONNECT ON DATABASE "{db}" TO "{role}"')
     if grant:
         server.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"; GRANT SELECT ON harmony_task TO "{role}"', db)
+        if pipeline:
+            server.execute(f'GRANT SELECT ON sectors_sdr_pipeline TO "{role}"', db)
     else:
         server.execute(f'REVOKE ALL ON harmony_task FROM "{role}"', db)
     return server.uri(db, role, password)
@@ -62,6 +72,13 @@ def test_counts_unclaimed_and_claimed_proof_tasks_per_type_with_a_read_only_role
     assert dict(snapshot.running) == {"PoRep": 1, "UpdateProve": 0}
     assert snapshot.total_waiting == 4
     assert snapshot.oldest_waiting_at == T0 - timedelta(minutes=40)  # the claimed one (50 min) is not waiting
+    assert snapshot.upcoming == 2  # sectors 2 and 3: past precommit, no PoRep task, not failed
+
+
+def test_a_role_without_the_pipeline_still_reads_the_queue(curio_db: tuple[PostgresServer, str]) -> None:
+    server, db = curio_db
+    snapshot = CurioQueue({"CURIO_DB_URL": _role(server, db, grant=True, pipeline=False)}).read(SOURCE)
+    assert snapshot.error is None and snapshot.total_waiting == 4 and snapshot.upcoming is None
 
 
 def test_a_type_with_no_rows_counts_zero_and_no_oldest(curio_db: tuple[PostgresServer, str]) -> None:

@@ -93,6 +93,22 @@ def test_a_task_waiting_long_enough_grows_an_empty_pool() -> None:
     assert one(spec, entry(0), [], young, at(50)).after == 0  # waiting 5 min < scale_up_after 20: not yet
 
 
+def test_sectors_past_precommit_grow_the_pool_before_their_porep_tasks_arrive() -> None:
+    """curio posts a sector's PoRep task once its seed is on chain, ~75 min after precommit: more than a cold
+    start ahead, so the pool grows while the machines are still idle, and does not shrink below that demand."""
+    reports = [serving("i-0", "rtx4090-0", IDLE_HOUR)]
+    coming = {"rtx4090": QueueSnapshot({"PoRep": 0}, {"PoRep": 0}, upcoming=150)}
+    d = one(SPEC, entry(1), reports, coming, at(57))
+    # 150 PoRep over 75 min = 120/h = 3 machines at 40/h, over target 0.8 -> 4.
+    assert (d.before, d.after) == (1, 4)
+    assert d.trailer() == ("rtx4090 1 -> 4 (utilization 0.00 for 20 min; 150 sectors past precommit (PoRep due "
+                           "within ~75 min))")
+    idle = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(4)]
+    held = one(SPEC, entry(4), idle, coming, at(57))
+    assert (held.after, held.changed) == (4, False)  # not below what the coming sectors need
+    assert one(SPEC, entry(4), idle, NO_QUEUE, at(57)).after == 1
+
+
 def test_cooldown_breaker_kill_budget_and_spend_cap_hold_a_scale_up() -> None:
     reports = [serving(f"i-{i}", f"rtx4090-{i}", BUSY_HOUR) for i in range(4)]
     cooling = one(SPEC, entry(4, changed_min=50), reports, NO_QUEUE, at(57))
