@@ -275,7 +275,7 @@ class BadMachine:
     note: str | None
     marking: BenchmarkEntry | None
     last: BenchmarkEntry | None
-    status: str = "bad"  # bad | banned
+    status: str = "bad"  # bad | banned (or ok | pardoned: a machine that passed again on probation)
 
     @classmethod
     def of(cls, record: MachineRecord) -> BadMachine:
@@ -348,15 +348,31 @@ class RecordSet:
                                   | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived[key])
 
-    def standings(self, now: datetime | None) -> list[tuple[BadMachine, Standing]]:
+    def standings(self, now: datetime | None, *,
+                  passed_on_probation: bool = False) -> list[tuple[BadMachine, Standing]]:
         """Every machine recorded bad or banned, by id, with where it stands at `now` (`standing_of`): bad,
-        permanent or banned (excluded from offers), or probation (rentable again). The one reading of a record's
-        standing that the offer queries (`bad_machine_ids`) and every view (`fleet records`, `fleet plan`,
-        `fleet status`, the page) share; `fleet why` and the directives call `standing_of` on the same record."""
+        permanent or banned (excluded from offers), probation (rentable again) or ok (past its probation). The
+        one reading of a record's standing that the offer queries (`bad_machine_ids`) and every view (`fleet
+        records`, `fleet plan`, `fleet status`, the page) share; `fleet why` and the directives call `standing_of`
+        on the same record.
+
+        `passed_on_probation` (the views): also the machines that passed again while on probation (status ok
+        now, still on probation until its end), found from the verdicts that ever marked a machine bad, so
+        only those records are built. Never excluded, so the offer queries need not read them."""
         key = f"standings@{now.isoformat() if now else None}"
         if key not in self._derived:
             self._derived[key] = [(b, b.standing(now)) for b in self.bad_machines()]
-        return list(self._derived[key])
+        rows = cast(list[tuple[BadMachine, Standing]], self._derived[key])
+        if not passed_on_probation:
+            return list(rows)
+        wider = key + "+passed"
+        if wider not in self._derived:
+            recorded = {b.machine_id for b, _ in rows}
+            once_bad = sorted({m for m, _, _ in self.bad_marks()} - recorded - self.unreadable_machine_ids)
+            passed = [(b, b.standing(now)) for b in map(BadMachine.of, self.records_of(once_bad))]
+            self._derived[wider] = sorted([*rows, *((b, st) for b, st in passed if st.state == "probation")],
+                                          key=lambda row: row[0].machine_id)
+        return list(self._derived[wider])
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet
