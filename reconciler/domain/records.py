@@ -310,7 +310,8 @@ class RecordSet:
                    bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
                    bad_machines: Callable[[], list[BadMachine]] | None = None,
                    bad_machine_gpus: Callable[[], dict[str, str | None]] | None = None,
-                   last_prices: Callable[[], dict[str, float | None]] | None = None) -> RecordSet:
+                   last_prices: Callable[[], dict[str, float | None]] | None = None,
+                   passed_on_probation: Callable[[], list[BadMachine]] | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
         (tests/unit/test_record_index.py compares them)."""
@@ -329,6 +330,8 @@ class RecordSet:
             out._derived["bad_gpus_from"] = bad_machine_gpus
         if last_prices is not None:
             out._derived["prices_from"] = last_prices
+        if passed_on_probation is not None:
+            out._derived["passed_from"] = passed_on_probation
         return out
 
     def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
@@ -357,8 +360,8 @@ class RecordSet:
         on the same record.
 
         `passed_on_probation` (the views): also the machines that passed again while on probation (status ok
-        now, still on probation until its end), found from the verdicts that ever marked a machine bad, so
-        only those records are built. Never excluded, so the offer queries need not read them."""
+        now, still on probation until its end: `passed_on_probation()`). Never excluded, so the offer queries
+        need not read them."""
         key = f"standings@{now.isoformat() if now else None}"
         if key not in self._derived:
             self._derived[key] = [(b, b.standing(now)) for b in self.bad_machines()]
@@ -367,12 +370,21 @@ class RecordSet:
             return list(rows)
         wider = key + "+passed"
         if wider not in self._derived:
-            recorded = {b.machine_id for b, _ in rows}
-            once_bad = sorted({m for m, _, _ in self.bad_marks()} - recorded - self.unreadable_machine_ids)
-            passed = [(b, b.standing(now)) for b in map(BadMachine.of, self.records_of(once_bad))]
+            passed = [(b, b.standing(now)) for b in self.passed_on_probation()]
             self._derived[wider] = sorted([*rows, *((b, st) for b, st in passed if st.state == "probation")],
                                           key=lambda row: row[0].machine_id)
         return list(self._derived[wider])
+
+    def passed_on_probation(self) -> list[BadMachine]:
+        """The machines with status ok whose newest bad entry has a probation period (they passed again after
+        a bad record expired), by id, as `BadMachine`s: whether they are still on probation depends on `now`.
+        An indexed RecordSet reads them from a column, without building records."""
+        if "passed" not in self._derived:
+            source = self._derived.get("passed_from")
+            self._derived["passed"] = source() if source is not None else [
+                BadMachine.of(rec) for rec in self.records_of(sorted(self.machines))
+                if rec.status == "ok" and (m := rec.last_bad_entry()) is not None and m.probation_until is not None]
+        return list(self._derived["passed"])
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet
