@@ -34,7 +34,7 @@ from reconciler.adapters.lease import LeaseKeeper
 from reconciler.domain.leadership import LEADER_EPOCH_TRAILER
 from tests.gitrepos import git, make_origin, origin_file
 from tests.loop_support import trailers
-from tests.replica_support import WORKERS, Cluster, Replica, admin_get, directive, leads, post, worker_traffic
+from tests.replica_support import ADMIN, WORKERS, Cluster, Replica, admin_get, directive, leads, post, worker_traffic
 from tests.scenarios import SPEC_YAML
 
 
@@ -109,6 +109,12 @@ def test_the_leader_killed_during_a_pass_is_replaced_and_nothing_is_lost_or_doub
     holders = {v["leader"]["holder"] for v in views}  # both see the same leader: one of the survivors
     assert len(holders) == 1 and holders.pop().split("~")[0] in {f.name for f in followers}, views
     assert [v["leading"] for v in views].count(True) <= 1 and min(v["leader"]["epoch"] for v in views) >= 3, views
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    for f in followers:  # leader or not, every replica serves the page (with its leader line) and /metrics
+        page = httpx.get(f"{f.url}/", headers=auth, timeout=30)
+        assert page.status_code == 200 and 'id="leader"' in page.text, (f.name, page.status_code)
+        metrics = httpx.get(f"{f.url}/metrics", headers=auth, timeout=30)
+        assert metrics.status_code == 200 and "fleet_up" in metrics.text, (f.name, metrics.status_code)
 
 
 def test_a_stale_leader_resumed_before_the_new_leader_pushed_is_stopped_by_the_lease_check(
