@@ -1,11 +1,32 @@
-"""Timing helpers and the `Figure` every benchmark returns."""
+"""Timing helpers, the `Figure` every benchmark returns, and git for the benchmarks' repositories."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+#: git for the benchmarks' repositories: no user or system config, never a prompt.
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
+    """Run git in `cwd`; its stdout, or RuntimeError with its stderr."""
+    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, check=False,
+                          env={**os.environ, **GIT_ENV})
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout.decode()
+
+
+def fast_import_data(text: str | bytes) -> bytes:
+    """A `data` command of a `git fast-import` stream."""
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return b"data %d\n" % len(raw) + raw + b"\n"
 
 
 @dataclass(frozen=True)
@@ -48,3 +69,10 @@ def median_time(fn: Callable[[], object], repeats: int, setup: Callable[[], obje
             setup()
         times.append(timed(fn))
     return statistics.median(times)
+
+
+#: Settings of the PostgreSQL server the benches start (beyond tests/postgres_server.py's): a commit is
+#: acknowledged only once written to the OS (synchronous_commit=on; the test server's `off` acknowledges before),
+#: and not fsynced (fsync=off): what SQLite's synchronous=NORMAL promises, so both stores are measured on the same
+#: durability (a killed database loses nothing acknowledged; an OS crash may lose the last commits).
+POSTGRES_SETTINGS = {"synchronous_commit": "on", "fsync": "off"}
