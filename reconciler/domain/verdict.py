@@ -490,24 +490,65 @@ def _last_progress(report: InstanceReport) -> tuple[int, int | None]:
             requested if isinstance(requested, int) else None)
 
 
+#: Where the cause is named: the clause after the last of these is never cut (issue 23 item 2).
+_CAUSE_MARK = re.compile(r"\b(?:cause|error|failed)\s*:", re.IGNORECASE)
+#: A run of hex digits long enough to be a hash or an id (a params file's sha256, a container id).
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
+_URL_TOKEN = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s]+)(/\S*)$", re.IGNORECASE)
+_TRAILING = re.compile(r"[,;:.)\]'\"]+$")
+
+
 def _clip(text: str, limit: int = ROOT_CAUSE_CHARS) -> str:
-    """One line of at most `limit` characters: long paths/URLs shortened, chains cut to head and last cause."""
+    """One line of about `limit` characters that keeps the cause: long paths, URLs and hex ids are shortened
+    inside (`/var/…/v28-…params.part`); a joined chain keeps its head and its last (most specific) cause; a
+    single line keeps the clause after its last `cause:` / `error:` / `failed:` whole and shortens what is
+    before it. Only a clause longer than `limit` by itself is cut."""
     text = " ".join(_shorten_token(t) for t in text.split())
     if len(text) <= limit:
         return text
     parts = text.split(" | ")
-    if len(parts) >= 2:  # a joined chain: keep its head and its most specific (last) cause
-        head, last = parts[0], parts[-1][: limit // 2]
+    if len(parts) >= 2:
+        head, keep = parts[0], parts[-1]
         sep = " | … | " if len(parts) > 2 else " | "
-        room = limit - len(sep) - len(last)
-        if len(head) > room:
-            head = head[: room - 1] + "…"
-        return f"{head}{sep}{last}"
-    return text[: limit - 1] + "…"
+        marks = list(_CAUSE_MARK.finditer(keep))
+        if len(keep) + len(sep) > limit - 24 and marks and marks[-1].start() > 0:
+            keep = "…" + keep[marks[-1].start():]
+    else:
+        marks = [m for m in _CAUSE_MARK.finditer(text) if m.start() > 0]
+        if not marks:
+            return text[: limit - 1] + "…"
+        head, keep, sep = text[: marks[-1].start()].rstrip(), text[marks[-1].start():], " … "
+    keep = keep if len(keep) <= limit else keep[: limit - 1] + "…"
+    room = limit - len(sep) - len(keep)
+    if room < 16:  # the cause fills the line: it alone is shown, after the head's first words
+        room = 16
+    if len(head) > room:
+        head = head[: room - 1].rstrip() + "…"
+    return f"{head}{sep}{keep}"
 
 
 def _shorten_token(token: str, limit: int = 64) -> str:
-    return token if len(token) <= limit else f"{token[:28]}…{token[-28:]}"
+    """A long token shortened inside, keeping what names it: a URL's host and file, a path's first directory and
+    file, the first 8 digits of a hex id; trailing punctuation stays."""
+    if len(token) <= limit:
+        return token
+    trail = _TRAILING.search(token)
+    core, tail = (token[: trail.start()], trail.group()) if trail else (token, "")
+    core = _HEX_RUN.sub(lambda m: m.group()[:8] + "…", core)
+    url = _URL_TOKEN.search(core)
+    if url is not None and "/" in url.group(2)[1:]:
+        core = f"{core[:url.start()]}{url.group(1)}/…/{_short_name(url.group(2).rsplit('/', 1)[1])}"
+    elif "/" in core.strip("/"):
+        segments = core.split("/")
+        first = "/".join(segments[:2]) if core.startswith("/") else segments[0]
+        core = f"{first}/…/{_short_name(segments[-1])}" if len(segments) > 2 else core
+    if len(core) > limit:
+        core = f"{core[:28]}…{core[-28:]}"
+    return core + tail
+
+
+def _short_name(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else f"{name[:22]}…{name[-22:]}"
 
 
 def _round(value: float | None) -> float | None:

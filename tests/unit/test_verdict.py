@@ -249,3 +249,37 @@ def test_a_recovered_params_hiccup_never_explains_a_later_benchmark_failure() ->
                            log_tail=ring[:2] + ring[3:]), POOL, LATER)
     assert v2 is not None and v2.blame == "unknown"
     assert v2.signature is not None and v2.signature.startswith("benchmark-error-unrecognized-benchmark-exit-1-")
+
+
+#: aria2c's exception chain for a full disk (aria2 src/AbstractDiskWriter.cc: "Failed to write into the file %s,
+#: cause: %s" with strerror(ENOSPC); the `  -> [...]` cause lines of RequestGroup/AbstractCommand as aria2c prints
+#: them), on the real params file name (filecoin-project/curio build/proof-params/parameters.json).
+PARAMS_FILE = ("v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_hasher-"
+               "82a357d2f2ca81dc61bb45f4a762807aedee1b0a53fd6c4e77b46a01bfef7820.params")
+DISK_FULL_CHAIN = (
+    f"12/03 06:10:02 [ERROR] CUID#7 - Download aborted. URI=https://params.example.com/v28/{PARAMS_FILE}",
+    f"Exception: [AbstractCommand.cc:351] errorCode=9 URI=https://params.example.com/v28/{PARAMS_FILE}",
+    "  -> [RequestGroup.cc:760] errorCode=9 Download aborted.",
+    "  -> [AbstractDiskWriter.cc:453] errNum=28 errorCode=9 Failed to write into the file "
+    f"/var/tmp/filecoin-proof-parameters/{PARAMS_FILE}.part, cause: No space left on device",
+)
+
+
+def test_a_long_chain_keeps_the_clause_after_cause_and_shortens_paths_urls_and_ids_inside() -> None:
+    v = judge(params_failed_report("pro-0-disk", "40213", DISK_FULL_CHAIN), POOL, LATER)
+    assert v is not None and v.blame == "configuration"
+    assert v.reason.endswith("cause: No space left on device"), v.reason
+    cause = v.reason.split(": ", 2)[2]
+    assert len(cause) <= 240
+    assert "82a357d2…" in cause and "7b46a01b" not in cause  # a hex id: its first 8 digits
+    assert "/var/…/" in cause and "/var/tmp/filecoin-proof-parameters/" not in cause  # a path: first dir + file
+
+
+@pytest.mark.parametrize("marker", ["cause:", "error:", "failed:"])
+def test_a_single_long_line_keeps_the_clause_after_its_cause_marker(marker: str) -> None:
+    words = " ".join(f"step{n} of the set-up went fine" for n in range(12))
+    line = f"fleet: {words}; then {marker} the daemon could not open /dev/nvidia0 (No such device)"
+    v = judge(error_report("pro-0-long", "40213", [line]), POOL, LATER)
+    assert v is not None
+    assert v.reason.endswith(f"{marker} the daemon could not open /dev/nvidia0 (No such device)"), v.reason
+    assert "…" in v.reason and len(v.reason.split(": ", 2)[2]) <= 240
