@@ -239,27 +239,39 @@ def _attempt(report: InstanceReport, phase: str, exit_code: int | None, complete
     daemon = report.result.daemon_log if report.result is not None else ()
     # The daemon's reason for each failed proof (protocol additions): cuzk-bench never prints it.
     reasons = tuple(p.reason for p in report.result.proofs if p.reason) if report.result is not None else ()
-    evidence = (*ring, *extra, *tail, *daemon, *reasons)
+    # The register body's GPU probe first: nvidia-smi failing at boot explains whatever failed later.
+    evidence = (*report.gpu_probe, *ring, *extra, *tail, *daemon, *reasons)
     return _Attempt(phase, exit_code, completed, requested, tuple(tail), evidence,
                     include_tunnel=phase == "tunnel")
 
 
-#: The worker's line when it starts the daemon (worker-image/entrypoint.sh): the benchmark's part of the ring.
-_DAEMON_START = re.compile(r"\bfleet: starting cuzk-daemon\b")
+#: The worker's line when it starts the daemon (worker-image/entrypoint.sh: `fleet: starting $DAEMON_BIN --config
+#: ...`, the binary's full path, `cuzk-daemon` or curio's `cuzk`): the benchmark's part of the ring.
+_DAEMON_START = re.compile(r"\bfleet: starting (?:\S*/)?cuzk(?:-daemon)?\b")
 #: Lines of the params fetch (aria2c, curl, the worker's params lines) before the daemon started.
 _FETCH_LINE = re.compile(r"\b(?:aria2c|curl|errorCode=|Download|params: |manifest|checksum|resolve)|^\s*-> \[",
                          re.IGNORECASE)
 
 
+#: The worker's notes while it waits for the daemon to answer (entrypoint.sh): recovered once it answered.
+_DAEMON_WAIT = re.compile(r"\bfleet: waiting for cuzk-daemon to answer\b")
+
+
 def _ring_since_phase(report: InstanceReport, phase: str) -> tuple[str, ...]:
-    """The instance's log ring as evidence for `phase`: for the daemon/benchmark phases, what the params fetch
-    logged before the daemon started is dropped (a DNS retry that recovered must not explain a later benchmark
-    failure), while everything else of the set-up stays (nvidia-smi at start, kernel lines). By content, not by
-    timestamp: the worker's clock may be skewed."""
+    """The instance's log ring (the whole stored ring for an instance judged this pass) as evidence for `phase`:
+    for the daemon/benchmark phases, what the params fetch logged before the daemon started is dropped (a DNS
+    retry that recovered must not explain a later benchmark failure), and after the daemon phase so are the
+    worker's notes while it waited for the daemon to answer (it did answer), while everything else of the
+    set-up stays (nvidia-smi at start, kernel lines). By content, not by timestamp: the worker's clock may be
+    skewed."""
     lines = report.log_tail
     if phase == "params":
         return lines
     start = next((i for i in range(len(lines) - 1, -1, -1) if _DAEMON_START.search(lines[i])), None)
+    if phase in ("warmup", "benchmark"):
+        lines = tuple(line for line in lines if not _DAEMON_WAIT.search(line))
+        if start is not None:
+            start = next((i for i in range(len(lines) - 1, -1, -1) if _DAEMON_START.search(lines[i])), None)
     if start is None:
         return lines
     return (*(line for line in lines[:start] if not _FETCH_LINE.search(line)), *lines[start:])
