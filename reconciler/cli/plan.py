@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, describe_error, load_slot_state
+from reconciler.cli._shared import instant
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
 from reconciler.domain.forecast import fleet_forecast
 from reconciler.domain.marketplace import MarketplaceError
@@ -38,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="text (default), json, or markdown: the PR comment with the slot diff and each pool's "
                         "expected proofs/h and $/h from the machines' history")
     p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("--at", type=instant, default=None, metavar="TIME",
+                   help="read record expiry and probation as of this UTC time (ISO 8601) instead of now")
     p.set_defaults(func=run)
 
 
@@ -66,17 +69,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleet plan: cannot observe the fleet: {describe_error(exc)}", file=sys.stderr)
         return 1
 
-    now = datetime.now(UTC)
+    now = args.at or datetime.now(UTC)
     slot_plan = plan(spec, observed or {}, records, digest, now) if observed is not None else None
     if observed is None:
         notes.insert(0, RECORDS_ONLY_NOTE)
-    rows = pool_rows(spec, records, observed, slot_plan, digest)
+    rows = pool_rows(spec, records, observed, slot_plan, digest, now)
     all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
     cap_note = spend_cap_note(spec)
     if cap_note is not None and not any("spend cap" in n for n in all_notes):
         all_notes.append(cap_note)
     output = "json" if args.json else (args.format or "text")
-    forecasts = fleet_forecast(spec, records)
+    forecasts = fleet_forecast(spec, records, now)
     if output == "markdown":
         actions = ([{"kind": a.kind, "slot": a.slot, "reason": a.reason, "detail": a.detail}
                     for a in slot_plan.actions] if slot_plan else None)
@@ -124,12 +127,16 @@ def pause_notes(spec: FleetSpec, records: RecordSet, digest: str | None, now: da
 
 
 def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedSlot] | None,
-              slot_plan: SlotPlan | None, digest: str | None) -> list[dict[str, Any]]:
-    bad = records.bad_machine_ids()
+              slot_plan: SlotPlan | None, digest: str | None, now: datetime) -> list[dict[str, Any]]:
+    """Per pool: desired vs running, the machines of its GPU model the records exclude at `now` (bad, permanent,
+    banned, unreadable) and those on probation (rentable again), as `fleet records` shows them."""
+    bad = records.bad_machine_ids(now)
+    on_probation = {b.machine_id for b, standing in records.standings(now) if not standing.excluded}
     rows = []
     gpu_of = records.bad_machine_gpus()  # unreadable ones: unknown GPU
     for pool in spec.pools:
         bad_known = sorted(m for m in bad if gpu_of.get(m) in (None, pool.gpu_name))
+        probation_known = sorted(m for m in on_probation if gpu_of.get(m) in (None, pool.gpu_name))
         running = None
         if observed is not None:
             running = sum(1 for o in observed.values() if o.pool == pool.name and o.status in ("running", "loading"))
@@ -138,19 +145,20 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
             actions.update(a.kind for a in slot_plan.actions if a.pool == pool.name and a.kind != "keep")
         rows.append({
             "pool": pool.name, "gpu": pool.gpu_name, "desired": pool.count, "running": running,
-            "bad_machines_known": len(bad_known), "paused": pool_pause(pool.name, records, digest) is not None,
+            "bad_machines_known": len(bad_known), "probation_known": len(probation_known),
+            "paused": pool_pause(pool.name, records, digest) is not None,
             "actions": dict(sorted(actions.items())),
         })
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = ("POOL", "GPU", "DESIRED", "RUNNING", "BAD KNOWN", "PAUSED", "ACTIONS")
+    header = ("POOL", "GPU", "DESIRED", "RUNNING", "BAD KNOWN", "PROBATION", "PAUSED", "ACTIONS")
     lines = [header]
     for r in rows:
         acts = ", ".join(f"{k} {v}" for k, v in r["actions"].items()) or "-"
         lines.append((r["pool"], r["gpu"], str(r["desired"]), "?" if r["running"] is None else str(r["running"]),
-                      str(r["bad_machines_known"]), "yes" if r["paused"] else "no", acts))
+                      str(r["bad_machines_known"]), str(r["probation_known"]), "yes" if r["paused"] else "no", acts))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

@@ -1,8 +1,10 @@
 """`fleet records`: what the reconciler remembers, read from the record files under the spec directory.
 
-Bad machines (excluded from every offer query) with the verdict that made them bad, measured
-throughput per machine (what offer ranking uses), tripped image circuit breakers, and record files
-that cannot be read (exit 1: they are excluded from offers until a human fixes them).
+Bad machines (excluded from every offer query: bad, permanent, banned) and machines on probation (an
+expired bad record: rentable again), each with its standing at `--at` (default now: `RecordSet.standings`,
+the reading the offer queries use) and the verdict that made it bad, measured throughput per machine (what
+offer ranking uses), tripped image circuit breakers, and record files that cannot be read (exit 1: they are
+excluded from offers until a human fixes them).
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.record_index import load_indexed
-from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
+from reconciler.cli._shared import instant
+from reconciler.domain.observations import format_time
+from reconciler.domain.records import BadMachine, BenchmarkEntry, MachineRecord, RecordSet, Standing
 
 REASON_WIDTH = 100
 
@@ -24,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("records", help="bad machines, measured throughput, image suspects, unreadable records")
     p.add_argument("--spec-dir", type=Path, default=Path("fleet-spec"), help="spec directory (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--at", type=instant, default=None, metavar="TIME",
+                   help="read expiry and probation as of this UTC time (ISO 8601, e.g. 2026-12-02T22:00:00Z) "
+                        "instead of now")
     p.set_defaults(func=run)
 
 
@@ -33,11 +41,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleet records: {spec_dir} is not a directory (use --spec-dir)", file=sys.stderr)
         return 1
     records = load_indexed(spec_dir)
+    now = args.at or datetime.now(UTC)
     if args.json:
-        json.dump(to_json(records), sys.stdout, indent=2)
+        json.dump(to_json(records, now), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(records, spec_dir))
+        sys.stdout.write(render_text(records, spec_dir, now))
     for problem in records.problems:
         print(f"fleet records: unreadable record: {problem}", file=sys.stderr)
     return 1 if records.problems else 0
@@ -52,34 +61,49 @@ def deciding_entry(record: MachineRecord) -> BenchmarkEntry | None:
     return record.benchmarks[-1] if record.benchmarks else None
 
 
-def to_json(records: RecordSet) -> dict[str, Any]:
-    bad = []
-    for rec in records.bad_machines():
-        entry = rec.marking or rec.last  # what deciding_entry picks for a bad record
-        bad.append({"machine_id": rec.machine_id, "host_id": rec.host_id, "gpu_name": rec.gpu_name,
-                    "verdict": entry.verdict if entry else None, "reason": entry.reason if entry else rec.note,
-                    "at": entry.at if entry else None, "instance_id": entry.instance_id if entry else None})
+def _standing_json(bad: BadMachine, standing: Standing) -> dict[str, Any]:
+    entry = bad.marking or bad.last  # what deciding_entry picks for a bad record
+    return {"machine_id": bad.machine_id, "host_id": bad.host_id, "gpu_name": bad.gpu_name,
+            "standing": standing.state, "excluded": standing.excluded,
+            "until": format_time(standing.until) if standing.until else None, "standing_detail": standing.detail,
+            "verdict": entry.verdict if entry else None, "reason": entry.reason if entry else bad.note,
+            "at": entry.at if entry else None, "instance_id": entry.instance_id if entry else None}
+
+
+def to_json(records: RecordSet, now: datetime) -> dict[str, Any]:
+    standings = records.standings(now)
     return {
+        "at": format_time(now),
         "counts": _counts(records),
-        "bad_machines": bad,
+        "bad_machines": [_standing_json(b, s) for b, s in standings if s.excluded],
+        "probation": [_standing_json(b, s) for b, s in standings if not s.excluded],
         "perf": [vars(p).copy() for p in _perf(records)],
         "image_suspects": [img.to_yaml_dict() for img in records.images.values()],
         "problems": list(records.problems),
     }
 
 
-def render_text(records: RecordSet, spec_dir: Path) -> str:
+def render_text(records: RecordSet, spec_dir: Path, now: datetime) -> str:
     counts = _counts(records)
     by_status = ", ".join(f"{n} {s}" for s, n in counts["machines_by_status"].items())
     out = [f"{spec_dir}: {counts['machines']} machine record(s)" + (f" ({by_status})" if by_status else "")
            + f", {counts['image_suspects_active']} active image suspect(s), {len(records.problems)} unreadable"]
-    bad_rows = []
-    for rec in records.bad_machines():
-        e = rec.marking or rec.last
-        bad_rows.append([rec.machine_id, rec.host_id or "-", rec.gpu_name or "-", e.verdict if e else "-",
-                         e.at if e else "-", _clip((e.reason if e else rec.note) or "set bad by hand")])
+    bad_rows, probation_rows = [], []
+    for bad, standing in records.standings(now):
+        e = bad.marking or bad.last
+        reason = _clip((e.reason if e else bad.note) or "set bad by hand")
+        if standing.excluded:
+            bad_rows.append([bad.machine_id, standing.state, bad.host_id or "-", bad.gpu_name or "-",
+                             e.verdict if e else "-", e.at if e else "-", reason])
+        else:
+            probation_rows.append([bad.machine_id, standing.state, format_time(standing.until) if standing.until
+                                   else "-", bad.host_id or "-", bad.gpu_name or "-", e.verdict if e else "-", reason])
     out += ["", f"Bad machines ({len(bad_rows)}): excluded from every offer query"]
-    out += _table(["MACHINE", "HOST", "GPU", "LAST VERDICT", "DATE", "REASON"], bad_rows) if bad_rows else ["  none"]
+    out += _table(["MACHINE", "STANDING", "HOST", "GPU", "LAST VERDICT", "DATE", "REASON"], bad_rows) if bad_rows \
+        else ["  none"]
+    if probation_rows:
+        out += ["", f"On probation ({len(probation_rows)}): rentable again; a failure now is permanent"]
+        out += _table(["MACHINE", "STANDING", "UNTIL", "HOST", "GPU", "LAST VERDICT", "REASON"], probation_rows)
     perf_rows = [[p.machine_id, p.gpu_name or "-", f"{p.median_proofs_per_hour:.1f}", f"{p.last_proofs_per_hour:.1f}",
                   str(p.samples)] for p in _perf(records)]
     out += ["", f"Measured throughput ({len(perf_rows)} machine(s), proofs/hour)"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec_cached
+from reconciler.cli._shared import instant
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import RecordError
 from reconciler.domain.spec import SpecError
@@ -37,20 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     output.add_argument("--html", type=Path, metavar="FILE",
                         help="write a self-contained static HTML status page to FILE (also written, with the "
                              "problem shown, when the spec is stalled or the controller store is unreadable)")
-    p.add_argument("--at", type=_instant, default=None, metavar="TIME",
+    p.add_argument("--at", type=instant, default=None, metavar="TIME",
                    help="judge deadlines as of this UTC time (ISO 8601, e.g. 2026-12-02T22:00:00Z) instead of now: "
                         "replays what the status was at an incident")
     p.set_defaults(func=run)
-
-
-def _instant(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--at {text!r}: not an ISO 8601 time (e.g. 2026-12-02T22:00:00Z)") from None
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"--at {text!r}: give the time zone (Z for UTC)")
-    return value.astimezone(UTC)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,5 +126,5 @@ def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:
         print(f"fleet status: --html {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return False
     print(f"fleet status: wrote {path} ({len(view.pools)} pools, {len(view.instances)} instances, "
-          f"{len(view.bad_machines)} bad machines)")
+          f"{sum(1 for b in view.bad_machines if b.standing != 'probation')} bad machines)")
     return True

@@ -173,7 +173,7 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     changed: dict[str, ImageSuspectRecord] = {}
     budgets = kill_budgets(spec, records, now)
     used = {pool: set(b.used) for pool, b in budgets.items()}
-    already_bad = records.bad_machine_ids()
+    already_bad = records.bad_machine_ids(now)  # on probation: rentable, so a new failure is a new kill
     notes: list[str] = []
     out: list[Verdict] = []
     for v in verdicts:

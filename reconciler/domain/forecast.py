@@ -11,6 +11,7 @@ bound), and the forecast warns: the market as we have seen it cannot fill the po
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from reconciler.domain.records import MachineRecord, RecordSet
 from reconciler.domain.spec import FleetSpec, PoolSpec
@@ -74,17 +75,17 @@ def _known(record: MachineRecord, gpu_name: str) -> KnownMachine | None:
     return KnownMachine(record.machine_id, median, price)
 
 
-def known_machines(records: RecordSet, gpu_name: str) -> list[KnownMachine]:
+def known_machines(records: RecordSet, gpu_name: str, now: datetime | None = None) -> list[KnownMachine]:
     """What `_known` gives for every record, from the RecordSet's views (perf history, bad set, prices): the
     same machines and numbers without building each record (10,000 records: the index answers from columns)."""
-    bad = records.bad_machine_ids()
+    bad = records.bad_machine_ids(now)  # what the offer queries exclude at `now` (probation: rentable)
     prices = records.last_prices()
     return [KnownMachine(p.machine_id, p.median_proofs_per_hour, prices.get(p.machine_id))
             for p in records.perf_history().values() if p.gpu_name == gpu_name and p.machine_id not in bad]
 
 
-def pool_forecast(spec: FleetSpec, pool: PoolSpec, records: RecordSet) -> PoolForecast:
-    known = known_machines(records, pool.gpu_name)
+def pool_forecast(spec: FleetSpec, pool: PoolSpec, records: RecordSet, now: datetime | None = None) -> PoolForecast:
+    known = known_machines(records, pool.gpu_name, now)
     fits = [k for k in known if k.proofs_per_hour >= pool.min_rate_proofs_per_hour
             and (k.usd_per_hour is None or k.usd_per_hour <= pool.max_price_usd_per_hour)]
     fits.sort(key=lambda k: (-k.proofs_per_usd, -k.proofs_per_hour, k.machine_id))
@@ -123,5 +124,5 @@ def pool_forecast(spec: FleetSpec, pool: PoolSpec, records: RecordSet) -> PoolFo
                         len(chosen), from_prior, unknown, below, tuple(warnings))
 
 
-def fleet_forecast(spec: FleetSpec, records: RecordSet) -> tuple[PoolForecast, ...]:
-    return tuple(pool_forecast(spec, pool, records) for pool in spec.pools)
+def fleet_forecast(spec: FleetSpec, records: RecordSet, now: datetime | None = None) -> tuple[PoolForecast, ...]:
+    return tuple(pool_forecast(spec, pool, records, now) for pool in spec.pools)

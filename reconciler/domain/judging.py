@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 
 from reconciler.domain.breaker import KillBudget, apply_guards
@@ -19,7 +19,15 @@ from reconciler.domain.records import (
     RecordSet,
     check_machine_id,
 )
-from reconciler.domain.serving import EARLY, SERVING_VERDICTS, judge_early, judge_serving, last_signal, with_expiry
+from reconciler.domain.serving import (
+    EARLY,
+    SERVING_VERDICTS,
+    fleet_heard_again,
+    judge_early,
+    judge_serving,
+    last_signal,
+    with_expiry,
+)
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import Verdict, deadline, judge
 
@@ -118,6 +126,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         passed.update(rec_passed)
     # Newest signal first, for `judge_serving`'s "anyone heard from since?": only once an instance serves.
     signals: list[tuple[datetime, str]] | None = None
+    lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
+    fleet_back: tuple[datetime | None] | None = None  # (`fleet_heard_again`,) once computed
     machines: dict[str, MachineRecord] = dict(records.machines)
     notes: list[str] = list(f"unreadable record kept as is: {p}" for p in records.problems)
     pending: list[str] = []
@@ -149,8 +159,12 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                 if report.first("serve", "started") is not None:  # else judge_serving never reads it
                     if signals is None:
                         signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
+                    if fleet_back is None and now - last_signal(report) > lost_after:
+                        # Every signal of the fleet, sorted: only when a serving worker has been silent that long.
+                        fleet_back = (fleet_heard_again(reports, lost_after),)
                     others = next((t for t, i in signals if i != report.instance_id), None)
-                verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others)
+                verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others,
+                                        fleet_back=fleet_back[0] if fleet_back else None)
             else:
                 prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
                 verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,

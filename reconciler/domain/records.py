@@ -25,6 +25,8 @@ IMAGES_DIR = "images"
 #: Record statuses: `bad` excludes the machine until its newest bad entry expires (then probation);
 #: `banned` (an operator's PR) never expires; `pardoned` (an operator's PR) is rentable.
 RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
+#: Set only by an operator's PR; a verdict never lifts a ban, and only a new failure ends a pardon.
+OPERATOR_STATUSES = ("banned", "pardoned")
 #: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
 STAGES = ("admission", "serving")
 
@@ -152,12 +154,15 @@ class MachineRecord:
     def with_entry(self, entry: BenchmarkEntry, *, host_id: str | None, gpu_name: str | None) -> MachineRecord:
         """The record after a new verdict: appended history; status follows the newest machine evidence.
 
-        A verdict that marks the machine bad makes it bad; a passing benchmark makes it ok (a pardoned
-        machine that proves again is simply ok); verdicts blamed on the image or held by a breaker leave
-        the status as humans or earlier evidence set it.
+        A verdict that marks the machine bad makes it bad; a passing benchmark makes a bad machine ok;
+        verdicts blamed on the image or held by a breaker leave the status as humans or earlier evidence set
+        it. The operators' states are theirs: `banned` stays banned whatever the verdict (an instance rented
+        before the ban may still pass), `pardoned` stays pardoned until a NEW failure marks the machine bad.
         """
         status = self.status
-        if entry.marks_bad:
+        if status == "banned" or (status == "pardoned" and not entry.marks_bad):
+            pass  # the operator's word stands
+        elif entry.marks_bad:
             status = "bad"
         elif entry.verdict == "ok":
             status = "ok"
@@ -336,9 +341,19 @@ class RecordSet:
             return recorded
         key = f"bad@{now.isoformat()}"
         if key not in self._derived:
-            self._derived[key] = (frozenset(b.machine_id for b in self.bad_machines() if b.standing(now).excluded)
+            self._derived[key] = (frozenset(b.machine_id for b, standing in self.standings(now) if standing.excluded)
                                   | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived[key])
+
+    def standings(self, now: datetime | None) -> list[tuple[BadMachine, Standing]]:
+        """Every machine recorded bad or banned, by id, with where it stands at `now` (`standing_of`): bad,
+        permanent or banned (excluded from offers), or probation (rentable again). The one reading of a record's
+        standing that the offer queries (`bad_machine_ids`) and every view (`fleet records`, `fleet plan`,
+        `fleet status`, the page) share; `fleet why` and the directives call `standing_of` on the same record."""
+        key = f"standings@{now.isoformat() if now else None}"
+        if key not in self._derived:
+            self._derived[key] = [(b, b.standing(now)) for b in self.bad_machines()]
+        return list(self._derived[key])
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet

@@ -16,7 +16,8 @@ interval is busy when the daemon was busy at both of its ends). It is judged onl
 pool minimum would have done `min_proofs` proofs in that busy time, so one slow proof is never a verdict.
 Degraded: at every heartbeat for `degraded_after_minutes`, the rolling rate was judged and below
 min x (1 - margin). Lost: no heartbeat for `lost_after_minutes` while the controller heard from other
-machines (silence everywhere is more likely our own outage: held, never a verdict); blamed on the
+machines (silence everywhere is more likely our own outage: held, never a verdict; after such an outage the
+clock starts when the controller hears the fleet again, as workers come back seconds apart); blamed on the
 marketplace unless the worker's last words carry a signature (e.g. an Xid: machine).
 """
 
@@ -28,6 +29,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 from reconciler.domain.observations import InstanceReport, format_time
@@ -194,20 +196,43 @@ def is_serving(report: InstanceReport) -> bool:
         and report.destroyed_at is None
 
 
-def last_signal(report: InstanceReport) -> datetime:
-    """The newest time this worker said anything (event or result), by its own clock."""
+def signal_times(report: InstanceReport) -> list[datetime]:
+    """Every time the controller heard this worker (registration, events, result), unordered. The store stamps
+    events with their arrival (its own clock), so heartbeats a worker queued during an outage and flushed
+    afterwards all carry the time they arrived, not the time the worker wrote them."""
     times = [report.registered_at, *(e.at for e in report.events)]
     if report.result is not None:
         times.append(report.result.at)
-    return max(times)
+    return times
+
+
+def last_signal(report: InstanceReport) -> datetime:
+    """The newest time the controller heard this worker (event or result)."""
+    return max(signal_times(report))
+
+
+def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta) -> datetime | None:
+    """When the controller heard the fleet again after its newest fleet-wide silence longer than `silence`
+    (nobody heard at all: most likely our own outage); None if the reports hold no such silence.
+
+    After an outage the workers come back one by one, seconds apart, as each flushes its queue: a worker not
+    yet back has been silent since the outage began, but its silence only says something about it once the
+    controller has been hearing the fleet again for `lost_after_minutes`."""
+    times = sorted({t for r in reports for t in signal_times(r)}, reverse=True)
+    for newer, older in pairwise(times):
+        if newer - older > silence:
+            return newer
+    return None
 
 
 def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, *,
-                  fleet_last_signal: datetime | None) -> Verdict | None:
+                  fleet_last_signal: datetime | None, fleet_back: datetime | None = None) -> Verdict | None:
     """degraded or lost for an instance that passed admission and serves; None while it is fine.
 
-    `fleet_last_signal`: the newest signal from any OTHER instance; lost needs the controller to have heard
-    from someone after this instance fell silent."""
+    `fleet_last_signal`: the newest signal from any OTHER instance; `fleet_back`: when the controller heard the
+    fleet again after its newest fleet-wide silence (`fleet_heard_again`). Lost needs this instance to have
+    been silent for `lost_after_minutes` since it was last heard or since the fleet was heard again, whichever
+    is later, and the controller to have heard someone else at the end of that time."""
     failed = report.first("serve", "failed")
     if report.first("serve", "started") is None or report.destroyed_at is not None:
         return None
@@ -218,11 +243,14 @@ def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSetti
         return None  # stopped cleanly (TERM, or our own stop directive)
     health = serving_health(report, pool, settings)
     last = min(health.last_heartbeat or report.first("serve", "started").at, now)  # type: ignore[union-attr]
-    silent = now - last
-    if silent > timedelta(minutes=settings.lost_after_minutes):
-        if fleet_last_signal is None or fleet_last_signal < last + timedelta(minutes=settings.lost_after_minutes):
+    lost_after = timedelta(minutes=settings.lost_after_minutes)
+    # Silence during our own outage says nothing about the machine: count from when the fleet was heard again.
+    since = max(last, fleet_back) if fleet_back is not None and fleet_back <= now else last
+    if now - since > lost_after:
+        if fleet_last_signal is None or fleet_last_signal < since + lost_after:
             return None  # nobody was heard from since: maybe our own outage, never a verdict
-        return _lost(report, pool, settings, now, last, failure_message=None, tail=report.log_tail)
+        return _lost(report, pool, settings, now, last, failure_message=None, tail=report.log_tail,
+                     fleet_back=since if since > last else None)
     if health.below_since is not None and health.last_heartbeat is not None and health.rate is not None and \
             health.last_heartbeat - health.below_since >= timedelta(minutes=settings.degraded_after_minutes):
         return _degraded(report, pool, settings, now, health)
@@ -257,7 +285,7 @@ def _degraded(report: InstanceReport, pool: PoolSpec, settings: ServingSettings,
 
 
 def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, last: datetime, *,
-          failure_message: str | None, tail: Sequence[str]) -> Verdict:
+          failure_message: str | None, tail: Sequence[str], fleet_back: datetime | None = None) -> Verdict:
     match = classify(tail) if tail else None
     if match is not None:
         blame, cause = match.blame, redact_line(match.line)
@@ -269,11 +297,16 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
     if failure_message is not None:
         reason = f"lost: serving: {cause}"
     else:
-        reason = (f"lost: serving: no heartbeat for {silent_min:.0f} min (> {settings.lost_after_minutes:g} min)"
-                  + (f": {cause}" if cause else "; the marketplace's host went silent"))
+        outage = "" if fleet_back is None else (
+            f"; {(now - fleet_back).total_seconds() / 60:.0f} min since the controller heard the fleet again at "
+            f"{format_time(fleet_back)} after its outage")
+        reason = (f"lost: serving: no heartbeat for {silent_min:.0f} min (> {settings.lost_after_minutes:g} min"
+                  f"{outage})" + (f": {cause}" if cause else "; the marketplace's host went silent"))
     evidence = {"stage": "serving", "last_signal": format_time(last), "silent_minutes": round(silent_min, 1),
                 "lost_after_minutes": settings.lost_after_minutes,
                 "log_tail": redact_lines(list(tail)[-EVIDENCE_LOG_LINES:])}
+    if fleet_back is not None:
+        evidence["fleet_heard_again"] = format_time(fleet_back)
     if match is not None:
         evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
     return _verdict(report, pool, now, LOST, blame, reason, evidence, None,
@@ -447,7 +480,9 @@ class Directive:
 def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: ServingSettings,
                now: datetime) -> dict[str, Directive]:
     """Per live instance: stop once any verdict on it failed (or its machine is excluded), serve once its
-    admission passed, else wait. Recomputed from the records every pass (crash-safe, idempotent)."""
+    admission passed, else wait. A banned machine's instance stops whatever its benchmark says, judged or
+    not (its machine id is the provisioner's claim, checked at registration). Recomputed from the records
+    every pass (crash-safe, idempotent)."""
     entries: dict[str, list[BenchmarkEntry]] = {}
     machine_of: dict[str, MachineRecord] = {}
     for rec in records.machines.values():
@@ -464,13 +499,17 @@ def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: 
         # the slot idle without a replacement. A failed admission never serves.
         failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)),
                        None)
-        machine = machine_of.get(report.instance_id)
-        if failing is not None:
-            out[report.instance_id] = Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
-        elif machine is not None and machine.is_bad_at(now):
+        machine = machine_of.get(report.instance_id) or (
+            records.machines.get(report.machine_id) if report.machine_id is not None else None)
+        standing = machine.standing(now) if machine is not None else None
+        if machine is not None and standing is not None and standing.state == "banned":
             out[report.instance_id] = Directive(report.instance_id, "stop",
-                                                f"machine {machine.machine_id}: {machine.standing(now).detail}",
-                                                machine.status, hb)
+                                                f"machine {machine.machine_id}: {standing.detail}", machine.status, hb)
+        elif failing is not None:
+            out[report.instance_id] = Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
+        elif machine is not None and standing is not None and standing.excluded and mine:
+            out[report.instance_id] = Directive(report.instance_id, "stop",
+                                                f"machine {machine.machine_id}: {standing.detail}", machine.status, hb)
         elif mine:
             out[report.instance_id] = Directive(report.instance_id, "serve", mine[-1].reason, mine[-1].verdict, hb)
         else:

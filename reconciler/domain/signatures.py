@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from reconciler.domain import cuda_errors, xid
 from reconciler.domain.verdicts import BLAMES
 
 
@@ -54,6 +55,10 @@ class Signature:
     #: Lower-case literals, one of which every match of `pattern` contains: a line that has none of them is
     #: not searched (tests/unit/test_signature_prefilter.py proves this from the parsed pattern).
     needs: tuple[str, ...] = ()
+    #: The blame is inferred from a code that a failing GPU and our own software can both produce (a CUDA
+    #: 719/999 without a kernel log, an ambiguous Xid): the same signature on distinct machines with one image
+    #: is evidence against the image, and the circuit breaker judges it, not each machine.
+    correlates: bool = False
 
     def __post_init__(self) -> None:
         if self.blame not in BLAMES or self.blame == "none":
@@ -62,9 +67,9 @@ class Signature:
 
 def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str],
          setting: str | None = None, explains: str | None = None, whole_line: bool = False,
-         flags: int = re.IGNORECASE) -> Signature:
+         correlates: bool = False, flags: int = re.IGNORECASE) -> Signature:
     return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line,
-                     tuple(dict.fromkeys(needs)))
+                     tuple(dict.fromkeys(needs)), correlates)
 
 
 # How decisive a line is: the highest priority found anywhere in the evidence names the cause
@@ -86,16 +91,26 @@ PRIORITY_SYMPTOM = 30     # cascade symptoms: our daemon gone, an RPC that faile
 # Settings named by configuration/params verdicts (fleet-spec/schema/fleet.schema.json).
 SETTING_VRAM = "pools[].gpu_name (a GPU with more memory) or pools[].benchmark.concurrency"
 SETTING_HOST_RAM = "pools[].min_host_ram_gb (and the daemon's [memory] total_budget)"
+#: cudaHostAlloc pins HOST memory (page-locked RAM), not GPU memory. cuzk has no pinned-pool setting of its own:
+#: the pool counts against [memory] total_budget, and `memory.pinned_budget` is deprecated and ignored (curio
+#: e0294b0f extern/cuzk/cuzk-core/src/config.rs:76-80,115-119; pinned_pool.rs:57-68,194-206).
+SETTING_PINNED_HOST = ("pools[].min_host_ram_gb (cudaHostAlloc pins host RAM, not GPU memory), the container's "
+                       "locked-memory limit (docker --ulimit memlock=-1) and the daemon's [memory] total_budget")
+SETTING_CA_BUNDLE = "worker-image/ (install ca-certificates: the image has no CA bundle for the mirror's TLS)"
+SETTING_CPU_BASELINE = ("the image's build flags (a portable CPU baseline, no -march/target-cpu=native) or a pool "
+                        "CPU filter: the binary uses instructions this CPU lacks")
 SETTING_DISK = "pools[].disk_gb"
 SETTING_MIRROR = "params.base_url (the mirror must serve every file of the manifest)"
 SETTING_PARAMS_SET = "params (sector_size / base_url): the params dir lacks a file the proof needs"
 SETTING_BENCH_INPUT = "params.base_url (ship c1.json in the mirror) or the worker's FLEET_BENCH_C1"
 
 # --- decoding tables ------------------------------------------------------------------------------------
-#: cudaError_t (CUDA 12 runtime): code -> (enum name, cudaGetErrorString, blame, signature name, setting).
+#: cudaError_t codes with a signature of their own: code -> (enum name, cudaGetErrorString, blame, signature
+#: name, setting). Every other code of the whole table (`cuda_errors.CUDA_ERRORS`) is decoded by the class
+#: signatures `cuda-gpu-fault` (machine) and `cuda-software-error` (image).
 #: sppark reports them negated (`sppark::Error #-2`, sppark util/exception.cuh:12-21) in builds without
 #: TAKE_RESPONSIBILITY_FOR_ERROR_MESSAGE, else as `<expr>@<file>:<line> failed: "<text>"`.
-CUDA_ERRORS: dict[int, tuple[str, str, str, str, str | None]] = {
+CUDA_OWN_SIGNATURES: dict[int, tuple[str, str, str, str, str | None]] = {
     2: ("cudaErrorMemoryAllocation", "out of memory", "configuration", "cuda-out-of-memory", SETTING_VRAM),
     3: ("cudaErrorInitializationError", "initialization error", "machine", "cuda-init-error", None),
     35: ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", "image",
@@ -112,22 +127,30 @@ CUDA_ERRORS: dict[int, tuple[str, str, str, str, str | None]] = {
           None),
 }
 
-#: NVIDIA Xid catalogue (docs.nvidia.com/deploy/xid-errors): 13/31/43 are filed under "restart the
-#: application" (our software faulted the GPU); the rest here are hardware or driver (the machine).
-XID_APPLICATION = (13, 31, 43)
-XID_ECC = (48, 63, 64, 92, 94, 95)
-XID_FELL_OFF_BUS = (79,)
-XID_GSP_TIMEOUT = (119,)
+#: The whole NVIDIA Xid catalogue by class (`xid.py`: which Xid says what about whom).
+XID_APPLICATION = xid.xids_of(xid.APPLICATION)
+XID_ECC = xid.xids_of(xid.MEMORY)
+XID_FELL_OFF_BUS = xid.xids_of(xid.BUS)
+XID_GSP_TIMEOUT = xid.xids_of(xid.GSP)
+XID_HARDWARE = xid.xids_of(xid.HARDWARE)
+XID_AMBIGUOUS = xid.xids_of(xid.AMBIGUOUS)
+
+#: CUDA runtime codes decoded by the class signatures (the whole enum less those with their own signature).
+CUDA_GPU_FAULT = tuple(c for c in cuda_errors.codes_with_blame("machine") if c not in CUDA_OWN_SIGNATURES)
+CUDA_SOFTWARE = tuple(c for c in cuda_errors.codes_with_blame("image") if c not in CUDA_OWN_SIGNATURES)
 
 #: aria2c EXIT STATUS (aria2 manual) grouped by meaning.
 ARIA2_NOT_FOUND = (3, 4)
 ARIA2_DISK_FULL = (9,)
 ARIA2_DNS = (19,)
-ARIA2_NETWORK = (1, 2, 5, 6, 7, 8, 22, 29)
+ARIA2_NETWORK = (1, 2, 5, 6, 7, 8, 22)
+ARIA2_AUTH = (24,)
+ARIA2_MIRROR_BUSY = (29,)
 ARIA2_CHECKSUM = (32,)
 ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
                  5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
                  9: "not enough disk space", 19: "name resolution failed", 22: "bad HTTP response",
+                 24: "HTTP authorization failed",
                  29: "server overloaded or in maintenance", 32: "checksum validation failed"}
 #: curl EXIT CODES (curl man page) grouped by meaning.
 CURL_NOT_FOUND = (22,)
@@ -136,16 +159,19 @@ CURL_CONNECT = (7,)
 CURL_TIMEOUT = (28,)
 CURL_DISK = (23,)
 CURL_NETWORK = (16, 18, 52, 55, 56, 92)
+CURL_TLS_CA = (77,)
 CURL_MEANING = {6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
                 22: "HTTP error (-f)", 23: "write error", 28: "operation timed out", 52: "empty reply",
-                55: "send failure", 56: "receive failure", 92: "HTTP/2 stream error"}
+                55: "send failure", 56: "receive failure", 60: "peer certificate cannot be authenticated",
+                77: "problem with the CA cert (path? access rights?)", 92: "HTTP/2 stream error"}
 
 
 def _codes(codes: Iterable[int]) -> str:
     return "(?:" + "|".join(str(c) for c in codes) + r")\b"
 
 
-_XID = r"\bXid(?: \(PCI:[0-9a-fA-F:.]+\))?:?\s+"
+# `NVRM: Xid (PCI:0000:01:00): 79, ...` and the older `NVRM: Xid (0000:01:00): 31, ...` (no `PCI:`).
+_XID = r"\bXid(?: \((?:PCI:)?[0-9a-fA-F:.]+\))?:?\s+"
 
 
 def _xid(codes: Iterable[int]) -> str:
@@ -159,7 +185,7 @@ _CURL_NEEDS = ("curl: (", "exit code ")
 
 
 def _cuda_needs(code: int) -> tuple[str, ...]:
-    enum, text, *_ = CUDA_ERRORS[code]
+    enum, text, *_ = CUDA_OWN_SIGNATURES[code]
     return f"sppark::error #-{code}", enum.lower(), text.lower()
 
 
@@ -173,19 +199,50 @@ def _curl(codes: Iterable[int]) -> str:
 
 
 def _cuda(code: int) -> str:
-    enum, text, *_ = CUDA_ERRORS[code]
+    enum, text, *_ = CUDA_OWN_SIGNATURES[code]
     return rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+
+
+def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
+    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, and the runtime's text
+    where the table has it (quoted by sppark or after PyTorch's `CUDA error: `; bare when it is distinctive)."""
+    enums = [cuda_errors.CUDA_ERRORS[c].name for c in codes] + list(names)
+    texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
+    regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
+    needs = ["sppark::error #-", "cudaerror"]
+    if texts:
+        quoted = "|".join(re.escape(t) for t in texts)
+        regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
+        needs += ['failed: "', "cuda error: "]
+        distinctive = [t for t in texts if len(t) > 20]
+        if distinctive:
+            regex += "|" + "|".join(re.escape(t) for t in distinctive)
+            needs += [t.lower() for t in distinctive]
+    return regex, tuple(needs)
+
+
+_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT)
+_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES)
 
 
 def _cuda_sigs(priority: int) -> list[Signature]:
     out = []
-    for code, (enum, text, blame, name, setting) in CUDA_ERRORS.items():
+    for code, (enum, text, blame, name, setting) in CUDA_OWN_SIGNATURES.items():
         if blame == "machine":
             continue  # in the hardware group, at hardware priority
         out.append(_sig(name, blame, priority, _cuda(code), f"CUDA error {code} ({enum}): {text}",
                         needs=_cuda_needs(code), setting=setting, explains=f"{enum} ({code}): {text}"))
     return out
 
+
+def _exit_code(code: int) -> str:
+    # The worker's account of a cuzk process (`cuzk-daemon exited (code 139) ...`, `cuzk-bench exited with code
+    # 139 ...`) or a shell's `exit code 139`: 128 + the signal number.
+    return rf"\bexited (?:with code |\(code ){code}\b|\bexit code {code}\b|\bsignal: {code - 128}\b"
+
+
+_EXIT_CODE_NEEDS = ("exited ", "exit code ", "signal: ")
 
 # What our own daemon looks like from the bench or the worker (loopback or the daemon named).
 _OUR_DAEMON = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|unix://|cuzk|daemon)"
@@ -201,15 +258,25 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          needs=("uncorrectable ecc", "double bit error", "ecc_uncorrectable", "cudaerroreccuncorrectable",
                 "sppark::error #-214", *_XID_NEEDS)),
     _sig("gpu-gsp-timeout", "machine", 100, rf"{_xid(XID_GSP_TIMEOUT)}|waiting for RPC response from GPU\d* GSP",
-         "the GPU's GSP firmware stopped answering (Xid 119): driver or hardware",
+         "the GPU's GSP firmware stopped answering or failed (Xid 119/120): driver or hardware",
          needs=(*_XID_NEEDS, "waiting for rpc response from gpu")),
+    _sig("gpu-xid-hardware", "machine", PRIORITY_HARDWARE, _xid(XID_HARDWARE),
+         "an NVIDIA Xid the catalogue files as fatal to the GPU (reset the GPU, reboot, check mechanicals, NVLink): "
+         "hardware or driver", needs=_XID_NEEDS),
+    _sig("host-memory-hardware-error", "machine", PRIORITY_HARDWARE,
+         r"hardware memory corruption|\bMemory failure: 0x[0-9a-f]+|\[Hardware Error\]|Machine check events logged",
+         "the host's RAM or CPU reported a hardware error (machine check / memory failure: the kernel sends SIGBUS "
+         "to the process using the page)",
+         needs=("hardware memory corruption", "memory failure: 0x", "[hardware error]", "machine check events logged")),
     _sig("gpu-lost", "machine", 100, r"GPU is lost|GPU has been lost",
          "the driver lost the GPU (nvidia-smi): reboot or service", needs=("is lost", "has been lost")),
     _sig("nvidia-driver-unreachable", "machine", 100,
          r"couldn't communicate with the NVIDIA driver"
-         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)",
+         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)"
+         r"|Unable to determine the device handle for GPU\S*: Unknown Error",
          "the host's NVIDIA driver is not loaded or not reachable from the container",
-         needs=("couldn't communicate with the nvidia driver", "failed to initialize nvml: ")),
+         needs=("couldn't communicate with the nvidia driver", "failed to initialize nvml: ",
+                "unable to determine the device handle for gpu")),
     _sig("nvidia-driver-mismatch", "machine", 100, r"Driver/library version mismatch",
          "the host's kernel driver and user-space NVIDIA libraries differ (upgraded without reboot)",
          needs=("driver/library version mismatch",)),
@@ -237,12 +304,32 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("gpu-xid-application", "image", 95, _xid(XID_APPLICATION),
          "NVIDIA Xid 13/31/43: an application fault (NVIDIA: restart the application) - our software",
          needs=_XID_NEEDS),
+    _sig("cuda-gpu-fault", "machine", PRIORITY_CUDA_CODE + 2, _CUDA_GPU_FAULT[0],
+         "a CUDA error that says the GPU, its driver or the host's CUDA set-up failed (719 launch failure and 999 "
+         "unknown are how a GPU that fell off the bus shows without a kernel log); the same code on distinct "
+         "machines with one image is the breaker's to judge", needs=_CUDA_GPU_FAULT[1], correlates=True),
+    # --- 92: the image cannot run at all: dynamic loader, missing binary --------------------------------
+    _sig("loader-version-missing", "image", PRIORITY_LOADER,
+         r"version [`'\u2018]?(?:GLIBC_|GLIBCXX_|CXXABI_|GCC_)[\d.]+'? not found",
+         "a binary in the image was built against a newer glibc/libstdc++ than the image ships (glibc's loader: "
+         "version `GLIBC_x' not found)", needs=("glibc", "cxxabi_", "gcc_")),
+    _sig("shared-library-missing", "image", PRIORITY_LOADER, r"error while loading shared libraries",
+         "a library our binaries need is missing from the image", needs=("error while loading shared libraries",)),
+    _sig("binary-not-installed", "image", PRIORITY_LOADER, r"is not installed in this image",
+         "the worker found no cuzk binary in the image (worker-image/entrypoint.sh)",
+         needs=("is not installed in this image",)),
+    _sig("command-not-found", "image", PRIORITY_LOADER, r"\S+: (?:command )?not found\s*$|: command not found\b",
+         "a program our scripts call is not in the image", needs=("not found",)),
+    _sig("exec-format-error", "image", PRIORITY_LOADER, r"exec format error|cannot execute binary file",
+         "a binary in the image was built for another platform",
+         needs=("exec format error", "cannot execute binary file")),
     # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
     _sig("host-out-of-memory", "configuration", 90,
          r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
-         r"|memory allocation of \d+ bytes failed|Cannot allocate memory",
+         r"|memory allocation of \d+ bytes failed|Cannot allocate memory|std::bad_alloc",
          "host RAM exhausted: the kernel OOM killer, the cgroup limit, or a failed allocation",
-         setting=SETTING_HOST_RAM, needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory")),
+         setting=SETTING_HOST_RAM,
+         needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory", "std::bad_alloc")),
     _sig("process-killed", "configuration", 90,
          r"^(?:\S+: )?(?:line \d+: )?\s*\d+ Killed\s+.*cuzk|^Killed\s+.*cuzk|\bcuzk[\w-]* .*\bkilled by signal 9\b",
          "our cuzk process was SIGKILLed (bash job notification): the OOM killer, host RAM for the workload",
@@ -259,13 +346,61 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
          setting=SETTING_DISK, needs=("no space left on device", "disk quota exceeded", *_ARIA2_NEEDS, *_CURL_NEEDS)),
     # --- 85: decoded CUDA errors (out of memory -> configuration; kernels/PTX/faults -> image) ---------
-    *_cuda_sigs(85),
+    *_cuda_sigs(PRIORITY_CUDA_CODE),
+    _sig("cuda-software-error", "image", PRIORITY_CUDA_CODE, _CUDA_SOFTWARE[0],
+         "a CUDA error our software caused (an invalid call, a kernel fault, a missing kernel or PTX for this GPU)",
+         needs=_CUDA_SOFTWARE[1]),
+    # --- 81: TLS to the params mirror, by cause -------------------------------------------------------
+    # Go crypto/x509 (x509.go CertificateInvalidError.Error), OpenSSL X509_verify_cert_error_string as curl
+    # prints it (`curl: (60) SSL certificate problem: ...`), rustls CertificateError (Debug), GnuTLS verify
+    # status (aria2c's TLS on Debian/Ubuntu). The table order decides on one line: clock first.
+    _sig("tls-clock-behind", "machine", PRIORITY_PARAMS + 1,
+         r"current time \S+ is before \S+|certificate is not yet valid|\bNotValidYet\b|not yet activated",
+         "the machine's clock is before the certificate's start (notBefore): the host clock is wrong",
+         needs=("current time ", "certificate is not yet valid", "notvalidyet", "not yet activated")),
+    _sig("tls-certificate-expired", "params", PRIORITY_PARAMS + 1,
+         r"current time \S+ is after \S+|certificate has expired|invalid peer certificate: Expired\b",
+         "the params mirror's TLS certificate has expired (or the machine's clock is far ahead)",
+         setting=SETTING_MIRROR,
+         needs=("current time ", "certificate has expired", "invalid peer certificate: expired")),
+    _sig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
+         rf"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
+         rf"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
+         rf"|not signed by known authorities|{_curl(CURL_TLS_CA)}",
+         "the image cannot verify the mirror's TLS certificate: no CA bundle (ca-certificates) in our image",
+         setting=SETTING_CA_BUNDLE,
+         needs=("certificate signed by unknown authority", "unable to get local issuer certificate",
+                "failed to load system roots", "error setting certificate ", "unknownissuer", "issuer is not known",
+                "not signed by known authorities", *_CURL_NEEDS)),
+    _sig("tls-hostname-mismatch", "configuration", PRIORITY_PARAMS + 1,
+         r"x509: certificate is valid for .*, not \S+|no alternative certificate subject name matches"
+         r"|\bNotValidForName\b|does not match target host name",
+         "the mirror's certificate is for another host name: params.base_url names the wrong host",
+         setting=SETTING_MIRROR,
+         needs=("x509: certificate is valid for ", "no alternative certificate subject name matches",
+                "notvalidforname", "does not match target host name")),
     # --- 80: params set-up --------------------------------------------------------------------------
-    _sig("params-not-found", "params", 80,
-         rf"{_aria2(ARIA2_NOT_FOUND)}|{_curl(CURL_NOT_FOUND)}|returned error: 40[34]\b",
-         "the params mirror does not serve a file (HTTP 404/403): the mirror or params.base_url",
+    # HTTP statuses from the params mirror (curl -f: `The requested URL returned error: N`; aria2c: `status=N`
+    # in its exception, exit 24 for authorization; wget `ERROR N: `; Python urllib `HTTP Error N: `). Before
+    # params-not-found: on one `curl: (22) ... returned error: 403` line the status decides.
+    _sig("params-mirror-denied", "configuration", PRIORITY_PARAMS,
+         rf"returned error: 40[13]\b|\bstatus=40[13]\b|ERROR 40[13]: |HTTP Error 40[13]\b|{_aria2(ARIA2_AUTH)}",
+         "the params mirror refused us (HTTP 401/403): our configuration (params.base_url, its credentials)",
+         setting=SETTING_MIRROR, explains="aria2c 24: HTTP authorization failed",
+         needs=("returned error: 40", "status=40", "error 40", "http error 40", *_ARIA2_NEEDS)),
+    _sig("params-mirror-unavailable", "params", PRIORITY_PARAMS,
+         rf"returned error: (?:429|50[234])\b|\bstatus=(?:429|50[234])\b|ERROR 429: |ERROR 50[234]: "
+         rf"|HTTP Error (?:429|50[234])\b|{_aria2(ARIA2_MIRROR_BUSY)}",
+         "the params mirror is overloaded, rate-limiting or down (HTTP 429/502/503/504): the mirror, not the machine",
+         setting=SETTING_MIRROR, explains="aria2c 29: server overloaded or in maintenance",
+         needs=("returned error: ", "status=", "error 429: ", "error 50", "http error ",
+                *_ARIA2_NEEDS)),
+    _sig("params-not-found", "params", PRIORITY_PARAMS,
+         rf"{_aria2(ARIA2_NOT_FOUND)}|{_curl(CURL_NOT_FOUND)}|returned error: 404\b|\bstatus=404\b|ERROR 404: "
+         rf"|HTTP Error 404\b",
+         "the params mirror does not serve a file (HTTP 404): the mirror or params.base_url",
          setting=SETTING_MIRROR, explains="aria2c 3 / curl 22: resource not found",
-         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS, "returned error: 40")),
+         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS, "returned error: 404", "status=404", "error 404", "http error 404")),
     _sig("srs-param-file-missing", "params", 80, r"SRS param file not found",
          "the daemon cannot find the SRS .params file for the proof (curio srs_manager.rs:173-178)",
          setting=SETTING_PARAMS_SET, needs=("srs param file not found",)),
@@ -283,15 +418,27 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "supraseal could not load the SRS into pinned host RAM (groth16_srs.cuh:268-271)",
          setting=SETTING_HOST_RAM, needs=("failed to load srs from",)),
     # --- 70: our software ----------------------------------------------------------------------------
-    _sig("segfault", "image", 70, r"Segmentation fault|SIGSEGV|segfault at",
-         "a binary in the image crashed (SIGSEGV)", needs=("segmentation fault", "sigsegv", "segfault at")),
-    _sig("command-not-found", "image", 70, r"\S+: (?:command )?not found\s*$|: command not found\b",
-         "a program our scripts call is not in the image", needs=("not found",)),
-    _sig("shared-library-missing", "image", 70, r"error while loading shared libraries",
-         "a library our binaries need is missing from the image", needs=("error while loading shared libraries",)),
-    _sig("exec-format-error", "image", 70, r"exec format error|cannot execute binary file",
-         "a binary in the image was built for another platform",
-         needs=("exec format error", "cannot execute binary file")),
+    # Process deaths by signal: bash's job notice (`<pid> Segmentation fault (core dumped) <cmd>`, strsignal
+    # text), Rust's ExitStatus (`signal: 11 (SIGSEGV)`), the worker's `exited (code 128+N)`.
+    _sig("cpu-instruction-set-missing", "image", PRIORITY_SOFTWARE + 2,
+         rf"\bIllegal instruction\b(?! was encountered)|\bSIGILL\b|illegal hardware instruction|{_exit_code(132)}",
+         "a binary in the image used a CPU instruction this machine's CPU lacks (SIGILL): our build assumed an "
+         "instruction set (-march/target-cpu=native, AVX-512, ADX); the CPU is not faulty, and any machine of "
+         "that CPU generation fails the same way", setting=SETTING_CPU_BASELINE,
+         needs=("illegal instruction", "sigill", "illegal hardware instruction", *_EXIT_CODE_NEEDS)),
+    _sig("segfault", "image", PRIORITY_SOFTWARE, rf"Segmentation fault|SIGSEGV|segfault at|{_exit_code(139)}",
+         "a binary in the image crashed (SIGSEGV)",
+         needs=("segmentation fault", "sigsegv", "segfault at", *_EXIT_CODE_NEEDS)),
+    _sig("bus-error", "image", PRIORITY_SOFTWARE, rf"\bBus error\b|\bSIGBUS\b|{_exit_code(135)}",
+         "a binary in the image touched a mapping with nothing behind it (SIGBUS: a truncated memory-mapped "
+         "file, a full /dev/shm or disk under a mapping): our software or its container set-up; a host memory "
+         "fault is logged as a machine check / memory failure, which outranks this",
+         needs=("bus error", "sigbus", *_EXIT_CODE_NEEDS)),
+    _sig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
+         rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b|{_exit_code(134)}",
+         "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
+         "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
+         needs=("terminate called after throwing an instance of", "aborted", "sigabrt", *_EXIT_CODE_NEEDS)),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
          r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
@@ -342,9 +489,18 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the params fetch did not finish before its deadline",
          needs=("params fetch exceeded fleet_params_timeout_s",)),
     # --- 55: the marketplace or host stopped the worker -----------------------------------------------
+    _sig("process-sigkill", "configuration", PRIORITY_MARKETPLACE - 1, rf"\bSIGKILL\b|{_exit_code(137)}",
+         "a process was SIGKILLed (exit 137) with no kernel line saying why: on a rental nearly always the OOM "
+         "killer (a marketplace stop sends SIGTERM first, logged as worker-stopped, which outranks this)",
+         setting=SETTING_HOST_RAM, needs=("sigkill", *_EXIT_CODE_NEEDS)),
     _sig("worker-stopped", "marketplace", 55, r"received SIG(?:TERM|INT|HUP) during phase|worker stopped by SIG",
          "the container was stopped from outside (the marketplace or the host)",
          needs=("received sig", "worker stopped by sig")),
+    # --- 52: an Xid that does not say who faulted (NONFATAL engine exceptions): never decisive ---------
+    _sig("gpu-xid-ambiguous", "unknown", PRIORITY_PANIC + 2, _xid(XID_AMBIGUOUS),
+         "an NVIDIA Xid the driver recovered by tearing the channel down (copy engine, PBDMA, idle timeout, "
+         "preemptive cleanup): our kernel or the GPU; only correlation across machines tells",
+         needs=_XID_NEEDS, correlates=True),
     # --- 50: any other panic in our binaries ---------------------------------------------------------
     _sig("rust-panic", "image", 50, r"thread '[^']*' panicked at|panicked with message",
          "a binary in the image panicked", needs=("panicked",)),
@@ -356,6 +512,20 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("daemon-rpc-failed", "image", 30, r"(?:Prove|PreloadSRS|GetStatus|GetMetrics) RPC failed",
          "an RPC to our daemon failed (the daemon died or returned an error)", needs=("rpc failed",)),
 ), key=lambda s: -s.priority))
+
+
+#: Decided from two lines of one evidence: cuzk's pinned pool warns `cudaHostAlloc failed size_gib=.. cuda_err=2`
+#: (curio e0294b0f extern/cuzk/cuzk-core/src/pinned_pool.rs:57-68, 194-206) and falls back; when the attempt
+#: then fails on `sppark::Error #-2` / cudaErrorMemoryAllocation, the allocation that failed is pinned HOST
+#: memory (host RAM, the container's memlock limit), not GPU memory. Alone the warning is no failure (a healthy
+#: run may log it), so it is not in SIGNATURES: `refine` turns a cuda-out-of-memory match into this one.
+PINNED_HOST_MEMORY = _sig(
+    "pinned-host-memory", "configuration", PRIORITY_CUDA_CODE + 1, r"\bcudaHostAlloc failed",
+    "pinned host memory could not be allocated (cudaHostAlloc: page-locked host RAM), then CUDA reported out of "
+    "memory: host RAM or the container's locked-memory limit, not the GPU's memory",
+    setting=SETTING_PINNED_HOST, explains="cudaErrorMemoryAllocation (2) from cudaHostAlloc: pinned host memory",
+    needs=("cudahostalloc failed",))
+_REFINED_BY = {"cuda-out-of-memory": PINNED_HOST_MEMORY}
 
 
 @dataclass(frozen=True)
@@ -387,15 +557,18 @@ class SignatureMatch:
 
 _BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit code \d+|^curl: \(\d+\)|\berrorCode=\d+\s*$")
 _SPPARK_CODE = re.compile(r"sppark::Error #-(\d+)")
+_CUDA_ENUM = re.compile(r"\b(cudaError[A-Za-z]+)\b")
 _TOOL_CODE = re.compile(r"\b(aria2c|curl)\b.*?\bexit code (\d+)|^(curl): \((\d+)\)")
 
 
 def code_meaning(line: str) -> str | None:
     """What a numeric error code in `line` means: a negated cudaError_t from sppark, an aria2c or curl exit code."""
     m = _SPPARK_CODE.search(line)
-    if m and int(m.group(1)) in CUDA_ERRORS:
-        enum, text, *_ = CUDA_ERRORS[int(m.group(1))]
-        return f"{enum} ({m.group(1)}): {text}"
+    if m and int(m.group(1)) in cuda_errors.CUDA_ERRORS:
+        return cuda_errors.CUDA_ERRORS[int(m.group(1))].meaning()
+    m = _CUDA_ENUM.search(line)
+    if m and m.group(1) in cuda_errors.BY_NAME:
+        return cuda_errors.BY_NAME[m.group(1)].meaning()
     m = _TOOL_CODE.search(line)
     if m:
         tool, code = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(3), int(m.group(4)))
@@ -518,14 +691,28 @@ def classify(lines: Iterable[str], table: Sequence[Signature] = SIGNATURES, *,
     matcher = _SIGNATURES_MATCHER if table is SIGNATURES else _Matcher(table)
     first = _first_signature if table is SIGNATURES else matcher.first
     best: SignatureMatch | None = None
-    for i, ln in enumerate(_read_tail(lines if isinstance(lines, tuple) else tuple(lines))):
+    read = _read_tail(lines if isinstance(lines, tuple) else tuple(lines))
+    for i, ln in enumerate(read):
         if ln.noise or (ln.tunnel and not include_tunnel):
             continue
         k = first(ln.text, len(ln.tag) + 2 if ln.tag else 0)
         # A later line wins only with a strictly higher priority: on a tie the earlier line stays.
         if k is not None and (best is None or matcher.table[k].priority > best.signature.priority):
             best = SignatureMatch(matcher.table[k], ln.text, i)
-    return best
+    return refine(best, read, include_tunnel=include_tunnel)
+
+
+def refine(match: SignatureMatch | None, read: Sequence[LogicalLine], *,
+           include_tunnel: bool = False) -> SignatureMatch | None:
+    """The match, or the two-line signature it is part of (`PINNED_HOST_MEMORY`): the earliest usable line of
+    `read` the refining signature matches becomes the shown cause. One more pass, only on a failure's match."""
+    refined = _REFINED_BY.get(match.signature.name) if match is not None else None
+    if refined is None:
+        return match
+    for i, ln in enumerate(read):
+        if not ln.noise and (include_tunnel or not ln.tunnel) and refined.pattern.search(ln.text):
+            return SignatureMatch(refined, ln.text, i)
+    return match
 
 
 def strongest_signature(lines: Iterable[str], *, include_tunnel: bool = False) -> SignatureMatch | None:
@@ -538,6 +725,13 @@ def strongest_signature(lines: Iterable[str], *, include_tunnel: bool = False) -
 def signature_named(name: str) -> Signature | None:
     """The table entry a recorded verdict's `signature` names (None for a name no longer in the table)."""
     return _BY_NAME.get(name)
+
+
+def signature_correlates(name: str | None) -> bool:
+    """Whether a recorded verdict's signature is one whose blame is inferred (`Signature.correlates`): the
+    breaker should count it across machines even when it is blamed on the machine."""
+    sig = _BY_NAME.get(name) if name else None
+    return sig is not None and sig.correlates
 
 
 #: Non-ASCII letters that `re` matches to an ASCII letter case-insensitively (İ ı ſ K): a line holding one can
@@ -578,7 +772,7 @@ class _Matcher:
 
 
 _SIGNATURES_MATCHER = _Matcher(SIGNATURES)
-_BY_NAME = {sig.name: sig for sig in SIGNATURES}
+_BY_NAME = {sig.name: sig for sig in (*SIGNATURES, *_REFINED_BY.values())}
 #: Log lines repeat across reports once timestamps are stripped (the same params, daemon and bench lines on
 #: every machine): each distinct line is matched once. Pure: the answer depends on the line alone.
 _first_signature = lru_cache(maxsize=1 << 14)(_SIGNATURES_MATCHER.first)

@@ -212,9 +212,8 @@ def _recorded_rates(records: RecordSet) -> list[RatePoint]:
 def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, ...]:
     """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
-    for bad in records.bad_machines():
+    for bad, standing in records.standings(now):
         marking = bad.marking
-        standing = bad.standing(now)
         if marking is None:
             out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
                                         bad.note or f"marked {bad.status} by hand (no verdict marked it)", None,
@@ -296,9 +295,10 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     budgets = kill_budgets(spec, records, now)
     suspects = records.suspect_images()
     pools = []
-    bad_by_pool: dict[str | None, set[str]] = {}  # a bad machine counts for the pool of its last benchmark
-    for bad in records.bad_machines():
-        if bad.last is not None:
+    # A machine the offer queries exclude counts for the pool of its last benchmark (probation: rentable, not bad).
+    bad_by_pool: dict[str | None, set[str]] = {}
+    for bad, standing in records.standings(now):
+        if bad.last is not None and standing.excluded:
             bad_by_pool.setdefault(bad.last.pool, set()).add(bad.machine_id)
     for pool in spec.pools:
         alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]

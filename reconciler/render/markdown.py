@@ -59,8 +59,9 @@ def render_plan_markdown(*, pools: Sequence[Mapping[str, Any]], actions: Sequenc
         acts = ", ".join(f"{k} {v}" for k, v in r["actions"].items()) or "-"
         rows.append([f"**{_cell(r['pool'])}**", _cell(r["gpu"]), str(r["desired"]),
                      "?" if r["running"] is None else str(r["running"]), str(r["bad_machines_known"]),
-                     "**yes**" if r["paused"] else "no", _cell(acts)])
-    lines += _table(["pool", "GPU", "desired", "running", "bad known", "paused", "actions"], rows, right=(2, 3, 4))
+                     str(r["probation_known"]), "**yes**" if r["paused"] else "no", _cell(acts)])
+    lines += _table(["pool", "GPU", "desired", "running", "bad known", "probation", "paused", "actions"], rows,
+                    right=(2, 3, 4, 5))
     lines.append("")
     changes = [a for a in (actions or []) if a.get("kind") != "keep" or a.get("reason")]
     if actions is None:

@@ -85,7 +85,9 @@ class FleetCollector(Collector):
         desired = GaugeMetricFamily("fleet_pool_desired_instances", "instances the spec asks for", labels=["pool"])
         instances = GaugeMetricFamily("fleet_instances", "instances reported to the controller, by pool and state",
                                       labels=["pool", "state"])
-        bad = GaugeMetricFamily("fleet_bad_machines", "machines of the pool recorded bad", labels=["pool"])
+        bad = GaugeMetricFamily("fleet_bad_machines",
+                                "machines of the pool no offer query may return now (bad, permanent, banned)",
+                                labels=["pool"])
         used = GaugeMetricFamily("fleet_kill_budget_used", "machines newly marked bad in the kill-budget window",
                                  labels=["pool"])
         allowed = GaugeMetricFamily("fleet_kill_budget_allowed", "machines the kill budget allows in its window",

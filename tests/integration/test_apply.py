@@ -83,9 +83,10 @@ class Fleet:
     def market(self) -> LocalMarketplace:
         return LocalMarketplace(self.state / "market", load_local_machines(self.root / "machines.yaml"))
 
-    def mark_bad(self, machine_id: str) -> None:
+    def mark_bad(self, machine_id: str, *, expires_at: str | None = None, probation_until: str | None = None) -> None:
         entry = BenchmarkEntry(instance_id="x", at="2026-12-02T18:00:00Z", verdict="below-min-rate", blame="machine",
-                               marks_bad=True, reason="3.0 proofs/h < 40", proofs_per_hour=3.0)
+                               marks_bad=True, reason="3.0 proofs/h < 40", proofs_per_hour=3.0,
+                               expires_at=expires_at, probation_until=probation_until)
         record = MachineRecord(machine_id=machine_id, status="bad", gpu_name="RTX 4090", benchmarks=(entry,))
         write_text_atomic(machine_record_path(self.spec_dir, machine_id), render_machine_record(record))
 
@@ -211,14 +212,31 @@ def test_plan_without_state_shows_desired_vs_records_only(fleet: Fleet, capsys: 
     code, out = run_plan(fleet, capsys)
     assert code == 0
     header, row = out.splitlines()[:2]
-    assert header.split() == ["POOL", "GPU", "DESIRED", "RUNNING", "BAD", "KNOWN", "PAUSED", "ACTIONS"]
-    assert row.split() == ["p4090", "RTX", "4090", "2", "?", "1", "no", "-"]
+    assert header.split() == ["POOL", "GPU", "DESIRED", "RUNNING", "BAD", "KNOWN", "PROBATION", "PAUSED", "ACTIONS"]
+    assert row.split() == ["p4090", "RTX", "4090", "2", "?", "1", "0", "no", "-"]
     assert "records only" in out
     code, out = run_plan(fleet, capsys, "--json")
     doc = json.loads(out)
     assert doc["records_only"] is True and doc["actions"] == [] and doc["converged"] is None
     assert doc["pools"] == [{"pool": "p4090", "gpu": "RTX 4090", "desired": 2, "running": None,
-                             "bad_machines_known": 1, "paused": False, "actions": {}}]
+                             "bad_machines_known": 1, "probation_known": 0, "paused": False, "actions": {}}]
+
+
+def test_plan_counts_a_machine_on_probation_as_rentable_not_bad(fleet: Fleet,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    fleet.mark_bad("m-b")
+    fleet.mark_bad("m-a", expires_at="2026-12-03T18:00:00Z", probation_until="2027-01-02T18:00:00Z")
+    code, out = run_plan(fleet, capsys, "--json", "--at", "2026-12-10T00:00:00Z")
+    assert code == 0, out
+    (pool,) = json.loads(out)["pools"]
+    assert (pool["bad_machines_known"], pool["probation_known"]) == (1, 1)
+    # Before its expiry the same record excludes the machine: the standing is read at the plan's time.
+    code, out = run_plan(fleet, capsys, "--json", "--at", "2026-12-03T00:00:00Z")
+    (pool,) = json.loads(out)["pools"]
+    assert (pool["bad_machines_known"], pool["probation_known"]) == (2, 0)
+    code, out = run_plan(fleet, capsys, "--at", "2026-12-10T00:00:00Z")
+    header, row = out.splitlines()[:2]
+    assert header.split()[4:8] == ["BAD", "KNOWN", "PROBATION", "PAUSED"] and row.split()[5:7] == ["1", "1"]
 
 
 def test_plan_with_state_lists_the_actions_apply_would_take(fleet: Fleet,

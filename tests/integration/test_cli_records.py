@@ -177,8 +177,9 @@ def test_records_table(fleet_repo: Path, capsys: pytest.CaptureFixture[str]) -> 
     lines = out.splitlines()
     assert lines[0] == f"{spec}: 2 machine record(s) (1 bad, 1 ok), 0 active image suspect(s), 0 unreadable"
     bad_header = lines.index("Bad machines (1): excluded from every offer query")
-    assert lines[bad_header + 1].split() == ["MACHINE", "HOST", "GPU", "LAST", "VERDICT", "DATE", "REASON"]
-    assert lines[bad_header + 2].split()[:6] == ["40213", "77", "RTX", "4090", "benchmark-error",
+    assert lines[bad_header + 1].split() == ["MACHINE", "STANDING", "HOST", "GPU", "LAST", "VERDICT", "DATE",
+                                             "REASON"]
+    assert lines[bad_header + 2].split()[:7] == ["40213", "bad", "77", "RTX", "4090", "benchmark-error",
                                                  "2026-12-03T08:00:00Z"]
     assert lines[bad_header + 2].endswith("benchmark exited 1: cuda-illegal-address")
     perf = lines.index("Measured throughput (2 machine(s), proofs/hour)")
@@ -203,6 +204,8 @@ def test_records_json_image_suspects_and_unreadable(fleet_repo: Path, capsys: py
     assert report["counts"] == {"machines": 2, "machines_by_status": {"bad": 1, "ok": 1},
                                 "image_suspects_active": 1, "unreadable": 1}
     assert report["bad_machines"] == [{"machine_id": "40213", "host_id": "77", "gpu_name": "RTX 4090",
+                                       "standing": "bad", "excluded": True, "until": None,
+                                       "standing_detail": report["bad_machines"][0]["standing_detail"],
                                        "verdict": "benchmark-error",
                                        "reason": "benchmark exited 1: cuda-illegal-address",
                                        "at": "2026-12-03T08:00:00Z", "instance_id": "rtx4090-0-ddd"}]
@@ -216,6 +219,44 @@ def test_records_json_image_suspects_and_unreadable(fleet_repo: Path, capsys: py
     assert code == 1
     assert "Image suspects (1)" in text and "command-not-found" in text and "40213,777" in text
     assert "Unreadable records (1): excluded from offers until fixed" in text
+
+
+def _on_probation(spec: Path) -> None:
+    """Machine 31337: marked bad on 12-01, expired on 12-02, on probation until 2027-01-01."""
+    entry = BenchmarkEntry(instance_id="rtx4090-3-fff", at="2026-12-01T08:00:00Z", verdict="below-min-rate",
+                           blame="machine", marks_bad=True, reason="12.0 proofs/h is below the pool minimum 40",
+                           pool="rtx4090", proofs_per_hour=12.0, expires_at="2026-12-02T08:00:00Z",
+                           probation_until="2027-01-01T08:00:00Z")
+    record = MachineRecord("31337", "bad", host_id="12", gpu_name="RTX 4090", benchmarks=(entry,))
+    (spec / "machines" / "31337.yaml").write_text(render_machine_record(record))
+
+
+def test_records_show_each_machines_standing_and_list_probation_apart(
+        fleet_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = fleet_repo / "fleet-spec"
+    _on_probation(spec)
+    code, out, err = _records(capsys, "--spec-dir", str(spec), "--at", "2026-12-03T12:00:00Z")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    bad_header = lines.index("Bad machines (1): excluded from every offer query")
+    assert lines[bad_header + 1].split()[:4] == ["MACHINE", "STANDING", "HOST", "GPU"]
+    assert lines[bad_header + 2].split()[:2] == ["40213", "bad"]
+    probation = lines.index("On probation (1): rentable again; a failure now is permanent")
+    assert lines[probation + 2].split()[:3] == ["31337", "probation", "2027-01-01T08:00:00Z"]
+    assert "31337" not in "\n".join(lines[bad_header:probation])
+
+    code, out, _ = _records(capsys, "--spec-dir", str(spec), "--json", "--at", "2026-12-03T12:00:00Z")
+    doc = json.loads(out)
+    assert [(m["machine_id"], m["standing"], m["excluded"]) for m in doc["bad_machines"]] == [("40213", "bad", True)]
+    assert doc["bad_machines"][0]["standing_detail"].startswith("no expiry")
+    (on_probation,) = doc["probation"]
+    assert (on_probation["machine_id"], on_probation["standing"], on_probation["excluded"], on_probation["until"]) \
+        == ("31337", "probation", False, "2027-01-01T08:00:00Z")
+    # Before its expiry the same record excludes the machine.
+    code, out, _ = _records(capsys, "--spec-dir", str(spec), "--json", "--at", "2026-12-01T12:00:00Z")
+    doc = json.loads(out)
+    assert [(m["machine_id"], m["standing"]) for m in doc["bad_machines"]] == [("31337", "bad"), ("40213", "bad")]
+    assert doc["probation"] == []
 
 
 def test_records_missing_spec_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -92,7 +92,8 @@ def check_incident_dom(dom: DomCollector) -> None:
     assert "registered 2026-12-02T18:00:00Z -> params-done +22m00s -> bench-started +25m00s" in first
     destroyed = dom.find("div", data_instance=FAST.instance_id)[0]
     assert destroyed.attrs["data-state"] == "destroyed" and "destroyed +1h30m" in text_of(destroyed)
-    assert table_rows(dom, "bad-machines") == [["62001", "7781", "RTX PRO 4000", "rtx-pro-4000", "below-min-rate",
+    assert table_rows(dom, "bad-machines") == [["62001", "bad", "7781", "RTX PRO 4000", "rtx-pro-4000",
+                                               "below-min-rate",
                                                "machine",
                                                "below-min-rate: benchmark exit 0, 10/10 proofs: "
                                                "20.0/h < 29/h (180.0 s/proof)",

@@ -33,11 +33,15 @@ def test_round_trip_and_derived_views(tmp_path: Path) -> None:
     assert perf["222"].last_proofs_per_hour == 20.0
 
 
-def test_pardoned_machine_proves_again_and_is_ok() -> None:
+def test_a_pardon_stands_when_the_machine_proves_again_and_ends_on_a_new_failure() -> None:
+    # Issue 23: operator states are never overwritten by the bot; only a NEW failure re-adds a pardoned machine.
     rec = MachineRecord("5", status="pardoned")
     assert not rec.is_bad
-    assert rec.with_entry(_entry("x", "ok", 50.0, False), host_id=None, gpu_name=None).status == "ok"
+    assert rec.with_entry(_entry("x", "ok", 50.0, False), host_id=None, gpu_name=None).status == "pardoned"
     assert rec.with_entry(_entry("y", "timeout", None, True), host_id=None, gpu_name=None).status == "bad"
+    banned = MachineRecord("6", status="banned")
+    assert banned.with_entry(_entry("x", "ok", 50.0, False), host_id=None, gpu_name=None).status == "banned"
+    assert banned.with_entry(_entry("y", "timeout", None, True), host_id=None, gpu_name=None).status == "banned"
 
 
 @pytest.mark.parametrize("bad_id", ["../etc", "a/b", ".hidden", "", "x" * 65, "a..b", "a\x00b", None, 1.5])

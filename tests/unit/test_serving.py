@@ -294,3 +294,99 @@ def test_a_long_history_is_judged_on_its_recent_heartbeats_only() -> None:
     assert verdict is not None and verdict.verdict == "degraded"
     health = serving_health(report, POOL, SERVING)
     assert health.below_since is not None and at(last) - health.below_since <= timedelta(minutes=35)
+
+
+# --- after a controller outage, bans (issue 23 item 7) ----------------------------------------------------
+
+
+def _admitted(*reports: InstanceReport) -> tuple[RecordSet, set[str]]:
+    admitted = decide(SPEC, list(reports), RecordSet(), set(), None, at(65))
+    assert [v.verdict for v in admitted.recorded] == ["ok"] * len(reports)
+    return RecordSet(machines=admitted.machine_records), {r.instance_id for r in reports}
+
+
+def test_nobody_is_lost_while_the_fleet_comes_back_after_a_controller_outage() -> None:
+    # Three workers beat at 70, 75, 80; the controller hears nothing from 80 to 125 (its outage: 45 min >
+    # lost_after 20). The workers flush their queued heartbeats seconds apart: the store stamps them with the
+    # time they arrived. At 125.1 only i-a is back; i-b comes back at 125.2, i-c never does.
+    flushed = (beat(125, 3, seq=4), beat(125, 3, seq=5))
+    a = serving_report("i-a", [3, 3, 3], machine_id="m-a", extra_events=flushed)
+    b = serving_report("i-b", [3, 3, 3], machine_id="m-b")
+    c = serving_report("i-c", [3, 3, 3], machine_id="m-c")
+    records, judged = _admitted(a, b, c)
+    first = decide(SPEC, [a, b, c], records, judged, None, at(125.1))
+    assert first.recorded == (), [v.reason for v in first.recorded]
+    b = serving_report("i-b", [3, 3, 3], machine_id="m-b", extra_events=(beat(125.2, 3, seq=4),))
+    # i-c stays silent, but the fleet was heard again only 19 minutes ago: still no verdict.
+    later = (beat(130, 3, seq=6), beat(135, 3, seq=7), beat(140, 3, seq=8))
+    a = serving_report("i-a", [3, 3, 3], machine_id="m-a", extra_events=(*flushed, *later))
+    assert decide(SPEC, [a, b, c], records, judged, None, at(144)).recorded == ()
+    # Silent for lost_after_minutes after the controller heard the fleet again (125.1): lost.
+    a = serving_report("i-a", [3, 3, 3], machine_id="m-a", extra_events=(*flushed, *later, beat(145, 3, seq=9),
+                                                                          beat(146, 3, seq=10)))
+    b = serving_report("i-b", [3, 3, 3], machine_id="m-b", extra_events=(beat(125.2, 3, seq=4),
+                                                                          beat(146, 3, seq=5)))
+    decision = decide(SPEC, [a, b, c], records, judged, None, at(146))
+    (lost,) = decision.recorded
+    assert (lost.instance_id, lost.verdict, lost.blame) == ("i-c", "lost", "marketplace")
+    assert "no heartbeat for 66 min" in lost.reason and "heard the fleet again at" in lost.reason, lost.reason
+
+
+def test_a_worker_silent_before_the_outage_is_judged_from_when_the_fleet_came_back() -> None:
+    a = serving_report("i-a", [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3])  # 70..125, no outage for i-a
+    c = serving_report("i-c", [3, 3, 3], machine_id="m-c")  # silent since 80
+    records, judged = _admitted(a, c)
+    # No fleet-wide silence: the usual rule (silent > 20 min while others were heard).
+    (lost,) = decide(SPEC, [a, c], records, judged, None, at(101)).recorded
+    assert lost.instance_id == "i-c" and "heard the fleet again" not in lost.reason
+
+
+def test_the_bot_never_lifts_an_operators_ban() -> None:
+    # Instance i-1 was rented before an operator banned machine 40213; it then passes its benchmark.
+    report = completed_report("i-1", "40213", 35.0)
+    banned = RecordSet(machines={"40213": MachineRecord("40213", "banned", note="host sells refurbished GPUs")})
+    decision = decide(SPEC, [report], banned, set(), None, at(65))
+    (verdict,) = decision.recorded
+    assert verdict.verdict == "ok"
+    record = decision.machine_records["40213"]
+    assert record.status == "banned" and record.note == "host sells refurbished GPUs"
+    assert record.benchmarks[-1].verdict == "ok"  # the history still has it
+    after = RecordSet(machines=decision.machine_records)
+    directive = directives([report], after, SERVING, at(65))["i-1"]
+    assert directive.action == "stop" and "banned" in directive.reason, directive
+    assert after.bad_machine_ids(at(65)) == {"40213"}
+    # A failure does not turn the ban into an expiring "bad" either.
+    slow = completed_report("i-2", "40213", 20.0, registered_min=70)
+    failed = decide(SPEC, [slow], after, {"i-1"}, None, at(131)).machine_records["40213"]
+    assert failed.status == "banned" and failed.standing(at(10**7)).state == "banned"
+
+
+def test_a_pardon_stands_until_a_new_failure() -> None:
+    old = BenchmarkEntry("i-0", "2026-12-01T00:00:00Z", "below-min-rate", "machine", True, "slow")
+    pardoned = RecordSet(machines={"40213": MachineRecord("40213", "pardoned", benchmarks=(old,))})
+    passed = decide(SPEC, [completed_report("i-1", "40213", 35.0)], pardoned, set(), None, at(65))
+    record = passed.machine_records["40213"]
+    assert record.status == "pardoned" and record.standing(at(65)).state == "pardoned"
+    # The reconciler records it bad again only on a NEW failure (README: pardoning a machine).
+    slow = completed_report("i-2", "40213", 20.0, registered_min=70)
+    failed = decide(SPEC, [slow], RecordSet(machines=passed.machine_records), {"i-1"}, None, at(131))
+    assert failed.machine_records["40213"].status == "bad"
+
+
+def test_every_view_reads_probation_from_the_same_standing() -> None:
+    from reconciler.domain.status import status_view
+    from reconciler.render.text import render_text
+
+    first = completed_report("i-a", "m-9", 20.0)  # below-min-rate: expires after 720 h, then 720 h of probation
+    record = decide(SPEC, [first], RecordSet(), set(), None, at(65)).machine_records["m-9"]
+    records = RecordSet(machines={"m-9": record})
+    for now, state, excluded in ((at(66), "bad", True), (at(65) + timedelta(hours=721), "probation", False)):
+        ((bad, standing),) = records.standings(now)
+        assert (bad.machine_id, standing.state, standing.excluded) == ("m-9", state, excluded)
+        assert standing == record.standing(now)  # what `fleet why` and the directives read
+        assert (records.bad_machine_ids(now) == {"m-9"}) is excluded  # what the offer queries exclude
+        view = status_view(SPEC, records, [], now)
+        (pool,) = [p for p in view.pools if p.name == "rtx-pro-4000"]
+        assert pool.bad == (1 if excluded else 0)
+        assert [(b.machine_id, b.standing) for b in view.bad_machines] == [("m-9", state)]
+        assert f"m-9  {state}: " in render_text(view)

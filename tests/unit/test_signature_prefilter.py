@@ -26,7 +26,7 @@ import yaml
 
 from bench.data import CUDA_TAIL, PARAMS_FAIL_TAIL, PARAMS_LOG
 from reconciler.domain import signatures
-from reconciler.domain.signatures import SIGNATURES, Signature, SignatureMatch, classify, read_tail
+from reconciler.domain.signatures import SIGNATURES, Signature, SignatureMatch, classify, read_tail, refine
 from tests.unit.test_signatures import EXAMPLES, HEALTHY_LOG, PANIC
 
 TAILS = Path(__file__).resolve().parents[1] / "fixtures" / "tails"
@@ -36,6 +36,7 @@ def reference_classify(lines: Iterable[str]) -> dict[bool, SignatureMatch | None
     """The classifier as documented, with no shortcut, for `include_tunnel` False and True: the highest-priority
     signature matching any usable line, the earliest line on a tie, the earlier table entry on the same line.
     A tagged line is also tried without its tag unless the signature is `whole_line`."""
+    lines = list(lines)
     found = []
     for i, ln in enumerate(read_tail(lines)):
         if ln.noise:
@@ -53,7 +54,9 @@ def reference_classify(lines: Iterable[str]) -> dict[bool, SignatureMatch | None
             out[include_tunnel] = None
         else:
             _, i, order, text, _ = min(usable)
-            out[include_tunnel] = SignatureMatch(SIGNATURES[order], text, i)
+            # The two-line signatures (pinned host memory) are the same code path in both: not a shortcut.
+            out[include_tunnel] = refine(SignatureMatch(SIGNATURES[order], text, i), read_tail(lines),
+                                         include_tunnel=include_tunnel)
     return out
 
 

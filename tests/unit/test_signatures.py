@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.domain.signatures import (
-    CUDA_ERRORS,
+    CUDA_OWN_SIGNATURES,
     SIGNATURES,
     XID_APPLICATION,
     XID_ECC,
@@ -147,6 +147,54 @@ EXAMPLES: dict[str, list[str]] = {
     "daemon-connection-refused": ["Error: failed to connect to daemon at http://127.0.0.1:9820 | transport error",
                                   "cuzk-bench: connection refused"],
     "daemon-rpc-failed": ["Error: Prove RPC failed"],
+    # issue 23: the tables built whole (cuda_errors.py, xid.py) and the classes beside them.
+    "gpu-xid-hardware": [
+        "NVRM: Xid (PCI:0000:01:00): 62, pid=812, name=cuzk-daemon, 2a7c(1d8c) 00000000 00000000",
+        "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"],
+    "host-memory-hardware-error": [
+        "[ 9120.331002] Memory failure: 0x2f1a3c: Sending SIGBUS to cuzk-daemon:812 due to hardware memory corruption",
+        "[    0.512345] mce: [Hardware Error]: Machine check events logged"],
+    "cuda-gpu-fault": [
+        "sppark::Error #-719", "sppark::Error #-999",
+        '========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API '
+        "call to cudaDeviceSynchronize.",
+        "RuntimeError: CUDA error: unspecified launch failure"],
+    "cuda-software-error": ["sppark::Error #-716", "cudaErrorInvalidValue",
+                            'cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s)@sppark/util/gpu_t.cuh:201 failed: '
+                            '"an illegal instruction was encountered"'],
+    "loader-version-missing": [
+        "/usr/local/bin/cuzk-daemon: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.39' not found (required by "
+        "/usr/local/bin/cuzk-daemon)"],
+    "binary-not-installed": ["fleet: ERROR: cuzk-bench is not installed in this image (not on PATH)"],
+    "tls-clock-behind": [
+        "Get \"https://params.example.com/manifest.txt\": tls: failed to verify certificate: x509: certificate has "
+        "expired or is not yet valid: current time 2020-01-01T00:00:12Z is before 2026-10-03T00:00:00Z",
+        "curl: (60) SSL certificate problem: certificate is not yet valid"],
+    "tls-certificate-expired": [
+        "x509: certificate has expired or is not yet valid: current time 2023-01-28T09:08:05+01:00 is after "
+        "2023-01-08T09:42:48Z", "curl: (60) SSL certificate problem: certificate has expired"],
+    "tls-unknown-authority": [
+        "x509: certificate signed by unknown authority",
+        "curl: (60) SSL certificate problem: unable to get local issuer certificate",
+        "Error: invalid peer certificate: UnknownIssuer",
+        "curl: (77) error setting certificate verify locations:  CAfile: /etc/ssl/certs/ca-certificates.crt  "
+        "CApath: none"],
+    "tls-hostname-mismatch": [
+        "x509: certificate is valid for *.cdn.example.net, cdn.example.net, not params.example.com",
+        "curl: (60) SSL: no alternative certificate subject name matches target host name 'params.example.com'"],
+    "params-mirror-denied": ["curl: (22) The requested URL returned error: 403",
+                             "curl: (22) The requested URL returned error: 401"],
+    "params-mirror-unavailable": ["curl: (22) The requested URL returned error: 503",
+                                  "fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 29)"],
+    "cpu-instruction-set-missing": [
+        '/opt/fleet/entrypoint.sh: line 225:   812 Illegal instruction     (core dumped) cuzk-daemon --config '
+        '"$FLEET_CONF"',
+        "fleet: ERROR: cuzk-daemon exited (code 132) before answering cuzk-bench status"],
+    "bus-error": ["/opt/fleet/entrypoint.sh: line 225:   812 Bus error               (core dumped) cuzk-daemon"],
+    "process-aborted": ["terminate called after throwing an instance of 'std::runtime_error'",
+                        "/opt/fleet/benchmark.sh: line 60:  4242 Aborted                 (core dumped) cuzk-bench"],
+    "process-sigkill": ["fleet: ERROR: cuzk-bench exited with code 137 after 0 of 10 proofs (0 failed)"],
+    "gpu-xid-ambiguous": ["NVRM: Xid (PCI:0000:01:00): 45, pid=15041, name=cuzk-daemon, Ch 00000006"],
 }
 
 #: cuzk-bench, cuzk-daemon and aria2c output of a healthy run (real formats): nothing in it is a failure.
@@ -253,12 +301,17 @@ def test_xid_by_class(xid: int) -> None:
 def test_pci_bus_number_is_not_read_as_an_xid_code_and_unknown_xids_are_not_guessed() -> None:
     match = classify(["NVRM: Xid (PCI:0000:79:00): 13, pid=1, Graphics Exception"])
     assert match is not None and match.name == "gpu-xid-application"
-    assert classify(["NVRM: Xid (PCI:0000:01:00): 45, pid=1, Ch 00000010"]) is None
+    # 45 is in the catalogue now (issue 23: the whole table), as an ambiguous Xid: blame unknown, not guessed.
+    ambiguous = classify(["NVRM: Xid (PCI:0000:01:00): 45, pid=1, Ch 00000010"])
+    assert ambiguous is not None and ambiguous.blame == "unknown" and ambiguous.signature.correlates
+    # A number outside the catalogue (it ends at 162) and the test-only Xids are never a cause.
+    for code in (163, 999, 14, 106, 107):
+        assert classify([f"NVRM: Xid (PCI:0000:01:00): {code}, pid=1, Ch 00000010"]) is None
 
 
-@pytest.mark.parametrize("code", sorted(CUDA_ERRORS))
+@pytest.mark.parametrize("code", sorted(CUDA_OWN_SIGNATURES))
 def test_cuda_codes_decode_in_both_forms(code: int) -> None:
-    enum, text, blame, name, _ = CUDA_ERRORS[code]
+    enum, text, blame, name, _ = CUDA_OWN_SIGNATURES[code]
     bare = classify([f"sppark::Error #-{code}"])
     worded = classify([f'cudaMalloc(&p, n)@sppark/util/gpu_t.cuh:73 failed: "{text}"'])
     assert bare is not None and worded is not None
@@ -328,3 +381,42 @@ def test_strongest_signature_takes_the_most_decisive_line_of_the_whole_evidence(
     assert symptom is not None and symptom.priority == PRIORITY_SYMPTOM
     assert signature_named("nvidia-driver-mismatch") is match.signature and signature_named("no-such") is None
     assert strongest_signature([]) is None
+
+
+def test_pinned_host_memory_is_configuration_and_never_advises_a_bigger_gpu() -> None:
+    from reconciler.domain.signatures import SETTING_PINNED_HOST, signature_named
+    warning = ("cuzk-daemon: 2026-12-03T07:40:00.120044Z  WARN cuzk_core::pinned_pool: cudaHostAlloc failed "
+               "size_gib=4.0 cuda_err=2")
+    match = classify([warning, "cuzk-daemon: Error: sppark::Error #-2"])
+    assert match is not None and match.name == "pinned-host-memory" and match.blame == "configuration"
+    assert match.signature.setting == SETTING_PINNED_HOST and "min_host_ram_gb" in SETTING_PINNED_HOST
+    assert "memlock" in SETTING_PINNED_HOST and "GPU with more memory" not in SETTING_PINNED_HOST
+    assert "cudaHostAlloc failed" in match.line and match.index == 0
+    assert signature_named("pinned-host-memory") is match.signature
+    # The warning alone is not a failure (the pool falls back); GPU out of memory alone stays GPU memory.
+    assert classify([warning]) is None
+    gpu = classify(["sppark::Error #-2"])
+    assert gpu is not None and gpu.name == "cuda-out-of-memory"
+
+
+@pytest.mark.parametrize("code", sorted(__import__("reconciler.domain.cuda_errors", fromlist=["x"]).CUDA_ERRORS))
+def test_every_cuda_runtime_code_decodes_by_number_and_by_name_with_its_blame(code: int) -> None:
+    from reconciler.domain.cuda_errors import CUDA_ERRORS as TABLE
+    err = TABLE[code]
+    bare, named = classify([f"sppark::Error #-{code}"]), classify([f"CUDA call failed: {err.name}"])
+    assert bare is not None and named is not None and bare.name == named.name
+    assert bare.blame == err.blame and named.blame == err.blame
+    assert code_meaning(f"sppark::Error #-{code}") == err.meaning() and err.name in bare.text()
+    if err.text:
+        worded = classify([f'cudaDeviceSynchronize()@sppark/util/gpu_t.cuh:90 failed: "{err.text}"'])
+        assert worded is not None and worded.blame == err.blame
+
+
+@pytest.mark.parametrize("code", range(1, 163))
+def test_every_catalogued_xid_has_its_class(code: int) -> None:
+    from reconciler.domain.xid import XIDS
+    match = classify([f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=812, name=cuzk-daemon, details"])
+    expected = XIDS[code].blame
+    assert (match.blame if match else None) == expected
+    if match is not None:
+        assert match.priority == {"machine": 100, "image": 95, "unknown": 52}[expected]

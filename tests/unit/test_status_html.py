@@ -80,7 +80,8 @@ def test_the_page_shows_header_pools_rates_timelines_bad_machines_and_suspects()
     assert dom.find("line", class_="still-running")  # the benchmarking instance runs on to `now`
 
     # Blamed on the image: 40213 and 51877 are never bad machines; the slow one is, with its root cause.
-    assert table_rows(dom, "bad-machines") == [["62001", "7781", "RTX PRO 4000", "rtx-pro-4000", "below-min-rate",
+    assert table_rows(dom, "bad-machines") == [["62001", "bad", "7781", "RTX PRO 4000", "rtx-pro-4000",
+                                               "below-min-rate",
                                                "machine",
                                                "below-min-rate: benchmark exit 0, 10/10 proofs: "
                                                "20.0/h < 29/h (180.0 s/proof)",
