@@ -43,6 +43,7 @@ from reconciler.domain.records import (
     RecordSet,
     check_image_digest,
 )
+from reconciler.domain.signatures import signature_correlates
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
 from reconciler.domain.verdicts import CORRELATED_VERDICTS as CORRELATED_VERDICTS  # re-exported
@@ -65,13 +66,16 @@ def symptom_only(signature_line: str | None) -> bool:
     return bool(signature_line and _CUDA_CODE.search(signature_line) and not _FIRST_HAND.search(signature_line))
 
 
-def counts(verdict: str, blame: str, signature_line: str | None = None) -> bool:
+def counts(verdict: str, blame: str, signature: str | None = None, signature_line: str | None = None) -> bool:
     """Whether a failure counts towards the breaker: not positively attributed to the machine, the network,
-    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame that rests
-    only on a CUDA error code (`symptom_only`)."""
+    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame that is only
+    inferred: from a signature the tables mark so (`Signature.correlates`: CUDA 719/999), or from a line that
+    shows nothing but a CUDA error code (`symptom_only`: e.g. `sppark::Error #-214` matched by the ECC signature
+    that kernel Xid 48 lines also match)."""
     if counts_against_image(verdict, blame):
         return True
-    return blame == "machine" and verdict in CORRELATED_VERDICTS and symptom_only(signature_line)
+    return blame == "machine" and verdict in CORRELATED_VERDICTS and (
+        signature_correlates(signature) or symptom_only(signature_line))
 
 
 def _signature_line(evidence: Mapping[str, object]) -> str | None:
@@ -119,7 +123,7 @@ def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
 
 
 def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
-    if not counts(entry.verdict, entry.blame, _signature_line(entry.evidence)) or not entry.signature \
+    if not counts(entry.verdict, entry.blame, entry.signature, _signature_line(entry.evidence)) or not entry.signature \
             or not entry.image_digest:
         return None
     try:
@@ -130,8 +134,8 @@ def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
 
 
 def verdict_failure(v: Verdict) -> Failure | None:
-    if not counts(v.verdict, v.blame, _signature_line(v.evidence)) or not v.signature or not v.image_digest \
-            or not v.machine_id:
+    if not counts(v.verdict, v.blame, v.signature, _signature_line(v.evidence)) or not v.signature \
+            or not v.image_digest or not v.machine_id:
         return None
     return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)
 

@@ -196,7 +196,9 @@ def _judge_outcome(report: InstanceReport, pool: PoolSpec, now: datetime,
             completed = sum(1 for p in proofs if p.label == "COMPLETED")
         failed_proofs = [p for p in proofs if p.label != "COMPLETED"]
         failed = max(result.failed, len(failed_proofs))
-        attempt = _attempt(report, "benchmark", exit_code, completed, requested or len(proofs), tail, failure)
+        # The warm-up proof runs a batch too and leaves a result: its failure is still the warm-up's.
+        phase = "warmup" if failure is not None and failure.phase == "warmup" else "benchmark"
+        attempt = _attempt(report, phase, exit_code, completed, requested or len(proofs), tail, failure)
         if result.outcome == "completed":
             rate = result.proofs_per_hour
             if rate is None and result.seconds_per_proof:
@@ -510,12 +512,16 @@ _URL_TOKEN = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s]+)(/\S*)$", re.IGNORECASE)
 _TRAILING = re.compile(r"[,;:.)\]'\"]+$")
 
 
+#: The worker's sync token on its own lines (worker-image/lib/fleet.sh fleet_log_checkpoint): says nothing.
+_CHECKPOINT = re.compile(r" \[checkpoint \d+\]")
+
+
 def _clip(text: str, limit: int = ROOT_CAUSE_CHARS) -> str:
     """One line of about `limit` characters that keeps the cause: long paths, URLs and hex ids are shortened
     inside (`/var/…/v28-…params.part`); a joined chain keeps its head and its last (most specific) cause; a
     single line keeps the clause after its last `cause:` / `error:` / `failed:` whole and shortens what is
     before it. Only a clause longer than `limit` by itself is cut."""
-    text = " ".join(_shorten_token(t) for t in text.split())
+    text = " ".join(_shorten_token(t) for t in _CHECKPOINT.sub("", text).split())
     if len(text) <= limit:
         return text
     parts = text.split(" | ")
