@@ -17,7 +17,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import bench_git, bench_ingest, bench_pass, bench_program, bench_ranking, bench_records
+from bench import (
+    bench_capacity,
+    bench_failover,
+    bench_git,
+    bench_ingest,
+    bench_pass,
+    bench_program,
+    bench_ranking,
+    bench_records,
+)
 from bench.common import Figure
 
 BENCHES: dict[str, Callable[[], list[Figure]]] = {
@@ -27,6 +36,8 @@ BENCHES: dict[str, Callable[[], list[Figure]]] = {
     "ranking": bench_ranking.run,
     "program": bench_program.run,
     "records": bench_records.run,
+    "failover": bench_failover.run,
+    "capacity": bench_capacity.run,
 }
 RESULTS = Path(__file__).with_name("results.md")
 NOTES = Path(__file__).with_name("notes.md")

@@ -1,28 +1,32 @@
-"""Controller ingest on loopback: events/s (one per request and in batches) and log lines/s accepted by a
-real controller.
+"""Controller ingest on loopback: events/s (one per request and in batches) and log lines/s accepted by real
+controllers, on each store.
 
-The controller (ControllerStore on SQLite WAL + ControllerServer) runs as `fleet controller serve` does: its
-default number of processes on this machine (one per CPU, `--workers`), sharing the port and the store; two
-reference rows repeat the event figures with one controller process, and one the single events with 8
-connections instead of 32 (how runs before 2026-12-03 12:35 measured; see CONNECTIONS_PER_PROCESS).
-Controller CPU is the sum over its processes. Two client processes post over HTTP/1.1 keep-alive, one
-connection per simulated worker (one instance and its own token per connection; 16 per client process),
-each connection with exactly one request outstanding: its next request is sent when its answer is in.
-Every request is a complete ingest: token check, schema validation, redaction, one SQLite transaction
-committed before the answer (requests that arrive together share it: group commit); one event per request
-in the single-event phases. Only 200 answers are counted. Each phase is bounded by a request count per
-connection and a deadline.
+Two deployments, each started as an operator would (`fleet controller serve`):
+- SQLite: the embedded default, one controller process over one SQLite file (WAL).
+- PostgreSQL: two replica processes (`--db postgresql://...`) on two ports sharing one PostgreSQL server that the
+  bench starts on this machine (tests/postgres_server.py; durability as SQLite's synchronous=NORMAL: a commit is
+  written to the OS before it is acknowledged, so a killed server loses nothing, and not fsynced, so an OS crash
+  may lose the last commits). Each client process spreads its connections evenly over the two replicas (a load
+  balancer's job in production).
+Two reference rows repeat the SQLite event figures with the httpx client and one the single events with 8
+connections instead of 32 (how runs before 2026-12-03 12:35 measured; see CONNECTIONS_PER_PROCESS). Controller
+CPU is the sum over its processes; the PostgreSQL server's own CPU is a column of its own.
+Two client processes post over HTTP/1.1 keep-alive, one connection per simulated worker (one instance and its own
+token per connection; 16 per client process), each connection with exactly one request outstanding: its next
+request is sent when its answer is in. Every request is a complete ingest: token check, schema validation,
+redaction, one transaction committed before the answer (requests that arrive together share it: group commit);
+one event per request in the single-event phases. Only 200 answers are counted. Each phase is bounded by a request
+count per connection and a deadline.
 
-Clients: the controller and the clients share this machine's 2 cores, while real workers are curl
+Clients: the controllers, PostgreSQL and the clients share this machine's 2 cores, while real workers are curl
 processes on their own machines, so the clients' CPU here is an artifact of the bench. httpx spends
 ~0.8-1 ms of CPU per request, more than the controller does, so with httpx the figure says as much about
 httpx as about the controller. The main figures therefore use `KeepAliveClient`, a minimal HTTP/1.1 client
 on a raw socket driven as wrk drives its connections: one thread per client process waits on all its
 connections at once (epoll) and answers each one's response with its next request, and the bytes of each
 connection's first requests are encoded before the timed start (`PREBUILT_ITEMS`; any later ones as they
-are sent). Two phases repeat the event figures with httpx (4 threads per client process, one connection
-each). CPU per request of
-the controller and of the clients is in every detail column, so no figure hides where the time went.
+are sent). CPU per request of the controller and of the clients is in every detail column, so no figure hides
+where the time went.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.common import Figure
-from reconciler.adapters.controller.processes import default_workers
-from reconciler.domain.tokens import instance_token
+from bench.common import POSTGRES_SETTINGS, Figure
+from reconciler.domain.tokens import instance_token, machine_claim
+from tests.postgres_server import PostgresServer
 
 SECRET = b"bench-controller-secret-0123456789"
 CLIENT_PROCESSES = 2
@@ -67,29 +71,19 @@ MAX_REQUESTS_PER_CONNECTION = 20_000
 PREBUILT_ITEMS = 2_000
 LOG_BATCH_LINES = 100
 EVENT_BATCH_SIZE = 20
-#: Issue 14's targets on loopback: one event per request, and events in batches.
+#: Issue 14's targets for one SQLite process on loopback (issue 24 keeps them after the multi-process SQLite
+#: machinery was removed): one event per request, and events in batches.
 TARGET_SINGLE_EVENTS_PER_S = 5_000
 TARGET_BATCHED_EVENTS_PER_S = 20_000
+#: Issue 24's targets for two replicas on PostgreSQL: this share of the SQLite figure of the same run, and at
+#: least this many single events/s (40x a 10,000-machine fleet's heartbeat rate).
+TARGET_POSTGRES_SHARE = 0.5
+TARGET_POSTGRES_SINGLE_EVENTS_PER_S = 2_000
 #: Each phase runs this many times; the figure is the median run (the others are in its detail).
 REPEATS = 3
-#: Controller processes (`fleet controller serve --workers`): its default on this machine, one per CPU.
-CONTROLLER_WORKERS = default_workers()
-
-SERVER = """
-import sys, signal, threading
-from pathlib import Path
-from reconciler.adapters.controller.processes import ControllerProcesses, ServeConfig
-from reconciler.adapters.store import ControllerStore
-store = ControllerStore(sys.argv[1])
-config = ServeConfig(Path(sys.argv[1]), sys.argv[2].encode(), None)
-controller = ControllerProcesses(config, store, int(sys.argv[3])).start()
-print(controller.url, *controller.pids(), flush=True)
-stop = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
-stop.wait()
-controller.stop()
-store.close()
-"""
+SQLITE, POSTGRES = "sqlite", "postgres"
+#: Controller processes of each deployment.
+REPLICAS = {SQLITE: 1, POSTGRES: 2}
 
 LOG_LINES = (
     "[#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]",
@@ -107,8 +101,8 @@ class Phase:
     per_request: int  # events or log lines per request
     body: Callable[[int], dict[str, Any]]  # request number -> JSON body
     action: str  # events | logs
-    #: Controller processes; 1 = the reference (one process, as before --workers).
-    workers: int = CONTROLLER_WORKERS
+    #: Which store the controllers use (SQLITE: one process; POSTGRES: two replicas).
+    deployment: str = SQLITE
     #: Connections (simulated workers) per client process.
     connections: int = CONNECTIONS_PER_PROCESS
 
@@ -136,8 +130,10 @@ PHASES = (
     Phase("event batches (httpx client)", "httpx", EVENT_BATCH_SIZE, event_batch, "events",
           connections=HTTPX_THREADS_PER_PROCESS),
     Phase("events (8 connections)", "raw", 1, progress_event, "events", connections=4),
-    Phase("events (1 controller process)", "raw", 1, progress_event, "events", workers=1),
-    Phase("event batches (1 controller process)", "raw", EVENT_BATCH_SIZE, event_batch, "events", workers=1),
+    Phase("events (PostgreSQL, 2 replicas)", "raw", 1, progress_event, "events", deployment=POSTGRES),
+    Phase("event batches (PostgreSQL, 2 replicas)", "raw", EVENT_BATCH_SIZE, event_batch, "events",
+          deployment=POSTGRES),
+    Phase("log lines (PostgreSQL, 2 replicas)", "raw", LOG_BATCH_LINES, log_batch, "logs", deployment=POSTGRES),
 )
 
 
@@ -221,7 +217,8 @@ def _register(url: str, iid: str) -> None:
         r = client.post(f"/api/v1/instances/{iid}/register", headers={"Authorization": f"Bearer "
                                                                     f"{instance_token(SECRET, iid)}"},
                         json={"protocol": 1, "instance_id": iid, "at": "2026-12-02T18:00:00Z", "pool": "rtx4090-a",
-                              "slot": "rtx4090-a-0", "machine_id": "41001", "host_id": "501",
+                              "slot": "rtx4090-a-0", "machine_id": "41001",
+                              "machine_claim": machine_claim(SECRET, iid, "41001"), "host_id": "501",
                               "gpu_name": "RTX 4090", "image_digest": "sha256:" + "a1" * 32})
         r.raise_for_status()
 
@@ -247,15 +244,16 @@ def _httpx_thread(url: str, iid: str, phase: Phase, start_at: float, deadline: f
     out.append(accepted)
 
 
-def _raw_connections(url: str, ids: list[str], phase: Phase, start_at: float, deadline: float) -> int:
+def _raw_connections(urls: list[str], ids: list[str], phase: Phase, start_at: float, deadline: float) -> int:
     """One thread drives one keep-alive connection per instance, as wrk does: each connection has exactly
     one request outstanding, and its next one is sent when its answer is in. The first requests of each
-    connection are encoded before the start; any further ones as they are sent."""
+    connection are encoded before the start; any further ones as they are sent. Connection i goes to
+    urls[i % len(urls)] (the replicas share the connections evenly)."""
     workers = [_worker(iid, phase) for iid in ids]
     prebuilt = [[KeepAliveClient.request(path, authorization, phase.body(n))
                  for n in range(min(PREBUILT_ITEMS // phase.per_request, MAX_REQUESTS_PER_CONNECTION))]
                 for path, authorization in workers]
-    clients = [KeepAliveClient(url) for _ in ids]
+    clients = [KeepAliveClient(urls[i % len(urls)]) for i in range(len(ids))]
     sent = [0] * len(ids)
     accepted = 0
     selector = selectors.DefaultSelector()
@@ -290,17 +288,18 @@ def _raw_connections(url: str, ids: list[str], phase: Phase, start_at: float, de
     return accepted
 
 
-def _client_process(url: str, ids: list[str], phase_number: int, start_at: float, deadline: float
+def _client_process(urls: list[str], ids: list[str], phase_number: int, start_at: float, deadline: float
                     ) -> tuple[int, float, float]:
     """(items accepted, end time, CPU seconds this client process spent)."""
     phase = PHASES[phase_number]
     before = resource.getrusage(resource.RUSAGE_SELF)
     if phase.client == "raw":
-        accepted = _raw_connections(url, ids, phase, start_at, deadline)
+        accepted = _raw_connections(urls, ids, phase, start_at, deadline)
     else:
         counts: list[int] = []
-        threads = [threading.Thread(target=_httpx_thread, args=(url, iid, phase, start_at, deadline, counts))
-                   for iid in ids]
+        threads = [threading.Thread(target=_httpx_thread,
+                                    args=(urls[i % len(urls)], iid, phase, start_at, deadline, counts))
+                   for i, iid in enumerate(ids)]
         for t in threads:
             t.start()
         for t in threads:
@@ -311,25 +310,78 @@ def _client_process(url: str, ids: list[str], phase_number: int, start_at: float
 
 
 def _cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of the controller's processes (Linux /proc), to report CPU cost per request
-    independent of contention."""
+    """utime + stime of these processes (Linux /proc; a process gone meanwhile counts 0), to report CPU cost per
+    request independent of contention."""
     total = 0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, client_cpu: float) -> Figure:
-    rate = accepted / elapsed
+def _server_pids(server: PostgresServer | None) -> list[int]:
+    """The postmaster and every process it started (backends, WAL writer, checkpointer): the database's CPU."""
+    if server is None:
+        return []
+    postmaster = server.postmaster_pid()
+    if postmaster is None:
+        return []
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == postmaster:
+                children.append(int(entry))
+    return [postmaster, *children]
+
+
+@dataclass(frozen=True)
+class Run:
+    accepted: int
+    elapsed: float
+    controller_cpu: float
+    database_cpu: float
+    client_cpu: float
+    load: float
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.elapsed
+
+
+def _figure(phase: Phase, run: Run, sqlite_rates: dict[tuple[int, str], float]) -> Figure:
+    rate, accepted = run.rate, run.accepted
     requests = max(accepted // phase.per_request, 1)
     client = "raw keep-alive client" if phase.client == "raw" else "httpx client"
-    processes = "1 controller process" if phase.workers == 1 else f"{phase.workers} controller processes"
+    replicas = REPLICAS[phase.deployment]
+    processes = ("1 controller process (SQLite)" if phase.deployment == SQLITE else
+                 f"{replicas} controller replicas on PostgreSQL (PostgreSQL CPU "
+                 f"{run.database_cpu / requests * 1e6:,.0f} us/request)")
     shape = f"{phase.connections} connections" if phase.client == "raw" else f"{phase.connections} threads"
     cost = (f"{processes}; clients {CLIENT_PROCESSES} processes x {shape}, {client},"
-            f" {elapsed:.1f} s; controller CPU {server_cpu / requests * 1e6:,.0f} us/request (all processes)"
-            f" (= {requests / max(server_cpu, 1e-9):,.0f} requests per CPU-second), clients"
-            f" {client_cpu / requests * 1e6:,.0f} us/request")
+            f" {run.elapsed:.1f} s; controller CPU {run.controller_cpu / requests * 1e6:,.0f} us/request (all "
+            f"processes) (= {requests / max(run.controller_cpu, 1e-9):,.0f} requests per CPU-second), clients"
+            f" {run.client_cpu / requests * 1e6:,.0f} us/request")
+    if phase.deployment == POSTGRES:
+        what = {"logs": "log lines", "events": "events in batches" if phase.per_request > 1 else
+                "events, one per request"}[phase.action]
+        unit = "lines/s" if phase.action == "logs" else "events/s"
+        reference = sqlite_rates.get((phase.per_request, phase.action))
+        share = rate / reference if reference else 0.0
+        floor = TARGET_POSTGRES_SINGLE_EVENTS_PER_S if phase.per_request == 1 else 0
+        detail = (f"{accepted:,} accepted ({rate / phase.per_request:,.0f} requests/s); "
+                  f"{share:.2f}x the SQLite figure of this run; {cost}")
+        if phase.action == "logs":
+            return Figure(f"PostgreSQL, 2 replicas: {what}", rate, unit, detail)
+        target = f">= {TARGET_POSTGRES_SHARE}x SQLite" + (f" and >= {floor:,} events/s" if floor else "")
+        return Figure(f"PostgreSQL, 2 replicas: {what}", rate, unit, detail, target=target,
+                      passed=share >= TARGET_POSTGRES_SHARE and rate >= floor)
     if phase.action == "logs":
         return Figure("controller ingest: log lines", rate, "lines/s",
                       f"{accepted:,} lines accepted in batches of {phase.per_request} "
@@ -342,10 +394,6 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
     if phase.connections != CONNECTIONS_PER_PROCESS:  # the reference: the earlier shape, 8 connections
         return Figure(f"reference: events one per request, {phase.connections * CLIENT_PROCESSES} connections",
                       rate, "events/s", f"{accepted:,} accepted; {cost}; how runs before 2026-12-03 12:35 measured")
-    if phase.workers != CONTROLLER_WORKERS:  # the reference: one controller process, same load
-        what = f"in batches of {phase.per_request}" if phase.per_request > 1 else "one per request"
-        return Figure(f"reference: events {what}, 1 controller process", rate, "events/s",
-                      f"{accepted:,} accepted ({rate / phase.per_request:,.0f} requests/s); {cost}")
     if phase.per_request > 1:
         return Figure("controller ingest: events in batches", rate, "events/s",
                       f"{accepted:,} accepted in batches of {phase.per_request} "
@@ -357,34 +405,73 @@ def _figure(phase: Phase, accepted: int, elapsed: float, server_cpu: float, clie
                   target=f">= {TARGET_SINGLE_EVENTS_PER_S:,} events/s", passed=rate >= TARGET_SINGLE_EVENTS_PER_S)
 
 
-def _one_run(url: str, pids: list[int], number: int, phase: Phase, repeat: int, ctx: Any
-             ) -> tuple[int, float, float, float, float]:
-    """One timed run of a phase: (items accepted, seconds, controller CPU s, clients CPU s, 1-min load)."""
+@dataclass
+class Deployment:
+    """The controller processes serving one store (and the PostgreSQL server, for that store)."""
+
+    processes: list[subprocess.Popen[str]]
+    urls: list[str]
+    database: PostgresServer | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+
+def _one_run(deployment: Deployment, number: int, phase: Phase, repeat: int, ctx: Any) -> Run:
+    """One timed run of a phase."""
     # Fresh instances per run: every run starts from the same per-instance history.
     ids = [f"bench-{number}-{repeat}-{p}-{t:06x}" for p in range(CLIENT_PROCESSES)
            for t in range(phase.connections)]
-    for iid in ids:
-        _register(url, iid)
+    for i, iid in enumerate(ids):
+        _register(deployment.urls[i % len(deployment.urls)], iid)
     start_at = time.time() + 1.0
     deadline = start_at + PHASE_SECONDS
-    cpu_before = _cpu_seconds(pids)
+    database_pids = _server_pids(deployment.database)
+    cpu_before = _cpu_seconds(deployment.pids), _cpu_seconds(database_pids)
     with ctx.Pool(CLIENT_PROCESSES) as pool:
         parts = [ids[p * phase.connections:(p + 1) * phase.connections] for p in range(CLIENT_PROCESSES)]
-        done = pool.starmap(_client_process, [(url, part, number, start_at, deadline) for part in parts])
-    server_cpu = _cpu_seconds(pids) - cpu_before
+        done = pool.starmap(_client_process, [(deployment.urls, part, number, start_at, deadline) for part in parts])
+    # Backends that ended meanwhile are not counted (none do: the replicas' pools keep their connections).
+    controller_cpu = _cpu_seconds(deployment.pids) - cpu_before[0]
+    database_cpu = _cpu_seconds(database_pids) - cpu_before[1]
     elapsed = max(end for _, end, _ in done) - start_at
-    return sum(n for n, _, _ in done), elapsed, server_cpu, sum(cpu for _, _, cpu in done), os.getloadavg()[0]
+    return Run(sum(n for n, _, _ in done), elapsed, controller_cpu, database_cpu, sum(cpu for _, _, cpu in done),
+               os.getloadavg()[0])
 
 
-def _start_controller(db: Path, workers: int) -> tuple[subprocess.Popen[str], str, list[int]]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(db), SECRET.decode(), str(workers)],
-                            stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+def _start_controller(db: str) -> tuple[subprocess.Popen[str], str]:
+    """`fleet controller serve --db DB --port 0`, as an operator starts it; its URL from what it prints."""
+    env = {**os.environ, "FLEET_CONTROLLER_SECRET": SECRET.decode(),
+           "FLEET_ADMIN_TOKEN": "bench-admin-token-0123456789"}
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler.cli", "controller", "serve", "--db", db, "--port", "0",
+                             "--log-level", "warning"], stdout=subprocess.PIPE, text=True, cwd=os.getcwd(), env=env)
     assert proc.stdout is not None
-    url, *pids = proc.stdout.readline().split()
-    if not url.startswith("http://127.0.0.1:"):
+    line = proc.stdout.readline()
+    words = line.split()
+    if len(words) < 4 or words[:3] != ["controller", "listening", "on"]:
         _stop_controller(proc)
-        raise RuntimeError(f"controller did not start: {url!r}")
-    return proc, url, [int(pid) for pid in pids]
+        raise RuntimeError(f"controller did not start: {line!r}")
+    return proc, words[3]
+
+
+def _start(deployment: str, tmp: Path) -> Deployment:
+    if deployment == SQLITE:
+        proc, url = _start_controller(str(tmp / "controller.db"))
+        return Deployment([proc], [url])
+    server = PostgresServer(settings=POSTGRES_SETTINGS)
+    server.start()
+    started = Deployment([], [], server)
+    try:
+        uri = server.create_database("fleet_bench")
+        for _ in range(REPLICAS[POSTGRES]):
+            proc, url = _start_controller(uri)
+            started.processes.append(proc)
+            started.urls.append(url)
+    except BaseException:
+        _stop(started)
+        raise
+    return started
 
 
 def _stop_controller(proc: subprocess.Popen[str]) -> None:
@@ -398,28 +485,37 @@ def _stop_controller(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+def _stop(deployment: Deployment) -> None:
+    for proc in deployment.processes:
+        _stop_controller(proc)
+    if deployment.database is not None:
+        deployment.database.destroy()
+
+
 def run() -> list[Figure]:
     figures = []
+    sqlite_rates: dict[tuple[int, str], float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        controllers: dict[int, tuple[subprocess.Popen[str], str, list[int]]] = {}
+        deployments: dict[str, Deployment] = {}
         try:
             ctx = multiprocessing.get_context("fork")
             for number, phase in enumerate(PHASES):
-                if phase.workers not in controllers:  # one store per process count, shared by its phases
-                    controllers[phase.workers] = _start_controller(Path(tmp) / f"controller-{phase.workers}.db",
-                                                                   phase.workers)
-                _, url, pids = controllers[phase.workers]
-                runs = [_one_run(url, pids, number, phase, repeat, ctx) for repeat in range(REPEATS)]
-                runs.sort(key=lambda r: r[0] / r[1])
-                accepted, elapsed, server_cpu, client_cpu, _ = runs[len(runs) // 2]
-                figure = _figure(phase, accepted, elapsed, server_cpu, client_cpu)
-                spread = " / ".join(f"{a / e:,.0f}" for a, e, _, _, _ in runs)
-                loads = " / ".join(f"{load:.1f}" for *_, load in runs)
+                if phase.deployment not in deployments:  # one store per deployment, shared by its phases
+                    deployments[phase.deployment] = _start(phase.deployment, Path(tmp))
+                runs = [_one_run(deployments[phase.deployment], number, phase, repeat, ctx)
+                        for repeat in range(REPEATS)]
+                runs.sort(key=lambda r: r.rate)
+                median = runs[len(runs) // 2]
+                if (phase.deployment, phase.client, phase.connections) == (SQLITE, "raw", CONNECTIONS_PER_PROCESS):
+                    sqlite_rates[(phase.per_request, phase.action)] = median.rate
+                figure = _figure(phase, median, sqlite_rates)
+                spread = " / ".join(f"{r.rate:,.0f}" for r in runs)
+                loads = " / ".join(f"{r.load:.1f}" for r in runs)
                 figures.append(replace(figure, detail=f"median of {REPEATS} runs ({spread} {figure.unit}; 1-min load "
                                                       f"average {loads}); {figure.detail}"))
         finally:
-            for proc, _, _ in controllers.values():
-                _stop_controller(proc)
+            for deployment in deployments.values():
+                _stop(deployment)
     return figures
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.observations import InstanceReport, format_time
 from tests.html_support import FAST, FIRST, HOSTILE, NOW, RUNNING, SECOND, SLOW
 
@@ -50,7 +50,7 @@ def run_chromium(chromium: str, tmp_path: Path, *args: str) -> subprocess.Comple
                           text=True, timeout=180, env=env, check=False)
 
 
-def store_report(store: ControllerStore, clock: list[datetime], report: InstanceReport) -> None:
+def store_report(store: SqliteStore, clock: list[datetime], report: InstanceReport) -> None:
     """Feed a report to the real controller store as the worker protocol would have delivered it."""
     clock[0] = report.registered_at  # the controller stamps registration with its own clock
     store.register(report.instance_id, {
@@ -81,7 +81,7 @@ def store_report(store: ControllerStore, clock: list[datetime], report: Instance
 def store_incident(db: Path) -> Path:
     """The seed incident's six instances (tests.html_support) in a real controller store at `db`."""
     clock = [NOW]
-    store = ControllerStore(db, now=lambda: clock[0])
+    store = SqliteStore(db, now=lambda: clock[0])
     try:
         for report in (FIRST, SECOND, SLOW, RUNNING, FAST, HOSTILE):
             store_report(store, clock, report)

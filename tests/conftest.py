@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.postgres_server import REQUIRE_ENV, PostgresServer, PostgresUnavailable, postgres_required
+from tests.store_support import StoreFactory
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,3 +57,12 @@ def private_postgres_server() -> Iterator[PostgresServer]:
     server.start()
     yield server
     server.destroy()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Opens stores of one adapter (`sqlite`, `postgres`): the store contract's tests run against both."""
+    server = request.getfixturevalue("postgres_server") if request.param == "postgres" else None
+    factory = StoreFactory(request.param, tmp_path, server)
+    yield factory
+    factory.close_all()

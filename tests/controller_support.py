@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore, _SqlStore
 from reconciler.domain.tokens import instance_token, machine_claim
 
 SECRET = b"test-controller-secret-0123456789"
@@ -47,11 +47,18 @@ def register_doc(instance_id: str) -> dict[str, Any]:
 
 
 class Harness:
-    """A controller on 127.0.0.1:<free port> over a fresh store, and an httpx client for it."""
+    """A controller on 127.0.0.1:<free port> over a fresh store (a SQLite file, or a `postgresql://` URI), and an
+    httpx client for it."""
 
-    def __init__(self, path: Path, *, allow_open_reads: bool = False, **store_options: Any):
+    def __init__(self, path: Path | str, *, allow_open_reads: bool = False, **store_options: Any):
         self.path = path
-        self.store = ControllerStore(path, now=StepClock(), **store_options)
+        self.store: _SqlStore
+        if isinstance(path, str):
+            from reconciler.adapters.store_postgres import PostgresStore
+
+            self.store = PostgresStore(path, now=StepClock(), **store_options)
+        else:
+            self.store = SqliteStore(path, now=StepClock(), **store_options)
         self.server = ControllerServer(self.store, SECRET, ADMIN, "127.0.0.1", 0,
                                        allow_open_reads=allow_open_reads).start()
         self.client = httpx.Client(base_url=self.server.url, timeout=10.0)

@@ -2,7 +2,9 @@
 
 Strict means at least as strict as the real API (facts and sources: /work/coord/research/vastai.md, and
 reconciler's vast.ai adapter). What it enforces:
-- auth on EVERY route: `Authorization: Bearer KEY`. Unknown or deleted key -> 401 "Invalid user key"; a key whose
+- auth on EVERY route: `Authorization: Bearer KEY`. Unknown or deleted key -> 401 "Invalid user key", except the
+  search `POST /api/v0/bundles/`, which answers a bad or missing key with **404** "Invalid user key" (vast-ai/docs
+  api-reference/openapi/yaml/search_offers.yaml @c624622622496828c1ae58edec481bba1f5d675d); a key whose
   session expired -> **404** "Session expired. Please log in again." (vast-cli vast.py, the 404 is real); a scoped
   key without the permission of the route (`misc` search, `instance_read` show/list, `instance_write`
   create/destroy, `user_read` users/current) -> 403. Keys can be revoked or expired mid-run
@@ -20,6 +22,16 @@ reconciler's vast.ai adapter). What it enforces:
   unknown, offline) with consistent `intended_status`/`cur_state`, set at once (`set_status`), per read
   (`script_status`) or on the clock (`schedule_status`, `new_instance_timeline`).
 - "offer taken" races (`stale_offer`: listed in search, gone on create -> 404 `no_such_ask`).
+- search as the current API reference has it (issue 23: vast-ai/docs `api-reference/openapi/yaml/`, the search
+  reference and the `auto_*` files generated from the backend): `rented` is no server-side filter (the server
+  drops the key; the official CLI filters the rows itself: vast-ai/vast-cli vast.py search__offers
+  @55679830a2c2adcf5c7fad08bf08717a9591062a), an answer cut short carries `truncated: true`, and the daily search
+  row quota answers 429 `search_quota_exceeded` with `Retry-After` in seconds, possibly hours
+  (`exhaust_search_quota`). The last two are from the issue's reading of the current reference; the snapshots
+  readable here (vast-ai/docs @4c1c6573188557cd4a630a578236cdb4f62c9f40, auto_post_api_v0_bundles_32b4bb.yaml)
+  do not show them yet, so their body texts are ASSUMED (the adapter relies on the `error` code and the header).
+- DELETE of a missing instance: 404 `no_such_instance` "Instance {id} not found." (auto_delete_api_v0_instances_id
+  _4ff617.yaml @4c1c6573); show of a missing one: 200 `{"instances": null}` (auto_get_api_v0_instances_id_4ff617).
 Every request is recorded (method, path, query, headers, JSON body, the status answered). Scripted faults:
 5xx (before or after doing the work), garbage bodies, answers held back, dropped connections.
 
@@ -61,6 +73,10 @@ STATUSES: tuple[str | None, ...] = (None, "created", "scheduling", "loading", "r
 PERMISSIONS = frozenset({"instance_read", "instance_write", "user_read", "misc"})
 
 MSG_INVALID_KEY = "Invalid user key"
+#: ASSUMED wording (the reference names the code and the header, not the text).
+MSG_SEARCH_QUOTA = "Daily search quota exceeded; try again after the Retry-After period."
+#: Search fields the server accepts and drops (the CLI filters them on the client).
+SERVER_DROPPED_FIELDS = frozenset({"rented"})
 MSG_SESSION_EXPIRED = "Session expired. Please log in again."
 MSG_NO_KEY = "Please log in or sign up"
 
@@ -430,6 +446,11 @@ class VastFake:
         self.page_size = page_size
         #: Query fields the search pretends not to know, to test a client's own filtering.
         self.ignored_fields: set[str] = set()
+        #: At most this many offers per search answer (None: only the query's `limit` cuts); a cut answer says
+        #: `truncated: true`.
+        self.max_results: int | None = None
+        #: Until this fake-clock time every search answers 429 search_quota_exceeded (`exhaust_search_quota`).
+        self.search_quota_until = float("-inf")
         #: Offers still listed by search but already rented by someone else: create -> 404 no_such_ask.
         self.stale_offers: set[int] = set()
         self.new_instance_script = list(new_instance_script)
@@ -549,6 +570,12 @@ class VastFake:
         answer only after `hold_s` real seconds: set the client's create timeout below `hold_s`."""
         self.inject(Fault("late", delay_s=hold_s, commit_after_s=commit_after_s, remaining=n, method="PUT",
                           path_prefix="/api/v0/asks/"))
+
+    def exhaust_search_quota(self, retry_after_s: float) -> None:
+        """The account's daily search row quota is used up for `retry_after_s` more seconds (fake clock): every
+        search until then answers 429 `search_quota_exceeded` with the seconds left in `Retry-After`."""
+        with self._lock:
+            self.search_quota_until = self.clock() + retry_after_s
 
     def stale_offer(self, offer_id: int) -> None:
         """Someone else rents this offer; search still lists it (a stale index): create -> no_such_ask."""
@@ -720,17 +747,24 @@ class VastFake:
     def _search(self, body: Any) -> tuple[int, Any]:
         if not isinstance(body, Mapping):
             return 400, _error("invalid_args", "query must be a JSON object")
+        ignored = self.ignored_fields | SERVER_DROPPED_FIELDS
         try:
-            check_query(body, self.ignored_fields)
-            found = [o for o in self.offers.values() if offer_matches(o, body, self.ignored_fields)]
+            check_query(body, ignored)
+            found = [o for o in self.offers.values() if offer_matches(o, body, ignored)]
         except QueryError as exc:
             return 400, _error("invalid_args", str(exc))
         for key, direction in reversed(body.get("order") or []):
             found.sort(key=_sort_key(str(key)), reverse=direction == "desc")
+        matched = len(found)
         limit = body.get("limit")
         if isinstance(limit, int) and limit >= 0:
             found = found[:limit]
-        return 200, {"offers": [dict(o) for o in found]}
+        if self.max_results is not None:
+            found = found[:self.max_results]
+        answer: dict[str, Any] = {"offers": [dict(o) for o in found]}
+        if len(found) < matched:
+            answer["truncated"] = True
+        return 200, answer
 
     def _create(self, key: ApiKey, ask_id: str, body: Any, fault: Fault | None) -> tuple[int, Any]:
         gone = 404, _error("no_such_ask", f"Instance type by id {ask_id} is not available.")
@@ -872,12 +906,16 @@ class VastFake:
                     self._send(400, _error("invalid_args", "pass the API key in the Authorization header"))
                     return
                 key, refusal = fake._authenticate(self.headers.get("Authorization"))
+                parts = [p for p in split.path.split("/") if p]
+                route = fake._endpoint(self.command, parts)
                 if refusal is not None:
+                    if route is not None and route[0] == "search" and refusal[1].get("msg") == MSG_INVALID_KEY:
+                        refusal = (404, _error("auth_error", MSG_INVALID_KEY))  # search_offers.yaml: 404
+                    elif route is not None and route[0] == "search" and refusal[0] == 401:
+                        refusal = (404, _error("auth_error", MSG_INVALID_KEY))  # a missing key, too
                     self._send(*refusal)
                     return
                 assert key is not None
-                parts = [p for p in split.path.split("/") if p]
-                route = fake._endpoint(self.command, parts)
                 if route is None:
                     self._send(404, _error("not_found", f"no route {self.command} {split.path}"))
                     return
@@ -885,6 +923,10 @@ class VastFake:
                 if key.permissions is not None and permission not in key.permissions:
                     self._send(403, _error("permission_denied",
                                            f"API key lacks permission {permission} for {self.command} {split.path}"))
+                    return
+                if endpoint == "search" and fake.clock() < fake.search_quota_until:
+                    left = max(1, int(fake.search_quota_until - fake.clock() + 0.999))
+                    self._send(429, _error("search_quota_exceeded", MSG_SEARCH_QUOTA), {"Retry-After": str(left)})
                     return
                 broke = fake._rate_limited(key.key, endpoint)
                 if broke is not None:

@@ -5,7 +5,7 @@
 # Place in the flow: entrypoint.sh runs `serve.sh` (phase serve) once the result is reported, and
 # `serve.sh watch` in the background during the benchmark. Protocol v1
 # (fleet-spec/schema/worker-protocol.v1.schema.json):
-#   GET  /api/v1/instances/{id}/directive -> {"action": "wait"|"serve"|"stop", "reason", "verdict"}
+#   GET  /api/v1/instances/{id}/directive -> {"action": "wait"|"serve"|"stop"|"drain", "reason", "verdict"}
 #        (404/405: a controller without directives; the worker serves, as it always did)
 #   POST /api/v1/instances/{id}/events    -> event_batch of `serve` events: `progress` events whose
 #        details carry a `heartbeat` (proofs done since the last one, from the daemon's own
@@ -15,7 +15,11 @@
 # Modes:
 #   serve  wait for the verdict (FLEET_VERDICT_WAIT_S; no answer -> serve); `stop` -> report and exit 0;
 #          `serve` -> forwards + optional FLEET_SERVE_CMD (curio) + heartbeats every FLEET_HEARTBEAT_S,
-#          the directive re-read at each heartbeat (`stop` after a degraded verdict ends serving).
+#          the directive re-read at each heartbeat (`stop` after a degraded verdict ends serving;
+#          `drain`, the pool shrinks: no new work (FLEET_DRAIN_CMD, e.g. `curio cli cordon`, or else the
+#          serve command is stopped), the daemon finishes the proofs it holds (`cuzk-bench status` shows
+#          no queue), then exit 0; a `serve` while draining resumes (FLEET_UNDRAIN_CMD, or the serve
+#          command again); FLEET_DRAIN_MAX_S caps the wait).
 #          Exit 0 on a stop (directive or TERM), 75 when cuzk-daemon (FLEET_DAEMON_PID) is gone: the
 #          entrypoint, its parent, collects the daemon's exit code and reports the failure.
 #   watch  during the benchmark: poll the directive; on `stop` (an early verdict) write it to
@@ -47,6 +51,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${FLEET_FORWARD_PROBE_TIMEOUT_S:=5}"
 : "${FLEET_SERVE_CMD:=}"
 : "${FLEET_SERVE_RETRY_S:=15}"
+: "${FLEET_DRAIN_CMD:=}"
+: "${FLEET_UNDRAIN_CMD:=}"
+: "${FLEET_DRAIN_MAX_S:=10800}"
 : "${FLEET_DAEMON_ADDR:=http://127.0.0.1:9820}"
 : "${FLEET_DAEMON_PID:=}"
 : "${FLEET_WATCH_PARENT:=$PPID}"
@@ -59,7 +66,7 @@ mkdir -p "$QUEUE_DIR" "$FLEET_TMP_DIR"
 
 number() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]]; }
 for var in FLEET_HEARTBEAT_S FLEET_VERDICT_WAIT_S FLEET_DIRECTIVE_POLL_S FLEET_FORWARD_CHECK_S \
-  FLEET_FORWARD_RETRY_S FLEET_FORWARD_PROBE_TIMEOUT_S FLEET_SERVE_RETRY_S; do
+  FLEET_FORWARD_RETRY_S FLEET_FORWARD_PROBE_TIMEOUT_S FLEET_SERVE_RETRY_S FLEET_DRAIN_MAX_S; do
   if ! number "${!var}" || [[ ${!var} =~ ^0+(\.0+)?$ ]]; then
     fleet_fail "$FLEET_EXIT_CONFIG" "$var must be a positive number of seconds, got '${!var}'"
   fi
@@ -92,7 +99,7 @@ read_directive() {
       action=$(jq -r 'if (.action | type) == "string" then .action else "error" end' "$DIRECTIVE_FILE.tmp" 2>/dev/null) ||
         action=error
       case $action in
-        wait | serve | stop) mv -f "$DIRECTIVE_FILE.tmp" "$DIRECTIVE_FILE" ;;
+        wait | serve | stop | drain) mv -f "$DIRECTIVE_FILE.tmp" "$DIRECTIVE_FILE" ;;
         *) action=error ;;
       esac
       ;;
@@ -435,6 +442,79 @@ stop_children() {
 
 daemon_alive() { [[ -z $FLEET_DAEMON_PID ]] || kill -0 "$FLEET_DAEMON_PID" 2>/dev/null; }
 
+# The daemon holds work: its `cuzk-bench status` lists queues (curio extern/cuzk/cuzk-bench/src/main.rs:682-686,
+# `  porep: pending=N, in_progress=M`) with a non-zero count. A status that cannot be read counts as busy:
+# a drain never stops a machine on missing data.
+daemon_busy() {
+  local status="$FLEET_TMP_DIR/drain.status"
+  timeout 30 cuzk-bench --addr "$FLEET_DAEMON_ADDR" status >"$status" 2>&1 || return 0
+  awk '/^Queues:/ { q = 1; next } q && /pending=/ { gsub(/[^0-9=,]/, ""); split($0, a, /[=,]/);
+       if (a[2] + a[4] > 0) b = 1 } END { exit (b ? 0 : 1) }' "$status"
+}
+
+# Drain: the pool shrinks and this machine goes (the worst $/proof first). Take no new work, let the daemon
+# finish what it holds, then stop: never mid-proof. Returns when the controller says `serve` again.
+drain() {
+  local why started=$EPOCHSECONDS next how
+  why=$(directive_reason)
+  if [[ -n $FLEET_DRAIN_CMD ]]; then
+    how="ran '$FLEET_DRAIN_CMD'"
+    # shellcheck disable=SC2086  # a command line
+    $FLEET_DRAIN_CMD > >(fleet_prefix "drain-cmd: ") 2>&1 || {
+      how="'$FLEET_DRAIN_CMD' failed; stopped the serve command instead"
+      stop_serve_cmd
+    }
+  else
+    how="stopped the serve command"
+    stop_serve_cmd
+  fi
+  fleet_log "serve: draining ($why): no new work ($how); waiting for the daemon's proofs to finish"
+  queue_event progress "draining: no new work ($how); finishing the proofs in progress" \
+    "$(jq -cn --arg why "$why" --arg how "$how" '{drain: {state: "started", reason: $why, how: $how}}')"
+  flush_events
+  next=$(awk -v t="$(fleet_epoch)" -v h="$FLEET_HEARTBEAT_S" 'BEGIN { printf "%.3f", t + h }')
+  while daemon_busy; do
+    [[ -z $STOP ]] || { heartbeat; finish 0 "stopped by SIG$STOP while draining"; }
+    daemon_alive || finish "$SERVE_EXIT_DAEMON_GONE" ""
+    if ((EPOCHSECONDS - started >= ${FLEET_DRAIN_MAX_S%.*})); then
+      fleet_log "serve: still busy after FLEET_DRAIN_MAX_S=${FLEET_DRAIN_MAX_S}s of draining; stopping anyway"
+      heartbeat
+      finish 0 "drained: stopped after FLEET_DRAIN_MAX_S=${FLEET_DRAIN_MAX_S}s with work still queued ($why)"
+    fi
+    if awk -v t="$(fleet_epoch)" -v n="$next" 'BEGIN { exit !(t >= n) }'; then
+      heartbeat
+      next=$(awk -v t="$(fleet_epoch)" -v h="$FLEET_HEARTBEAT_S" 'BEGIN { printf "%.3f", t + h }')
+      if [[ $(read_directive) == serve ]]; then
+        undrain
+        return 0
+      fi
+    fi
+    flush_events
+    pause "$(awk -v h="$FLEET_HEARTBEAT_S" 'BEGIN { print (h < 1 ? h : 1) }')"
+  done
+  heartbeat
+  fleet_log "serve: drained: the daemon has no proofs left; stopping ($why)"
+  finish 0 "drained: no proofs left in progress ($why)"
+}
+
+undrain() {
+  if [[ -n $FLEET_UNDRAIN_CMD ]]; then
+    # shellcheck disable=SC2086  # a command line
+    $FLEET_UNDRAIN_CMD > >(fleet_prefix "undrain-cmd: ") 2>&1 || fleet_log "serve: '$FLEET_UNDRAIN_CMD' failed"
+  fi
+  [[ -n $SERVE_CMD_PID ]] || start_serve_cmd
+  fleet_log "serve: drain cancelled by the controller: serving again ($(directive_reason))"
+  queue_event progress "drain cancelled: serving again" '{"drain": {"state": "cancelled"}}'
+}
+
+stop_serve_cmd() {
+  if [[ -n $SERVE_CMD_PID ]]; then
+    fleet_kill_tree "$SERVE_CMD_PID" TERM
+    wait "$SERVE_CMD_PID" 2>/dev/null || true
+    SERVE_CMD_PID=""
+  fi
+}
+
 finish() { # CODE MESSAGE
   stop_children
   [[ $1 == 0 ]] && queue_event "done" "$2" '{}'
@@ -457,7 +537,7 @@ while :; do
   [[ -z $STOP ]] || finish 0 "stopped by SIG$STOP"
   daemon_alive || finish "$SERVE_EXIT_DAEMON_GONE" ""
 done
-if [[ $action == stop ]]; then
+if [[ $action == stop || $action == drain ]]; then
   fleet_log "serve: not serving: the controller's verdict is $(directive_reason)"
   finish 0 "not serving: controller verdict $(directive_reason)"
 fi
@@ -494,10 +574,13 @@ while :; do
     heartbeat
     next_hb=$(awk -v t="$next_hb" -v h="$FLEET_HEARTBEAT_S" -v now="$(fleet_epoch)" \
       'BEGIN { t += h; if (t < now) t = now + h; printf "%.3f", t }')
-    if [[ $(read_directive) == stop ]]; then
-      fleet_log "serve: the controller stopped serving: $(directive_reason)"
-      finish 0 "stopped by the controller: $(directive_reason)"
-    fi
+    case $(read_directive) in
+      stop)
+        fleet_log "serve: the controller stopped serving: $(directive_reason)"
+        finish 0 "stopped by the controller: $(directive_reason)"
+        ;;
+      drain) drain ;;
+    esac
   fi
   flush_events
   # Poll in short steps: the daemon's death and a TERM are noticed within a second.

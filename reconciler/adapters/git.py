@@ -14,6 +14,7 @@ import os
 import random
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -194,14 +195,22 @@ def lock_holders(locks: list[Path], roots: tuple[Path, ...]) -> list[str] | None
 
 
 def _pause_point(step: str) -> None:
-    """Crash tests only (FLEET_TEST_PAUSE_AT=<step> and FLEET_TEST_PAUSE_FIFO): say which step was reached
-    and stop this process (SIGSTOP) so the test can SIGKILL it exactly here. A no-op otherwise."""
+    """Crash tests only (FLEET_TEST_PAUSE_AT=<step> and FLEET_TEST_PAUSE_FIFO): say which step was reached and
+    by which process ("<step> <pid>"), and stop this process (SIGSTOP) so the test can SIGKILL it exactly here.
+    A no-op otherwise, and once the test removed the FIFO (several replicas: only the first one stops)."""
     fifo = test_pause_point(step)
-    if fifo is None:
+    if fifo is None or not stat.S_ISFIFO(_mode(fifo)):
         return
     with open(fifo, "w", encoding="utf-8") as announce:
-        announce.write(step + "\n")
+        announce.write(f"{step} {os.getpid()}\n")
     os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
 
 
 class GitStore:
@@ -343,8 +352,13 @@ class GitStore:
             raise GitStoreError(f"{self._workdir} has unpushed commits not made by {BOT_NAME} "
                                 f"({'; '.join(foreign[:5])}); refusing to discard them")
 
-    def publish(self, build: Callable[[Path], CommitRequest | None]) -> PublishResult:
-        """Sync, build on the fresh tip, commit, push; on rejection re-sync and rebuild (bounded)."""
+    def publish(self, build: Callable[[Path], CommitRequest | None], *,
+                before_push: Callable[[], None] | None = None) -> PublishResult:
+        """Sync, build on the fresh tip, commit, push; on rejection re-sync and rebuild (bounded).
+
+        `before_push` runs right before every push and may raise to stop it (a replica's lease check: a leader
+        whose term ended must never push). Its exception propagates; the unpushed commit stays in this bot
+        clone and the next sync discards it."""
         last_error: TemporaryGitError | None = None
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:
@@ -361,11 +375,15 @@ class GitStore:
             if sha is None:
                 return PublishResult(None, attempt, False)
             _pause_point("push")
+            if before_push is not None:
+                before_push()
+            _pause_point("fenced")
             try:
                 self._push()
             except TemporaryGitError as exc:
                 last_error = exc
                 continue
+            _pause_point("pushed")
             return PublishResult(sha, attempt, True)
         raise PushRejected(f"push to {self.remote}/{self.branch} failed {self.max_attempts} time(s); "
                            f"last: {last_error}; the next pass recomputes and retries")

@@ -42,7 +42,7 @@ ENVIRONMENT = {
     CI_ENV: "true/1 in CI: `fleet demo` never waits for Ctrl-C there",
     REGISTRY_PASSWORD_ENV: "the worker image registry's password/token: set it where the controller runs so that "
                            "a worker log line printing it is redacted",
-    TEST_PAUSE_AT_ENV: "crash tests only: stop the process at this step of publishing (write, push)",
+    TEST_PAUSE_AT_ENV: "crash tests only: stop the process at this step of publishing (write, push, fenced, pushed)",
     TEST_PAUSE_FIFO_ENV: "crash tests only: FIFO on which the paused step is announced",
     CACHE_HOME_ENV: "where the record index of a spec directory outside git is kept (default ~/.cache)",
 }

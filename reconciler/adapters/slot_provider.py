@@ -27,6 +27,7 @@ from reconciler.domain.marketplace import (
     MarketplaceError,
     OfferTakenError,
     TemporaryMarketplaceError,
+    is_truncated,
 )
 from reconciler.domain.planner import (
     STATUS_GONE,
@@ -122,6 +123,12 @@ class SlotProvider:
         query = offer_query(inputs.pool, inputs.bad_machine_ids)
         offers = self.marketplace.search_offers(query)
         ranked = rank_offers(offers, inputs.pool, inputs.measured, inputs.priors, inputs.bad_machine_ids)
+        if not ranked and is_truncated(offers):
+            # The market cut its answer short: the offers it left out may fit. Never a shortfall.
+            raise NoOfferError(f"slot {inputs.slot}: none of the {len(offers)} offer(s) kept from the market's "
+                               f"answer fits pool {inputs.pool.name}, and that answer was truncated (cut short by "
+                               "the server): the market may hold more; not reading it as a shortfall; will retry "
+                               "on the next apply")
         if not ranked:
             raise NoOfferError(f"slot {inputs.slot}: no offer fits pool {inputs.pool.name}: "
                                f"{self._shortfall(inputs)} (pool wants {describe_constraints(inputs.pool)}; "
@@ -171,8 +178,10 @@ class SlotProvider:
         """What the market lacked, from a second, broad search (GPU model only). Best effort: a failed look
         must not hide the NoOffer itself."""
         try:
-            return describe_shortfall(inputs.pool, inputs.bad_machine_ids,
-                                      self.marketplace.search_offers(broad_query(inputs.pool)))
+            broad = self.marketplace.search_offers(broad_query(inputs.pool))
+            said = describe_shortfall(inputs.pool, inputs.bad_machine_ids, broad)
+            return said + (" (the market's answer was truncated: counts are a lower bound)"
+                           if is_truncated(broad) else "")
         except MarketplaceAuthError:
             raise
         except MarketplaceError as exc:

@@ -7,21 +7,26 @@ JSON path, the bad value and what was expected; a bad spec is a permanent error 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import pickle
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
+from reconciler.adapters.capacity_files import capacity_path, load_capacity
+from reconciler.domain.capacity import apply_entries
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
 from reconciler.domain.spec import (
+    PROOF_TASK_TYPES,
+    TASK_TYPE_OF_PROOF,
     BenchmarkSettings,
     CircuitBreakerSettings,
     ControllerSettings,
@@ -32,7 +37,9 @@ from reconciler.domain.spec import (
     NotificationSettings,
     ParamsSettings,
     PoolSpec,
+    QueueSource,
     RecordExpirySettings,
+    ScalingSettings,
     ServingSettings,
     SpecError,
     SpecProblem,
@@ -117,6 +124,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"unknown field(s) {', '.join(extra)}; allowed: {allowed}"
     if v == "type":
         return f"got {got}, expected a value of type {kw}"
+    if v in ("oneOf", "anyOf"):  # every branch refused it by type (see _specific): name the types
+        kinds = [str(e.validator_value) for e in error.context or () if e.validator == "type"]
+        return f"got {got}, expected a value of type {' or '.join(dict.fromkeys(kinds))}"
     if v == "enum":
         return f"got {got}, expected one of {', '.join(map(str, kw))}"
     if v == "const":
@@ -129,6 +139,15 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if v in ("minLength", "minItems"):
         return f"got {got}, expected at least {kw} {'character' if v == 'minLength' else 'item'}(s)"
     return f"got {got}: {error.message}"
+
+
+def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For `count: 2 | {min, max}` (oneOf): the branch of the value's own type says what is wrong with it."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        of_type = [e for e in error.context if e.validator != "type"]
+        if of_type:
+            return _specific(min(of_type, key=lambda e: len(e.absolute_path)))
+    return error
 
 
 def _problem_path(error: jsonschema.ValidationError) -> tuple[Any, ...]:
@@ -178,6 +197,7 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
                 f"against the marketplace (known: {', '.join(sorted(KNOWN_GPU_MODELS))}) or add it under "
                 "gpu_priors", "warning")
         bench: dict[str, Any] = pool["benchmark"] if isinstance(pool.get("benchmark"), dict) else {}
+        _capacity_problems(pool, i, bench, doc.get("max_total_dph"), add)
         conc, proofs = bench.get("concurrency", 2), bench.get("proofs", 10)
         if isinstance(conc, int) and isinstance(proofs, int) and conc > proofs:
             add(("pools", i, "benchmark", "concurrency"),
@@ -222,22 +242,61 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
             named.setdefault(name, i)
     cap = doc.get("max_total_dph")
     if isinstance(cap, int | float) and not isinstance(cap, bool) and cap > 0 and isinstance(pools, list):
-        worst = 0.0
+        worst = lowest = 0.0
         cheapest: float | None = None
         for pool in pools:
             if not isinstance(pool, dict):
                 continue
             count, price = pool.get("count"), pool.get("max_price_usd_per_hour")
+            if isinstance(count, dict):  # autoscaled: the worst case is its max; its min must fit for sure
+                lowest += count["min"] * price if _is_number(count.get("min")) and _is_number(price) else 0
+                count = count.get("max")
             if isinstance(count, int) and isinstance(price, int | float) and not isinstance(price, bool):
                 worst += count * price
                 cheapest = price if cheapest is None else min(cheapest, price)
         if cheapest is not None and cap < cheapest:
             add(("max_total_dph",), f"got {cap}, below every pool's max_price_usd_per_hour (lowest {cheapest}): "
                 "the cap would refuse every create")
+        elif lowest > cap + 1e-9:
+            add(("max_total_dph",), f"got {cap}, below what the autoscaled pools cost at their min (count.min x "
+                f"max price: ${lowest:.2f}/h): the pools could never reach their minimum")
         elif worst > cap:
             add(("max_total_dph",), f"the pools may cost up to ${worst:.2f}/h (count x max price) and the cap is "
                 f"${cap:.2f}/h: some slots may stay empty (plan and status say which)", "warning")
     return problems
+
+
+def _capacity_problems(pool: dict[str, Any], i: int, bench: dict[str, Any], cap: Any,
+                       add: Callable[..., None]) -> None:
+    """count: {min, max}, scaling and queue: bounds in order and within the spend cap, known task types."""
+    count = pool.get("count")
+    ranged = isinstance(count, dict)
+    low, high = (count.get("min"), count.get("max")) if isinstance(count, dict) else (None, None)
+    if ranged and isinstance(low, int) and isinstance(high, int) and high < low:
+        add(("pools", i, "count", "max"), f"got max {high} < min {low}: the bounds must satisfy min <= max "
+            "(min == max pins the count)")
+    price = pool.get("max_price_usd_per_hour")
+    if isinstance(high, int) and isinstance(cap, int | float) and isinstance(price, int | float) and \
+            high * price > cap + 1e-9:
+        add(("pools", i, "count", "max"), f"got {high}: {high} x max_price_usd_per_hour ${price:g}/h = "
+            f"${high * price:.2f}/h is above the fleet spend cap max_total_dph ${cap:g}/h; lower max to at most "
+            f"{int(cap // price)}")
+    for key in ("scaling", "queue"):
+        if key in pool and not ranged:
+            add(("pools", i, key), "has no effect: count is a fixed integer (write count: {min: N, max: M} to "
+                "autoscale)", "warning")
+    queue: dict[str, Any] = pool["queue"] if isinstance(pool.get("queue"), dict) else {}
+    kinds = queue.get("task_types")
+    for j, kind in enumerate(kinds if isinstance(kinds, list) else []):
+        if isinstance(kind, str) and kind not in PROOF_TASK_TYPES:
+            add(("pools", i, "queue", "task_types", j),
+                f"got {kind!r}, not one of curio's proof task types: {', '.join(PROOF_TASK_TYPES)} (curio "
+                "tasks/tasknames/names.go; names are case-sensitive)")
+    if queue and "task_types" not in queue:
+        proof_type = bench.get("proof_type", "porep")
+        if isinstance(proof_type, str) and proof_type not in TASK_TYPE_OF_PROOF:
+            add(("pools", i, "queue", "task_types"), f"missing: benchmark.proof_type {proof_type!r} has no "
+                f"default curio task type; name them (one of {', '.join(PROOF_TASK_TYPES)})")
 
 
 def _is_number(value: Any) -> bool:
@@ -284,13 +343,7 @@ def _record_expiry(doc: dict[str, Any]) -> RecordExpirySettings:
 
 
 def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> FleetSpec:
-    pools = tuple(
-        PoolSpec(
-            **{k: v for k, v in p.items() if k != "benchmark"},
-            benchmark=BenchmarkSettings(**p.get("benchmark", {})),
-        )
-        for p in doc["pools"]
-    )
+    pools = tuple(_pool(p) for p in doc["pools"])
     return FleetSpec(
         image=ImageSettings(**doc["image"]),
         controller=ControllerSettings(**doc["controller"]),
@@ -311,6 +364,23 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         source=source,
         warnings=tuple(warnings),
     )
+
+
+def _pool(p: dict[str, Any]) -> PoolSpec:
+    benchmark = BenchmarkSettings(**p.get("benchmark", {}))
+    fields = {k: v for k, v in p.items() if k not in ("benchmark", "count", "scaling", "queue")}
+    count = p["count"]
+    if not isinstance(count, dict):
+        return PoolSpec(**fields, count=count, benchmark=benchmark)
+    queue = None
+    if isinstance(p.get("queue"), dict):
+        q = p["queue"]
+        kinds = tuple(q.get("task_types") or (TASK_TYPE_OF_PROOF[benchmark.proof_type],))
+        queue = QueueSource(url_env=q["url_env"], task_types=kinds)
+    # Without capacity.yaml the pool starts at its min; load_spec applies the leader's entries.
+    return PoolSpec(**fields, count=count["min"], benchmark=benchmark, min_count=count["min"],
+                    max_count=count["max"], scaling=ScalingSettings(**p.get("scaling", {})), queue=queue,
+                    slot_indices=tuple(range(count["min"])), desired_count=count["min"])
 
 
 def _first_alias(text: str) -> yaml.AliasEvent | None:
@@ -351,7 +421,8 @@ def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, 
                                   1)]
     lines = dict(_line_index(root)) if root is not None else {}
     problems = []
-    for error in sorted(_spec_validator().iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
+    found = (_specific(e) for e in _spec_validator().iter_errors(doc))
+    for error in sorted(found, key=lambda e: [str(p) for p in e.absolute_path]):
         path = _problem_path(error)
         line = lines.get(path) or lines.get(tuple(error.absolute_path))
         problems.append(SpecProblem(file, format_json_path(path), _describe(error), line))
@@ -374,7 +445,17 @@ def load_spec(path: str | Path) -> FleetSpec:
     spec, problems = check_spec_text(text, str(path))
     if spec is None:
         raise SpecError(problems)
-    return spec
+    return with_capacity(spec, path)
+
+
+def with_capacity(spec: FleetSpec, spec_path: Path) -> FleetSpec:
+    """The spec with the leader's capacity.yaml (beside it) applied to its autoscaled pools."""
+    if not any(p.min_count is not None for p in spec.pools):
+        return spec
+    entries, problems = load_capacity(spec_path)
+    if problems:
+        raise SpecError(problems)
+    return apply_entries(spec, entries)
 
 
 # --- the validated-spec cache ------------------------------------------------------------------------------------
@@ -421,6 +502,8 @@ def load_spec_cached(path: str | Path, cache: Path | None = None) -> FleetSpec:
         raw = path.read_bytes()
     except OSError:
         return load_spec(path)  # its error names the file and the problem
+    with contextlib.suppress(OSError):  # the leader's capacity.yaml decides autoscaled pools' slots: cached too
+        raw += b"\0capacity\0" + capacity_path(path).read_bytes()
     key = hashlib.sha256(raw + b"\0" + str(path).encode() + b"\0" + _validation_inputs()).hexdigest()
     cache = cache if cache is not None else spec_cache_path(path)
     try:

@@ -1,7 +1,10 @@
-"""Controller store: what workers reported, in SQLite, safe across crashes and restarts.
+"""Controller store: what workers reported, safe across crashes and restarts. The port (`ControllerStore`) and
+its shared SQL; two adapters implement it: `SqliteStore` (here; the embedded default, one process, one file) and
+`PostgresStore` (`store_postgres.py`; production, several controller replicas on one server).
+`stores.open_store` picks one from a path or a `postgresql://` URI.
 
-Written by the controller HTTP API (`reconciler/controller.py`) after it has authenticated and validated a
-request; read by the reconcile loop and `fleet status` as `reconciler.observations.InstanceReport`s.
+Written by the controller HTTP API (`reconciler/adapters/controller/api.py`) after it has authenticated and
+validated a request; read by the reconcile loop and `fleet status` as `InstanceReport`s.
 Every write is one transaction: a request the controller answered 2xx is in the database, a rejected one
 left nothing behind. Log lines live in a bounded ring per instance (last `ring_lines`, older ones counted
 as dropped), and every free-text field is redacted (`reconciler.redact`) before it is written, so nothing
@@ -18,46 +21,46 @@ accepted once, an identical resend is a no-op and a different one is a conflict;
 as sent (at-least-once: a retried batch can appear twice, which is harmless in a log tail). Once an
 instance is marked destroyed its token no longer writes anything, so a captured token cannot be replayed
 into a finished record, while its logs stay readable.
+
+Several writers (PostgreSQL replicas, or threads of one process): every write that reads an instance's
+state first locks its row (`SELECT ... FOR UPDATE` on PostgreSQL; SQLite has one writer at a time anyway), so
+counters, the ring's sequence numbers and the once-only result are decided on current rows; a batch takes
+its row locks in instance order, so two replicas' batches never deadlock. The database being unreachable
+is `StoreUnavailable` (temporary: the API answers 503 with Retry-After, a pass observes nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from reconciler.adapters.settings import known_secret_values
 from reconciler.domain import errors
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, parse_time
 from reconciler.domain.redact import Redactor
 
+#: The schema this code writes. SQLite keeps it in `PRAGMA user_version`, PostgreSQL in the `fleet_schema`
+#: table; a store of a newer version is refused (never written by code that does not know its layout).
 SCHEMA_VERSION = 3
 #: Lines of the ring buffer copied into InstanceReport.log_tail (evidence for verdicts).
 REPORT_TAIL_LINES = 50
+#: What a 503 tells a worker about when to retry while the database is unreachable (seconds).
+RETRY_AFTER_S = 2
 
 _T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
-#: How long a writer waits for another process's write transaction (then: "database is locked", temporary).
-WRITE_LOCK_TIMEOUT_S = 10.0
-#: Background checkpoints (ControllerStore.checkpoint_in_background): how often the helper thread copies the
-#: WAL into the database file, and the WAL size (pages) at which a writer still checkpoints itself should the
-#: helper fall behind (SQLite's default is 1,000 pages at every commit that crosses it).
-CHECKPOINT_INTERVAL_S = 0.25
-CHECKPOINT_BACKSTOP_PAGES = 50_000
 
 _SCHEMA_V1 = """
 CREATE TABLE instances (
@@ -147,6 +150,7 @@ DROP TABLE events;
 ALTER TABLE events_v3 RENAME TO events;
 CREATE INDEX events_by_status ON events (instance_id, status, id);
 """
+
 
 
 class StoreError(errors.PermanentError):
@@ -299,195 +303,137 @@ _REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu
                     "image_version", "hostname")
 
 
+class StoreUnavailable(errors.TemporaryError):
+    """The database cannot be reached or refused the transaction for now (server restarting, connection lost,
+    pool exhausted, SQLite busy): nothing was stored or read; retry later."""
+
+    reason = errors.STORE_FAILED
+
+
+class SqlCursor(Protocol):
+    """What the shared SQL reads from a statement's cursor (sqlite3 and the PostgreSQL wrapper both give it)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class SqlConnection(Protocol):
+    """The connection a write or read body gets: `?` placeholders, as sqlite3 takes them (the PostgreSQL
+    adapter translates)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> SqlCursor: ...
+
+    def executemany(self, sql: str, parameters: Any, /) -> SqlCursor: ...
+
+
 @dataclass(frozen=True)
 class PreparedWrite(Generic[_T]):
     """A write whose CPU work (redaction, encoding, fingerprints) is done and whose statements are not run
-    yet: `ControllerStore.write` runs them. A caller that stores many reports at once (the HTTP edge's
-    group commit) prepares them all first, so the write transaction, and with it the write lock that
-    other controller processes wait for, is held only for the statements."""
+    yet: `write`/`write_all` run them. A caller that stores many reports at once (the HTTP edge's group
+    commit) prepares them all first, so the write transaction (and its row locks) lasts only for the statements.
+    `instance_id`: the instance whose row the body locks; a batch runs its writes in that order."""
 
-    body: Callable[[sqlite3.Connection], _T]
+    body: Callable[[SqlConnection], _T]
+    instance_id: str = ""
 
 
-class WriteLock:
-    """Exclusive lock (flock on `<store>.write-lock`) held by a connection for the whole of each write
-    transaction, so several controller processes writing one store take turns without SQLite's busy
-    handler, which sleeps 1 ms or more per retry (an event loop stalls for that long on every collision).
-    A waiter retries after 20 us, doubling up to 1 ms, until `timeout_s`, then raises the "database is
-    locked" OperationalError SQLite itself would (a temporary failure: the API answers 503). Writers that
-    do not take it (older code) are still serialised by SQLite (busy_timeout).
+class ControllerStore(Protocol):
+    """The port: what the controller API, the reconcile loop, `fleet status` and the demo use of the store."""
 
-    An event loop must not sleep on the lock, and retrying on a timer is slow: uvloop rounds every delay to
-    whole milliseconds (below 0.5 ms: at once, a busy loop; above: ~1.1 ms added to every report of the
-    flush). `wait_in_background(on_free)` has a helper thread block in flock on a second descriptor of the
-    lock file, so the kernel wakes it the moment the other process lets go; it then holds the lock for this
-    process and calls `on_free()` (from that thread). The next `try_acquire`/`acquire` takes the lock over
-    from it (`adopted`): the lock never passes through a free state another process could grab first."""
+    ring_lines: int
+    clock: Callable[[], datetime]
+    #: Where the store is, safe to show (a path, or a URI without its password).
+    location: str
 
-    def __init__(self, path: Path, timeout_s: float = WRITE_LOCK_TIMEOUT_S, *,
-                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
-        self.path = path
-        self.timeout_s = timeout_s
-        self._sleep, self._monotonic = sleep, monotonic
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        #: The descriptor whose flock this process holds while `held` (`_fd`, or the helper's after adoption).
-        self._held_fd = self._fd
-        self.held = False
-        self.waits = 0
-        #: Locks the helper thread obtained and a writer took over (`wait_in_background`).
-        self.adopted = 0
-        self._state = threading.Lock()  # guards the fields the helper thread shares with writers below
-        self._wanted = threading.Event()
-        self._on_free: Callable[[], None] | None = None  # a background wait is under way (or granted)
-        self._granted_fd: int | None = None  # the helper holds the lock on this descriptor for us
-        self._helper: threading.Thread | None = None
-        self._closed = False
+    def prepare_register(self, instance_id: str, doc: Mapping[str, Any]
+                         ) -> PreparedWrite[Literal["registered", "already-registered"]]: ...
 
-    def _try_once(self) -> bool:
-        """One attempt without waiting: take over a lock the helper obtained, else flock(LOCK_NB)."""
-        if self._granted_fd is not None:
-            with self._state:
-                fd, self._granted_fd, self._on_free = self._granted_fd, None, None
-            if fd is not None:
-                self._held_fd, self.held = fd, True
-                self.adopted += 1
-                return True
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        self._held_fd, self.held = self._fd, True
-        return True
+    def prepare_event(self, instance_id: str, doc: Mapping[str, Any]
+                      ) -> PreparedWrite[Literal["stored", "duplicate"]]: ...
 
-    def granted(self) -> bool:
-        """The helper holds the lock for this process and no writer took it over yet."""
-        return self._granted_fd is not None
+    def prepare_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]
+                       ) -> PreparedWrite[list[Literal["stored", "duplicate"]]]: ...
 
-    def try_acquire(self) -> bool:
-        """Take the lock if no other process holds it; never waits."""
-        if self.held or self._try_once():
-            return True
-        self.waits += 1
-        return False
+    def prepare_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> PreparedWrite[int]: ...
 
-    def acquire(self) -> None:
-        if self.held or self._try_once():
-            return
-        self.waits += 1
-        deadline = self._monotonic() + self.timeout_s
-        delay = 20e-6
-        while True:
-            self._sleep(delay)
-            if self._try_once():
-                return
-            if self._monotonic() >= deadline:
-                raise sqlite3.OperationalError(f"database is locked: another process held {self.path} for "
-                                               f"{self.timeout_s:g} s")
-            delay = min(delay * 2, 1e-3)
+    def prepare_result(self, instance_id: str, doc: Mapping[str, Any]
+                       ) -> PreparedWrite[Literal["stored", "duplicate"]]: ...
 
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            fcntl.flock(self._held_fd, fcntl.LOCK_UN)
-            self._held_fd = self._fd
+    def write(self, prepared: PreparedWrite[_T]) -> _T: ...
 
-    def wait_in_background(self, on_free: Callable[[], None]) -> None:
-        """Have the helper thread wait for the lock and call `on_free()` once it holds it for this process
-        (the next try_acquire takes it over). A wait already under way or granted: `on_free` replaces its
-        callback (called once either way)."""
-        call_now = False
-        with self._state:
-            if self._closed:
-                return
-            if self._granted_fd is not None:
-                call_now = True  # granted meanwhile and not yet taken over: tell the new caller at once
-            else:
-                waiting = self._on_free is not None
-                self._on_free = on_free
-                if waiting:
-                    return
-                if self._helper is None:
-                    self._helper = threading.Thread(target=self._helper_main, name="store-write-lock",
-                                                    daemon=True)
-                    self._helper.start()
-                self._wanted.set()
-        if call_now:
-            on_free()
+    def write_all(self, prepared: Sequence[PreparedWrite[Any]]) -> list[tuple[BaseException | None, Any]]: ...
 
-    def _helper_main(self) -> None:
-        # The helper's own descriptor: flock excludes it from `_fd` as it excludes another process, so a
-        # writer of this process and the helper never both believe they hold the lock.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            while True:
-                self._wanted.wait()
-                self._wanted.clear()
-                with self._state:
-                    if self._closed:
-                        return
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel wakes this thread when the lock is free
-                except OSError:
-                    # Never leave a writer waiting for a wake-up that cannot come: it retries (and a new wait
-                    # starts a new helper).
-                    log.exception("%s: waiting for the write lock failed", self.path)
-                    with self._state:
-                        callback, self._on_free, self._helper = self._on_free, None, None
-                    if callback is not None:
-                        callback()
-                    return
-                with self._state:
-                    callback = self._on_free
-                    if self._closed or callback is None:
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-                        if self._closed:
-                            return
-                        continue
-                    self._granted_fd = fd
-                try:
-                    callback()
-                except Exception:
-                    log.exception("write lock: the waiter's callback failed")
-                # Wait until the lock was taken over and released before waiting again on this descriptor.
-        finally:
-            os.close(fd)  # (releases the lock if it is still held here)
+    def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]: ...
 
-    def close(self) -> None:
-        self.release()
-        with self._state:
-            self._closed = True
-            granted, self._granted_fd = self._granted_fd, None
-        self._wanted.set()
-        if granted is not None:
-            fcntl.flock(granted, fcntl.LOCK_UN)
-        os.close(self._fd)
+    def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]: ...
+
+    def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]
+                   ) -> list[Literal["stored", "duplicate"]]: ...
+
+    def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int: ...
+
+    def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]: ...
+
+    def mark_destroyed(self, instance_id: str, now: datetime) -> bool: ...
+
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int: ...
+
+    def directive(self, instance_id: str) -> dict[str, Any] | None: ...
+
+    def tail(self, instance_id: str, n: int) -> list[str]: ...
+
+    def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]: ...
+
+    def log_view(self, instance_id: str, n: int) -> LogView | None: ...
+
+    def report(self, instance_id: str) -> InstanceReport | None: ...
+
+    def detail(self, instance_id: str) -> tuple[InstanceReport, InstanceMeta] | None: ...
+
+    def reports(self, include_destroyed: bool = True) -> list[InstanceReport]: ...
+
+    def instance_count(self) -> int: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
 
 
 class _PendingWrite:
-    """One queued write of a group commit (see ControllerStore._transaction)."""
+    """One queued write of a group commit (see _SqlStore.write_all)."""
 
-    __slots__ = ("body", "done", "error", "result")
+    __slots__ = ("body", "done", "error", "instance_id", "result")
 
-    def __init__(self, body: Callable[[sqlite3.Connection], Any]):
+    def __init__(self, body: Callable[[SqlConnection], Any], instance_id: str = ""):
         self.body = body
+        self.instance_id = instance_id
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
 
 
-class ControllerStore:
-    """SQLite (WAL) store of worker reports. Thread-safe: one connection behind a lock.
+class _SqlStore:
+    """The SQL both adapters run (written for SQLite's `?` placeholders and dialect, which PostgreSQL shares
+    here) and the transaction discipline: group commit, refusals before modification, a broken write failing
+    alone. An adapter gives `_connection`, `_unavailable` and the statements that differ (class attributes)."""
 
-    One connection and a lock rather than a connection per thread: SQLite serialises writers anyway,
-    every statement here is short, and a single connection cannot deadlock with itself on upgrade from
-    read to write locks. Other processes (`fleet status`) may open the same file concurrently (WAL).
-    """
+    #: Opens a write transaction / a read-only snapshot (a consistent view across tables).
+    _BEGIN_WRITE: ClassVar[str]
+    _BEGIN_READ: ClassVar[str]
+    #: Appended to the SELECT of an instance's row that a write then decides on.
+    _LOCK_ROW: ClassVar[str] = ""
 
-    def __init__(self, path: str | Path, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
-                 max_progress_events: int = 1000, max_other_events: int = 1000, redactor: Redactor | None = None):
+    def __init__(self, ring_lines: int, *, now: Callable[[], datetime] | None, max_progress_events: int,
+                 max_other_events: int, redactor: Redactor | None):
         if ring_lines < 1:
             raise ValueError(f"ring_lines must be >= 1, got {ring_lines}")
-        self.path = Path(path)
         self.ring_lines = ring_lines
         self.max_progress_events = max_progress_events
         self.max_other_events = max_other_events
@@ -496,242 +442,89 @@ class ControllerStore:
         self.redactor = redactor or Redactor.with_secrets(known_secret_values())
         #: The store's clock (received_at); the controller uses it for admin actions too.
         self.clock: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
-        self._lock = threading.Lock()  # guards the connection
+        self._writer = threading.Lock()  # one batch of this process at a time (the group commit's committer)
         self._queue_lock = threading.Lock()  # guards the group-commit queue
         self._queue: list[_PendingWrite] = []
-        self._group_thread: int | None = None
-        self._checkpointer: threading.Thread | None = None
-        self._checkpoint_stop = threading.Event()
-        #: Checkpoints run by `checkpoint` (the background thread's included); set after each one.
-        self.checkpoints = 0
-        self.checkpointed = threading.Event()
-        try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the controller store: {exc}") from None
-        self._write_lock: WriteLock | None = None
-        try:
-            self._write_lock = WriteLock(Path(f"{self.path}.write-lock"))
-        except OSError as exc:  # e.g. a read-only directory: SQLite's own locking still serialises writers
-            log.warning("%s: no write lock file (%s); concurrent writers rely on SQLite's busy timeout",
-                        self.path, exc)
-        try:
-            self._configure()
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            if self._write_lock is not None:
-                self._write_lock.close()
-            raise StoreError(f"{self.path}: not a usable controller store: {exc}") from None
 
-    def _configure(self) -> None:
-        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise sqlite3.DatabaseError(f"journal_mode is {mode!r}, WAL is required")
-        # In WAL mode, synchronous=NORMAL fsyncs only at checkpoints, not on every commit. A committed
-        # transaction survives a crash of this process (SIGKILL, OOM) because the WAL is in the OS page
-        # cache; only an OS crash or power loss can roll back the last few commits, never corrupt the
-        # file. That is the right trade for ingest speed: workers keep (and resend) their own log tail.
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._conn.execute("PRAGMA busy_timeout=10000")
-        self._begin_write()
+    # --- what an adapter provides ------------------------------------------------------------------------
+
+    def _connection(self) -> contextlib.AbstractContextManager[SqlConnection]:
+        raise NotImplementedError
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable | None:
+        """`exc` (a driver error) as a temporary failure, or None when it is not one (a bug)."""
+        raise NotImplementedError
+
+    # --- transactions ------------------------------------------------------------------------------------
+
+    def _snapshot(self, body: Callable[[SqlConnection], _T]) -> _T:
+        """Run the SELECTs of one read in a single transaction: a consistent view across tables, all or nothing
+        (a pass never judges from a half-read store)."""
         try:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version < SCHEMA_VERSION:
-                # Each step is additive: a store written by older code keeps all its data.
-                for schema in (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)[version:]:
-                    for statement in schema.split(";"):
-                        if statement.strip():
-                            self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version > SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: store schema version {version} is newer than this code "
-                                 f"understands ({SCHEMA_VERSION}); upgrade the fleet package")
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
+            with self._connection() as conn:
+                conn.execute(self._BEGIN_READ)
+                try:
+                    return body(conn)
+                finally:
+                    conn.execute("COMMIT")
+        except StoreUnavailable:
             raise
-        finally:
-            self._end_write()
-
-    def checkpoint_in_background(self, interval_s: float = CHECKPOINT_INTERVAL_S) -> None:
-        """Checkpoint the WAL from a helper thread with its own connection, every `interval_s`, instead of in
-        whichever write crosses SQLite's 1,000-page mark. That checkpoint (copy the WAL's pages into the
-        database file, fsync both) ran inside a request's COMMIT: the event loop stalled for it, holding the
-        write lock every other controller process waited for (in-process, 4 single events per COMMIT: one
-        checkpoint per ~265 events, 4.7 ms each, i.e. ~7% of the time at 4,000 events/s). Each round
-        (`checkpoint_round`) does the bulk beside the writers (PASSIVE: blocks no writer or reader; in-process
-        at ~6,000 events/s, 18-32 ms every 0.25 s, mostly the fsync of the WAL written meanwhile) and the rest
-        holding the write lock (2-4 ms), so the WAL starts over each round (~20-45 MB on disk at 6,000-10,000
-        events/s). Durability is unchanged (commits are in the WAL, synchronous=NORMAL). Writers keep a
-        backstop (`CHECKPOINT_BACKSTOP_PAGES`) should the helper fall behind. Stopped by `close`. For a
-        serving controller; short-lived commands need none."""
-        with self._lock:
-            if self._checkpointer is not None:
-                return
-            self._conn.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_BACKSTOP_PAGES}")
-            self._checkpoint_stop.clear()
-            self._checkpointer = threading.Thread(target=self._checkpoint_loop, args=(interval_s,),
-                                                  name="store-checkpoint", daemon=True)
-            self._checkpointer.start()
-
-    def _checkpoint_loop(self, interval_s: float) -> None:
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=0)
-            conn.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.Error as exc:
-            log.error("%s: no background checkpoints (%s); writers checkpoint at %d pages", self.path, exc,
-                      CHECKPOINT_BACKSTOP_PAGES)
-            return
-        # Each round: one PASSIVE checkpoint while writers go on (the bulk: fsync the WAL written since the
-        # last round, copy its pages, fsync the database), then one holding the write lock for what was
-        # appended meanwhile. A checkpoint that writers keep appending to never copies the whole WAL, so
-        # SQLite never starts it over and it grows to the backstop (200 MB in a test); the second one
-        # finishes it, and the next write starts the WAL from its beginning again. Its own descriptor:
-        # writers of this process wait for it like other processes' writers do (their event loops keep
-        # serving); a blocking flock, so the kernel queues this thread rather than letting it lose every
-        # race against writers that take the lock again at once.
-        fd = None
-        if self._write_lock is not None:
-            with contextlib.suppress(OSError):
-                fd = os.open(self._write_lock.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            while not self._checkpoint_stop.wait(interval_s):
-                self.checkpoint_round(conn, fd)
-        except OSError as exc:
-            log.error("%s: background checkpoints stopped (%s); writers checkpoint at %d pages", self.path, exc,
-                      CHECKPOINT_BACKSTOP_PAGES)
-        finally:
-            conn.close()
-            if fd is not None:
-                os.close(fd)
-
-    def checkpoint_round(self, conn: sqlite3.Connection | None = None, lock_fd: int | None = None) -> None:
-        """One round of the background thread (see `_checkpoint_loop`): a checkpoint beside writers, then one
-        holding the write lock on `lock_fd` (a descriptor of the lock file of its own), so the WAL starts over."""
-        self.checkpoint(conn)
-        if lock_fd is not None:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        try:
-            self.checkpoint(conn)
-        finally:
-            if lock_fd is not None:
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
-
-    def checkpoint(self, conn: sqlite3.Connection | None = None) -> tuple[int, int] | None:
-        """One PASSIVE checkpoint: (WAL frames, frames now in the database file), None if it failed (logged;
-        the next one retries). `conn`: the background thread's own connection (default: the store's)."""
-        try:
-            if conn is None:
-                with self._lock:
-                    row = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            else:
-                row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as exc:
-            log.warning("%s: checkpoint failed (%s); retrying at the next one", self.path, exc)
-            return None
-        self.checkpoints += 1
-        self.checkpointed.set()
-        return int(row[1]), int(row[2])
-
-    def close(self) -> None:
-        checkpointer, self._checkpointer = self._checkpointer, None
-        if checkpointer is not None:
-            self._checkpoint_stop.set()
-            # (It may wait for another process's write transaction: a daemon thread, not waited for long.)
-            checkpointer.join(timeout=5)
-        with self._lock:
-            self._conn.close()
-            if self._write_lock is not None:
-                self._write_lock.close()
-
-    def _begin_write(self) -> None:
-        """BEGIN IMMEDIATE under the store's write lock (see WriteLock); `_end_write` after COMMIT/ROLLBACK."""
-        if self._write_lock is not None:
-            self._write_lock.acquire()
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._end_write()
-            raise
-
-    def _end_write(self) -> None:
-        if self._write_lock is not None:
-            self._write_lock.release()
-
-    # --- writes ------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def group(self) -> Iterator[None]:
-        """Writes made by this thread inside the block share one transaction, committed when it ends.
-
-        For a single-threaded caller that answers many requests at once (the asyncio HTTP edge): each write
-        still runs alone (a savepoint: one that fails leaves the others intact) and its result is returned
-        at once, but nothing is durable until the block exits, so the caller must answer only after that.
-        If the final COMMIT fails the block raises and none of the writes happened.
-        """
-        with self._lock:
-            self._group_thread = threading.get_ident()
-            try:
-                yield
-                if self._conn.in_transaction:
-                    self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+        except Exception as exc:
+            unavailable = self._unavailable(exc)
+            if unavailable is None:
                 raise
-            finally:
-                self._group_thread = None
-                self._end_write()
+            raise unavailable from exc
 
-    def _in_group(self) -> bool:
-        return self._group_thread is not None and self._group_thread == threading.get_ident()
+    def _transaction(self, body: Callable[[SqlConnection], _T]) -> _T:
+        """Run `body` in a committed transaction; return only once it is committed (see write_all)."""
+        return self.write(PreparedWrite(body))
 
-    def _grouped_write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        conn = self._conn
-        if not conn.in_transaction:
-            self._begin_write()
-        conn.execute("SAVEPOINT grouped_write")
-        try:
-            result = body(conn)
-        except BaseException:
-            conn.execute("ROLLBACK TO grouped_write")
-            conn.execute("RELEASE grouped_write")
-            raise
-        conn.execute("RELEASE grouped_write")
+    def write(self, prepared: PreparedWrite[_T]) -> _T:
+        """Run a write made by one of the `prepare_*` methods, in a committed transaction."""
+        [(error, result)] = self.write_all([prepared])
+        if error is not None:
+            raise error
         return result
 
-    def _transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run `body` in a committed transaction; return only once it is committed (or, inside `group`,
-        once it ran: the group commits).
+    def write_all(self, prepared: Sequence[PreparedWrite[Any]]) -> list[tuple[BaseException | None, Any]]:
+        """Run many prepared writes in one transaction (with any other thread's queued writes) and return, per
+        write, (error, result) once committed. Each write succeeds or fails alone, as by `write`: a refusal
+        (StoreError) leaves the others intact, any other failure is retried without the write that caused it
+        (see _commit_batch); the database being unavailable, or an error of the COMMIT itself, is every
+        write's error.
 
-        Group commit: a write queues itself, and whichever thread gets the connection runs every queued
-        write in one transaction and commits once for all. Under concurrent workers this turns N commits
-        (each a WAL append) into one; alone, a write is still its own transaction. A write's caller is
-        answered only after the COMMIT that contains it.
+        Group commit: a write queues itself, and whichever thread gets to write runs every queued write in one
+        transaction and commits once for all. Under concurrent callers this turns N commits into one; alone, a
+        write is still its own transaction. A caller is answered only after the COMMIT that contains its writes.
         """
-        if self._in_group():
-            return self._grouped_write(body)
-        pending = _PendingWrite(body)
+        pending = [_PendingWrite(p.body, p.instance_id) for p in prepared]
         with self._queue_lock:
-            self._queue.append(pending)
-        with self._lock:
-            if not pending.done:
+            self._queue.extend(pending)  # all or none of them are in one committer's batch
+        with self._writer:
+            if pending and not pending[0].done:
                 with self._queue_lock:
                     batch, self._queue = self._queue, []
-                self._commit_batch(batch)
-        if pending.error is not None:
-            raise pending.error
-        return pending.result
+                # Row locks in one order (instance id; a stable sort keeps one instance's writes in order).
+                batch.sort(key=lambda item: item.instance_id)
+                try:
+                    with self._connection() as conn:
+                        self._commit_batch(conn, batch)
+                except Exception as exc:
+                    failure: BaseException = exc if isinstance(exc, StoreUnavailable) else (
+                        self._unavailable(exc) or exc)
+                    for item in batch:
+                        if not item.done:  # (a batch that ran was answered by _commit_batch: committed or not)
+                            item.result, item.error, item.done = None, failure, True
+        return [(p.error, p.result) for p in pending]
 
-    def _commit_batch(self, batch: list[_PendingWrite]) -> None:
+    def _commit_batch(self, conn: SqlConnection, batch: list[_PendingWrite]) -> None:
         """One transaction for the whole batch. Write bodies refuse (raise StoreError) only before they
         modify anything, so a refusal needs no savepoint. Any other failure rolls the batch back; the write
-        that broke fails alone and the others run again without it."""
-        conn = self._conn
+        that broke fails alone and the others run again without it; a failure that is the database's
+        (`_unavailable`) fails them all."""
         current: _PendingWrite | None = None
         try:
-            self._begin_write()
+            conn.execute(self._BEGIN_WRITE)
             for item in batch:
                 current = item
                 try:
@@ -741,85 +534,40 @@ class ControllerStore:
             current = None
             conn.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._end_write()
-            if current is not None and len(batch) > 1 and isinstance(exc, Exception):
+            self._rollback(conn)
+            unavailable = self._unavailable(exc) if isinstance(exc, Exception) else None
+            if unavailable is None and current is not None and len(batch) > 1 and isinstance(exc, Exception):
                 others = [item for item in batch if item is not current]
                 for item in others:
                     item.result, item.error = None, None
-                self._commit_batch(others)
+                self._commit_batch(conn, others)
                 current.result, current.error = None, exc
                 return
             for item in batch:
-                item.result, item.error = None, exc
+                item.result, item.error = None, unavailable or exc
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._end_write()
             for item in batch:
                 item.done = True
 
-    @staticmethod
-    def _writable(conn: sqlite3.Connection, instance_id: str) -> tuple[Any, ...]:
-        row = conn.execute("SELECT destroyed_at, progress_events, other_events, next_line_seq FROM instances "
-                           "WHERE instance_id = ?", (instance_id,)).fetchone()
+    def _rollback(self, conn: SqlConnection) -> None:
+        with contextlib.suppress(Exception):  # none open (it failed to begin), or the connection is gone
+            conn.execute("ROLLBACK")
+
+    def _writable(self, conn: SqlConnection, instance_id: str) -> tuple[Any, ...]:
+        """The instance's row (destroyed_at, progress_events, other_events, next_line_seq), locked for this
+        transaction; refuses an unknown or destroyed instance (before anything is modified)."""
+        row = conn.execute("SELECT destroyed_at, progress_events, other_events, next_line_seq FROM instances "  # noqa: S608
+                           f"WHERE instance_id = ?{self._LOCK_ROW}", (instance_id,)).fetchone()
         if row is None:
             raise UnknownInstance(f"instance {instance_id!r} never registered")
         if row[0] is not None:
             raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
                                     "it accepts no more reports")
-        return row
+        return tuple(row)
 
-    def write(self, prepared: PreparedWrite[_T]) -> _T:
-        """Run a write made by one of the `prepare_*` methods, in a committed transaction (see _transaction)."""
-        return self._transaction(prepared.body)
-
-    def write_all(self, prepared: Sequence[PreparedWrite[Any]], *, wait: bool = True,
-                  on_free: Callable[[], None] | None = None) -> list[tuple[BaseException | None, Any]] | None:
-        """Run many prepared writes in one transaction (with any other thread's queued writes) and return,
-        per write, (error, result) once committed. Each write succeeds or fails alone, as by `write`: a
-        refusal (StoreError) leaves the others intact, any other failure is retried without the write that
-        caused it (see _commit_batch); an error of the COMMIT itself is every write's error.
-
-        `wait=False`: None at once, nothing run, when another process holds the write lock (an event loop
-        serves other requests meanwhile instead of blocking on the lock); with `on_free`, a helper thread
-        then waits for the lock, holds it for this process and calls `on_free()` (from that thread) for the
-        caller to try again (see WriteLock.wait_in_background; `settle_write_lock` if it no longer wants it)."""
-        pending = [_PendingWrite(p.body) for p in prepared]
-        if not wait:
-            with self._lock:
-                if self._write_lock is not None and not self._write_lock.try_acquire():
-                    if on_free is not None:
-                        # Under the connection's lock: no thread of this process holds the write lock now,
-                        # so the helper's wait cannot be mistaken for ours (see WriteLock).
-                        self._write_lock.wait_in_background(on_free)
-                    return None
-                with self._queue_lock:
-                    batch, self._queue = [*self._queue, *pending], []
-                self._commit_batch(batch)  # it releases the write lock when it ends
-            return [(p.error, p.result) for p in pending]
-        with self._queue_lock:
-            self._queue.extend(pending)  # all or none of them are in one committer's batch
-        with self._lock:
-            if pending and not pending[0].done:
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._commit_batch(batch)
-        return [(p.error, p.result) for p in pending]
-
-    @property
-    def write_lock(self) -> WriteLock | None:
-        """The lock writers of this store take turns on (None: the lock file could not be opened)."""
-        return self._write_lock
-
-    def settle_write_lock(self) -> None:
-        """Let go of a write lock the background wait (write_all's `on_free`) obtained and no write took
-        over, e.g. because its caller gave up meanwhile; otherwise nothing."""
-        with self._lock:
-            lock = self._write_lock
-            if lock is not None and not lock.held and lock.granted() and lock.try_acquire():
-                lock.release()
+    # --- writes ------------------------------------------------------------------------------------------
 
     def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]:
         """Record a validated `register` document. Re-registering is a no-op apart from a counter and
@@ -835,14 +583,18 @@ class ControllerStore:
         worker_at = _iso(parse_time(doc["at"]))
         received = _iso(self.clock())
 
-        def body(conn: sqlite3.Connection) -> Literal["registered", "already-registered"]:
-            row = conn.execute("SELECT destroyed_at FROM instances WHERE instance_id = ?", (instance_id,)).fetchone()
-            if row is None:
-                conn.execute(
-                    f"INSERT INTO instances (instance_id, received_at, worker_at, {', '.join(_REGISTER_FIELDS)}, "  # noqa: S608
-                    f"gpus) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?)",
-                    (instance_id, received, worker_at, *values, gpus))
+        def body(conn: SqlConnection) -> Literal["registered", "already-registered"]:
+            # Insert first: of two replicas registering the same new instance at once, one inserts and the other
+            # (its insert waits for the first's commit, then does nothing) re-registers below.
+            inserted = conn.execute(
+                f"INSERT INTO instances (instance_id, received_at, worker_at, {', '.join(_REGISTER_FIELDS)}, "  # noqa: S608
+                f"gpus) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?) "
+                "ON CONFLICT (instance_id) DO NOTHING",
+                (instance_id, received, worker_at, *values, gpus)).rowcount
+            if inserted:
                 return "registered"
+            row = conn.execute(f"SELECT destroyed_at FROM instances WHERE instance_id = ?{self._LOCK_ROW}",  # noqa: S608
+                               (instance_id,)).fetchone()
             if row[0] is not None:
                 raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
                                         "it cannot register again")
@@ -851,7 +603,7 @@ class ControllerStore:
                          "WHERE instance_id = ?", (*values, instance_id))
             return "already-registered"
 
-        return PreparedWrite(body)
+        return PreparedWrite(body, instance_id)
 
     def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Append a validated `event` document (redacted). An identical resend is a no-op."""
@@ -860,7 +612,7 @@ class ControllerStore:
     def prepare_event(self, instance_id: str, doc: Mapping[str, Any]) -> PreparedWrite[Literal["stored", "duplicate"]]:
         event = _StoredEvent.of(doc, _iso(self.clock()), self.redactor)
 
-        def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
+        def body(conn: SqlConnection) -> Literal["stored", "duplicate"]:
             # Refusals first (nothing modified yet), then at most three statements: this is the hot path.
             state = self._writable(conn, instance_id)
             counts = [state[1], state[2]]
@@ -871,7 +623,7 @@ class ControllerStore:
                              (instance_id,))
             return status
 
-        return PreparedWrite(body)
+        return PreparedWrite(body, instance_id)
 
     def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]) -> list[Literal["stored", "duplicate"]]:
         """Append validated `event` documents in order, in one transaction and all or nothing: if the batch
@@ -884,7 +636,7 @@ class ControllerStore:
         received = _iso(self.clock())  # they arrived together
         events = [_StoredEvent.of(doc, received, self.redactor) for doc in docs]
 
-        def body(conn: sqlite3.Connection) -> list[Literal["stored", "duplicate"]]:
+        def body(conn: SqlConnection) -> list[Literal["stored", "duplicate"]]:
             # Set-wise rather than one add_event per event (same outcome, a third of the statements):
             # find what is already stored, refuse before modifying anything, insert the rest with one
             # executemany, then trim the progress ring once.
@@ -927,10 +679,10 @@ class ControllerStore:
                          (progress_count, other_count, instance_id))
             return statuses
 
-        return PreparedWrite(body)
+        return PreparedWrite(body, instance_id)
 
     @staticmethod
-    def _stored_fingerprints(conn: sqlite3.Connection, instance_id: str, events: Sequence[_StoredEvent]) -> set[str]:
+    def _stored_fingerprints(conn: SqlConnection, instance_id: str, events: Sequence[_StoredEvent]) -> set[str]:
         """Fingerprints of `events` already stored. By time first (the index's order; usually no row has
         one of these times), then the fingerprint of each row found."""
         wanted = {event.fingerprint for event in events}
@@ -944,7 +696,7 @@ class ControllerStore:
                 (instance_id, *chunk)) if row[0] in wanted)
         return found
 
-    def _insert_event(self, conn: sqlite3.Connection, instance_id: str, event: _StoredEvent,
+    def _insert_event(self, conn: SqlConnection, instance_id: str, event: _StoredEvent,
                       counts: list[int]) -> Literal["stored", "duplicate"]:
         """Insert one event unless already stored; `counts` = [progress, other] events, updated in place."""
         if not event.progress and counts[1] >= self.max_other_events:
@@ -974,7 +726,7 @@ class ControllerStore:
         skipped = max(0, len(clean) - self.ring_lines)
         clean = clean[skipped:]
 
-        def body(conn: sqlite3.Connection) -> int:
+        def body(conn: SqlConnection) -> int:
             state = self._writable(conn, instance_id)
             start = state[3] + skipped
             conn.executemany("INSERT INTO log_lines (instance_id, seq, line) VALUES (?, ?, ?)",
@@ -987,7 +739,7 @@ class ControllerStore:
                          (next_seq, evicted + skipped, dropped, instance_id))
             return int(evicted + skipped)
 
-        return PreparedWrite(body)
+        return PreparedWrite(body, instance_id)
 
     def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]:
         """Store the validated benchmark `result` (redacted). Accepted once; see module docstring."""
@@ -997,7 +749,7 @@ class ControllerStore:
         canonical = _canonical(_redacted_result(doc, self.redactor))
         received = _iso(self.clock())
 
-        def body(conn: sqlite3.Connection) -> Literal["stored", "duplicate"]:
+        def body(conn: SqlConnection) -> Literal["stored", "duplicate"]:
             self._writable(conn, instance_id)
             row = conn.execute("SELECT body, received_at FROM results WHERE instance_id = ?",
                                (instance_id,)).fetchone()
@@ -1010,27 +762,31 @@ class ControllerStore:
                          (instance_id, received, canonical))
             return "stored"
 
-        return PreparedWrite(body)
+        return PreparedWrite(body, instance_id)
 
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool:
         """Mark the instance destroyed (first time wins). False if it never registered."""
-        def body(conn: sqlite3.Connection) -> bool:
+        def body(conn: SqlConnection) -> bool:
             cur = conn.execute("UPDATE instances SET destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
                                (_iso(now), instance_id))
             return cur.rowcount > 0
 
-        return self._transaction(body)
+        return self.write(PreparedWrite(body, instance_id))
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int:
-        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed."""
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int:
+        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed.
+        `fence` runs first in the same transaction and may raise to write nothing (a replica's lease check,
+        reconciler/adapters/lease.py: it also keeps the lease from changing hands until this commits)."""
         rows = [(instance_id, _iso(now), _canonical(body)) for instance_id, body in sorted(directives.items())]
 
-        def body(conn: sqlite3.Connection) -> int:
-            before = conn.total_changes
-            conn.executemany(
+        def body(conn: SqlConnection) -> int:
+            if fence is not None:
+                fence(conn)
+            return conn.executemany(
                 "INSERT INTO directives (instance_id, set_at, body) VALUES (?, ?, ?) ON CONFLICT (instance_id) "
-                "DO UPDATE SET set_at = excluded.set_at, body = excluded.body WHERE body != excluded.body", rows)
-            return conn.total_changes - before
+                "DO UPDATE SET set_at = excluded.set_at, body = excluded.body "
+                "WHERE directives.body != excluded.body", rows).rowcount
 
         return self._transaction(body) if rows else 0
 
@@ -1046,17 +802,6 @@ class ControllerStore:
 
     # --- reads -------------------------------------------------------------------------------------
 
-    def _snapshot(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run the SELECTs of one read in a single transaction: a consistent view across tables."""
-        if self._in_group():
-            return body(self._conn)  # inside the group's transaction: it sees the group's own writes
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                return body(self._conn)
-            finally:
-                self._conn.execute("COMMIT")
-
     def tail(self, instance_id: str, n: int) -> list[str]:
         """The last `n` stored log lines of the instance, oldest first ([] if unknown)."""
         if n <= 0:
@@ -1064,15 +809,19 @@ class ControllerStore:
         return self._snapshot(lambda conn: self._tail(conn, instance_id, n))
 
     @staticmethod
-    def _tail(conn: sqlite3.Connection, instance_id: str, n: int) -> list[str]:
+    def _tail(conn: SqlConnection, instance_id: str, n: int) -> list[str]:
         rows = conn.execute("SELECT line FROM log_lines WHERE instance_id = ? ORDER BY seq DESC LIMIT ?",
                             (instance_id, n)).fetchall()
         return [r[0] for r in reversed(rows)]
 
+    def _tails(self, conn: SqlConnection, instance_ids: Sequence[str], *, everyone: bool) -> dict[str, list[str]]:
+        """The last REPORT_TAIL_LINES of each instance (`everyone`: every stored instance is asked for)."""
+        return {iid: self._tail(conn, iid, REPORT_TAIL_LINES) for iid in instance_ids}
+
     def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """The whole stored log ring of each instance (oldest first; bounded by `ring_lines`): the evidence of an
         instance about to be judged (`flows.judge`), where `reports()` carries only the last REPORT_TAIL_LINES."""
-        def body(conn: sqlite3.Connection) -> dict[str, tuple[str, ...]]:
+        def body(conn: SqlConnection) -> dict[str, tuple[str, ...]]:
             return {iid: tuple(r[0] for r in conn.execute(
                         "SELECT line FROM log_lines WHERE instance_id = ? ORDER BY seq", (iid,)))
                     for iid in dict.fromkeys(instance_ids)}
@@ -1080,7 +829,7 @@ class ControllerStore:
         return self._snapshot(body) if instance_ids else {}
 
     def log_view(self, instance_id: str, n: int) -> LogView | None:
-        def body(conn: sqlite3.Connection) -> LogView | None:
+        def body(conn: SqlConnection) -> LogView | None:
             row = conn.execute("SELECT ring_dropped + worker_dropped, destroyed_at FROM instances "
                                "WHERE instance_id = ?", (instance_id,)).fetchone()
             if row is None:
@@ -1103,7 +852,7 @@ class ControllerStore:
         found = self._snapshot(lambda conn: self._load(conn, None))
         return [r for r, _ in found if include_destroyed or r.destroyed_at is None]
 
-    def _load(self, conn: sqlite3.Connection, instance_id: str | None) -> list[tuple[InstanceReport, InstanceMeta]]:
+    def _load(self, conn: SqlConnection, instance_id: str | None) -> list[tuple[InstanceReport, InstanceMeta]]:
         where, args = ("WHERE instance_id = ?", (instance_id,)) if instance_id is not None else ("", ())
         instances = conn.execute(
             "SELECT instance_id, received_at, worker_at, pool, slot, machine_id, host_id, contract_id, gpu_name, "  # noqa: S608
@@ -1116,7 +865,8 @@ class ControllerStore:
         event_sql = ("SELECT instance_id, phase, status, at, received_at, exit_code, message, log_tail, details "  # noqa: S608
                      f"FROM events {where} ORDER BY id")
         unreadable: dict[str, str] = {}
-        for row in conn.execute(event_sql, args):
+        # fetchall: rows converted in one call (a driver's per-row iteration costs as much again on PostgreSQL).
+        for row in conn.execute(event_sql, args).fetchall():
             try:
                 # One clock: the event is placed at its arrival on the controller's clock; the worker's
                 # timestamp stays as evidence (a worker with a skewed clock cannot reorder the timeline).
@@ -1128,14 +878,15 @@ class ControllerStore:
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"an event is unreadable: {type(exc).__name__}: {exc}")
         results: dict[str, tuple[Any, datetime]] = {}
-        for row in conn.execute(f"SELECT instance_id, received_at, body FROM results {where}", args):  # noqa: S608
+        for row in conn.execute(f"SELECT instance_id, received_at, body FROM results {where}",  # noqa: S608
+                                args).fetchall():
             try:
                 results[row[0]] = (json.loads(row[2]), datetime.fromisoformat(row[1]))
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"the result is unreadable: {type(exc).__name__}: {exc}")
         # One index-backed query per instance (last N by primary key) rather than a window over every
         # stored line: the loop reads all reports each pass, and rings hold thousands of lines each.
-        tails = {row[0]: self._tail(conn, row[0], REPORT_TAIL_LINES) for row in instances}
+        tails = self._tails(conn, [row[0] for row in instances], everyone=instance_id is None)
         out = []
         for row in instances:
             if row[0] in unreadable:
@@ -1199,11 +950,90 @@ class ControllerStore:
 
     def stats(self) -> dict[str, int]:
         """Row counts per table: cheap health figures, and how tests prove a rejection stored nothing."""
-        def body(conn: sqlite3.Connection) -> dict[str, int]:
+        def body(conn: SqlConnection) -> dict[str, int]:
             return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # noqa: S608
                     for table in ("instances", "events", "results", "log_lines")}
 
         return self._snapshot(body)
+
+
+class SqliteStore(_SqlStore):
+    """The embedded store: one SQLite file (WAL) used by one process. Thread-safe: one connection behind a lock.
+
+    One connection and a lock rather than a connection per thread: SQLite serialises writers anyway, every
+    statement here is short, and a single connection cannot deadlock with itself on upgrade from read to write
+    locks. Other processes (`fleet status`) may read the same file concurrently (WAL); several serving
+    processes or hosts are PostgreSQL's job (`PostgresStore`).
+    """
+
+    _BEGIN_WRITE = "BEGIN IMMEDIATE"
+    _BEGIN_READ = "BEGIN"
+
+    def __init__(self, path: str | Path, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
+                 max_progress_events: int = 1000, max_other_events: int = 1000, redactor: Redactor | None = None):
+        super().__init__(ring_lines, now=now, max_progress_events=max_progress_events,
+                         max_other_events=max_other_events, redactor=redactor)
+        self.path = Path(path)
+        self.location = str(self.path)
+        self._lock = threading.Lock()  # guards the connection
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open the controller store: {exc}") from None
+        try:
+            self._configure()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path}: not a usable controller store: {exc}") from None
+
+    def _configure(self) -> None:
+        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise sqlite3.DatabaseError(f"journal_mode is {mode!r}, WAL is required")
+        # In WAL mode, synchronous=NORMAL fsyncs only at checkpoints, not on every commit. A committed
+        # transaction survives a crash of this process (SIGKILL, OOM) because the WAL is in the OS page
+        # cache; only an OS crash or power loss can roll back the last few commits, never corrupt the
+        # file. That is the right trade for ingest speed: workers keep (and resend) their own log tail.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._conn.execute("PRAGMA busy_timeout=10000")
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < SCHEMA_VERSION:
+                # Each step is additive: a store written by older code keeps all its data.
+                for schema in (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)[version:]:
+                    for statement in schema.split(";"):
+                        if statement.strip():
+                            self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: store schema version {version} is newer than this code "
+                                 f"understands ({SCHEMA_VERSION}); upgrade the fleet package")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[SqlConnection]:
+        with self._lock:
+            yield self._conn
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable | None:
+        # "database is locked" (another process, e.g. a copy, held the file for busy_timeout), disk I/O errors:
+        # temporary. Integrity or programming errors are bugs, never "retry later".
+        if isinstance(exc, sqlite3.OperationalError):
+            return StoreUnavailable(f"{self.path}: {exc}")
+        return None
+
+    def _rollback(self, conn: SqlConnection) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
 
     def integrity_check(self) -> list[str]:
         """`PRAGMA integrity_check` rows: ['ok'] for a sound file."""

@@ -149,6 +149,10 @@ def summarize(report: ApplyReport, out: TextIO) -> int:
         temporary = sum(r.temporary for r in report.failed)
         print(f"not converged: {len(report.failed)} action(s) failed ({temporary} temporary: run apply again "
               "later)", file=out)
+        waits = [r.retry_after_s for r in report.failed if r.retry_after_s is not None]
+        if waits:
+            print(f"the marketplace asked us to wait: run apply again in {max(waits) / 3600:.1f} h at the earliest "
+                  f"({max(waits):.0f} s; sooner only repeats the refusal)", file=out)
     if report.plan.held:
         print(f"not converged: {len(report.plan.held)} slot(s) held by the circuit breaker "
               f"(pools: {', '.join(sorted(report.plan.paused))})", file=out)

@@ -1,7 +1,8 @@
 """`fleet controller serve|token`: run the worker-report API on its own, or mint a worker token.
 
 `serve` is the standalone shell around `reconciler.adapters.controller.server.ControllerServer` (uvicorn +
-Starlette) + `ControllerStore` (the reconcile loop embeds the same server in its own process). Routes beside
+Starlette) + the controller store (`--db`: a SQLite file, or a `postgresql://` URI shared by several
+replicas; the reconcile loop embeds the same server in its own process). Routes beside
 the API (live page, /metrics) come from `controller_routes`, the one place the cli adds them. Secrets come
 from the environment (FLEET_CONTROLLER_SECRET, FLEET_ADMIN_TOKEN) or files, never from argv (visible in
 `ps`), and are never printed or logged. Without a controller secret it refuses to start: anyone could
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from reconciler.adapters.controller.protocol import INSTANCE_ID
 from reconciler.adapters.settings import ADMIN_TOKEN_ENV, CONTROLLER_SECRET_ENV, SettingError, secret_setting, settings
 from reconciler.adapters.store import ControllerStore, StoreError
+from reconciler.adapters.stores import open_store
 from reconciler.domain.tokens import SecretError, check_secret, instance_token
 
 if TYPE_CHECKING:
@@ -69,7 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="controller_command", required=True, metavar="ACTION")
 
     serve = actions.add_parser("serve", help="run the controller API until SIGINT/SIGTERM")
-    serve.add_argument("--db", type=Path, required=True, help="SQLite store file (created if missing)")
+    serve.add_argument("--db", required=True, metavar="PATH|URI",
+                       help="controller store: a SQLite file (created if missing; one process) or a PostgreSQL URI "
+                            "postgresql://user@host:port/dbname shared by several replicas (password from the URI, "
+                            "PGPASSWORD or ~/.pgpass)")
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8080, help="listen port, 0 = any free port (default: %(default)s)")
     serve.add_argument("--secret-file", type=Path, help=f"file holding the token secret (else ${SECRET_ENV})")
@@ -83,10 +88,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--ring-lines", type=int, default=5000,
                        help="log lines kept per instance (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--workers", type=int, default=None, metavar="N",
-                       help="controller processes sharing the port (SO_REUSEPORT) and the store; parsing, "
-                            "validation and redaction are CPU-bound, so one per CPU (default: one per usable CPU, "
-                            "at most 8)")
     add_tls_arguments(serve)
     serve.set_defaults(func=run_serve)
 
@@ -134,10 +135,8 @@ def run_serve(args: argparse.Namespace) -> int:
         admin_token = load_admin_token(args.admin_token_file)
         if args.ring_lines < 1:
             raise ConfigError(f"--ring-lines must be >= 1, got {args.ring_lines}")
-        if args.workers is not None and not 1 <= args.workers <= 64:
-            raise ConfigError(f"--workers must be between 1 and 64, got {args.workers}")
         tls = tls_files(args)
-        store = ControllerStore(args.db, ring_lines=args.ring_lines)
+        store = open_store(args.db, ring_lines=args.ring_lines)
     except (ConfigError, StoreError) as exc:
         print(f"fleet controller serve: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -150,16 +149,14 @@ def run_serve(args: argparse.Namespace) -> int:
             "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
             "logs and reports", args.host)
     # uvicorn/starlette only when serving
-    from reconciler.adapters.controller.processes import ControllerProcesses, ServeConfig, default_workers
+    from reconciler.adapters.controller.server import ControllerServer
 
-    config = ServeConfig(Path(args.db), secret, admin_token, args.host, args.port, ring_lines=args.ring_lines,
-                         allow_open_reads=args.allow_open_reads,
-                         require_machine_claim=not args.allow_unclaimed_machine_ids,
-                         tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
-                         log_level=args.log_level.upper())
-    workers = args.workers if args.workers is not None else default_workers()
     try:
-        server = ControllerProcesses(config, store, workers, extra_routes=controller_routes(store))
+        server = ControllerServer(store, secret, admin_token, args.host, args.port,
+                                  allow_open_reads=args.allow_open_reads,
+                                  require_machine_claim=not args.allow_unclaimed_machine_ids,
+                                  tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
+                                  extra_routes=controller_routes(store))
     except ValueError as exc:
         store.close()
         print(f"fleet controller serve: {exc}", file=sys.stderr)
@@ -177,8 +174,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"fleet controller serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
                   file=sys.stderr)
             return 1
-        print(f"controller listening on {server.url} (store {args.db}; {workers} "
-              f"process{'es' if workers > 1 else ''})", flush=True)
+        print(f"controller listening on {server.url} (store {store.location})", flush=True)
         stop.wait()
     finally:
         server.stop()

@@ -41,7 +41,7 @@ from reconciler.adapters.params_mirror import ParamsMirrorServer, write_manifest
 from reconciler.adapters.record_files import load_records, write_text_atomic
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, directory_digest, load_slot_state
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import ControllerStore, SqliteStore
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs
@@ -237,7 +237,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
     prepare_workspace(workdir)
     echo(f"demo workspace: {workdir}")
     make_params(workdir / "params-mirror", settings.params_file_bytes)
-    store = ControllerStore(workdir / "controller.db", ring_lines=2000)
+    store = SqliteStore(workdir / "controller.db", ring_lines=2000)
     secret = secrets.token_bytes(32)
     read_token = secrets.token_urlsafe(24)
     from reconciler.adapters.controller.server import ControllerServer

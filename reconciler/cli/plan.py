@@ -131,7 +131,7 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
     """Per pool: desired vs running, the machines of its GPU model the records exclude at `now` (bad, permanent,
     banned, unreadable) and those on probation (rentable again), as `fleet records` shows them."""
     bad = records.bad_machine_ids(now)
-    on_probation = {b.machine_id for b, standing in records.standings(now) if not standing.excluded}
+    on_probation = {b.machine_id for b, standing in records.standings(now) if standing.state == "probation"}
     rows = []
     gpu_of = records.bad_machine_gpus()  # unreadable ones: unknown GPU
     for pool in spec.pools:
@@ -149,6 +149,14 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
             "paused": pool_pause(pool.name, records, digest) is not None,
             "actions": dict(sorted(actions.items())),
         })
+        if pool.min_count is not None:  # autoscaled: the bounds and what they may cost (the PR comment shows it)
+            low, high = pool.bounds
+            rows[-1]["autoscaled"] = {
+                "min": low, "max": high, "desired": pool.desired_count,
+                "usd_per_hour_at_min": round(low * pool.max_price_usd_per_hour, 2),
+                "usd_per_hour_at_max": round(high * pool.max_price_usd_per_hour, 2),
+                "target_utilization": pool.scaling.target_utilization if pool.scaling else None,
+                "queue": list(pool.queue.task_types) if pool.queue else None}
     return rows
 
 

@@ -6,6 +6,12 @@ record-dir edits are discarded on every sync). `--once` runs one pass (exit 1 if
 observe or could not push); otherwise passes repeat every `--interval` seconds until SIGINT/SIGTERM.
 `--listen host:port` also serves the controller HTTP API on the same store in this process. After every
 pass its result is written to `<workdir>.last-pass.json`, which `fleet status --workdir` shows.
+
+With a PostgreSQL `--controller-db`, several such processes (replicas, each with its own `--workdir`) share
+one store: every replica serves the API, the page and /metrics; only the holder of the lease
+(reconciler/adapters/lease.py, `--lease` seconds) runs passes, and each pass's push and directives are fenced
+by its epoch. The others report `standby` and take over when the lease lapses. With a SQLite file this
+process is the only one and always leads.
 """
 
 from __future__ import annotations
@@ -15,18 +21,27 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
+from reconciler.adapters.lease import (
+    DEFAULT_LEASE_S,
+    LeaseKeeper,
+    PostgresLease,
+    holder_id,
+    replica_name,
+)
 from reconciler.adapters.record_files import RecordCache, write_text_atomic
 from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
+from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
-from reconciler.flows.judge import PassResult, run, run_pass
+from reconciler.flows.judge import LeaderTerm, PassResult, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
@@ -43,7 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reconcile", help="judge benchmarks and commit machine records (one pass or a loop)")
     p.add_argument("--repo", required=True, help="fleet repo URL or path (cloned into --workdir if needed)")
     p.add_argument("--workdir", type=Path, required=True, help="the reconciler's own clone")
-    p.add_argument("--controller-db", type=Path, required=True, help="controller store (SQLite)")
+    p.add_argument("--controller-db", required=True, metavar="PATH|URI",
+                   help="controller store: a SQLite file (one process) or a PostgreSQL URI "
+                        "postgresql://user@host:port/dbname (password from the URI, PGPASSWORD or ~/.pgpass)")
     p.add_argument("--branch", default="main", help="branch to judge and push (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="run a single pass and exit")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between passes (default: %(default)s)")
@@ -60,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --listen: the provisioner's state dir (`fleet apply --state-dir`), for $/h per pool")
     p.add_argument("--metrics-open", action="store_true",
                    help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
+    p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, metavar="SECONDS",
+                   help="with a PostgreSQL store: the leader's lease; another replica takes over this long after "
+                        "the leader stops renewing it (default: %(default)s)")
+    p.add_argument("--replica-name", default=None, metavar="NAME",
+                   help="with a PostgreSQL store: this replica's name in the lease, status and /healthz "
+                        "(default: host:port of --listen, or host:pid)")
     from reconciler.cli.controller import add_tls_arguments
 
     add_tls_arguments(p)
@@ -76,6 +99,11 @@ def _open_git(args: argparse.Namespace) -> GitStore:
     return GitStore.clone(args.repo, workdir, branch=args.branch)
 
 
+def _leadership_line(keeper: LeaseKeeper) -> str:
+    line = describe(keeper.leader(), keeper.holder, datetime.now(UTC))
+    return f"{line} (lease database unreachable: {keeper.last_error})" if keeper.last_error else line
+
+
 def _report(result: PassResult, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result.to_json()), flush=True)
@@ -85,10 +113,15 @@ def _report(result: PassResult, as_json: bool) -> None:
         print(f"  {v.instance_id} machine {v.machine_id}: {v.root_cause()}", flush=True)
     for note in result.notes:
         print(f"  note: {note}", flush=True)
+    for d in result.capacity:
+        if d.changed or d.held_by:
+            print(f"  capacity {d.trailer()}" + (f"; held by {d.held_by}: {d.note}" if d.held_by else ""), flush=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from reconciler.adapters.store import ControllerStore, StoreError
+    from reconciler.adapters.curio_queue import CurioQueue
+    from reconciler.adapters.store import StoreError
+    from reconciler.adapters.stores import is_database_uri, open_store
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -101,35 +134,60 @@ def run_command(args: argparse.Namespace) -> int:
     if args.listen is None and (args.tls_cert is not None or args.tls_key is not None):
         print("fleet reconcile: --tls-cert/--tls-key secure the controller API, which needs --listen", file=sys.stderr)
         return 2
-    if args.listen is None and not args.controller_db.is_file():
+    if args.lease <= 0:
+        print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
+        return 2
+    replicated = is_database_uri(args.controller_db)
+    if args.listen is None and not replicated and not Path(args.controller_db).is_file():
         print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
         return 1
     try:
         git = _open_git(args)
-        store = ControllerStore(args.controller_db)
+        store = open_store(args.controller_db)
     except (GitStoreError, TemporaryGitError, StoreError) as exc:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
     server: Any = None
     surfaces: Surfaces | None = None
     stop = threading.Event()
+    wake = threading.Event()  # set when this replica becomes leader (or on a signal): pass at once
     previous: dict[int, Any] = {}
     status_file = last_pass_path(git.workdir)
+    keeper: LeaseKeeper | None = None
+    if replicated:
+        name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
+        keeper = LeaseKeeper(PostgresLease(str(args.controller_db), timeout_s=min(5.0, args.lease / 3)),
+                             holder_id(name), args.lease, poll_s=min(args.lease / 3, args.interval),
+                             on_gain=wake.set)
     try:
+        if keeper is not None:
+            keeper.start()
+            print(f"replica {keeper.holder}: {_leadership_line(keeper)}", flush=True)
         if args.listen is not None:
             surfaces = _surfaces(args, store, git, desired, status_file)
             if surfaces is None:
                 return 2
-            server = _start_controller(store, args.listen, args, surfaces.routes)
+            server = _start_controller(store, args.listen, args, surfaces.routes, health=partial(_health, keeper))
             if server is None:
                 return 2
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
         record_cache = None if args.once else RecordCache()
 
+        # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
+        queue = CurioQueue()
+
         def one_pass(now: datetime) -> PassResult:
+            term = None
+            if keeper is not None:
+                epoch = keeper.term()
+                if epoch is None:  # another replica leads: serve workers, judge and write nothing
+                    return PassResult(at=now, standby=_leadership_line(keeper))
+                term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store)
+                            directive_sink=store, queue_reader=queue, term=term)
+
+        shown_standby: list[str] = []
 
         def on_pass(result: PassResult) -> None:
             try:
@@ -137,7 +195,15 @@ def run_command(args: argparse.Namespace) -> int:
             except (OSError, ValueError, AttributeError):
                 previous = None
             doc = result.to_json(previous if isinstance(previous, dict) else None)
+            if keeper is not None:
+                doc["leadership"] = keeper.status(datetime.now(UTC))
             write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
+            if result.standby is not None:
+                if shown_standby[-1:] != [result.standby]:  # say it when it changes, not every interval
+                    _report(result, args.json)
+                shown_standby[:] = [result.standby]
+                return  # a follower's page and metrics show the leader's work, not passes of its own
+            shown_standby.clear()
             _report(result, args.json)
             if surfaces is not None:
                 surfaces.on_pass(result)
@@ -149,11 +215,19 @@ def run_command(args: argparse.Namespace) -> int:
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             stop.set()
+            wake.set()
+
+        def nap(seconds: float) -> None:
+            wake.wait(seconds)
+            wake.clear()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        run(one_pass, interval_s=args.interval, stop_event=stop, clock=lambda: datetime.now(UTC), on_pass=on_pass)
+        run(one_pass, interval_s=args.interval, stop_event=stop, clock=lambda: datetime.now(UTC), on_pass=on_pass,
+            sleep=nap)
         return 0
     finally:
+        if keeper is not None:  # first: a clean stop hands the lease over at once
+            keeper.stop(release=True)
         if server is not None:
             server.stop()
         if surfaces is not None:
@@ -209,8 +283,15 @@ def _read_token() -> str | None:
     return token.reveal() if token is not None else None
 
 
+def _health(keeper: LeaseKeeper | None) -> dict[str, object]:
+    """/healthz's word on leadership: an embedded store's one process always leads."""
+    if keeper is None:
+        return {"leadership": {"leading": True, "summary": "embedded store: this process is the only one"}}
+    return {"leadership": keeper.status(datetime.now(UTC))}
+
+
 def _start_controller(store: Any, address: tuple[str, int], args: argparse.Namespace,
-                      routes: Sequence[Any] = ()) -> Any:
+                      routes: Sequence[Any] = (), health: Callable[[], dict[str, object]] | None = None) -> Any:
     """The controller API on `address`, sharing `store`; None (after saying why) if it cannot start."""
     from reconciler.adapters.controller.server import ControllerServer
     from reconciler.cli.controller import ConfigError, load_admin_token, load_secret, tls_files
@@ -224,12 +305,12 @@ def _start_controller(store: Any, address: tuple[str, int], args: argparse.Names
         return None
     server = ControllerServer(store, secret, admin_token, address[0], address[1], require_machine_claim=True,
                               tls_cert=tls[0] if tls else None, tls_key=tls[1] if tls else None,
-                              extra_routes=list(routes))
+                              extra_routes=list(routes), health=health)
     try:
         server.start()
     except OSError as exc:
         print(f"fleet reconcile --listen: cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}",
               file=sys.stderr)
         return None
-    print(f"controller listening on {server.url} (store {store.path})", flush=True)
+    print(f"controller listening on {server.url} (store {store.location})", flush=True)
     return server

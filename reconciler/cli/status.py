@@ -9,7 +9,9 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.cli._shared import instant
@@ -29,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--workdir", type=Path, help="the reconciler's clone (reads <workdir>/fleet-spec and "
                                                     "the loop's last pass)")
     where.add_argument("--spec-dir", type=Path, help="spec directory (default: fleet-spec)")
-    p.add_argument("--controller-db", type=Path, help="controller store (SQLite); without it, records only")
+    p.add_argument("--controller-db", metavar="PATH|URI",
+                   help="controller store (a SQLite file or a postgresql:// URI); without it, records only")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="`fleet apply` state directory: adds the marketplace view (spend vs max_total_dph, orphans)")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
@@ -75,19 +78,22 @@ def run(args: argparse.Namespace) -> int:
     reports: list[InstanceReport] = []
     observation_error: str | None = None
     if args.controller_db is not None:
-        from reconciler.adapters.store import ControllerStore, StoreError
+        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.stores import is_database_uri, open_store
 
-        if not args.controller_db.is_file():
+        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
             observation_error = f"{args.controller_db}: no controller store there"
         else:
             try:
-                store = ControllerStore(args.controller_db)
+                store = open_store(args.controller_db)
                 try:
                     reports = store.reports()
                 finally:
                     store.close()
-            except StoreError as exc:
+            except (StoreError, StoreUnavailable) as exc:
                 observation_error = str(exc)
+    if args.controller_db is not None and observation_error is None:
+        last_pass = _with_live_leadership(args.controller_db, last_pass, now)
     if observation_error is not None:
         print(f"fleet status: {observation_error}", file=sys.stderr)
         if html_out is None:
@@ -103,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
             notes = (*notes, f"{args.state_dir / MARKET_VIEW_FILE}: unreadable marketplace view: {exc}")
     view = status_view(spec, load_indexed(spec_dir), reports, now,
                        desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                       include_rates=html_out is not None or args.json, market=market)
+                       include_rates=html_out is not None or args.json, market=market,
+                       capacity_entries=capacity_entries(spec, spec_dir / "fleet.yaml"))
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0
@@ -113,6 +120,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(view))
     return 0
+
+
+def _with_live_leadership(location: str, last_pass: dict[str, Any] | None, now: datetime) -> dict[str, Any] | None:
+    """With replicas (a PostgreSQL store), who leads as the database says now, instead of as of the last pass."""
+    from reconciler.adapters.lease import LeaseUnavailable, PostgresLease
+    from reconciler.adapters.stores import is_database_uri
+    from reconciler.domain.leadership import describe
+
+    if not is_database_uri(location):
+        return last_pass  # the embedded store: one process, always the leader
+    lease = PostgresLease(location)
+    try:
+        leader = lease.current()
+    except LeaseUnavailable as exc:
+        leadership: dict[str, Any] = {"summary": f"unknown: {exc}", "at": format_time(now)}
+    else:
+        leadership = {"summary": describe(leader, "", now), "at": format_time(now),
+                      "leader": leader.to_json(now=now) if leader is not None else None}
+    finally:
+        lease.close()
+    return {**(last_pass or {}), "leadership": leadership}
 
 
 def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:

@@ -29,6 +29,13 @@ def run(args: argparse.Namespace) -> int:
         spec, problems = None, [SpecProblem(str(path), "$", reason)]
     else:
         spec, problems = check_spec_text(text, str(path))
+        if spec is not None and any(pool.min_count is not None for pool in spec.pools):
+            # The leader's capacity.yaml beside it must be readable too: it holds the autoscaled pools' slots.
+            from reconciler.adapters.capacity_files import load_capacity
+
+            capacity_problems = load_capacity(path)[1]
+            problems += capacity_problems
+            spec = None if capacity_problems else spec
     errors = [p for p in problems if p.severity == "error"]
     if args.json:
         json.dump({"valid": spec is not None, "problems": [p.to_json() for p in problems]}, sys.stdout, indent=2)
@@ -40,6 +47,13 @@ def run(args: argparse.Namespace) -> int:
             slots = sum(pool.count for pool in spec.pools)
             print(f"{path}: ok: {len(spec.pools)} pool(s), {slots} slot(s)"
                   + (f", {len(problems)} warning(s)" if problems else ""))
+            for pool in spec.pools:
+                if pool.min_count is not None:
+                    low, high = pool.bounds
+                    print(f"  pool {pool.name}: {low}..{high} slots (autoscaled): up to "
+                          f"${low * pool.max_price_usd_per_hour:.2f}/h at min, "
+                          f"${high * pool.max_price_usd_per_hour:.2f}/h at max (max price "
+                          f"${pool.max_price_usd_per_hour:g}/h per slot)")
         else:
             print(f"{path}: {len(errors)} error(s)", file=sys.stderr)
     return 0 if spec is not None else 1

@@ -17,7 +17,9 @@ from reconciler.flows.why import DEFAULT_TAIL, explain, render_text, to_json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("why", help="why a machine was judged as it was: its verdict commits and evidence")
-    p.add_argument("machine_id", help="marketplace machine id, e.g. 40213")
+    p.add_argument("machine_id", nargs="?", help="marketplace machine id, e.g. 40213")
+    p.add_argument("--pool", default=None, help="instead of a machine: the capacity decisions of this autoscaled "
+                                                "pool (its Fleet-Capacity commits), newest first")
     p.add_argument("--repo", type=Path, default=None, help="git checkout to read (default: the current one)")
     p.add_argument("--spec-dir", default="fleet-spec", help="spec directory inside the repo (default: %(default)s)")
     p.add_argument("--tail", type=int, default=DEFAULT_TAIL, help="log lines shown per verdict (default: %(default)s)")
@@ -27,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pool is not None or args.machine_id is None:
+        return _pool_history(args)
     try:
         machine_id = check_machine_id(args.machine_id)
     except RecordError as exc:
@@ -55,4 +59,30 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_text(history, max(0, args.tail)))
+    return 0
+
+
+def _pool_history(args: argparse.Namespace) -> int:
+    from reconciler.adapters.capacity_files import GitHistoryError, capacity_history
+
+    if args.pool is None or args.machine_id is not None:
+        print("fleet why: give a MACHINE_ID or --pool POOL (one of them)", file=sys.stderr)
+        return 2
+    try:
+        changes = capacity_history(args.repo or Path.cwd(), args.pool, PurePosixPath(args.spec_dir).as_posix())
+    except (GitHistoryError, OSError) as exc:
+        print(f"fleet why: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump({"pool": args.pool, "decisions": [{"commit": c.commit, "at": c.at, "decision": c.trailer}
+                                                    for c in changes]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not changes:
+        print(f"fleet why: no capacity decision for pool {args.pool} (no 'Fleet-Capacity: {args.pool} ...' "
+              f"trailer on a commit of {args.spec_dir}/capacity.yaml)", file=sys.stderr)
+        return 1
+    print(f"capacity decisions for pool {args.pool}, newest first (git log of {args.spec_dir}/capacity.yaml):")
+    for c in changes:
+        print(f"  {c.at}  {c.commit[:12]}  {c.trailer}")
     return 0

@@ -43,7 +43,6 @@ from reconciler.domain.records import (
     RecordSet,
     check_image_digest,
 )
-from reconciler.domain.signatures import signature_correlates
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET, Verdict
 from reconciler.domain.verdicts import CORRELATED_VERDICTS as CORRELATED_VERDICTS  # re-exported
@@ -53,11 +52,11 @@ from reconciler.domain.verdicts import counts_against_image
 #: stale-image never correlate; which blames count: `counts`.
 _SIG_SEPARATOR = ", "
 
-#: A CUDA runtime error as our daemon reports it: sppark's negated code (sppark util/exception.cuh), the enum
-#: name or its `failed: "<text>"` form. Alone it says the GPU call failed, not why (a dying GPU and a bad
-#: kernel in our build print the same code); the machine is seen first hand only through the kernel (`NVRM:
-#: Xid`), ECC counters or nvidia-smi.
-_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|@\S+:\d+ failed: \"")
+#: A CUDA error as our daemon reports it: sppark's negated code (sppark util/exception.cuh), the runtime enum
+#: name, the driver API's CUresult name (`CUDA_ERROR_LAUNCH_FAILED`) or sppark's `failed: "<text>"` form.
+#: Alone it says the GPU call failed, not why (a dying GPU and a bad kernel in our build print the same
+#: code); the machine is seen first hand only through the kernel (`NVRM: Xid`), ECC counters or nvidia-smi.
+_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|\bCUDA_ERROR_[A-Z_]+\b|@\S+:\d+ failed: \"")
 _FIRST_HAND = re.compile(r"\bXid\b|\bNVRM\b|nvidia-smi|\bNVML\b|fallen off the bus", re.IGNORECASE)
 
 
@@ -66,16 +65,14 @@ def symptom_only(signature_line: str | None) -> bool:
     return bool(signature_line and _CUDA_CODE.search(signature_line) and not _FIRST_HAND.search(signature_line))
 
 
-def counts(verdict: str, blame: str, signature: str | None = None, signature_line: str | None = None) -> bool:
+def counts(verdict: str, blame: str, signature_line: str | None = None) -> bool:
     """Whether a failure counts towards the breaker: not positively attributed to the machine, the network,
-    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame that is only
-    inferred: from a signature the tables mark so (`Signature.correlates`: CUDA 719/999), or from a line that
-    shows nothing but a CUDA error code (`symptom_only`: e.g. `sppark::Error #-214` matched by the ECC signature
-    that kernel Xid 48 lines also match)."""
+    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame inferred from a
+    line that shows nothing but a CUDA error code (`symptom_only`: `sppark::Error #-999`, `#-214` matched by the
+    ECC signature that kernel Xid 48 lines also match)."""
     if counts_against_image(verdict, blame):
         return True
-    return blame == "machine" and verdict in CORRELATED_VERDICTS and (
-        signature_correlates(signature) or symptom_only(signature_line))
+    return blame == "machine" and verdict in CORRELATED_VERDICTS and symptom_only(signature_line)
 
 
 def _signature_line(evidence: Mapping[str, object]) -> str | None:
@@ -123,7 +120,7 @@ def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
 
 
 def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
-    if not counts(entry.verdict, entry.blame, entry.signature, _signature_line(entry.evidence)) or not entry.signature \
+    if not counts(entry.verdict, entry.blame, _signature_line(entry.evidence)) or not entry.signature \
             or not entry.image_digest:
         return None
     try:
@@ -134,7 +131,7 @@ def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
 
 
 def verdict_failure(v: Verdict) -> Failure | None:
-    if not counts(v.verdict, v.blame, v.signature, _signature_line(v.evidence)) or not v.signature \
+    if not counts(v.verdict, v.blame, _signature_line(v.evidence)) or not v.signature \
             or not v.image_digest or not v.machine_id:
         return None
     return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)

@@ -37,6 +37,7 @@ GIT_PUSH_REJECTED = "GitPushRejected"
 GIT_FAILED = "GitFailed"
 STORE_FAILED = "StoreFailed"
 OBSERVATION_FAILED = "ObservationFailed"
+LEASE_LOST = "LeaseLost"  # another replica leads now (or the lease ran out): this one must not write
 INTERNAL = "InternalError"
 
 # --- condition types ----------------------------------------------------------------------------------------
@@ -44,6 +45,7 @@ INTERNAL = "InternalError"
 READY = "Ready"          # the last pass did what it set out to do
 STALLED = "Stalled"      # a permanent error: nothing changes until a human acts
 RECONCILING = "Reconciling"  # a temporary error: retried with backoff / next pass
+STANDBY = "Standby"      # reason of Ready on a replica that does not lead: another one runs the passes
 
 
 class FleetError(Exception):

@@ -6,7 +6,7 @@ host, for the demo and tests). Both return these dataclasses; nothing above this
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +23,18 @@ class TemporaryMarketplaceError(MarketplaceError):
     """Worth retrying later: HTTP 429/5xx, timeouts, connection errors, unparseable bodies."""
 
     temporary = True
+
+
+class MarketplaceRateLimitedError(TemporaryMarketplaceError):
+    """The market asks us to wait longer than one call may (vast: 429 `search_quota_exceeded`, the daily search
+    row quota, with `Retry-After` in seconds, possibly hours). `retry_after_s`: how long, from when it said so;
+    nobody may call that endpoint again before then (the adapter refuses locally until it passes)."""
+
+    reason = errors.RATE_LIMITED
+
+    def __init__(self, message: str, *, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class PermanentMarketplaceError(MarketplaceError):
@@ -85,6 +97,24 @@ class Offer:
     geolocation: str | None = None
 
 
+class OfferList(list[Offer]):
+    """Offers as a search returned them, and whether the market cut its answer short (vast: `truncated: true`).
+
+    A truncated answer is never complete: the offers it lacks may fit, so "none of these fits" never means "the
+    market has none" (the slot provider says so instead of naming a shortfall). `dropped`: rows the adapter's
+    own filters removed (e.g. `rented`, which the server does not filter)."""
+
+    def __init__(self, offers: Iterable[Offer] = (), *, truncated: bool = False, dropped: int = 0):
+        super().__init__(offers)
+        self.truncated = truncated
+        self.dropped = dropped
+
+
+def is_truncated(offers: Sequence[Offer]) -> bool:
+    """Whether the market said this answer was cut short (a plain sequence: a complete answer)."""
+    return isinstance(offers, OfferList) and offers.truncated
+
+
 @dataclass(frozen=True)
 class InstanceRequest:
     """Everything needed to start one worker on an offer. `env` carries the instance token: a secret."""
@@ -130,7 +160,9 @@ DEAD_INSTANCE_STATUSES = frozenset({"stopped", "exited", "offline"})
 class Marketplace(Protocol):
     """The five calls a slot needs. Implementations raise MarketplaceError subclasses only."""
 
-    def search_offers(self, query: OfferQuery) -> Sequence[Offer]: ...
+    def search_offers(self, query: OfferQuery) -> Sequence[Offer]:
+        """Offers fitting `query`; an `OfferList` with `truncated` when the market cut its answer short."""
+        ...
 
     def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
         """Rent the offer; return the new contract (instance) id."""

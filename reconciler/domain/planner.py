@@ -17,6 +17,8 @@ A slot is `<pool>-<i>`. Decisions, in order for each desired slot:
 - instance runs another image digest than the desired one -> Replace;
 - otherwise Keep.
 Observed slots that are not desired (count lowered, pool removed) -> Delete.
+A draining slot (an autoscaled pool shrinking: fleet-spec/capacity.yaml) keeps its instance while the worker
+finishes its proofs, is never created or replaced, and is deleted once the leader releases it.
 Fleet spend cap (`max_total_dph`): planned spend = the $/h of every instance kept + the pool's price cap for
 every slot to create (the worst an offer may cost); a create that would take it over the cap is held
 (REASON_SPEND_CAP), in slot order, and said in the notes.
@@ -43,6 +45,7 @@ REASON_POOL_REMOVED = "pool-removed"
 REASON_POOL_PAUSED = "pool-paused"
 REASON_INSTANCE_STUCK = "instance-stuck"
 REASON_SPEND_CAP = "spend-cap"
+REASON_DRAINING = "draining"
 
 STATUS_GONE = "gone"
 
@@ -290,6 +293,20 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
     for slot, pool in wanted.items():
         seen = observed.get(slot)
         paused = pool.name in pauses
+        if slot in pool.draining:
+            # Capacity shrinks the pool: the worker finishes its proofs, then the leader releases the slot
+            # (domain/capacity.py). Never rent for it; an instance that is dead or gone is not replaced.
+            if seen is None or seen.status == STATUS_GONE:
+                continue
+            age = None if seen.status_since is None else max(0.0, epoch - seen.status_since)
+            why = status_verdict(seen.status, age)
+            if why is not None:
+                actions.append(Delete(slot, pool.name, REASON_DRAINING, f"{why[1]}; draining: not replaced"))
+            else:
+                actions.append(Keep(slot, pool.name, REASON_DRAINING, "draining: finishing its proofs"))
+                planned += seen.price_usd_per_hour if seen.price_usd_per_hour is not None else \
+                    pool.max_price_usd_per_hour
+            continue
         if seen is None or seen.status == STATUS_GONE:
             if paused:
                 actions.append(Hold(slot, pool.name, REASON_POOL_PAUSED, "no instance; pool is paused"))
@@ -335,8 +352,11 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
     extra = [s for s in observed.values() if s.slot not in wanted]
     for seen in sorted(extra, key=lambda s: (s.pool, -_slot_index(s.slot), s.slot)):
         try:
-            count = spec.pool(seen.pool).count
-            reason, detail = REASON_SCALED_DOWN, f"pool {seen.pool} count is {count}"
+            pool_spec = spec.pool(seen.pool)
+            reason, detail = REASON_SCALED_DOWN, f"pool {seen.pool} count is {pool_spec.count}"
+            if pool_spec.min_count is not None:
+                detail = (f"pool {seen.pool} has {pool_spec.count} slot(s) (autoscaled within "
+                          f"{pool_spec.bounds[0]}..{pool_spec.bounds[1]}: fleet-spec/capacity.yaml)")
         except KeyError:
             reason, detail = REASON_POOL_REMOVED, f"pool {seen.pool} is no longer in the spec"
         actions.append(Delete(seen.slot, seen.pool, reason, detail))

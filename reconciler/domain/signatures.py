@@ -1,10 +1,13 @@
 """Failure signatures: which line of a worker's log says who broke the benchmark, and why.
 
 Used by `verdict.py` (blame and the root-cause line of every failed verdict) and, through the verdicts'
-signature names, by `breaker.py`. Pure data and pure functions; the strings come from the real tools, each
-group citing its source (curio `extern/cuzk` and `extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid
-catalogue, aria2c and curl exit codes, glibc, bash, the kernel); `tests/fixtures/tails/` holds whole real
-tails for every entry.
+signature names, by `breaker.py`; the evidence scan picks its cause with `strongest_signature`. Pure data and
+pure functions; the strings come from the real tools, each group citing its source (curio `extern/cuzk` and
+`extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid catalogue, aria2c and curl exit codes, glibc, bash,
+the kernel, Go crypto/x509, OpenSSL via curl, rustls, libstdc++); the two tables built whole live beside this
+module (`cuda_errors.py`: every cudaError and CUresult code; `xid.py`: every Xid of NVIDIA's catalogue).
+`tests/fixtures/tails/` holds whole real tails for every class, and test_signature_generalisation.py real
+lines the tables were not written from.
 
 How a tail is read (`logical_lines`):
 1. Each line is cleaned: the worker's ring timestamp (`2026-12-03T06:40:00Z `), ANSI colour and the daemon's
@@ -13,16 +16,20 @@ How a tail is read (`logical_lines`):
 2. Multi-line reports are joined into one logical line, within one stream: a Rust panic (`thread '..'
    panicked at <file>:<line>:<col>:` with the message on the NEXT line, Rust >= 1.73), an anyhow chain
    (`Error: X`, blank, `Caused by:`, `    0: Y` ...; unnumbered with one cause), an aria2c exception and
-   its `  -> [...]` causes.
+   its `  -> [...]` causes, a C++ `terminate called after throwing an instance of 'T'` and its `what():`.
 3. Noise never matches and is never a root cause: aria2c progress lines, cuzk's timing lines
    (`CUZK_TIMING:`, `CUZK_NTT_H:`, `TIMELINE,`, `FIN_TIMING`/`GPU_TIMING`, `pacer:`), per-proof result lines,
    Rust's backtrace hint; tunnel lines unless the tunnel itself is the failing phase.
 
-Precedence: every signature has a priority; the highest-priority match anywhere in the tail wins, the
-earliest line on a tie. Hardware first (a GPU fault cascades into software symptoms), then memory kills
-and disk (a daemon killed for memory is followed by "connection refused", which must not outrank it), then
-decoded CUDA errors, params set-up, our software, network, and last the cascade symptoms (our daemon not
-answering, an RPC that failed because the daemon died).
+Precedence: every signature has a priority (PRIORITY_*: how decisive its line is); the highest-priority match
+anywhere in the evidence wins, the earliest line on a tie. Hardware first (Xid, NVML, GPU lost, a machine
+check: a GPU fault cascades into software symptoms), then the dynamic loader and missing binaries (the
+image cannot run at all), memory kills and disk (a daemon killed for memory is followed by "connection
+refused", which must not outrank it), decoded CUDA errors (machine-class codes above the rest), TLS and
+params set-up, our software and deaths by signal, network, a marketplace stop, an ambiguous Xid, a generic
+panic, and last the cascade symptoms (our daemon not answering, an RPC that failed because the daemon died).
+One signature needs two lines: cuzk's `cudaHostAlloc failed` warning and a later out-of-memory code are
+pinned host memory (`PINNED_HOST_MEMORY`, applied by `refine`).
 
 To extend: add a Signature at the right priority, a realistic line to tests/unit/test_signatures.py and,
 for a new failure mode, a whole tail with its source to tests/fixtures/tails/.
@@ -55,10 +62,6 @@ class Signature:
     #: Lower-case literals, one of which every match of `pattern` contains: a line that has none of them is
     #: not searched (tests/unit/test_signature_prefilter.py proves this from the parsed pattern).
     needs: tuple[str, ...] = ()
-    #: The blame is inferred from a code that a failing GPU and our own software can both produce (a CUDA
-    #: 719/999 without a kernel log, an ambiguous Xid): the same signature on distinct machines with one image
-    #: is evidence against the image, and the circuit breaker judges it, not each machine.
-    correlates: bool = False
 
     def __post_init__(self) -> None:
         if self.blame not in BLAMES or self.blame == "none":
@@ -67,9 +70,9 @@ class Signature:
 
 def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str],
          setting: str | None = None, explains: str | None = None, whole_line: bool = False,
-         correlates: bool = False, flags: int = re.IGNORECASE) -> Signature:
+         flags: int = re.IGNORECASE) -> Signature:
     return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line,
-                     tuple(dict.fromkeys(needs)), correlates)
+                     tuple(dict.fromkeys(needs)))
 
 
 # How decisive a line is: the highest priority found anywhere in the evidence names the cause
@@ -144,13 +147,11 @@ ARIA2_NOT_FOUND = (3, 4)
 ARIA2_DISK_FULL = (9,)
 ARIA2_DNS = (19,)
 ARIA2_NETWORK = (1, 2, 5, 6, 7, 8, 22)
-ARIA2_AUTH = (24,)
-ARIA2_MIRROR_BUSY = (29,)
 ARIA2_CHECKSUM = (32,)
 ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
                  5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
                  9: "not enough disk space", 19: "name resolution failed", 22: "bad HTTP response",
-                 24: "HTTP authorization failed",
+                 24: "HTTP authorization failed", 28: "bad or unrecognized option",
                  29: "server overloaded or in maintenance", 32: "checksum validation failed"}
 #: curl EXIT CODES (curl man page) grouped by meaning.
 CURL_NOT_FOUND = (22,)
@@ -158,9 +159,10 @@ CURL_DNS = (6,)
 CURL_CONNECT = (7,)
 CURL_TIMEOUT = (28,)
 CURL_DISK = (23,)
-CURL_NETWORK = (16, 18, 52, 55, 56, 92)
-CURL_TLS_CA = (77,)
-CURL_MEANING = {6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+CURL_NETWORK = (16, 18, 35, 52, 55, 56, 92)
+CURL_MEANING = {2: "failed to initialize", 3: "URL using bad/illegal format or missing URL",
+                6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+                35: "SSL connect error",
                 22: "HTTP error (-f)", 23: "write error", 28: "operation timed out", 52: "empty reply",
                 55: "send failure", 56: "receive failure", 60: "peer certificate cannot be authenticated",
                 77: "problem with the CA cert (path? access rights?)", 92: "HTTP/2 stream error"}
@@ -186,7 +188,8 @@ _CURL_NEEDS = ("curl: (", "exit code ")
 
 def _cuda_needs(code: int) -> tuple[str, ...]:
     enum, text, *_ = CUDA_OWN_SIGNATURES[code]
-    return f"sppark::error #-{code}", enum.lower(), text.lower()
+    driver = cuda_errors.DRIVER_ERROR_NAMES.get(code)
+    return f"sppark::error #-{code}", enum.lower(), text.lower(), *((driver.lower(),) if driver else ())
 
 
 def _aria2(codes: Iterable[int]) -> str:
@@ -200,17 +203,23 @@ def _curl(codes: Iterable[int]) -> str:
 
 def _cuda(code: int) -> str:
     enum, text, *_ = CUDA_OWN_SIGNATURES[code]
-    return rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+    driver = cuda_errors.DRIVER_ERROR_NAMES.get(code)
+    return (rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+            + (rf"|\b{driver}\b" if driver else ""))
 
 
-def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
-    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, and the runtime's text
-    where the table has it (quoted by sppark or after PyTorch's `CUDA error: `; bare when it is distinctive)."""
+def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
+                driver_codes: Sequence[int] = ()) -> tuple[str, tuple[str, ...]]:
+    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, the driver API's name
+    (`CUDA_ERROR_...`), and the runtime's text where the table has it (quoted by sppark or after PyTorch's
+    `CUDA error: `; bare when it is distinctive)."""
     enums = [cuda_errors.CUDA_ERRORS[c].name for c in codes] + list(names)
     texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
+    drivers = [cuda_errors.DRIVER_ERROR_NAMES[c].removeprefix("CUDA_ERROR_") for c in driver_codes]
     regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
-             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
-    needs = ["sppark::error #-", "cudaerror"]
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b"
+             rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b")
+    needs = ["sppark::error #-", "cudaerror", "cuda_error_"]
     if texts:
         quoted = "|".join(re.escape(t) for t in texts)
         regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
@@ -222,8 +231,13 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, t
     return regex, tuple(needs)
 
 
-_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT)
-_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES)
+#: Driver API codes decoded by the class signatures (those with a signature of their own, and 214 in gpu-ecc,
+#: are decoded there).
+_OWN_DRIVER = (*CUDA_OWN_SIGNATURES, 214)
+_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT, driver_codes=[
+    c for c in cuda_errors.driver_codes_with_blame("machine") if c not in _OWN_DRIVER])
+_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES, driver_codes=[
+    c for c in cuda_errors.driver_codes_with_blame("image") if c not in _OWN_DRIVER])
 
 
 def _cuda_sigs(priority: int) -> list[Signature]:
@@ -238,11 +252,12 @@ def _cuda_sigs(priority: int) -> list[Signature]:
 
 def _exit_code(code: int) -> str:
     # The worker's account of a cuzk process (`cuzk-daemon exited (code 139) ...`, `cuzk-bench exited with code
-    # 139 ...`) or a shell's `exit code 139`: 128 + the signal number.
-    return rf"\bexited (?:with code |\(code ){code}\b|\bexit code {code}\b|\bsignal: {code - 128}\b"
+    # 139 ...`), a shell's `exit code 139`, Rust's `signal: 11`: 128 + the signal number.
+    return rf"\bexited (?:with |\()code {code}\b|\bexit code {code}\b|\bsignal: {code - 128}\b"
 
 
-_EXIT_CODE_NEEDS = ("exited ", "exit code ", "signal: ")
+def _exit_code_needs(code: int) -> tuple[str, ...]:
+    return f"code {code}", f"signal: {code - 128}"
 
 # What our own daemon looks like from the bench or the worker (loopback or the daemon named).
 _OUR_DAEMON = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|unix://|cuzk|daemon)"
@@ -272,7 +287,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the driver lost the GPU (nvidia-smi): reboot or service", needs=("is lost", "has been lost")),
     _sig("nvidia-driver-unreachable", "machine", 100,
          r"couldn't communicate with the NVIDIA driver"
-         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)"
+         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded|Insufficient Permissions)"
          r"|Unable to determine the device handle for GPU\S*: Unknown Error",
          "the host's NVIDIA driver is not loaded or not reachable from the container",
          needs=("couldn't communicate with the nvidia driver", "failed to initialize nvml: ",
@@ -293,9 +308,15 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the GPU is busy or unavailable (exclusive mode held by another process)",
          explains="cudaErrorDevicesUnavailable (46): device busy or unavailable", needs=_cuda_needs(46)),
     _sig("nvidia-libs-missing", "machine", 100,
-         r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file",
+         r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file"
+         r"|couldn't find libnvidia-ml\.so",
          "the host's container runtime did not inject the NVIDIA driver libraries or devices",
-         needs=("cannot open shared object file", "/dev/nvidia")),
+         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so")),
+    # The kernel driver could not bring the GPU up (NVRM: `RmInitAdapter failed!`, older drivers
+    # `rm_init_adapter failed for device bearing minor number N`): the GPU or its host.
+    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE, r"RmInitAdapter failed|rm_init_adapter failed",
+         "the host's NVIDIA driver could not initialise the GPU (RmInitAdapter failed): hardware, power or driver",
+         needs=("rminitadapter failed", "rm_init_adapter failed")),
     _sig("host-no-gpu-runtime", "machine", 100,
          r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
          "the host's docker has no working NVIDIA container runtime",
@@ -307,7 +328,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("cuda-gpu-fault", "machine", PRIORITY_CUDA_CODE + 2, _CUDA_GPU_FAULT[0],
          "a CUDA error that says the GPU, its driver or the host's CUDA set-up failed (719 launch failure and 999 "
          "unknown are how a GPU that fell off the bus shows without a kernel log); the same code on distinct "
-         "machines with one image is the breaker's to judge", needs=_CUDA_GPU_FAULT[1], correlates=True),
+         "machines with one image is the breaker's to judge (breaker.symptom_only)", needs=_CUDA_GPU_FAULT[1]),
     # --- 92: the image cannot run at all: dynamic loader, missing binary --------------------------------
     _sig("loader-version-missing", "image", PRIORITY_LOADER,
          r"version [`'\u2018]?(?:GLIBC_|GLIBCXX_|CXXABI_|GCC_)[\d.]+'? not found",
@@ -364,14 +385,14 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          setting=SETTING_MIRROR,
          needs=("current time ", "certificate has expired", "invalid peer certificate: expired")),
     _sig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
-         rf"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
-         rf"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
-         rf"|not signed by known authorities|{_curl(CURL_TLS_CA)}",
+         r"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
+         r"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
+         r"|not signed by known authorities|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
          "the image cannot verify the mirror's TLS certificate: no CA bundle (ca-certificates) in our image",
          setting=SETTING_CA_BUNDLE,
          needs=("certificate signed by unknown authority", "unable to get local issuer certificate",
                 "failed to load system roots", "error setting certificate ", "unknownissuer", "issuer is not known",
-                "not signed by known authorities", *_CURL_NEEDS)),
+                "not signed by known authorities", "curl: (77)", "exit code 77")),
     _sig("tls-hostname-mismatch", "configuration", PRIORITY_PARAMS + 1,
          r"x509: certificate is valid for .*, not \S+|no alternative certificate subject name matches"
          r"|\bNotValidForName\b|does not match target host name",
@@ -384,17 +405,18 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # in its exception, exit 24 for authorization; wget `ERROR N: `; Python urllib `HTTP Error N: `). Before
     # params-not-found: on one `curl: (22) ... returned error: 403` line the status decides.
     _sig("params-mirror-denied", "configuration", PRIORITY_PARAMS,
-         rf"returned error: 40[13]\b|\bstatus=40[13]\b|ERROR 40[13]: |HTTP Error 40[13]\b|{_aria2(ARIA2_AUTH)}",
+         r"returned error: 40[13]\b|\bstatus=40[13]\b|ERROR 40[13]: |HTTP Error 40[13]\b"
+         r"|\berrorCode=24\b|\baria2c\b.*\bexit code 24\b",
          "the params mirror refused us (HTTP 401/403): our configuration (params.base_url, its credentials)",
          setting=SETTING_MIRROR, explains="aria2c 24: HTTP authorization failed",
-         needs=("returned error: 40", "status=40", "error 40", "http error 40", *_ARIA2_NEEDS)),
+         needs=("returned error: 40", "status=40", "error 40", "http error 40", "errorcode=24", "exit code 24")),
     _sig("params-mirror-unavailable", "params", PRIORITY_PARAMS,
-         rf"returned error: (?:429|50[234])\b|\bstatus=(?:429|50[234])\b|ERROR 429: |ERROR 50[234]: "
-         rf"|HTTP Error (?:429|50[234])\b|{_aria2(ARIA2_MIRROR_BUSY)}",
+         r"returned error: (?:429|50[234])\b|\bstatus=(?:429|50[234])\b|ERROR 429: |ERROR 50[234]: "
+         r"|HTTP Error (?:429|50[234])\b|\berrorCode=29\b|\baria2c\b.*\bexit code 29\b",
          "the params mirror is overloaded, rate-limiting or down (HTTP 429/502/503/504): the mirror, not the machine",
          setting=SETTING_MIRROR, explains="aria2c 29: server overloaded or in maintenance",
-         needs=("returned error: ", "status=", "error 429: ", "error 50", "http error ",
-                *_ARIA2_NEEDS)),
+         needs=("returned error: ", "status=", "error 429: ", "error 50", "http error ", "errorcode=29",
+                "exit code 29")),
     _sig("params-not-found", "params", PRIORITY_PARAMS,
          rf"{_aria2(ARIA2_NOT_FOUND)}|{_curl(CURL_NOT_FOUND)}|returned error: 404\b|\bstatus=404\b|ERROR 404: "
          rf"|HTTP Error 404\b",
@@ -425,20 +447,21 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "a binary in the image used a CPU instruction this machine's CPU lacks (SIGILL): our build assumed an "
          "instruction set (-march/target-cpu=native, AVX-512, ADX); the CPU is not faulty, and any machine of "
          "that CPU generation fails the same way", setting=SETTING_CPU_BASELINE,
-         needs=("illegal instruction", "sigill", "illegal hardware instruction", *_EXIT_CODE_NEEDS)),
+         needs=("illegal instruction", "sigill", "illegal hardware instruction", *_exit_code_needs(132))),
     _sig("segfault", "image", PRIORITY_SOFTWARE, rf"Segmentation fault|SIGSEGV|segfault at|{_exit_code(139)}",
          "a binary in the image crashed (SIGSEGV)",
-         needs=("segmentation fault", "sigsegv", "segfault at", *_EXIT_CODE_NEEDS)),
+         needs=("segmentation fault", "sigsegv", "segfault at", *_exit_code_needs(139))),
     _sig("bus-error", "image", PRIORITY_SOFTWARE, rf"\bBus error\b|\bSIGBUS\b|{_exit_code(135)}",
          "a binary in the image touched a mapping with nothing behind it (SIGBUS: a truncated memory-mapped "
          "file, a full /dev/shm or disk under a mapping): our software or its container set-up; a host memory "
          "fault is logged as a machine check / memory failure, which outranks this",
-         needs=("bus error", "sigbus", *_EXIT_CODE_NEEDS)),
+         needs=("bus error", "sigbus", *_exit_code_needs(135))),
     _sig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
          rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b|{_exit_code(134)}",
          "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
          "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
-         needs=("terminate called after throwing an instance of", "aborted", "sigabrt", *_EXIT_CODE_NEEDS)),
+         needs=("terminate called after throwing an instance of", "(core dumped)", "sigabrt",
+                *_exit_code_needs(134))),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
          r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
@@ -457,6 +480,14 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("proof-self-check", "image", 65, r"self-check FAILED|self-check failed|self-check error",
          "a proof failed cuzk's PoRep self-check (wrong c1.json for --sector-num/--miner-id if every proof "
          "fails; a flaky GPU if only some do)", needs=("self-check ",)),
+    # Our downloader invocations (aria2 manual EXIT STATUS 28; curl man page EXIT CODES 2, 3).
+    _sig("downloader-usage-error", "image", PRIORITY_SOFTWARE, rf"{_aria2((28,))}|{_curl((2,))}",
+         "our fetch script called aria2c/curl with an option it does not accept (aria2c 28, curl 2)",
+         explains="aria2c 28: bad or unrecognized option / curl 2: failed to initialize",
+         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
+    _sig("params-url-malformed", "configuration", PRIORITY_PARAMS, _curl((3,)),
+         "the params URL is malformed (curl 3): params.base_url", setting=SETTING_MIRROR,
+         explains="curl 3: URL using bad/illegal format or missing URL", needs=_CURL_NEEDS),
     # --- 60: the machine's network while fetching ----------------------------------------------------
     _sig("checksum-mismatch", "network", 60,
          rf"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)|{_aria2(ARIA2_CHECKSUM)}",
@@ -481,7 +512,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          needs=(*_CURL_NEEDS, "connection refused", "couldn't connect to server")),
     _sig("download-failed-network", "network", 60,
          rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
-         "the download failed on the network (aria2c 1/2/5/6/7/8/22/29, curl 16/18/52/55/56/92)",
+         "the download failed on the network (aria2c 1/2/5/6/7/8/22, curl 16/18/35/52/55/56/92)",
          explains="aria2c/curl network failure", needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
     _sig("download-aborted", "network", 58, r"Download aborted|download failed",
          "a download was aborted (aria2c's line before its errorCode)", needs=("download aborted", "download failed")),
@@ -492,7 +523,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("process-sigkill", "configuration", PRIORITY_MARKETPLACE - 1, rf"\bSIGKILL\b|{_exit_code(137)}",
          "a process was SIGKILLed (exit 137) with no kernel line saying why: on a rental nearly always the OOM "
          "killer (a marketplace stop sends SIGTERM first, logged as worker-stopped, which outranks this)",
-         setting=SETTING_HOST_RAM, needs=("sigkill", *_EXIT_CODE_NEEDS)),
+         setting=SETTING_HOST_RAM, needs=("sigkill", *_exit_code_needs(137))),
     _sig("worker-stopped", "marketplace", 55, r"received SIG(?:TERM|INT|HUP) during phase|worker stopped by SIG",
          "the container was stopped from outside (the marketplace or the host)",
          needs=("received sig", "worker stopped by sig")),
@@ -500,7 +531,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("gpu-xid-ambiguous", "unknown", PRIORITY_PANIC + 2, _xid(XID_AMBIGUOUS),
          "an NVIDIA Xid the driver recovered by tearing the channel down (copy engine, PBDMA, idle timeout, "
          "preemptive cleanup): our kernel or the GPU; only correlation across machines tells",
-         needs=_XID_NEEDS, correlates=True),
+         needs=_XID_NEEDS),
     # --- 50: any other panic in our binaries ---------------------------------------------------------
     _sig("rust-panic", "image", 50, r"thread '[^']*' panicked at|panicked with message",
          "a binary in the image panicked", needs=("panicked",)),
@@ -558,6 +589,7 @@ class SignatureMatch:
 _BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit code \d+|^curl: \(\d+\)|\berrorCode=\d+\s*$")
 _SPPARK_CODE = re.compile(r"sppark::Error #-(\d+)")
 _CUDA_ENUM = re.compile(r"\b(cudaError[A-Za-z]+)\b")
+_CUDA_DRIVER = re.compile(r"\bCUDA_ERROR_[A-Z_]+\b")
 _TOOL_CODE = re.compile(r"\b(aria2c|curl)\b.*?\bexit code (\d+)|^(curl): \((\d+)\)")
 
 
@@ -569,6 +601,11 @@ def code_meaning(line: str) -> str | None:
     m = _CUDA_ENUM.search(line)
     if m and m.group(1) in cuda_errors.BY_NAME:
         return cuda_errors.BY_NAME[m.group(1)].meaning()
+    m = _CUDA_DRIVER.search(line)
+    if m and m.group(0) in cuda_errors.DRIVER_BY_NAME:
+        code = cuda_errors.DRIVER_BY_NAME[m.group(0)]
+        runtime = cuda_errors.CUDA_ERRORS.get(code)
+        return f"{m.group(0)} ({code})" + (f" = {runtime.meaning()}" if runtime else "")
     m = _TOOL_CODE.search(line)
     if m:
         tool, code = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(3), int(m.group(4)))
@@ -588,6 +625,8 @@ _PANIC_HEAD = re.compile(r"thread '[^']*' panicked at \S+:\d+:\d+:\s*$")
 _CAUSED_BY = re.compile(r"^\s*Caused by:\s*$")
 _CAUSE = re.compile(r"^\s+(?:\d+: )?(\S.*)$")
 _ARIA2_CAUSE = re.compile(r"^\s+-> \[")
+_TERMINATE = "terminate called after throwing an instance of"
+_WHAT = re.compile(r"^\s*what\(\):\s*(.*)$")
 _NOISE = re.compile(
     r"^\[#[0-9a-f]+ .*\]$"                       # aria2c progress: [#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]
     r"|^\s*(?:CUZK_TIMING|CUZK_NTT_H):|^TIMELINE,"   # supraseal-c2 / cuzk-core timing on stderr
@@ -654,6 +693,12 @@ def _read_tail(lines: tuple[str, ...]) -> tuple[LogicalLine, ...]:
                         causes.append(m.group(1).strip())
                 used.update(chain)
                 body = " | ".join([body, *causes])
+        elif body.startswith(_TERMINATE):
+            # libstdc++'s terminate handler: the exception's type, then `  what():  <message>` on the next line.
+            j = _next_in_stream(items, used, i + 1, tag, skip_blank=True)
+            if j is not None and (m := _WHAT.match(items[j][1])):
+                body = f"{body.rstrip()} what(): {m.group(1).strip()}"
+                used.add(j)
         elif body.lstrip().startswith("Exception: ["):
             k = i + 1
             while k < len(items) and items[k][0] == tag and _ARIA2_CAUSE.match(items[k][1]):
@@ -727,17 +772,13 @@ def signature_named(name: str) -> Signature | None:
     return _BY_NAME.get(name)
 
 
-def signature_correlates(name: str | None) -> bool:
-    """Whether a recorded verdict's signature is one whose blame is inferred (`Signature.correlates`): the
-    breaker should count it across machines even when it is blamed on the machine."""
-    sig = _BY_NAME.get(name) if name else None
-    return sig is not None and sig.correlates
-
-
 #: Non-ASCII letters that `re` matches to an ASCII letter case-insensitively (İ ı ſ K): a line holding one can
 #: match a signature without containing its `needs` once lower-cased, so it skips the prefilter.
 FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
 _FOLDING = re.compile(f"[{FOLDS_TO_ASCII}]")
+
+
+_NEEDLE_KEY = 4
 
 
 class _Matcher:
@@ -751,7 +792,12 @@ class _Matcher:
         for k, sig in enumerate(self.table):
             for needle in sig.needs:
                 by_needle.setdefault(needle, []).append(k)
-        self._needles = tuple((needle, tuple(ks)) for needle, ks in by_needle.items())
+        # Needles grouped by their first few characters: a group is tested only when its key is in the line
+        # (a needle is in the line only if its prefix is), which skips most needles on most lines.
+        groups: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        for needle, ks in by_needle.items():
+            groups.setdefault(needle[:_NEEDLE_KEY], []).append((needle, tuple(ks)))
+        self._groups = tuple((key, tuple(items)) for key, items in groups.items())
         self._steps = tuple((sig.pattern.search, not sig.whole_line) for sig in self.table)
 
     def first(self, text: str, body_at: int) -> int | None:
@@ -759,7 +805,8 @@ class _Matcher:
         `body_at`: a signature that is not `whole_line` is also tried on the body alone)."""
         if text.isascii() or not _FOLDING.search(text):
             lower = text.lower()
-            ks: Iterable[int] = sorted({k for needle, ks in self._needles if needle in lower for k in ks}
+            ks: Iterable[int] = sorted({k for key, items in self._groups if key in lower
+                                        for needle, ks in items if needle in lower for k in ks}
                                        .union(self._always))
         else:
             ks = range(len(self.table))

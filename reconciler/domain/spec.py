@@ -63,10 +63,42 @@ class BenchmarkSettings:
         return self.timeout_minutes * 60.0
 
 
+#: curio's harmony task names (`harmony_task.name`) of the GPU proof tasks a cuzk worker serves, from
+#: filecoin-project/curio tasks/tasknames/names.go at e0294b0f948132d41e8f42f59fa949495d5fd3af: PoRep (C2 of
+#: the sealing pipeline, tasks/seal/task_porep.go), UpdateProve (SnapDeals, tasks/snap/task_prove.go), WdPost
+#: and WinPost (tasks/window/compute_task.go, tasks/winning/winning_task.go), PSProve (proofshare).
+PROOF_TASK_TYPES: tuple[str, ...] = ("PoRep", "UpdateProve", "WdPost", "WinPost", "PSProve")
+
+#: The task type a pool's benchmark proof type stands for (the queue's default when no task_types are given).
+TASK_TYPE_OF_PROOF: Mapping[str, str] = {"porep": "PoRep", "snap": "UpdateProve", "window": "WdPost",
+                                          "winning": "WinPost"}
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    """How an autoscaled pool (`count: {min, max}`) follows demand (domain/capacity.py)."""
+
+    target_utilization: float = 0.8  # busy time / wall time the pool aims at
+    scale_up_after_minutes: float = 10.0  # demand above target this long (window) before renting more
+    scale_down_after_minutes: float = 30.0  # idle below target this long (window) before draining
+    cooldown_minutes: float = 15.0  # no change at all this long after a change (no flapping)
+    cold_start_minutes: float = 15.0  # params + benchmark before a new machine serves: size for demand then
+
+
+@dataclass(frozen=True)
+class QueueSource:
+    """curio's task queue, read over the PostgreSQL protocol (YugabyteDB YSQL) with a read-only role."""
+
+    url_env: str  # the environment variable holding postgresql://role:password@host:port/db (a secret)
+    task_types: tuple[str, ...] = ("PoRep",)
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     name: str
     gpu_name: str
+    #: Slots the pool has now: the spec's integer count, or, for an autoscaled pool, the slots the leader's
+    #: fleet-spec/capacity.yaml keeps within [min_count, max_count] (draining ones included).
     count: int
     min_rate_proofs_per_hour: float
     max_price_usd_per_hour: float
@@ -78,9 +110,30 @@ class PoolSpec:
     min_cuda: float = 12.0
     verified_only: bool = True
     benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    #: Bounds of an autoscaled pool (`count: {min, max}`); None for an integer count (min = max = count).
+    min_count: int | None = None
+    max_count: int | None = None
+    scaling: ScalingSettings | None = None
+    queue: QueueSource | None = None
+    #: Slot indices from capacity.yaml (None: 0..count-1). Draining slots finish their proofs, then go.
+    slot_indices: tuple[int, ...] | None = None
+    draining: tuple[str, ...] = ()
+    #: What capacity.yaml says the leader wants (None: no decision yet); count - desired slots are draining.
+    desired_count: int | None = None
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.min_count is not None and self.max_count is not None and self.min_count < self.max_count
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        if self.min_count is None or self.max_count is None:
+            return self.count, self.count
+        return self.min_count, self.max_count
 
     def slot_names(self) -> list[str]:
-        return [f"{self.name}-{i}" for i in range(self.count)]
+        indices = self.slot_indices if self.slot_indices is not None else range(self.count)
+        return [f"{self.name}-{i}" for i in indices]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.domain.breaker import kill_budgets
+from reconciler.domain.capacity import CapacityEntry, PoolCapacityStatus, capacity_view
 from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
@@ -138,6 +139,8 @@ class MarketStatus:
     orphans_usd_per_hour: float
     max_total_dph: float | None
     orphans: tuple[Mapping[str, Any], ...] = ()
+    #: The market asked the last apply to wait (a 429 with a long Retry-After): {"until": time, "why": text}.
+    wait: Mapping[str, Any] | None = None
 
     @property
     def spend_usd_per_hour(self) -> float:
@@ -159,7 +162,8 @@ class MarketStatus:
                    at=str(doc.get("at", "?")), slots_usd_per_hour=float(doc.get("slots_usd_per_hour") or 0.0),
                    orphans_usd_per_hour=float(doc.get("orphans_usd_per_hour") or 0.0),
                    max_total_dph=float(cap) if isinstance(cap, int | float) else None,
-                   orphans=tuple(o for o in doc.get("orphans") or () if isinstance(o, Mapping)))
+                   orphans=tuple(o for o in doc.get("orphans") or () if isinstance(o, Mapping)),
+                   wait=doc.get("market_wait") if isinstance(doc.get("market_wait"), Mapping) else None)
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ class FleetStatus:
     early_saved_minutes: float = 0.0  # benchmark time early verdicts saved (all records)
     early_saved_usd_at_most: float = 0.0
     market: MarketStatus | None = None  # with `fleet status --state-dir`: the last apply's view of the market
+    capacity: tuple[PoolCapacityStatus, ...] = ()  # autoscaled pools (count: {min, max})
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -213,6 +218,8 @@ def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, 
     """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
     for bad, standing in records.standings(now):
+        if standing.state == "ok":
+            continue  # recorded bad once, past its probation now: nothing to show
         marking = bad.marking
         if marking is None:
             out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,
@@ -242,7 +249,8 @@ def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
                 notes: Sequence[str] = (), include_rates: bool = True,
-                market: MarketStatus | None = None) -> FleetStatus:
+                market: MarketStatus | None = None,
+                capacity_entries: Mapping[str, CapacityEntry] | None = None) -> FleetStatus:
     """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
     HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
     reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
@@ -329,4 +337,4 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
                        rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
                        bad_machines=_bad_machines(records, now), desired_image_digest=desired_image_digest,
                        early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2),
-                       market=market)
+                       market=market, capacity=capacity_view(spec, reports, now, capacity_entries or {}, last_pass))

@@ -345,7 +345,8 @@ def _failed_verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdi
             marks_bad = False  # a network line during the benchmark (which needs no network) is not a strike
     else:
         marks_bad = marks == "yes"
-    setting = _setting(match, pool) if blame in ("configuration", "params") else None
+    # Image faults can carry advice too (ship a CA bundle, a portable CPU baseline): the signature's setting.
+    setting = _setting(match, pool) if blame in ("configuration", "params", "image") else None
     reason = f"{head or verdict}: {_where(attempt)}: {cause}{suffix}"
     if match is None and signature and UNRECOGNIZED in signature:
         extra = {**(extra or {}), "signature": {

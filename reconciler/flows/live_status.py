@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_files import RecordCache, load_records
 from reconciler.adapters.spec_files import load_spec
 from reconciler.domain.observations import InstanceReport, format_time
@@ -138,7 +139,7 @@ class LiveStatusSource:
             return LiveState(LiveSnapshot(view, PageExtras(commits=commits, orphans=orphans), str(spec_file)),
                              MetricsState(view, ingested=ingested))
         view = status_view(spec, records, reports, now, desired_image_digest=self._digest,
-                           last_pass=self._last_pass(), notes=notes)
+                           last_pass=self._last_pass(), notes=notes, capacity_entries=capacity_entries(spec, spec_file))
         prices = self._prices() if self._prices is not None else None
         economics = pool_economics(spec, records, view, prices)
         extras = PageExtras(economics=economics, commits=commits, orphans=orphans,

@@ -74,6 +74,22 @@ def render_plan_markdown(*, pools: Sequence[Mapping[str, Any]], actions: Sequenc
             lines.append(f"- `{_cell(a['kind'])}` **{_cell(a['slot'])}** {_cell(detail)}".rstrip())
     lines.append("")
 
+    scaled = [r for r in pools if isinstance(r.get("autoscaled"), Mapping)]
+    if scaled:
+        lines += ["### Autoscaled pools", "",
+                  "The leader keeps each count within its bounds from measured utilization and curio's queue "
+                  "(decisions: `fleet-spec/capacity.yaml`); $/h at the pool's max price per slot.", ""]
+        rows = []
+        for r in scaled:
+            a = r["autoscaled"]
+            rows.append([f"**{_cell(r['pool'])}**", f"{a['min']}..{a['max']}", _cell(a.get("desired")),
+                         f"${a['usd_per_hour_at_min']:.2f}", f"${a['usd_per_hour_at_max']:.2f}",
+                         _num(a.get("target_utilization")),
+                         _cell(", ".join(a["queue"])) if a.get("queue") else "utilization only"])
+        lines += _table(["pool", "bounds", "desired now", "$/h at min", "$/h at max", "target utilization",
+                         "queue"], rows, right=(2, 3, 4, 5))
+        lines.append("")
+
     lines += ["### Expected output and spend", "",
               "From the machines' own benchmark history: the best proven machines of each pool's GPU first; "
               "slots history cannot fill are counted at the GPU prior and at the price cap.", ""]

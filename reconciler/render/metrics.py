@@ -26,6 +26,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from reconciler.domain.capacity import PoolCapacityStatus
 from reconciler.domain.observations import parse_time
 from reconciler.domain.surfaces import MetricsState, total_usd_per_hour
 
@@ -59,6 +60,13 @@ METRIC_NAMES = (
     "fleet_push_attempts",
     "fleet_push_retries",
     "fleet_report_to_verdict_seconds",
+    "fleet_pool_capacity_desired",
+    "fleet_pool_capacity_min",
+    "fleet_pool_capacity_max",
+    "fleet_pool_draining_instances",
+    "fleet_pool_utilization",
+    "fleet_pool_waiting_tasks",
+    "fleet_pool_queue_up",
 )
 
 
@@ -129,6 +137,7 @@ class FleetCollector(Collector):
         orphan_usd.add_metric([], market.orphans_usd_per_hour)
         yield from (orphans, orphan_usd)
 
+        yield from _capacity_metrics(view.capacity)
         suspects = GaugeMetricFamily("fleet_image_suspects", "active image suspects (circuit breaker tripped)")
         suspects.add_metric([], len(view.suspects))
         verdicts = GaugeMetricFamily("fleet_recorded_verdicts", "benchmark verdicts in the machine records",
@@ -141,6 +150,34 @@ class FleetCollector(Collector):
         for kind, n in sorted(state.ingested.items()):
             ingested.add_metric([kind], n)
         yield from (suspects, verdicts, ingested)
+
+
+def _capacity_metrics(pools: Sequence[PoolCapacityStatus]) -> Iterable[Metric]:
+    """Autoscaled pools: desired vs bounds, draining, utilization and curio's waiting proof tasks."""
+    desired = GaugeMetricFamily("fleet_pool_capacity_desired", "the leader's desired count (capacity.yaml)",
+                                labels=["pool"])
+    low = GaugeMetricFamily("fleet_pool_capacity_min", "count.min of the autoscaled pool", labels=["pool"])
+    high = GaugeMetricFamily("fleet_pool_capacity_max", "count.max of the autoscaled pool", labels=["pool"])
+    draining = GaugeMetricFamily("fleet_pool_draining_instances", "slots draining (finishing their proofs)",
+                                 labels=["pool"])
+    utilization = GaugeMetricFamily("fleet_pool_utilization", "busy time / wall time of the pool's serving "
+                                    "machines over the scale-up window", labels=["pool"])
+    waiting = GaugeMetricFamily("fleet_pool_waiting_tasks", "curio proof tasks without an owner (last pass)",
+                                labels=["pool", "task_type"])
+    queue_up = GaugeMetricFamily("fleet_pool_queue_up", "1 if the pool's queue source was read by the last pass",
+                                 labels=["pool"])
+    for c in pools:
+        desired.add_metric([c.pool], c.desired)
+        low.add_metric([c.pool], c.min)
+        high.add_metric([c.pool], c.max)
+        draining.add_metric([c.pool], len(c.draining))
+        if c.utilization is not None:
+            utilization.add_metric([c.pool], c.utilization)
+        if c.queue_configured:
+            queue_up.add_metric([c.pool], 0.0 if c.queue_error is not None else 1.0)
+            for kind, n in sorted(c.waiting.items()):
+                waiting.add_metric([c.pool, kind], n)
+    return (desired, low, high, draining, utilization, waiting, queue_up)
 
 
 #: Seconds buckets for commit+push (git over the network: ~0.1 s to a minute with retries).

@@ -43,12 +43,15 @@ def _gpu_text(gpus: Sequence[Mapping[str, Any]]) -> str:
 
 def render_text(view: FleetStatus) -> str:
     lines = [f"fleet status at {view.at}"]
-    if view.last_pass:
+    if view.last_pass and view.last_pass.get("at"):
         lines.append(f"reconciler: last pass {view.last_pass.get('at')}: {view.last_pass.get('headline')}")
         cond = view.last_pass.get("condition")
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
+    leadership = view.last_pass.get("leadership") if view.last_pass else None
+    if isinstance(leadership, dict) and leadership.get("summary"):
+        lines.append(f"leader: {leadership['summary']} (as of {leadership.get('at') or 'the last pass'})")
     lines.append("")
     header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
     rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),
@@ -57,6 +60,13 @@ def render_text(view: FleetStatus) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    if view.capacity:
+        lines += ["", "capacity (autoscaled pools; bounds in fleet.yaml, decisions in capacity.yaml):"]
+        for c in view.capacity:
+            lines.append(f"  {c.pool}: {c.summary()}")
+            lines.append(f"      {c.last()}")
+            lines.append(f"      ${c.usd_per_hour_at_min:.2f}/h at min, ${c.usd_per_hour_at_max:.2f}/h at max "
+                         "(max price)")
     if view.suspects:
         lines += ["", "image suspects (circuit breaker):"]
         for s in view.suspects:
@@ -87,6 +97,8 @@ def render_text(view: FleetStatus) -> str:
         m = view.market
         lines += ["", f"marketplace (fleet {m.fleet}, labels {m.label_prefix}*, as of the last apply {m.at}):",
                   f"  {m.cap_line()}"]
+        if m.wait is not None:
+            lines.append(f"  the market asked us to wait: no call before {m.wait.get('until')} ({m.wait.get('why')})")
         if m.orphans:
             lines.append(f"  {len(m.orphans)} instance(s) with this fleet's label and no slot (orphans):")
         for o in m.orphans:

@@ -11,7 +11,7 @@ import pytest
 
 from reconciler.adapters.controller.client import ControllerAdminClient, ControllerClientError, admin_client_from
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.tokens import instance_token
 
 SECRET = b"s" * 32
@@ -19,8 +19,8 @@ ADMIN = "admin-token-for-tests"
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[ControllerServer, ControllerStore]]:
-    store = ControllerStore(tmp_path / "c.db")
+def server(tmp_path: Path) -> Iterator[tuple[ControllerServer, SqliteStore]]:
+    store = SqliteStore(tmp_path / "c.db")
     srv = ControllerServer(store, SECRET, ADMIN).start()
     yield srv, store
     srv.stop()
@@ -34,7 +34,7 @@ def _register(base_url: str, instance_id: str) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_destroyed_instance_is_marked(server: tuple[ControllerServer, ControllerStore]) -> None:
+def test_destroyed_instance_is_marked(server: tuple[ControllerServer, SqliteStore]) -> None:
     srv, store = server
     _register(srv.url, "rtx4090-0-abc123")
     client = ControllerAdminClient(srv.url, ADMIN)
@@ -47,7 +47,7 @@ def test_destroyed_instance_is_marked(server: tuple[ControllerServer, Controller
     client.close()
 
 
-def test_wrong_admin_token_is_an_error_without_the_token(server: tuple[ControllerServer, ControllerStore]) -> None:
+def test_wrong_admin_token_is_an_error_without_the_token(server: tuple[ControllerServer, SqliteStore]) -> None:
     srv, store = server
     _register(srv.url, "rtx4090-1-abc123")
     client = ControllerAdminClient(srv.url, "wrong-admin-token-xyz")

@@ -22,7 +22,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from reconciler.adapters.controller.server import ControllerServer, EdgeLimits
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.tokens import instance_token
 from tests.controller_support import ADMIN, ADMIN_AUTH, SECRET, StepClock, auth, register_doc, stop_serving
 
@@ -33,7 +33,7 @@ class Edge:
     """A controller with chosen edge limits over a fresh store."""
 
     def __init__(self, path: Path, limits: EdgeLimits, **options: object):
-        self.store = ControllerStore(path, now=StepClock())
+        self.store = SqliteStore(path, now=StepClock())
         self.server = ControllerServer(self.store, SECRET, ADMIN, "127.0.0.1", 0, limits=limits,
                                        **options).start()  # type: ignore[arg-type]
         host, port = self.server.url.rsplit("/", 1)[1].split(":")

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, _protocol_validator, fast_valid
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.observations import BenchmarkResult, PhaseEvent
 from reconciler.domain.tokens import instance_token
 from tests.controller_support import (
@@ -402,7 +402,7 @@ def test_sigkill_mid_ingest_loses_no_acknowledged_report(tmp_path: Path) -> None
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     conn.close()
-    store = ControllerStore(db)
+    store = SqliteStore(db)
     for iid in ids:
         stored = store.tail(iid, 5000)
         assert stored[:len(acked[iid])] == acked[iid]  # every acknowledged line, in order

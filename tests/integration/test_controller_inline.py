@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import socket
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reconciler.adapters.store import ControllerStore, PreparedWrite, UnknownInstance
+from reconciler.adapters.store import PreparedWrite, SqlConnection, SqliteStore, UnknownInstance
 from reconciler.domain.tokens import instance_token
 from tests.controller_support import SECRET, Harness, register_doc
 
@@ -104,11 +103,11 @@ def test_a_refused_report_is_answered_inline_and_closes(h: Harness) -> None:
 
 
 def test_write_all_stores_each_write_alone(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     try:
         store.register("p-0-aaaaaa", register_doc("p-0-aaaaaa"))
 
-        def broken(conn: sqlite3.Connection) -> None:
+        def broken(conn: SqlConnection) -> None:
             conn.execute("INSERT INTO log_lines (instance_id, seq, line) VALUES ('p-0-aaaaaa', 999, 'half')")
             raise RuntimeError("a bug after a statement")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from tests.gitrepos import git, make_origin, origin_file
 from tests.scenarios import SPEC_YAML
 
@@ -63,7 +63,7 @@ class Scenario:
                 proc.kill()
                 out, err = proc.communicate(timeout=30)
                 pytest.fail(f"the reconciler never reached {step!r}: rc={proc.returncode} {out} {err}")
-            announced = os.read(rfd, 200).decode().strip()
+            announced = os.read(rfd, 200).decode().split()[0]  # "<step> <pid>"
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=60)
@@ -75,7 +75,7 @@ class Scenario:
 
 def write_reports(db: Path) -> None:
     """Two finished benchmarks, both below the pool's minimum: two verdicts, two record files."""
-    store = ControllerStore(db)
+    store = SqliteStore(db)
     for iid, (machine, pool) in MACHINES.items():
         store.register(iid, {"protocol": 1, "instance_id": iid, "at": "2026-12-02T18:00:00Z",
                              "pool": pool, "slot": f"{pool}-0", "machine_id": machine, "host_id": "7781"})
@@ -122,7 +122,7 @@ def assert_recovered(s: Scenario) -> None:
     again = s.run()
     assert again.returncode == 0 and "nothing new" in again.stdout, again.stdout + again.stderr
     assert len(git(s.origin, "log", "--format=%H", "main").splitlines()) == 2
-    store = ControllerStore(s.db)  # nothing reported was lost
+    store = SqliteStore(s.db)  # nothing reported was lost
     assert sorted(r.instance_id for r in store.reports()) == sorted(MACHINES)
     store.close()
 

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from reconciler import SCHEMA_DIR
-from reconciler.adapters.store import SCHEMA_VERSION, ControllerStore
+from reconciler.adapters.store import SCHEMA_VERSION, SqliteStore
 from tests.controller_support import T0, Harness, auth
 
 
@@ -59,7 +59,7 @@ def test_directive_needs_the_instances_own_token(harness: Harness) -> None:
 
 def test_a_v1_store_is_upgraded_in_place_and_keeps_its_data(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    store = ControllerStore(path)
+    store = SqliteStore(path)
     store.register("p-0-a", {"protocol": 1, "instance_id": "p-0-a", "at": "2026-12-02T17:59:00Z"})
     store.close()
     conn = sqlite3.connect(path)
@@ -67,7 +67,7 @@ def test_a_v1_store_is_upgraded_in_place_and_keeps_its_data(tmp_path: Path) -> N
     conn.execute("PRAGMA user_version=1")
     conn.commit()
     conn.close()
-    store = ControllerStore(path)
+    store = SqliteStore(path)
     try:
         assert [r.instance_id for r in store.reports()] == ["p-0-a"]
         store.set_directives({"p-0-a": {"protocol": 1, "action": "serve", "reason": "ok"}}, T0)

@@ -48,7 +48,7 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.slot_provider import SlotProvider
 from reconciler.adapters.spec_files import check_spec_text
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.cli import main
 from reconciler.domain.marketplace import MarketplaceError
 from reconciler.domain.records import MachineRecord
@@ -76,7 +76,7 @@ def result_doc(rate: float, log_tail: list[str] | None = None) -> dict[str, Any]
                                      f"throughput:    {rate / 60:.3f} proofs/min ({spp}s/proof)"]}
 
 
-def report_finished(store: ControllerStore, instance_id: str, machine_id: str, rate: float,
+def report_finished(store: SqliteStore, instance_id: str, machine_id: str, rate: float,
                     log_tail: list[str] | None = None) -> None:
     """A worker's whole life in the store: register, benchmark events, result."""
     store.register(instance_id, register_doc(instance_id, machine_id))
@@ -212,7 +212,7 @@ def test_fleet_apply_cli_says_nothing_changed_when_the_market_is_down(rig: Apply
 
 def test_push_rejected_for_several_passes_loses_nothing_and_the_next_pass_publishes_all(
         origin: Path, tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "controller.db", now=StepClock())
+    store = SqliteStore(tmp_path / "controller.db", now=StepClock())
     sleeps = Sleeps()
     git_store = GitStore(bot_clone(origin, tmp_path / "bot"), sleep=sleeps, rng=random.Random(1), max_attempts=3)
     hook = install_rejecting_hook(origin)
@@ -250,8 +250,8 @@ def test_push_rejected_for_several_passes_loses_nothing_and_the_next_pass_publis
 CONTROLLER = textwrap.dedent("""
     import sys, threading
     from reconciler.adapters.controller.server import ControllerServer
-    from reconciler.adapters.store import ControllerStore
-    store = ControllerStore(sys.argv[1])
+    from reconciler.adapters.store import SqliteStore
+    store = SqliteStore(sys.argv[1])
     server = ControllerServer(store, sys.argv[2].encode(), None, "127.0.0.1", 0).start()
     print(server.url, flush=True)
     threading.Event().wait(120)  # bounded: the test kills it long before
@@ -298,7 +298,7 @@ def test_controller_killed_mid_ingest_then_loop_judges_what_was_acknowledged(ori
         else:
             pytest.fail("the controller kept answering after SIGKILL")
 
-    store = ControllerStore(db)
+    store = SqliteStore(db)
     assert store.integrity_check() == ["ok"]
     assert len(store.tail("pro-1-bbbbbb", 10_000)) >= acked_lines
     git_store = GitStore(bot_clone(origin, tmp_path / "bot"), sleep=Sleeps())
@@ -311,7 +311,7 @@ def test_controller_killed_mid_ingest_then_loop_judges_what_was_acknowledged(ori
     with controller_process(db) as (_proc, url), httpx.Client(base_url=url, timeout=10) as client:
         assert post(client, "pro-1-bbbbbb", "result", result_doc(35.0)).json()["status"] == "stored"
         assert post(client, "pro-0-aaaaaa", "result", result_doc(20.0)).json()["status"] == "duplicate"
-    store = ControllerStore(db)
+    store = SqliteStore(db)
     second = run_pass(git_store, store, now + timedelta(minutes=5))
     assert second.ok and [v.instance_id for v in second.verdicts] == ["pro-1-bbbbbb"]
     assert trailer_list(origin, "Fleet-Instance") == ["pro-1-bbbbbb", "pro-0-aaaaaa"]
@@ -325,8 +325,8 @@ RECONCILER = textwrap.dedent("""
     from datetime import datetime
     from reconciler.adapters.git import GitStore
     from reconciler.flows.judge import run_pass
-    from reconciler.adapters.store import ControllerStore
-    result = run_pass(GitStore(sys.argv[1], max_attempts=1), ControllerStore(sys.argv[2]),
+    from reconciler.adapters.store import SqliteStore
+    result = run_pass(GitStore(sys.argv[1], max_attempts=1), SqliteStore(sys.argv[2]),
                       datetime.fromisoformat(sys.argv[3]))
     print(result.headline(), flush=True)
 """)
@@ -352,7 +352,7 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout_s: float = 60.0) -
 
 def test_reconciler_killed_while_pushing_is_recovered_exactly_once(origin: Path, tmp_path: Path) -> None:
     db = tmp_path / "controller.db"
-    store = ControllerStore(db, now=StepClock())
+    store = SqliteStore(db, now=StepClock())
     report_finished(store, "pro-0-aaaaaa", "123", 20.0)
     store.close()
     bot = bot_clone(origin, tmp_path / "bot")
@@ -376,7 +376,7 @@ def test_reconciler_killed_while_pushing_is_recovered_exactly_once(origin: Path,
     assert origin_log(origin) == before and origin_file(origin, machine_file("123")) is None
 
     hook.unlink()
-    store = ControllerStore(db)
+    store = SqliteStore(db)
     restarted = GitStore(bot, sleep=Sleeps())
     result = run_pass(restarted, store, LATER + timedelta(minutes=1))
     assert result.ok and result.pushed and [v.instance_id for v in result.verdicts] == ["pro-0-aaaaaa"]
@@ -386,7 +386,7 @@ def test_reconciler_killed_while_pushing_is_recovered_exactly_once(origin: Path,
 
 
 def test_half_written_record_files_left_by_a_kill_are_discarded(origin: Path, tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "controller.db", now=StepClock())
+    store = SqliteStore(tmp_path / "controller.db", now=StepClock())
     report_finished(store, "pro-0-aaaaaa", "123", 20.0)
     bot = bot_clone(origin, tmp_path / "bot")
     machines = bot / "fleet-spec" / "machines"
@@ -452,7 +452,7 @@ class FillsDiskAfterSync(GitStore):
 
 
 def test_disk_full_on_record_write_is_a_clear_error_with_no_partial_file(origin: Path, tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "controller.db", now=StepClock())
+    store = SqliteStore(tmp_path / "controller.db", now=StepClock())
     # A long log tail makes the record bigger than any slack the file system has left.
     report_finished(store, "pro-0-aaaaaa", "123", 20.0,
                     log_tail=[f"  [{i}/10] ok — 171.4s ... gpu 0: 71C 348W util 99%" for i in range(1, 40)])

@@ -17,7 +17,7 @@ import pytest
 from reconciler.adapters.controller.protocol import INSTANCE_ID
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.identifiers import IMAGE_REF_DIGEST, SAFE_ID, identifier_problems, is_identifier
 from reconciler.domain.records import RecordError, check_image_digest, check_machine_id
 from reconciler.domain.tokens import is_well_formed_token
@@ -113,7 +113,7 @@ def test_a_report_that_cannot_be_judged_is_quarantined_and_never_stalls_the_othe
         worker_posts(h, "rtx4090-0-good01", "41001", 20.0)  # below the pool's 40/h: a real verdict
         inject_raw_instance(h.path, "rtx4090-9-bad001", "73100\n")
         inject_raw_instance(h.path, "rtx4090-8-bad002", "73101", corrupt_event=True)
-        store = ControllerStore(h.path)
+        store = SqliteStore(h.path)
         now = T0 + timedelta(hours=3)
         for attempt in range(2):  # and again: the quarantine does not wedge later passes either
             result = run_pass(bot, store, now + timedelta(minutes=attempt))

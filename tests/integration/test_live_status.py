@@ -19,7 +19,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.adapters.git import GitStore
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.cli.surfaces import Surfaces, build_surfaces, market_view, slot_prices
 from reconciler.render.live import COOKIE_NAME
 from reconciler.render.metrics import METRIC_NAMES
@@ -32,7 +32,7 @@ from tests.scenarios import DIGEST
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[str, Surfaces]]:
     fleet: LiveFleet = make_live_fleet(tmp_path)
-    store = ControllerStore(fleet.db)
+    store = SqliteStore(fleet.db)
     git = GitStore(fleet.bot)
     surfaces = build_surfaces(spec_dir=fleet.bot / "fleet-spec", store=store, admin_token=ADMIN_TOKEN,
                               read_token=READ_TOKEN, desired_image_digest=DIGEST, last_pass_file=None,

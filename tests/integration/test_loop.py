@@ -167,7 +167,7 @@ def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tm
 
 
 def _seed_store(db: Path, instance_id: str = "pro-4000-0-3f9a1c") -> None:
-    from reconciler.adapters.store import ControllerStore
+    from reconciler.adapters.store import SqliteStore
 
     # The controller's clock stamps every arrival (one clock): here a worker whose clock agrees with it, so the
     # reports arrive at the times the worker put in them.
@@ -178,7 +178,7 @@ def _seed_store(db: Path, instance_id: str = "pro-4000-0-3f9a1c") -> None:
         last[0] = next(arrivals, last[0])
         return last[0]
 
-    store = ControllerStore(db, now=clock)
+    store = SqliteStore(db, now=clock)
     try:
         store.register(instance_id, {"protocol": 1, "instance_id": instance_id, "at": "2026-12-02T18:00:00Z",
                                      "pool": "rtx-pro-4000", "slot": "rtx-pro-4000-0", "machine_id": "40213",

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.settings import known_secret_values
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.redact import MASK, Redactor
 from reconciler.domain.tokens import instance_token
 from reconciler.flows.judge import run_pass
@@ -77,10 +77,10 @@ def kinds() -> st.SearchStrategy[tuple[str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControllerServer, ControllerStore]]:
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControllerServer, SqliteStore]]:
     db = tmp_path_factory.mktemp("redaction") / "c.db"
     configured = {"VAST_API_KEY": VAST_KEY, "FLEET_REGISTRY_PASSWORD": REGISTRY_PASSWORD}
-    store = ControllerStore(db, now=StepClock(), redactor=Redactor.with_secrets(known_secret_values(configured)))
+    store = SqliteStore(db, now=StepClock(), redactor=Redactor.with_secrets(known_secret_values(configured)))
     server = ControllerServer(store, SECRET, ADMIN).start()
     yield server, store
     server.stop()
@@ -100,7 +100,7 @@ numbers = count()
                                                                  HealthCheck.too_slow])
 @given(secrets=st.lists(kinds(), min_size=14, max_size=14), seed=st.integers(0, 2**16))
 def test_no_secret_of_any_kind_survives_into_git_or_the_api(
-        controller: tuple[ControllerServer, ControllerStore], tmp_path_factory: pytest.TempPathFactory,
+        controller: tuple[ControllerServer, SqliteStore], tmp_path_factory: pytest.TempPathFactory,
         secrets: list[tuple[str, list[str]]], seed: int) -> None:
     server, store = controller
     n = next(numbers)

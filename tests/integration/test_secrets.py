@@ -32,7 +32,7 @@ from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAi
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import SlotProvider
 from reconciler.adapters.spec_files import check_spec_text
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.marketplace import InstanceRequest, MarketplaceError, OfferQuery
 from reconciler.domain.tokens import instance_token
 from reconciler.flows.judge import run_pass
@@ -62,7 +62,7 @@ CUDA_TAIL = ["  [1/10] ok — 121.4s", "Error: CUDA error 999: unknown error",
 
 class Controller:
     def __init__(self, path: Path):
-        self.store = ControllerStore(path, now=StepClock())
+        self.store = SqliteStore(path, now=StepClock())
         self.server = ControllerServer(self.store, SECRET, "admin-token-for-secret-tests-0001", "127.0.0.1", 0).start()
         self.client = httpx.Client(base_url=self.server.url, timeout=10.0)
 

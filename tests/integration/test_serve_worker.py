@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from tests.worker_support import (
     INSTANCE_ID,
     SECRET,
@@ -149,15 +149,15 @@ def services() -> Iterator[dict[str, StandInService]]:
 
 
 @pytest.fixture
-def controller(tmp_path: Path) -> Iterator[tuple[ControllerStore, ControllerServer]]:
-    store = ControllerStore(tmp_path / "controller.db")
+def controller(tmp_path: Path) -> Iterator[tuple[SqliteStore, ControllerServer]]:
+    store = SqliteStore(tmp_path / "controller.db")
     server = ControllerServer(store, SECRET, "admin-token-0123456789abcdef", require_machine_claim=True).start()
     yield store, server
     server.stop()
     store.close()
 
 
-def serve_events(store: ControllerStore) -> list[Any]:
+def serve_events(store: SqliteStore) -> list[Any]:
     reports = [r for r in store.reports() if r.instance_id == INSTANCE_ID]
     return [e for e in reports[0].events if e.phase == "serve"] if reports else []
 
@@ -173,14 +173,14 @@ def wait_for(what: str, predicate: Callable[[], bool], worker: WorkerProcess, ti
     assert predicate(), f"{what}: not within {timeout_s:.0f}s\n" + worker.out_path.read_text(errors="replace")[-5000:]
 
 
-def forward_states(store: ControllerStore, name: str) -> list[str]:
+def forward_states(store: SqliteStore, name: str) -> list[str]:
     return [e.details["forward"]["state"] for e in serve_events(store)
             if isinstance(e.details.get("forward"), dict) and e.details["forward"]["name"] == name]
 
 
 def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
         tmp_path: Path, services: dict[str, StandInService],
-        controller: tuple[ControllerStore, ControllerServer]) -> None:
+        controller: tuple[SqliteStore, ControllerServer]) -> None:
     store, server = controller
     write_fakes(tmp_path / "bin", ssh=False)
     fakes = tmp_path / "fakes"
@@ -235,7 +235,7 @@ def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
 
 
 def test_a_stop_verdict_means_no_serving(tmp_path: Path,
-                                         controller: tuple[ControllerStore, ControllerServer]) -> None:
+                                         controller: tuple[SqliteStore, ControllerServer]) -> None:
     store, server = controller
     write_fakes(tmp_path / "bin", ssh=False)
     mirror = ParamsMirror(sample_params()).start()
@@ -259,7 +259,7 @@ def test_a_stop_verdict_means_no_serving(tmp_path: Path,
 
 
 def test_a_stop_directive_during_the_benchmark_ends_it_early(
-        tmp_path: Path, controller: tuple[ControllerStore, ControllerServer]) -> None:
+        tmp_path: Path, controller: tuple[SqliteStore, ControllerServer]) -> None:
     store, server = controller
     write_fakes(tmp_path / "bin", ssh=False)
     mirror = ParamsMirror(sample_params()).start()
@@ -283,3 +283,46 @@ def test_a_stop_directive_during_the_benchmark_ends_it_early(
                                          "< 40/h")
     assert report.result is None and not [e for e in report.events if e.status == "failed"]
     assert "[50/50]" not in proc.stdout  # it did not run to the end
+
+
+def test_a_drain_directive_finishes_the_proof_in_progress_takes_no_new_work_then_stops(
+        tmp_path: Path, controller: tuple[SqliteStore, ControllerServer]) -> None:
+    """Capacity shrinks the pool: `drain` cordons the cluster's client (the proving-load stand-in plays
+    `curio cli cordon`), the daemon finishes the proof it holds, and only then does the worker stop."""
+    store, server = controller
+    write_fakes(tmp_path / "bin", ssh=False)
+    store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "serve", "verdict": "ok",
+                                        "reason": "ok: 50.0/h >= 40/h", "heartbeat_s": 0.3}}, store.clock())
+    mirror = ParamsMirror(sample_params()).start()
+    env = worker_env(tmp_path, server.url, mirror.url, FLEET_AFTER_BENCH="serve", FLEET_DIRECTIVE_POLL_S="0.2",
+                     FLEET_SERVE_CMD="proving-load", FLEET_DRAIN_CMD="proving-load cordon",
+                     STANDIN_SERVE_SECONDS_PER_PROOF="1.5")
+    worker = WorkerProcess(env, tmp_path / "run")
+    served = tmp_path / "standin"
+    try:
+        wait_for("a served proof", lambda: any(
+            (e.details.get("heartbeat") or {}).get("completed") for e in serve_events(store)), worker)
+        store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "drain", "reason": "capacity: pool rtx4090 "
+                                            "3 -> 2 (utilization 0.31 for 30 min; no task waiting)"}},
+                             store.clock())
+        wait_for("worker exits", lambda: worker.poll() is not None, worker, timeout_s=60)
+    finally:
+        proc = worker.finish(timeout_s=30)
+        mirror.stop()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    events = serve_events(store)
+    (drain,) = [e for e in events if (e.details.get("drain") or {}).get("state") == "started"]
+    assert drain.details["drain"]["how"] == "ran 'proving-load cordon'"
+    done = [e for e in events if e.status == "done"]
+    assert done[-1].message == ("drained: no proofs left in progress (capacity: pool rtx4090 3 -> 2 (utilization "
+                                "0.31 for 30 min; no task waiting))")
+    # The proof in progress when the drain began was finished (COMPLETED after the drain started), and no
+    # proof was begun after it: the daemon was idle when the worker stopped.
+    (served_file,) = served.glob("daemon-*.served")
+    proofs = [line.split() for line in served_file.read_text().splitlines()]
+    assert all(label == "COMPLETED" for _, _, label in proofs)
+    drain_epoch = int((drain.worker_at or drain.at).timestamp())
+    after = [p for p in proofs if int(p[0]) >= drain_epoch]
+    assert 1 <= len(after) <= 2, (drain_epoch, proofs)  # the one in progress (its second may equal the drain's)
+    last = [e.details["heartbeat"] for e in events if "heartbeat" in e.details][-1]
+    assert last["busy"] is False

@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from reconciler.domain.marketplace import MarketplaceAuthError
 from reconciler.domain.planner import REASON_INSTANCE_DEAD, REASON_INSTANCE_STUCK, STATUS_RULES, plan
 from reconciler.domain.slots import SpendCapError, slot_inputs
 from reconciler.domain.spec import FleetSpec
-from reconciler.flows.provision import ApplyReport, Image, apply_fleet, git_orphan_recorder
+from reconciler.domain.status import FleetStatus, MarketStatus
+from reconciler.flows.provision import MARKET_VIEW_FILE, ApplyReport, Image, apply_fleet, git_orphan_recorder
+from reconciler.render.text import render_text
 from tests.gitrepos import make_origin, origin_file, origin_log
 from tests.vast_fake import VastFake, market_of
 
@@ -180,6 +183,46 @@ def test_a_rate_limited_ten_slot_apply_rents_ten(fake: VastFake, tmp_path: Path)
     assert sum(r.status == 429 for r in fake.requests) == 3  # only the injected ones: the pacer kept under
     assert any("waiting 13.0 s (no Retry-After; create penalty)" in line for line in rig.said)
     assert any("(pacing: at most one create per 5 s per API key)" in line for line in rig.said)
+
+
+def test_an_apply_that_meets_the_daily_search_quota_stops_searching_until_its_retry_after(
+        fake: VastFake, tmp_path: Path) -> None:
+    rig = Rig(tmp_path, fake, spec_text(4))
+    fake.exhaust_search_quota(retry_after_s=5 * 3600)
+    report = rig.apply()
+    assert not report.converged and len(report.failed) == 4 and all(r.temporary for r in report.failed)
+    waits = [r.retry_after_s for r in report.failed]
+    assert None not in waits and 5 * 3600 - 60 < min(waits) <= max(waits) == 5 * 3600, waits  # type: ignore
+    assert len(fake.requests_to("POST", "/api/v0/bundles/")) == 1  # one 429, then nobody asked again
+    assert any("the daily search quota is used up" in line and "Retry-After 18000 s" in line
+               for line in rig.lines), rig.lines
+    assert not fake.requests_to("PUT", "/api/v0/asks/")
+    # `fleet status --state-dir` says so, with the time the market named.
+    market = MarketStatus.from_json(json.loads((rig.state.parent / MARKET_VIEW_FILE).read_text()))
+    assert market.wait is not None and "search_quota_exceeded" in market.wait["why"]
+    until = datetime.fromisoformat(market.wait["until"].replace("Z", "+00:00"))
+    # Counted from the apply's start (the wait began a few paced seconds later): at most the apply's duration early.
+    assert timedelta(seconds=-60) < until - (rig.now() + timedelta(hours=5)) <= timedelta(0)
+    shown = render_text(FleetStatus(at="now", pools=(), instances=(), suspects=(), market=market))
+    assert f"the market asked us to wait: no call before {market.wait['until']}" in shown
+    fake.clock.advance(5 * 3600)
+    assert rig.apply().converged and len(rig.slots()) == 4
+
+
+def test_a_truncated_search_answer_is_not_read_as_a_market_shortfall(fake: VastFake, tmp_path: Path) -> None:
+    # The server cuts its answer to 3 rows; all three are on machines recorded bad. More may fit: no shortfall.
+    rig = Rig(tmp_path, fake, spec_text(1))
+    fake.max_results = 3
+    fake.ignored_fields = {"machine_id"}  # as if the server dropped our exclusion too: the client filters
+    for machine in ("60001", "60002", "60003"):
+        (rig.spec_dir / "machines").mkdir(exist_ok=True)
+        (rig.spec_dir / "machines" / f"{machine}.yaml").write_text(
+            f"machine_id: '{machine}'\nstatus: bad\nbenchmarks: []\n")
+    report = rig.apply()
+    (failed,) = report.failed
+    assert failed.temporary and "truncated" in failed.message and "the market may hold more" in failed.message, \
+        failed.message
+    assert "no offer fits" not in failed.message
 
 
 # --- creates that commit after the client gave up ------------------------------------------------------------------

@@ -33,12 +33,15 @@ from reconciler.adapters.marketplace.vastai import (
     VastAiMarketplace,
     classify_error,
 )
+from reconciler.domain import errors
 from reconciler.domain.marketplace import (
     InstanceRequest,
     MarketplaceAuthError,
+    MarketplaceRateLimitedError,
     OfferQuery,
     OfferTakenError,
     TemporaryMarketplaceError,
+    is_truncated,
 )
 from tests.vast_fake import STATUSES, VastFake, market_of
 
@@ -246,9 +249,10 @@ ROUTES: list[tuple[str, str, Any]] = [
 @pytest.mark.parametrize(("method", "path", "body"), ROUTES)
 def test_the_fake_enforces_auth_on_every_route(fake: VastFake, method: str, path: str, body: Any) -> None:
     url = fake.root_url + path
-    assert httpx.request(method, url, json=body).status_code == 401
+    refused = 404 if path == "/api/v0/bundles/" else 401  # search: 404 "Invalid user key" (vast-ai/docs)
+    assert httpx.request(method, url, json=body).status_code == refused
     wrong = httpx.request(method, url, json=body, headers={"Authorization": "Bearer nope"})
-    assert (wrong.status_code, wrong.json()["msg"]) == (401, "Invalid user key")
+    assert (wrong.status_code, wrong.json()["msg"]) == (refused, "Invalid user key")
     fake.expire_session()
     expired = httpx.request(method, url, json=body, headers={"Authorization": f"Bearer {KEY}"})
     assert (expired.status_code, expired.json()["msg"]) == (404, "Session expired. Please log in again.")
@@ -305,3 +309,81 @@ def test_the_fake_filters_the_v1_list_by_label_and_hides_other_accounts(fake: Va
     answer = httpx.get(f"{fake.root_url}/api/v1/instances/", headers={"Authorization": f"Bearer {KEY}"},
                        params={"select_filters": json.dumps({"label": {"in": ["gpu-fleet/main/p-0-aaaaaa"]}})})
     assert [r["label"] for r in answer.json()["instances"]] == ["gpu-fleet/main/p-0-aaaaaa"]
+
+
+# --- issue 23: what vast-ai/docs' current API reference says --------------------------------------------------
+
+
+def test_search_with_a_bad_key_is_a_404_invalid_user_key_and_stops_naming_its_source(fake: VastFake) -> None:
+    url = fake.root_url + "/api/v0/bundles/"
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        answer = httpx.post(url, json={}, headers=headers)
+        assert (answer.status_code, answer.json()["msg"]) == (404, "Invalid user key")
+    client = client_for(fake)
+    fake.revoke_key()
+    before = len(fake.requests)
+    with pytest.raises(MarketplaceAuthError) as caught:
+        client.search_offers(OfferQuery(gpu_name="RTX 4090", max_price_usd_per_hour=1.0))
+    assert caught.value.kind == KIND_KEY_REFUSED and "fleet:vastaiApiKey" in str(caught.value)
+    assert "HTTP 404: Invalid user key" in str(caught.value) and "no slot is dropped" in str(caught.value)
+    assert len(fake.requests) == before + 1  # stopped at once, like the 401: never retried as a temporary 404
+
+
+def test_the_daily_search_quota_is_honoured_to_its_retry_after_without_hammering(fake: VastFake) -> None:
+    said: list[str] = []
+    client = client_for(fake, said)
+    query = OfferQuery(gpu_name="RTX 4090", max_price_usd_per_hour=1.0)
+    fake.exhaust_search_quota(retry_after_s=3 * 3600)
+    with pytest.raises(MarketplaceRateLimitedError) as caught:
+        client.search_offers(query)
+    error = caught.value
+    assert error.temporary and error.reason == errors.RATE_LIMITED and error.retry_after_s == 3 * 3600
+    assert "search_quota_exceeded" in str(error) and "Retry-After 10800 s" in str(error), str(error)
+    assert "not searching again before it passes, in 3.0 h" in str(error)
+    assert len(fake.requests_to("POST", "/api/v0/bundles/")) == 1
+    assert max(fake.clock.sleeps, default=0.0) < 60  # never waited hours inside one call
+    # Every later search in this process stops before the server until the quota resets: nobody hammers.
+    fake.clock.advance(2 * 3600)
+    with pytest.raises(MarketplaceRateLimitedError, match=r"in 1\.0 h"):
+        client_for(fake).search_offers(query)  # another client of the same key shares the wait
+    assert len(fake.requests_to("POST", "/api/v0/bundles/")) == 1
+    fake.clock.advance(3600)
+    assert len(client.search_offers(query)) == 12
+    assert [r.status for r in fake.requests_to("POST", "/api/v0/bundles/")] == [429, 200]
+    assert any("search quota" in line and "Retry-After 10800 s" in line for line in said), said
+
+
+def test_rented_is_filtered_on_the_client_because_the_server_drops_it(fake: VastFake) -> None:
+    # An offer on a machine this account already rents: `rented: true` and still rentable (a multi-GPU box).
+    fake.offers[20001]["rented"] = True
+    raw = httpx.post(fake.base_url + "/bundles/", json={"rented": {"eq": False}, "limit": 100},
+                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert 20001 in [o["id"] for o in raw["offers"]]  # the strict fake, as the server: the key is dropped
+    offers = client_for(fake).search_offers(OfferQuery(gpu_name="RTX 4090", max_price_usd_per_hour=1.0))
+    assert "20001" not in [o.offer_id for o in offers] and len(offers) == 11
+
+
+def test_a_truncated_search_answer_is_never_read_as_complete(fake: VastFake) -> None:
+    fake.max_results = 5  # the server cuts its answer short and says so
+    offers = client_for(fake).search_offers(OfferQuery(gpu_name="RTX 4090", max_price_usd_per_hour=1.0))
+    assert len(offers) == 5 and is_truncated(offers)
+    fake.max_results = None
+    assert not is_truncated(client_for(fake).search_offers(OfferQuery(gpu_name="RTX 4090",
+                                                                      max_price_usd_per_hour=1.0)))
+
+
+def test_an_older_not_found_on_destroy_is_gone_only_once_show_instance_confirms_it(fake: VastFake) -> None:
+    client = client_for(fake)
+    older = {"success": False, "error": "not_found", "msg": "Instance not found"}
+    # Still there (show-instance lists it): the 404 is not read as gone.
+    contract_id = client.create_instance("20001", request("p-0-aaaaaa"))
+    fake.fail_next(1, status=404, body=older, method="DELETE")
+    with pytest.raises(TemporaryMarketplaceError, match="show-instance still lists it"):
+        client.destroy_instance(contract_id)
+    assert len(fake.visible_instances()) == 1
+    # Really gone: show-instance answers {"instances": null}, and the destroy is done.
+    fake.fail_next(1, status=404, body=older, method="DELETE", after_work=True)
+    client.destroy_instance(contract_id)
+    assert fake.visible_instances() == []
+    shows = fake.requests_to("GET", f"/api/v0/instances/{contract_id}/")
+    assert len(shows) == 2 and shows[-1].status == 200

@@ -30,6 +30,7 @@ from reconciler.adapters.marketplace.vastai import (
 from reconciler.domain.marketplace import (
     InstanceRequest,
     MarketplaceAuthError,
+    MarketplaceRateLimitedError,
     Offer,
     OfferQuery,
     OfferTakenError,
@@ -396,10 +397,19 @@ def test_429_then_200_sleeps_for_retry_after(fake: VastFake, client: VastAiMarke
     assert len(fake.requests) == 2
 
 
-def test_retry_after_is_capped(fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock) -> None:
+def test_a_retry_after_longer_than_a_call_waits_is_honoured_never_retried_earlier(
+        fake: VastFake, client: VastAiMarketplace, sleeps: VirtualClock) -> None:
+    # Issue 23: this used to sleep 60 s and try again within the hour vast asked for. Now the error carries the
+    # delay and the key's endpoint is held until it passes.
     fake.rate_limit_next(1, retry_after=3600)
-    client.list_instances()
-    assert sleeps.calls == [60.0]
+    with pytest.raises(MarketplaceRateLimitedError, match="Retry-After 3600 s") as caught:
+        client.list_instances()
+    assert caught.value.retry_after_s == 3600 and sleeps.calls == []
+    with pytest.raises(MarketplaceRateLimitedError, match=r"in 1\.0 h"):
+        client.list_instances()
+    assert len(fake.requests) == 1
+    sleeps.advance(3600)
+    assert client.list_instances() == [] and len(fake.requests) == 2
 
 
 def test_5xx_exhausted_is_temporary_after_bounded_backoff(

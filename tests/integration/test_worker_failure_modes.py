@@ -23,7 +23,7 @@ import pytest
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.tokens import instance_token, machine_claim
 from reconciler.flows.judge import run_pass
@@ -62,7 +62,7 @@ class Run:
 def run_mode(tmp_path: Path) -> Iterator[Any]:
     mirror = ParamsMirror(sample_params()).start()
     write_fakes(tmp_path / "bin", aria2c=True, ssh=True)
-    store = ControllerStore(tmp_path / "controller.db", now=StepClock())
+    store = SqliteStore(tmp_path / "controller.db", now=StepClock())
     server = ControllerServer(store, SECRET, ADMIN, "127.0.0.1", 0).start()
     origin, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
     git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))

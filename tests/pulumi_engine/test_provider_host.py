@@ -37,7 +37,7 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.slot_provider import directory_digest
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.cli.demo import make_params
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 from tests.pulumi_engine.host import (
@@ -162,7 +162,7 @@ class LocalFleet:
         params_src = root / "params-src"
         make_params(params_src, 64 * 1024)
         self.mirror = ParamsMirrorServer(params_src).start()
-        self.store = ControllerStore(root / "controller.db")
+        self.store = SqliteStore(root / "controller.db")
         self.controller = ControllerServer(self.store, SECRET.encode(), ADMIN, "127.0.0.1", 0).start()
         self.spec_dir = root / "fleet-spec"
         self.spec_dir.mkdir()
@@ -210,7 +210,7 @@ def local_fleet(tmp_path: Path) -> Iterator[LocalFleet]:
         fleet.close()
 
 
-def wait_for_result(store: ControllerStore, instance_id: str, timeout_s: float = 120.0) -> Any:
+def wait_for_result(store: SqliteStore, instance_id: str, timeout_s: float = 120.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         report = store.report(instance_id)

@@ -31,7 +31,7 @@ from reconciler.adapters.record_files import (
     write_text_atomic,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 from reconciler.domain.records import ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.flows.judge import run_pass
 from tests.fakes import Sleeps
@@ -286,7 +286,7 @@ def test_fleet_reconcile_loop_mode_passes_over_its_records_with_a_cache_until_si
         "fleet-spec/fleet.yaml": SPEC_YAML,
         "fleet-spec/machines/123.yaml": render_machine_record(rated_record("123", 45.0))})
     db = tmp_path / "controller.db"
-    ControllerStore(db).close()
+    SqliteStore(db).close()
     argv = [sys.executable, "-m", "reconciler.cli", "reconcile", "--repo", str(origin), "--workdir",
             str(tmp_path / "bot"), "--controller-db", str(db), "--interval", "0.05", "--json"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,9 +1,9 @@
-"""Controller store: reports round-trip into InstanceReport, idempotent retries, ring bounds, redaction
-before storage, destroyed instances stay readable, restarts lose nothing, bad files are refused."""
+"""Controller store contract, on both adapters (SQLite and a real PostgreSQL; `store_factory`): reports
+round-trip into InstanceReport, idempotent retries, ring bounds, redaction before storage, destroyed instances
+stay readable, restarts lose nothing, concurrent writers lose nothing; bad SQLite files are refused."""
 
 import sqlite3
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,15 +11,18 @@ import pytest
 
 from reconciler.adapters.store import (
     REPORT_TAIL_LINES,
-    ControllerStore,
     EventLimitExceeded,
     InstanceDestroyed,
     ResultConflict,
+    SqlConnection,
+    SqliteStore,
     StoreError,
     UnknownInstance,
+    _SqlStore,
 )
 from reconciler.domain.observations import BenchmarkResult, PhaseEvent
 from tests.controller_support import StepClock
+from tests.store_support import StoreFactory
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
@@ -43,13 +46,11 @@ RESULT = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T18:30:00Z", "
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ControllerStore]:
-    s = ControllerStore(tmp_path / "controller.db", ring_lines=100, now=StepClock())
-    yield s
-    s.close()
+def store(store_factory: StoreFactory) -> _SqlStore:
+    return store_factory(ring_lines=100, now=StepClock())
 
 
-def test_full_lifecycle_becomes_an_instance_report(store: ControllerStore) -> None:
+def test_full_lifecycle_becomes_an_instance_report(store: _SqlStore) -> None:
     assert store.register("p-0-a", register_doc("p-0-a")) == "registered"
     assert store.add_event("p-0-a", event_doc("params", "started")) == "stored"
     assert store.add_event("p-0-a", event_doc("params", "progress", details={"bytes_done": 5})) == "stored"
@@ -91,7 +92,7 @@ def test_full_lifecycle_becomes_an_instance_report(store: ControllerStore) -> No
     assert len(meta.event_received_at) == 3 and meta.result_received_at is not None
 
 
-def test_reregistration_is_idempotent_and_only_fills_gaps(store: ControllerStore) -> None:
+def test_reregistration_is_idempotent_and_only_fills_gaps(store: _SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a", image_version=None))
     first = store.report("p-0-a")
     assert store.register("p-0-a", register_doc("p-0-a", pool="other", image_version="v7")) == "already-registered"
@@ -103,7 +104,7 @@ def test_reregistration_is_idempotent_and_only_fills_gaps(store: ControllerStore
     assert detail is not None and detail[1].registrations == 2
 
 
-def test_identical_event_resend_is_a_noop(store: ControllerStore) -> None:
+def test_identical_event_resend_is_a_noop(store: _SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a"))
     assert store.add_event("p-0-a", event_doc("daemon", "failed", exit_code=1)) == "stored"
     assert store.add_event("p-0-a", event_doc("daemon", "failed", exit_code=1)) == "duplicate"
@@ -111,7 +112,7 @@ def test_identical_event_resend_is_a_noop(store: ControllerStore) -> None:
     assert store.stats()["events"] == 2
 
 
-def test_reports_for_unknown_instances_store_nothing(store: ControllerStore) -> None:
+def test_reports_for_unknown_instances_store_nothing(store: _SqlStore) -> None:
     with pytest.raises(UnknownInstance, match="never registered"):
         store.add_event("ghost", event_doc("params", "started"))
     with pytest.raises(UnknownInstance):
@@ -123,7 +124,7 @@ def test_reports_for_unknown_instances_store_nothing(store: ControllerStore) -> 
     assert store.mark_destroyed("ghost", T0) is False
 
 
-def test_result_is_accepted_once(store: ControllerStore) -> None:
+def test_result_is_accepted_once(store: _SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a"))
     assert store.set_result("p-0-a", RESULT) == "stored"
     assert store.set_result("p-0-a", dict(RESULT)) == "duplicate"
@@ -133,7 +134,7 @@ def test_result_is_accepted_once(store: ControllerStore) -> None:
     assert report is not None and report.result is not None and report.result.proofs_per_hour == 94.7
 
 
-def test_destroyed_instance_keeps_its_logs_and_accepts_no_writes(store: ControllerStore) -> None:
+def test_destroyed_instance_keeps_its_logs_and_accepts_no_writes(store: _SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a"))
     store.add_logs("p-0-a", [f"l{i}" for i in range(5)])
     assert store.mark_destroyed("p-0-a", T0 + timedelta(hours=1)) is True
@@ -154,8 +155,8 @@ def test_destroyed_instance_keeps_its_logs_and_accepts_no_writes(store: Controll
     assert store.reports(include_destroyed=False) == []
 
 
-def test_ring_buffer_keeps_last_lines_and_counts_evictions(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.db", ring_lines=10, now=StepClock())
+def test_ring_buffer_keeps_last_lines_and_counts_evictions(store_factory: StoreFactory) -> None:
+    store = store_factory(ring_lines=10, now=StepClock())
     store.register("p-0-a", register_doc("p-0-a"))
     assert store.add_logs("p-0-a", [f"a{i}" for i in range(7)]) == 0
     assert store.add_logs("p-0-a", [f"b{i}" for i in range(7)], dropped=2) == 4
@@ -171,7 +172,7 @@ def test_ring_buffer_keeps_last_lines_and_counts_evictions(tmp_path: Path) -> No
     store.close()
 
 
-def test_report_log_tail_is_the_last_lines(store: ControllerStore) -> None:
+def test_report_log_tail_is_the_last_lines(store: _SqlStore) -> None:
     for iid in ("p-0-a", "p-1-b"):
         store.register(iid, register_doc(iid))
         store.add_logs(iid, [f"{iid} {i}" for i in range(80)])
@@ -182,8 +183,8 @@ def test_report_log_tail_is_the_last_lines(store: ControllerStore) -> None:
         assert r.log_tail[-1] == f"{r.instance_id} 79" and r.log_tail[0] == f"{r.instance_id} {80 - REPORT_TAIL_LINES}"
 
 
-def test_progress_events_are_a_ring_and_other_events_are_capped(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.db", now=StepClock(), max_progress_events=3, max_other_events=2)
+def test_progress_events_are_a_ring_and_other_events_are_capped(store_factory: StoreFactory) -> None:
+    store = store_factory(now=StepClock(), max_progress_events=3, max_other_events=2)
     store.register("p-0-a", register_doc("p-0-a"))
     store.add_event("p-0-a", event_doc("params", "started"))
     for i in range(6):
@@ -197,9 +198,8 @@ def test_progress_events_are_a_ring_and_other_events_are_capped(tmp_path: Path) 
     store.close()
 
 
-def test_secrets_are_redacted_before_they_reach_the_file(tmp_path: Path) -> None:
-    path = tmp_path / "c.db"
-    store = ControllerStore(path, now=StepClock())
+def test_secrets_are_redacted_before_they_reach_the_database(store_factory: StoreFactory) -> None:
+    store = store_factory(now=StepClock())
     store.register("p-0-a", register_doc("p-0-a"))
     store.add_logs("p-0-a", [f"VAST_API_KEY={VAST_KEY}", "curl -H 'Authorization: Bearer sekrit-bearer-1'"])
     store.add_event("p-0-a", event_doc("params", "failed", message="GET https://u:pw-in-url@mirror/x failed",
@@ -211,29 +211,30 @@ def test_secrets_are_redacted_before_they_reach_the_file(tmp_path: Path) -> None
     assert report.log_tail == ("VAST_API_KEY=[REDACTED]", "curl -H 'Authorization: [REDACTED]'")
     assert report.events[0].message == "GET https://u:[REDACTED]@mirror/x failed"
     store.close()
-    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    raw = store_factory.raw_text()
+    assert "[REDACTED]" in raw
     for secret in (VAST_KEY, "sekrit-bearer-1", "pw-in-url", "pw-in-details", "pw3", "tok-in-result"):
-        assert secret.encode() not in raw, secret
+        assert secret not in raw, secret
 
 
-def test_everything_survives_close_and_reopen(tmp_path: Path) -> None:
-    path = tmp_path / "c.db"
-    store = ControllerStore(path, now=StepClock())
+def test_everything_survives_close_and_reopen(store_factory: StoreFactory) -> None:
+    store = store_factory(now=StepClock())
     store.register("p-0-a", register_doc("p-0-a"))
     store.add_event("p-0-a", event_doc("benchmark", "started"))
     store.add_logs("p-0-a", ["kept"])
     store.set_result("p-0-a", RESULT)
     before = store.report("p-0-a")
     store.close()
-    reopened = ControllerStore(path, now=StepClock())
+    reopened = store_factory(now=StepClock())
     assert reopened.report("p-0-a") == before
-    assert reopened.integrity_check() == ["ok"]
+    if isinstance(reopened, SqliteStore):
+        assert reopened.integrity_check() == ["ok"]
     assert reopened.add_logs("p-0-a", ["after restart"]) == 0
     assert reopened.tail("p-0-a", 2) == ["kept", "after restart"]
     reopened.close()
 
 
-def test_concurrent_writers_lose_nothing(store: ControllerStore) -> None:
+def test_concurrent_writers_lose_nothing(store: _SqlStore) -> None:
     for i in range(4):
         store.register(f"p-{i}-x", register_doc(f"p-{i}-x"))
 
@@ -255,25 +256,27 @@ def test_refuses_files_it_cannot_use(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a usable controller store"):
-        ControllerStore(junk)
+        SqliteStore(junk)
     newer = tmp_path / "newer.db"
     conn = sqlite3.connect(newer)
     conn.execute("PRAGMA user_version=99")
     conn.close()
     with pytest.raises(StoreError, match="schema version 99 is newer"):
-        ControllerStore(newer)
+        SqliteStore(newer)
     with pytest.raises(StoreError, match="cannot open"):
-        ControllerStore(tmp_path / "missing-dir" / "c.db")
+        SqliteStore(tmp_path / "missing-dir" / "c.db")
 
 
-def test_store_file_is_wal_with_schema_version(tmp_path: Path, store: ControllerStore) -> None:
+def test_store_file_is_wal_with_schema_version(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "c.db")
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 3  # v2 added directives, v3 re-keyed events
     conn.close()
+    store.close()
 
 
-def test_group_commit_isolates_a_broken_write(store: ControllerStore) -> None:
+def test_group_commit_isolates_a_broken_write(store: _SqlStore) -> None:
     from reconciler.adapters.store import _PendingWrite
 
     store.register("p-0-a", register_doc("p-0-a"))
@@ -283,16 +286,16 @@ def test_group_commit_isolates_a_broken_write(store: ControllerStore) -> None:
             "INSERT INTO log_lines (instance_id, seq, line) VALUES ('p-0-a', ?, ?)", (hash(line) % 10**9, line))
             .rowcount)
 
-    def broken(conn: sqlite3.Connection) -> None:
+    def broken(conn: SqlConnection) -> None:
         conn.execute("UPDATE instances SET pool = 'corrupted' WHERE instance_id = 'p-0-a'")
         raise RuntimeError("bug after a modification")
 
-    def refused(conn: sqlite3.Connection) -> None:
+    def refused(conn: SqlConnection) -> None:
         store._writable(conn, "ghost")
 
     batch = [good("one"), _PendingWrite(broken), _PendingWrite(refused), good("two")]
-    with store._lock:
-        store._commit_batch(batch)
+    with store._connection() as conn:
+        store._commit_batch(conn, batch)
     assert all(item.done for item in batch)
     assert (batch[0].result, batch[0].error, batch[3].result, batch[3].error) == (1, None, 1, None)
     assert isinstance(batch[1].error, RuntimeError) and isinstance(batch[2].error, UnknownInstance)
@@ -301,7 +304,7 @@ def test_group_commit_isolates_a_broken_write(store: ControllerStore) -> None:
     assert sorted(store.tail("p-0-a", 10)) == ["one", "two"]
 
 
-def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(store: ControllerStore) -> None:
+def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(store: _SqlStore) -> None:
     """Protocol additions (issue 13): `proofs` and `daemon_log_tail` are stored (redacted) and read back."""
     store.register("p-0-a", register_doc("p-0-a"))
     daemon = ["cuzk-daemon: 2026-12-02T18:20:00.118802Z ERROR cuzk_core::engine: Phase 7: PoRep proof self-check "

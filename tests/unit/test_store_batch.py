@@ -1,11 +1,10 @@
-"""Controller store event batches (`add_events`): one transaction, all or nothing, the same deduplication,
-rings and limits as one `add_event` per event, and a refused batch leaves nothing behind even when it
-shares a group commit with other writers."""
+"""Controller store event batches (`add_events`), on both adapters (`store_factory`): one transaction, all or
+nothing, the same deduplication, rings and limits as one `add_event` per event, and a refused batch leaves
+nothing behind even when it shares a group commit with other writers."""
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,14 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.adapters.store import (
-    ControllerStore,
     EventLimitExceeded,
     InstanceDestroyed,
+    SqliteStore,
     UnknownInstance,
     _PendingWrite,
+    _SqlStore,
 )
 from reconciler.domain.observations import PhaseEvent
 from tests.controller_support import StepClock
+from tests.store_support import StoreFactory
 
 T0 = datetime(2026, 12, 2, 18, 0, 0, tzinfo=UTC)
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
@@ -38,27 +39,29 @@ def worker_view(events: tuple[PhaseEvent, ...]) -> list[PhaseEvent]:
     return [replace(e, at=e.worker_at or e.at) for e in events]
 
 
-def open_store(path: Path, **options: int) -> ControllerStore:
-    store = ControllerStore(path, now=StepClock(), **options)
+def registered(store: _SqlStore) -> _SqlStore:
     store.register("p-0-a", {"protocol": 1, "instance_id": "p-0-a", "at": "2026-12-02T17:59:00Z"})
     return store
 
 
+def open_store(path: Path, **options: int) -> _SqlStore:
+    return registered(SqliteStore(path, now=StepClock(), **options))
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ControllerStore]:
-    s = open_store(tmp_path / "c.db")
-    yield s
-    s.close()
+def store(store_factory: StoreFactory) -> _SqlStore:
+    return registered(store_factory(now=StepClock()))
 
 
 def progress(i: int) -> dict[str, object]:
     return event_doc("params", "progress", details={"bytes_done": i})
 
 
-def test_batch_is_stored_in_order_like_single_events(tmp_path: Path) -> None:
+def test_batch_is_stored_in_order_like_single_events(store_factory: StoreFactory) -> None:
     docs = [event_doc("params", "started"), progress(1), progress(2),
             event_doc("params", "failed", exit_code=3, message=f"key {VAST_KEY}", log_tail=["boom"])]
-    batched, single = open_store(tmp_path / "batched.db"), open_store(tmp_path / "single.db")
+    batched = registered(store_factory("batched", now=StepClock()))
+    single = registered(store_factory("single", now=StepClock()))
     assert batched.add_events("p-0-a", docs) == ["stored"] * 4
     for doc in docs:
         single.add_event("p-0-a", doc)
@@ -73,7 +76,7 @@ def test_batch_is_stored_in_order_like_single_events(tmp_path: Path) -> None:
     single.close()
 
 
-def test_replayed_batch_and_repeats_inside_a_batch_are_duplicates(store: ControllerStore) -> None:
+def test_replayed_batch_and_repeats_inside_a_batch_are_duplicates(store: _SqlStore) -> None:
     store.add_event("p-0-a", progress(0))
     docs = [progress(0), progress(1), progress(1), progress(2)]
     assert store.add_events("p-0-a", docs) == ["duplicate", "stored", "duplicate", "stored"]
@@ -82,8 +85,8 @@ def test_replayed_batch_and_repeats_inside_a_batch_are_duplicates(store: Control
     assert store.stats()["events"] == 3
 
 
-def test_batch_keeps_the_progress_ring_and_counters(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "c.db", max_progress_events=3)
+def test_batch_keeps_the_progress_ring_and_counters(store_factory: StoreFactory) -> None:
+    store = registered(store_factory(now=StepClock(), max_progress_events=3))
     assert store.add_events("p-0-a", [event_doc("params", "started"), *[progress(i) for i in range(5)]]) == [
         "stored"] * 6
     store.add_event("p-0-a", progress(5))  # the counter the batch left behind drives the ring
@@ -93,8 +96,8 @@ def test_batch_keeps_the_progress_ring_and_counters(tmp_path: Path) -> None:
     store.close()
 
 
-def test_batch_over_the_event_limit_stores_nothing(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "c.db", max_other_events=3)
+def test_batch_over_the_event_limit_stores_nothing(store_factory: StoreFactory) -> None:
+    store = registered(store_factory(now=StepClock(), max_other_events=3))
     store.add_event("p-0-a", event_doc("register", "done"))
     before = store.stats()
     with pytest.raises(EventLimitExceeded, match="limit 3"):
@@ -107,28 +110,19 @@ def test_batch_over_the_event_limit_stores_nothing(tmp_path: Path) -> None:
     store.close()
 
 
-def test_refused_batch_in_a_shared_group_commit_leaves_the_others_alone(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "c.db", max_other_events=1)
+def test_refused_batch_in_a_shared_group_commit_leaves_the_others_alone(store_factory: StoreFactory) -> None:
+    store = registered(store_factory(now=StepClock(), max_other_events=1))
     store.register("p-1-b", {"protocol": 1, "instance_id": "p-1-b", "at": "2026-12-02T17:59:00Z"})
 
     def batch_body(instance_id: str, docs: list[dict[str, object]]) -> _PendingWrite:
-        captured: list[_PendingWrite] = []
-
-        def capture(body: object) -> None:
-            captured.append(_PendingWrite(body))  # type: ignore[arg-type]
-
-        original, store._transaction = store._transaction, capture  # type: ignore[assignment, method-assign]
-        try:
-            store.add_events(instance_id, docs)
-        finally:
-            store._transaction = original  # type: ignore[method-assign]
-        return captured[0]
+        prepared = store.prepare_events(instance_id, docs)
+        return _PendingWrite(prepared.body, prepared.instance_id)
 
     ok_before = batch_body("p-1-b", [progress(1)])
     refused = batch_body("p-0-a", [progress(7), event_doc("params", "started"), event_doc("params", "done")])
     ok_after = batch_body("p-1-b", [progress(2)])
-    with store._lock:
-        store._commit_batch([ok_before, refused, ok_after])
+    with store._connection() as conn:
+        store._commit_batch(conn, [ok_before, refused, ok_after])
     assert isinstance(refused.error, EventLimitExceeded)
     assert ok_before.result == ["stored"] and ok_after.result == ["stored"]
     a, b = store.report("p-0-a"), store.report("p-1-b")
@@ -137,7 +131,7 @@ def test_refused_batch_in_a_shared_group_commit_leaves_the_others_alone(tmp_path
     store.close()
 
 
-def test_batch_for_unknown_or_destroyed_instances_is_refused(store: ControllerStore) -> None:
+def test_batch_for_unknown_or_destroyed_instances_is_refused(store: _SqlStore) -> None:
     with pytest.raises(UnknownInstance):
         store.add_events("ghost", [progress(1)])
     store.mark_destroyed("p-0-a", T0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from reconciler.adapters.store import SCHEMA_VERSION, ControllerStore
+from reconciler.adapters.store import SCHEMA_VERSION, SqliteStore
 from tests.controller_support import register_doc
 
 V2_EVENTS = """
@@ -34,7 +34,7 @@ def event(k: int, status: str = "progress") -> dict[str, object]:
 
 def make_v2_store(path: Path) -> None:
     """A store as v2 code left it: the same rows, the events table with its v2 constraint."""
-    store = ControllerStore(path)
+    store = SqliteStore(path)
     store.register("p-0-a", register_doc("p-0-a"))
     assert store.add_events("p-0-a", [event(k) for k in range(5)]) == ["stored"] * 5
     assert store.add_event("p-0-a", event(9, "failed")) == "stored"
@@ -56,7 +56,7 @@ def test_a_v2_store_is_rekeyed_in_place_and_replays_stay_duplicates(tmp_path: Pa
     path = tmp_path / "c.db"
     make_v2_store(path)
     before = sqlite3.connect(path).execute("SELECT * FROM events ORDER BY id").fetchall()
-    store = ControllerStore(path)
+    store = SqliteStore(path)
     try:
         conn = sqlite3.connect(path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
@@ -79,7 +79,7 @@ def test_a_v2_store_is_rekeyed_in_place_and_replays_stay_duplicates(tmp_path: Pa
 
 
 def test_same_fingerprint_at_two_times_cannot_exist_but_same_time_two_events_can(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     try:
         store.register("p-0-b", register_doc("p-0-b"))
         same_time = [event(1), {**event(1), "message": "other"}]  # one second, two distinct events

@@ -118,3 +118,17 @@ def test_tail(path: Path) -> None:
         assert v.verdict != "below-min-rate" and "slow" not in v.reason
     counts = verdict_failure(v) is not None
     assert counts == expect["counts_against_image"], (v.blame, v.signature)
+
+
+def test_the_corpus_covers_every_class_of_the_issue_23_tables() -> None:
+    """A whole real tail for each class the tables gained (CUDA codes by class, Xids by class, pinned host
+    memory, loader and missing binaries, TLS by cause, mirror HTTP statuses, deaths by signal)."""
+    signatures = {yaml.safe_load(p.read_text())["expect"]["signature"] for p in CASES}
+    for needed in ("cuda-gpu-fault", "cuda-software-error", "gpu-xid-hardware", "gpu-xid-ambiguous",
+                   "gpu-xid-application", "pinned-host-memory", "loader-version-missing", "binary-not-installed",
+                   "shared-library-missing", "tls-clock-behind", "tls-unknown-authority", "tls-certificate-expired",
+                   "tls-hostname-mismatch", "params-mirror-denied", "params-mirror-unavailable", "params-not-found",
+                   "cpu-instruction-set-missing", "bus-error", "host-memory-hardware-error", "process-aborted",
+                   "host-out-of-memory", "process-sigkill", "nvidia-driver-mismatch", "nvidia-driver-unreachable",
+                   "nvidia-no-device"):
+        assert needed in signatures, needed

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from reconciler import SCHEMA_DIR
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import SqliteStore
 
 SCHEMA = json.loads((SCHEMA_DIR / "worker-protocol.v1.schema.json").read_text(encoding="utf-8"))
 
@@ -82,7 +82,7 @@ def test_warmup_is_a_phase_between_daemon_and_benchmark() -> None:
 
 
 def test_the_store_hands_proofs_and_the_daemon_log_to_judging(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.db", now=lambda: datetime(2026, 12, 2, 18, 0, tzinfo=UTC))
+    store = SqliteStore(tmp_path / "c.db", now=lambda: datetime(2026, 12, 2, 18, 0, tzinfo=UTC))
     try:
         store.register("i-1", {"protocol": 1, "instance_id": "i-1", "at": "2026-12-02T17:59:00Z"})
         token = "hunter2-" + "x" * 24

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -33,11 +32,13 @@ from reconciler.adapters.controller.protocol import (
     validate_report,
 )
 from reconciler.adapters.store import (
+    RETRY_AFTER_S,
     ControllerStore,
     EventLimitExceeded,
     InstanceDestroyed,
     PreparedWrite,
     ResultConflict,
+    StoreUnavailable,
     UnknownInstance,
 )
 from reconciler.domain.identifiers import identifier_problems
@@ -66,6 +67,8 @@ class Response:
     #: The request carried a valid worker or admin token (the HTTP edge stops counting the connection as
     #: unauthenticated).
     authenticated: bool = False
+    #: Headers beyond the JSON ones (lower-case names), e.g. Retry-After on a 503.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,11 @@ class ControllerApi:
 
     def __init__(self, store: ControllerStore, secret: bytes, admin_token: str | None, *,
                  allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
-                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False):
+                 now: Callable[[], datetime] | None = None, require_machine_claim: bool = False,
+                 health: Callable[[], Mapping[str, object]] | None = None):
         self.store = store
+        #: More for /healthz from the process serving this API (a replica: who leads, and since when).
+        self.health = health
         self.secret = check_secret(secret)
         self.admin_token = admin_token or None
         self.allow_open_reads = allow_open_reads
@@ -158,7 +164,7 @@ class ControllerApi:
             return self._route(request)
         except ApiError as exc:
             return self.error_response(request, exc)
-        except sqlite3.Error as exc:
+        except StoreUnavailable as exc:
             return self._store_unavailable(request, exc)
 
     def finish(self, request: Request, step: BodyNeeded, body: bytes) -> Response:
@@ -174,23 +180,17 @@ class ControllerApi:
             return replace(self.error_response(request, exc), authenticated=True)
 
     def store_prepared(self, prepared: PreparedReport) -> Response:
-        stored = self.store_all([prepared])
-        assert stored is not None  # waits for the write lock
-        return stored[0]
+        return self.store_all([prepared])[0]
 
-    def store_all(self, prepared: list[PreparedReport], *, wait: bool = True,
-                  on_free: Callable[[], None] | None = None) -> list[Response] | None:
-        """Store prepared reports in one transaction; each gets its own answer (see ControllerStore.write_all;
-        `wait=False`: None when another controller process is writing, `on_free()` called once it is done)."""
-        outcomes = self.store.write_all([p.write for p in prepared], wait=wait, on_free=on_free)
-        if outcomes is None:
-            return None
+    def store_all(self, prepared: list[PreparedReport]) -> list[Response]:
+        """Store prepared reports in one transaction; each gets its own answer (see ControllerStore.write_all)."""
+        outcomes = self.store.write_all([p.write for p in prepared])
         return [self._stored(p, error, result) for p, (error, result) in zip(prepared, outcomes, strict=True)]
 
     def _stored(self, prepared: PreparedReport, error: BaseException | None, result: Any) -> Response:
         if error is None:
             return Response(200, prepared.answer(result), authenticated=True)
-        if isinstance(error, sqlite3.Error):
+        if isinstance(error, StoreUnavailable):
             return replace(self._store_unavailable(prepared.request, error), authenticated=True)
         refusal = _REFUSALS.get(type(error))
         if refusal is None:
@@ -209,9 +209,10 @@ class ControllerApi:
         return Response(exc.status, {"error": exc.error, "detail": exc.detail}, close=exc.close)
 
     @staticmethod
-    def _store_unavailable(request: Request, exc: sqlite3.Error) -> Response:
+    def _store_unavailable(request: Request, exc: StoreUnavailable) -> Response:
         log.error("store error on %s %s: %s", request.method, urlsplit(request.target).path, exc)
-        return Response(503, {"error": "store unavailable", "detail": "temporary; retry later"})
+        return Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
+                        headers=(("retry-after", str(RETRY_AFTER_S)),))
 
     def _route(self, request: Request) -> Response | BodyNeeded:
         target = request.target
@@ -240,7 +241,8 @@ class ControllerApi:
             return Response(200, directive, authenticated=True)
         if path == "/healthz":
             self._require_method(request, "GET")
-            return Response(200, {"status": "ok", "instances": self.store.instance_count()})
+            return Response(200, {"status": "ok", "instances": self.store.instance_count(),
+                                  **(self.health() if self.health is not None else {})})
         if path == "/api/instances":
             self._require_method(request, "GET")
             admin = self._require_reader(request)

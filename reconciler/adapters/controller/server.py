@@ -36,10 +36,9 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, PreparedReport, Request, Response
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
-from reconciler.adapters.store import WRITE_LOCK_TIMEOUT_S, ControllerStore
+from reconciler.adapters.store import ControllerStore
 
 log = logging.getLogger(__name__)
 
@@ -525,6 +524,7 @@ def _json_response(response: Response) -> tuple[list[tuple[bytes, bytes]], bytes
     body = _json_text(response.body).encode("ascii")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode("ascii")),
                (b"cache-control", b"no-store")]
+    headers.extend((name.encode("latin-1"), value.encode("latin-1")) for name, value in response.headers)
     if response.close:
         headers.append((b"connection", b"close"))
     return headers, body
@@ -554,33 +554,20 @@ async def _read_body(receive: Receive, length: int, timeout_s: float) -> bytes:
 
 
 class GroupCommit:
-    """Reports that are ready in the same event-loop turn are stored in one SQLite transaction.
+    """Reports that are ready in the same event-loop turn are stored in one transaction.
 
     Each request still gets its own answer (a write that is refused or fails alone does not affect the
     others), but the COMMIT, which is most of a small write's cost, is paid once per turn. Every answer is
-    sent only after that COMMIT: a 2xx still means "in the database". When another controller process holds
-    the store's write lock, the loop does not wait for it: the prepared reports stay pending, the loop serves
-    other requests, and a helper thread waits for the lock (woken by the kernel when the other process lets
-    go; see WriteLock.wait_in_background); the flush then runs with whatever arrived meanwhile, so a busy
-    store means bigger transactions rather than a stalled loop. After `lock_timeout_s` without the lock the
-    pending reports are answered 503 (temporary). (Earlier the flush was retried on a timer from 50 us
-    doubling to 1 ms; uvloop rounds delays to whole milliseconds, so that spun, then added ~1.1 ms to every
-    flush that met the other process's transaction: with 4 connections per process, a quarter of the
-    single-event throughput of two processes.)
+    sent only after that COMMIT: a 2xx still means "in the database"; the database being unavailable is a 503
+    with Retry-After for every report of the turn (workers retry).
     """
 
-    def __init__(self, api: ControllerApi, lock_timeout_s: float = WRITE_LOCK_TIMEOUT_S):
+    def __init__(self, api: ControllerApi):
         self.api = api
-        self.lock_timeout_s = lock_timeout_s
         self._queue: list[tuple[Request, BodyNeeded, bytes, Callable[[Response], None]]] = []
-        self._pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         self._scheduled = False
-        self._waiting_since: float | None = None
-        self._give_up: asyncio.TimerHandle | None = None
         self.flushes = 0
         self.writes = 0
-        #: Flushes put off because another process was writing.
-        self.deferred = 0
 
     def finish(self, request: Request, step: BodyNeeded, body: bytes) -> asyncio.Future[Response]:
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
@@ -611,9 +598,9 @@ class GroupCommit:
         batch, self._queue = self._queue, []
         self.writes += len(batch)
         internal_error = Response(500, {"error": "internal error", "detail": None}, close=True)
-        # First the CPU work of every report (parse, validate, redact), outside the write transaction: other
-        # controller processes wait for the store's write lock only while statements run. Refusals are
-        # answered at once.
+        # First the CPU work of every report (parse, validate, redact), outside the write transaction, so its
+        # row locks are held only while statements run. Refusals are answered at once.
+        pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         for request, step, body, deliver in batch:
             try:
                 item = self.api.prepare(request, step, body)
@@ -623,68 +610,19 @@ class GroupCommit:
             if isinstance(item, Response):
                 self._deliver(deliver, item)
             else:
-                self._pending.append((item, deliver))
-        if not self._pending:
+                pending.append((item, deliver))
+        if not pending:
             return
         # Then every write in one transaction (no savepoints: a write refuses before it modifies anything, and
         # one that fails otherwise is rolled back and the others stored without it; see write_all).
-        writes = [item for item, _ in self._pending]
-        loop = asyncio.get_running_loop()
         try:
-            responses = self.api.store_all(writes, wait=False, on_free=partial(self._lock_free_threadsafe, loop))
+            responses = self.api.store_all([item for item, _ in pending])
         except Exception:
-            log.exception("internal error storing %d reports", len(writes))
-            responses = [internal_error] * len(writes)
-        if responses is None:  # another process is writing: flush again when the helper holds the lock for us
-            now = loop.time()
-            if self._waiting_since is None:
-                self._waiting_since = now
-            if now - self._waiting_since < self.lock_timeout_s:
-                self.deferred += 1
-                self._scheduled = True  # reports arriving meanwhile queue up for that flush
-                if self._give_up is None:
-                    self._give_up = loop.call_at(self._waiting_since + self.lock_timeout_s, self._lock_timeout)
-                return
-            self._answer_unavailable()
-            return
-        self._waiting_since = None
-        if self._give_up is not None:
-            self._give_up.cancel()
-            self._give_up = None
+            log.exception("internal error storing %d reports", len(pending))
+            responses = [internal_error] * len(pending)
         self.flushes += 1
-        pending, self._pending = self._pending, []
         for (_, deliver), response in zip(pending, responses, strict=True):
             self._deliver(deliver, response)
-
-    def _lock_free_threadsafe(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From the store's helper thread: it holds the write lock for this process."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is stopping
-            loop.call_soon_threadsafe(self._lock_free)
-
-    def _lock_free(self) -> None:
-        self._scheduled = False
-        self._flush()
-        self.api.store.settle_write_lock()  # nothing took the lock over (nothing left to store): let it go
-
-    def _lock_timeout(self) -> None:
-        self._give_up = None
-        if self._waiting_since is None:
-            return
-        self._answer_unavailable()
-        if self._queue:  # reports that arrived meanwhile get their own wait (and deadline)
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _answer_unavailable(self) -> None:
-        pending, self._pending = self._pending, []
-        self._waiting_since, self._scheduled = None, False
-        if self._give_up is not None:
-            self._give_up.cancel()
-            self._give_up = None
-        log.error("store write lock not free for %g s: answering %d reports 503", self.lock_timeout_s, len(pending))
-        unavailable = Response(503, {"error": "store unavailable", "detail": "temporary; retry later"},
-                               authenticated=True)
-        for _, deliver in pending:
-            self._deliver(deliver, unavailable)
 
 
 def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_timeout_s,
@@ -809,13 +747,12 @@ class ControllerServer:
                  port: int = 0, *, allow_open_reads: bool = False, max_body_bytes: int = MAX_BODY_BYTES,
                  now: Callable[[], datetime] | None = None, require_machine_claim: bool = False,
                  limits: EdgeLimits | None = None, tls_cert: Path | None = None, tls_key: Path | None = None,
-                 extra_routes: Iterable[BaseRoute] = (), reuse_port: bool = False):
+                 extra_routes: Iterable[BaseRoute] = (),
+                 health: Callable[[], Mapping[str, object]] | None = None):
         self.api = ControllerApi(store, secret, admin_token, allow_open_reads=allow_open_reads,
-                                 max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim)
+                                 max_body_bytes=max_body_bytes, now=now, require_machine_claim=require_machine_claim,
+                                 health=health)
         self.host, self.port = host, port
-        #: SO_REUSEPORT: other controller processes bind the same port and the kernel spreads new
-        #: connections over them (see processes.py).
-        self.reuse_port = reuse_port
         self.limits = limits or EdgeLimits()
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
@@ -850,8 +787,6 @@ class ControllerServer:
         sock = socket.socket(info[0], socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if self.reuse_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if info[0] == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(info[4])
@@ -865,7 +800,6 @@ class ControllerServer:
     def start(self) -> ControllerServer:
         if self._server is not None:
             return self
-        self.api.store.checkpoint_in_background()  # not in a request's COMMIT (see the method)
         sock = self._bind()
         tls: dict[str, Any] = {} if self._tls is None else {"ssl_certfile": str(self._tls[0]),
                                                               "ssl_keyfile": str(self._tls[1])}

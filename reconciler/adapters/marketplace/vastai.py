@@ -16,9 +16,15 @@ Facts this follows (vast-ai/vast-cli `vastai/api/*.py` and docs.vast.ai, API ref
   page's `next_token`, filtered by `select_filters` (the CLI's `--label` sends `{"label": {"in": [...]}}`);
   one: `GET /api/v0/instances/{id}/` -> `{"instances": {...} | null}`; destroy: `DELETE /api/v0/instances/{id}/`.
 - errors: read the BODY, not the status (/work/coord/research/vastai.md): 401 "Invalid user key" (deleted key),
-  **404** "Session expired. Please log in again." (vast-cli vast.py), 403 a scoped key without the permission,
-  404 `no_such_ask` (offer taken: try the next), 404 `no_such_instance` (gone), 429 with a plain-text body and no
-  Retry-After (docs.vast.ai, rate limits and errors). A 404 we cannot explain is never read as "gone".
+  and **404** "Invalid user key" from the search `POST /bundles/` (vast-ai/docs search_offers.yaml), **404**
+  "Session expired. Please log in again." (vast-cli vast.py), 403 a scoped key without the permission,
+  404 `no_such_ask` (offer taken: try the next), 404 `no_such_instance` (gone), the older 404 `not_found`
+  "Instance not found" on DELETE (gone only once show-instance says `{"instances": null}`), 429 with a plain-text
+  body and no Retry-After (docs.vast.ai, rate limits and errors), 429 `search_quota_exceeded` with a Retry-After
+  of possibly hours (honoured to the second: the key's endpoint is held, the error carries the delay). A 404 we
+  cannot explain is never read as "gone".
+- search results: `rented` is filtered here, as the CLI does (the server drops it); `truncated: true` marks an
+  answer the server cut short, carried on the `OfferList` so nobody reads it as the whole market.
 - limits: per key and endpoint; create about one per 4.5 s with a ~12 s penalty (observed). We pace every key
   (`Pacing`: a GCRA token bucket per endpoint class, shared by every client of the same key in the process),
   wait out a 429 and say so.
@@ -53,7 +59,9 @@ from reconciler.domain.marketplace import (
     InstanceRequest,
     MarketplaceAuthError,
     MarketplaceError,
+    MarketplaceRateLimitedError,
     Offer,
+    OfferList,
     OfferQuery,
     OfferTakenError,
     PermanentMarketplaceError,
@@ -283,6 +291,9 @@ def offer_mismatch(offer: Offer, raw: Mapping[str, Any], query: OfferQuery) -> s
         (offer.cuda_max_good >= query.min_cuda, f"cuda_max_good {offer.cuda_max_good} < {query.min_cuda}"),
         (offer.verified or not query.verified_only, "not verified"),
         (raw.get("rentable") is not False, "not rentable"),
+        # `rented` is no server-side filter: the server drops the key and the official CLI filters the rows
+        # itself, a missing or null `rented` counting as False (vast-ai/vast-cli vast.py search__offers, "if
+        # 'rented' in query" after the POST, @55679830a2c2adcf5c7fad08bf08717a9591062a).
         (raw.get("rented") is not True, "already rented"),
     ]
     for ok, reason in checks:
@@ -291,31 +302,39 @@ def offer_mismatch(offer: Offer, raw: Mapping[str, Any], query: OfferQuery) -> s
     return None
 
 
-def parse_offers(payload: Any, query: OfferQuery) -> list[Offer]:
+def parse_offers(payload: Any, query: OfferQuery) -> OfferList:
     """The `/bundles/` response -> offers that satisfy `query`, in the API's order.
 
     A malformed offer is skipped with a warning: one bad listing must not hide the rest of the market.
-    A response without an `offers` list is unusable as a whole: ValueError.
+    A response without an `offers` list is unusable as a whole: ValueError. `truncated: true` (the server cut
+    its answer short) is carried on the result: what it lacks may fit, so it is never read as complete.
     """
     if not isinstance(payload, Mapping) or not isinstance(payload.get("offers"), list):
         raise ValueError("response has no 'offers' list")
     offers: list[Offer] = []
     seen: set[str] = set()
+    dropped = 0
     for index, raw in enumerate(payload["offers"]):
         try:
             offer = parse_offer(raw)
         except ValueError as exc:
             log.warning("vast.ai: skipping malformed offer #%d: %s", index, exc)
+            dropped += 1
             continue
         reason = offer_mismatch(offer, raw, query)
         if reason is not None:
             log.info("vast.ai: dropping offer %s on machine %s: %s", offer.offer_id, offer.machine_id, reason)
+            dropped += 1
             continue
         if offer.offer_id in seen:
             continue
         seen.add(offer.offer_id)
         offers.append(offer)
-    return offers
+    truncated = payload.get("truncated") is True
+    if truncated:
+        log.info("vast.ai: the search answer was truncated (%d offers returned, %d kept): not the whole market",
+                 len(payload["offers"]), len(offers))
+    return OfferList(offers, truncated=truncated, dropped=dropped)
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -442,13 +461,26 @@ KIND_PERMISSION = "permission-denied"  # 403: a scoped key without the permissio
 KIND_RATE_LIMITED = "rate-limited"  # 429, usually a plain-text body and no Retry-After
 KIND_OFFER_TAKEN = "offer-taken"  # 404 no_such_ask: someone rented the offer since our search
 KIND_NO_SUCH_INSTANCE = "no-such-instance"  # 404 no_such_instance: destroyed / never existed
+#: The older documented answer to DELETE of a missing instance, 404 `{"error": "not_found", "msg": "Instance not
+#: found"}` (vast-ai/docs api-reference/openapi/yaml/destroy_instance.yaml @c624622622496828c1ae58edec481bba1f5d675d):
+#: it names no instance, so it is read as gone only once show-instance answers `{"instances": null}`.
+KIND_INSTANCE_NOT_FOUND = "instance-not-found"
+#: 429 `search_quota_exceeded`: the daily search row quota, with Retry-After in seconds, possibly hours.
+KIND_SEARCH_QUOTA = "search-quota-exceeded"
 KIND_SERVER = "server-error"  # 5xx
 KIND_UNEXPLAINED_404 = "unexplained-404"  # a 404 whose body says nothing we know: never read as "gone"
 KIND_REJECTED = "rejected"  # any other 4xx: the request itself is wrong
 
 AUTH_KINDS = frozenset({KIND_KEY_REFUSED, KIND_SESSION_EXPIRED, KIND_PERMISSION})
+_GONE = frozenset({KIND_NO_SUCH_INSTANCE})
+_GONE_ON_DELETE = frozenset({KIND_NO_SUCH_INSTANCE, KIND_INSTANCE_NOT_FOUND})
 
 _SESSION_EXPIRED = re.compile(r"session\s+expired", re.IGNORECASE)
+#: A refused key, whatever the status: 401 on most routes, **404** on `POST /api/v0/bundles/` ("Unauthorized -
+#: invalid or missing API key", msg "Invalid user key": vast-ai/docs api-reference/openapi/yaml/search_offers.yaml
+#: @c624622622496828c1ae58edec481bba1f5d675d).
+_INVALID_KEY = re.compile(r"invalid\s+user\s+key", re.IGNORECASE)
+_INSTANCE_NOT_FOUND = re.compile(r"\Ainstance\s+not\s+found\.?\Z", re.IGNORECASE)
 _OFFER_GONE = re.compile(r"(instance type|offer|ask).*(not available|no longer available|not found)", re.IGNORECASE)
 _INSTANCE_GONE = re.compile(r"(no such instance|instance\s+\S+\s+(not found|does not exist))", re.IGNORECASE)
 
@@ -475,12 +507,12 @@ def classify_error(status: int, payload: Any, text: str = "") -> ApiError:
     if message is None and not isinstance(payload, Mapping) and text.strip() and "<html" not in text.lower():
         message = text.strip()
     said = f"{code or ''} {message or ''}"
-    if status == 401:
+    if status == 401 or (status == 404 and _INVALID_KEY.search(said)):
         kind = KIND_KEY_REFUSED
     elif status == 403:
         kind = KIND_PERMISSION
     elif status == 429:
-        kind = KIND_RATE_LIMITED
+        kind = KIND_SEARCH_QUOTA if code == "search_quota_exceeded" else KIND_RATE_LIMITED
     elif status >= 500:
         kind = KIND_SERVER
     elif code == "session_expired" or _SESSION_EXPIRED.search(said):
@@ -489,6 +521,8 @@ def classify_error(status: int, payload: Any, text: str = "") -> ApiError:
         kind = KIND_OFFER_TAKEN
     elif code == "no_such_instance" or (status == 404 and _INSTANCE_GONE.search(said)):
         kind = KIND_NO_SUCH_INSTANCE
+    elif status == 404 and code == "not_found" and message is not None and _INSTANCE_NOT_FOUND.match(message):
+        kind = KIND_INSTANCE_NOT_FOUND
     elif status == 404:
         kind = KIND_UNEXPLAINED_404
     else:
@@ -545,6 +579,7 @@ class GcraBucket:
         self.tolerance = (burst - 1) * self.interval
         self.tat = float("-inf")  # theoretical arrival time of the next call
         self.blocked_until = float("-inf")
+        self.blocked_why = ""  # what the server said when it asked for the longest wait
         self._lock = threading.Lock()
 
     def reserve(self, now: float) -> float:
@@ -553,18 +588,20 @@ class GcraBucket:
             self.tat = max(self.tat, go) + self.interval
             return go
 
-    def block(self, until: float) -> None:
+    def block(self, until: float, why: str = "") -> None:
         """Nobody goes before `until`, and then one at a time: no burst right after a penalty."""
         with self._lock:
-            self.blocked_until = max(self.blocked_until, until)
+            if until > self.blocked_until:
+                self.blocked_until, self.blocked_why = until, why
             self.tat = max(self.tat, until + self.tolerance)
 
 
 class KeyPacer:
     """The buckets of one API key: creates, and each read/destroy endpoint class."""
 
-    def __init__(self, pacing: Pacing):
+    def __init__(self, pacing: Pacing, clock: Callable[[], float] | None = None):
         self.pacing = pacing
+        self.clock = clock
         self._buckets: dict[str, GcraBucket] = {}
         self._lock = threading.Lock()
 
@@ -594,8 +631,10 @@ def pacer_for(key: str, clock: Callable[[], float], pacing: Pacing) -> KeyPacer:
     ident = (hashlib.sha256(key.encode()).hexdigest(), id(clock))
     with _PACERS_LOCK:
         pacer = _PACERS.get(ident)
-        if pacer is None or pacer.pacing != pacing:
-            pacer = _PACERS[ident] = KeyPacer(pacing)
+        # The pacer keeps its clock alive, so no later clock can take its id and inherit its holds (a
+        # Retry-After of hours held on one test's virtual clock must not reach another's).
+        if pacer is None or pacer.pacing != pacing or pacer.clock is not clock:
+            pacer = _PACERS[ident] = KeyPacer(pacing, clock)
         return pacer
 
 
@@ -640,6 +679,7 @@ class _Reply:
 class _RateLimited:
     retry_after: float | None
     body: str
+    code: str | None = None  # the body's `error`, e.g. search_quota_exceeded
 
 
 class VastAiMarketplace:
@@ -777,7 +817,7 @@ class VastAiMarketplace:
 
     def get_instance(self, contract_id: str) -> Instance | None:
         url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
-        reply = self._call("GET", url, ENDPOINT_SHOW, params={"owner": "me"}, gone_ok=True)
+        reply = self._call("GET", url, ENDPOINT_SHOW, params={"owner": "me"}, answers=_GONE)
         if reply.status == 404:
             return None  # classified as no-such-instance by its body
         payload = reply.payload
@@ -795,9 +835,18 @@ class VastAiMarketplace:
             raise TemporaryMarketplaceError(f"vast.ai instance {contract_id} is malformed: {exc}") from None
 
     def destroy_instance(self, contract_id: str) -> None:
+        """Destroy; a missing instance is done. 404 `no_such_instance` ("Instance {id} not found.") says so
+        (vast-ai/docs api-reference/openapi/yaml/auto_delete_api_v0_instances_id_4ff617.yaml
+        @4c1c6573188557cd4a630a578236cdb4f62c9f40); the older `not_found` "Instance not found" names no instance
+        and is believed only once show-instance answers `{"instances": null}`."""
         url = f"{self._base_url}/instances/{self._path_id(contract_id, 'contract id')}/"
-        reply = self._call("DELETE", url, ENDPOINT_DESTROY, json_body={}, gone_ok=True)
+        reply = self._call("DELETE", url, ENDPOINT_DESTROY, json_body={}, answers=_GONE_ON_DELETE)
         if reply.status == 404:
+            error = classify_error(404, reply.payload)
+            if error.kind == KIND_INSTANCE_NOT_FOUND and self.get_instance(contract_id) is not None:
+                raise TemporaryMarketplaceError(
+                    f"vast.ai answered DELETE {urlsplit(url).path} with 404 {error.code} "
+                    f"({self._quote(error.message)}), but show-instance still lists it; not reading it as gone")
             log.info("vast.ai: instance %s was already gone", contract_id)
             return
         if isinstance(reply.payload, Mapping) and reply.payload.get("success") is False:
@@ -932,18 +981,18 @@ class VastAiMarketplace:
         *,
         params: Mapping[str, str] | None = None,
         json_body: Any = None,
-        gone_ok: bool = False,
+        answers: frozenset[str] = frozenset(),
     ) -> _Reply:
         """One idempotent call with retries: every read, search and destroy may safely be repeated.
-        `gone_ok`: a 404 that the body explains as "no such instance" is an answer, not an error."""
+        `answers`: error kinds that are an answer, not an error (a 404 "no such instance" to a show)."""
         for attempt in range(1, self._retry.max_attempts + 1):
             outcome = self._send(method, url, endpoint, params=params, json_body=json_body)
             if isinstance(outcome, _Reply):
                 if outcome.status < 300:
                     return outcome
                 error = classify_error(outcome.status, outcome.payload)
-                if gone_ok and error.kind == KIND_NO_SUCH_INSTANCE:
-                    return _Reply(404, outcome.payload)
+                if error.kind in answers:
+                    return _Reply(outcome.status, outcome.payload)
                 raise self._refusal(error, method, url)
             path = urlsplit(url).path
             if attempt == self._retry.max_attempts:
@@ -960,7 +1009,15 @@ class VastAiMarketplace:
 
     def _pace(self, endpoint: str, method: str, path: str) -> None:
         now = self._clock()
-        go = self._pacer.bucket(endpoint).reserve(now)
+        bucket = self._pacer.bucket(endpoint)
+        held = bucket.blocked_until - now
+        if held > self._retry.max_retry_after_s:
+            # vast asked this key to stay away longer than one call waits (a Retry-After of hours): refuse here,
+            # without a request, until it passes; every client of the key in this process shares the hold.
+            raise MarketplaceRateLimitedError(
+                f"vast.ai {method} {path}: not calling vast.ai again before the wait it asked for ends, in "
+                f"{_duration(held)} ({bucket.blocked_why})", retry_after_s=held)
+        go = bucket.reserve(now)
         wait = go - now
         if wait <= 0:
             return
@@ -990,6 +1047,9 @@ class VastAiMarketplace:
                 return outcome
             if waits > self._pacing.max_rate_limited:
                 break
+            quota = outcome.code == "search_quota_exceeded"
+            if quota or (outcome.retry_after is not None and outcome.retry_after > self._retry.max_retry_after_s):
+                raise self._hold(method, path, endpoint, outcome, quota)
             if outcome.retry_after is not None:
                 wait, why = min(outcome.retry_after, self._retry.max_retry_after_s), "Retry-After"
             elif endpoint == ENDPOINT_CREATE:
@@ -1006,6 +1066,24 @@ class VastAiMarketplace:
         raise TemporaryMarketplaceError(
             f"vast.ai {method} {path} is still rate limited after {self._pacing.max_rate_limited} waits; "
             "try again later")
+
+    def _hold(self, method: str, path: str, endpoint: str, outcome: _RateLimited,
+              quota: bool) -> MarketplaceRateLimitedError:
+        """A 429 asking for a longer wait than one call may take (429 `search_quota_exceeded`: the daily search
+        row quota, Retry-After in seconds, possibly hours; issue 23 from vast-ai/docs' current API reference):
+        honoured to the second and said, never retried earlier. The key's endpoint is held until then, so no
+        later call of this process reaches vast.ai before it (`_pace`); the error carries the delay."""
+        wait = outcome.retry_after if outcome.retry_after is not None else QUOTA_WAIT_WITHOUT_RETRY_AFTER_S
+        given = f"Retry-After {wait:.0f} s" if outcome.retry_after is not None else \
+            f"no Retry-After: waiting {_duration(wait)}"
+        why = f"HTTP 429 {outcome.code or 'rate limited'}: {self._quote(outcome.body)}; {given}"
+        self._pacer.bucket(endpoint).block(self._clock() + wait, why)
+        what = "the daily search quota is used up" if quota else "rate limited for longer than a call waits"
+        again = "searching" if endpoint == ENDPOINT_SEARCH else f"calling {endpoint}"
+        message = (f"vast.ai {method} {path}: {what} ({why}); not {again} again before it passes, in "
+                   f"{_duration(wait)}")
+        self._say(message)
+        return MarketplaceRateLimitedError(message, retry_after_s=wait)
 
     def _attempt(
         self,
@@ -1036,7 +1114,8 @@ class VastAiMarketplace:
         payload = _json_or_none(response)
         if status == 429:
             return _RateLimited(parse_retry_after(response.headers.get("Retry-After")),
-                                _api_message(payload) or response.text.strip()[:200])
+                                _api_message(payload) or response.text.strip()[:200],
+                                classify_error(429, payload).code)
         if status >= 500:
             return _Failure(
                 f"server error (HTTP {status})",
@@ -1051,6 +1130,18 @@ class VastAiMarketplace:
 
 
 _UNPARSEABLE: Any = object()
+
+#: A 429 `search_quota_exceeded` without its Retry-After (the reference says it carries one): wait an hour rather
+#: than try again at once (ASSUMED; the quota is daily, so a longer wait is never wrong, a shorter one hammers).
+QUOTA_WAIT_WITHOUT_RETRY_AFTER_S = 3600.0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _json_or_none(response: httpx.Response) -> Any:
