@@ -1,5 +1,5 @@
 """The end-to-end failure-mode matrix of issue 23: the real worker scripts (with the cuzk stand-ins, real output at
-curio e0294b0f) -> the real controller over HTTP (ControllerServer + ControllerStore) -> judging passes ->
+curio e0294b0f) -> the real controller over HTTP (ControllerServer + SqliteStore) -> judging passes ->
 the records committed to a git origin -> `fleet status` and `fleet why`.
 
 - the seed incident on three machines: one image, the benchmark exits 1 after 0 proofs with nothing but aria2c
@@ -26,7 +26,7 @@ import pytest
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store import ControllerStore, SqliteStore
 from reconciler.cli import main
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.tokens import instance_token, machine_claim
@@ -116,7 +116,7 @@ def pipeline(tmp_path: Path) -> Iterator[Callable[[str], Pipeline]]:
     def start(spec_yaml: str = SPEC_YAML) -> Pipeline:
         mirror = ParamsMirror(sample_params()).start()
         write_fakes(tmp_path / "bin", aria2c=True, ssh=True)
-        store = ControllerStore(tmp_path / "controller.db", now=StepClock())
+        store = SqliteStore(tmp_path / "controller.db", now=StepClock())
         server = ControllerServer(store, SECRET, ADMIN, "127.0.0.1", 0).start()
         origin, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": spec_yaml})
         git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))
@@ -283,4 +283,4 @@ def test_the_log_shipper_waits_for_registration_and_loses_no_line(tmp_path: Path
         assert any(f"starting: instance {INSTANCE_ID}" in line for line in lines[:3]), lines[:5]
         assert world.receiver.dropped_total() == 0
     finally:
-        worlds.close()
+        next(worlds, None)  # the generator stops its servers

@@ -14,7 +14,7 @@ import pytest
 
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import REPORT_TAIL_LINES, ControllerStore
+from reconciler.adapters.store import REPORT_TAIL_LINES, ControllerStore, SqliteStore
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.tokens import machine_claim
 from reconciler.flows.judge import run_pass
@@ -41,7 +41,7 @@ def _events(instance_id: str) -> list[dict[str, Any]]:
 def _world(tmp_path: Path) -> tuple[ControllerStore, GitStore]:
     origin, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
     git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))
-    return (ControllerStore(tmp_path / "controller.db", now=StepClock()),
+    return (SqliteStore(tmp_path / "controller.db", now=StepClock()),
             GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(1)))
 
 
