@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,7 @@ from reconciler.domain.capacity import (
 )
 from reconciler.domain.planner import REASON_DRAINING, ObservedSlot, plan
 from reconciler.domain.records import RecordSet
+from reconciler.domain.spec import SpecError
 from tests.capacity_support import AUTOSCALED_SPEC, at, autoscaled_spec, benchmarking, serving
 
 SPEC = autoscaled_spec()
@@ -251,3 +253,19 @@ def test_an_integer_count_is_still_a_fixed_pool() -> None:
     assert spec is not None and spec.pool("rtx4090").count == 4 and spec.pool("rtx4090").min_count is None
     assert {p.json_path for p in problems if p.severity == "warning"} == {"$.pools[0].scaling", "$.pools[0].queue"}
     assert decide_all(spec, {}, [], {}, at(0)) == []
+
+
+def test_the_cached_spec_follows_the_leaders_capacity_file(tmp_path: Path) -> None:
+    """status, plan and apply read the spec through its cache: a new capacity.yaml must change their slots."""
+    from reconciler.adapters.spec_files import load_spec_cached
+
+    (tmp_path / "fleet.yaml").write_text(AUTOSCALED_SPEC)
+    cache = tmp_path / "spec.pickle"
+    assert load_spec_cached(tmp_path / "fleet.yaml", cache).pool("rtx4090").count == 1  # no file: min
+    (tmp_path / "capacity.yaml").write_text(render_capacity(entry(3, slots=(0, 2, 5))))
+    pool = load_spec_cached(tmp_path / "fleet.yaml", cache).pool("rtx4090")
+    assert pool.slot_names() == ["rtx4090-0", "rtx4090-2", "rtx4090-5"] and pool.desired_count == 3
+    (tmp_path / "capacity.yaml").write_text('rtx4090: {"desired": "many"}\n')
+    with pytest.raises(SpecError) as caught:
+        load_spec_cached(tmp_path / "fleet.yaml", cache)
+    assert "capacity.yaml: error: $.rtx4090.desired: got 'many', expected an integer >= 0" in str(caught.value)
