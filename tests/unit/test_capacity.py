@@ -269,3 +269,24 @@ def test_the_cached_spec_follows_the_leaders_capacity_file(tmp_path: Path) -> No
     with pytest.raises(SpecError) as caught:
         load_spec_cached(tmp_path / "fleet.yaml", cache)
     assert "capacity.yaml: error: $.rtx4090.desired: got 'many', expected an integer >= 0" in str(caught.value)
+
+
+def test_a_slots_inputs_stay_the_same_while_the_pool_scales_and_a_draining_slot_is_never_replaced() -> None:
+    """Pulumi compares every slot's inputs: capacity changes must not touch the slots that stay, and the
+    dynamic provider's diff must not re-rent a draining slot whose worker already stopped."""
+    from reconciler.domain.slots import SlotOutputs, decode_slot_inputs, slot_diff, slot_inputs
+
+    records = RecordSet(machines={})
+    small = apply_entries(SPEC, entry(2)).pool("rtx4090")
+    big = apply_entries(SPEC, entry(5)).pool("rtx4090")
+    props = [slot_inputs(SPEC, p, "rtx4090-0", records, image="i", image_digest="sha256:" + "a" * 64).to_props()
+             for p in (small, big)]
+    assert props[0] == props[1] and "draining" not in props[0]
+    assert decode_slot_inputs(props[0]).pool.queue == SPEC.pool("rtx4090").queue  # the spec's settings travel
+    shrinking = apply_entries(SPEC, entry(1, slots=(0, 1), draining=(1,))).pool("rtx4090")
+    inputs = slot_inputs(SPEC, shrinking, "rtx4090-1", records, image="i", image_digest="sha256:" + "a" * 64)
+    assert inputs.draining and decode_slot_inputs(inputs.to_props()).draining
+    exited = SlotOutputs("rtx4090-1", "rtx4090", "rtx4090-1-abcdef", "c-1", "m-1", "h-1", "RTX 4090", 0.4, "i",
+                         "sha256:" + "a" * 64, status="exited")
+    diff = slot_diff(exited, inputs)
+    assert not diff.replace and "held: draining" in diff.detail
