@@ -290,3 +290,15 @@ def test_a_slots_inputs_stay_the_same_while_the_pool_scales_and_a_draining_slot_
                          "sha256:" + "a" * 64, status="exited")
     diff = slot_diff(exited, inputs)
     assert not diff.replace and "held: draining" in diff.detail
+
+
+def test_a_human_bound_change_is_committed_as_such_and_release_reasons_do_not_pile_up() -> None:
+    pinned = autoscaled_spec(AUTOSCALED_SPEC.replace("min: 1, max: 8", "min: 5, max: 5"))
+    d = one(pinned, entry(2), [serving("i-0", "rtx4090-0", IDLE_HOUR)], NO_QUEUE, at(57))
+    assert d.changed and d.trailer() == "rtx4090 2 -> 5 (bounds 5..5 in fleet.yaml (pinned at 5 (min == max)))"
+    first = {"rtx4090": replace(entry(1, slots=(0, 1, 2), draining=(1, 2))["rtx4090"],
+                                reason="utilization 0.10 for 30 min; released rtx4090-3")}
+    reports = [serving("i-0", "rtx4090-0", IDLE_HOUR), serving("i-1", "rtx4090-1", IDLE_HOUR, stopped_at=50),
+               serving("i-2", "rtx4090-2", IDLE_HOUR)]
+    d = one(SPEC, first, reports, NO_QUEUE, at(57))
+    assert d.entry.reason == "utilization 0.10 for 30 min; released rtx4090-1"
