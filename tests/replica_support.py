@@ -47,15 +47,22 @@ class Replica:
     url: str = ""
     lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
 
+    def next_line(self) -> str:
+        """The next line it prints; ReplicaTimeout after WAIT_S of silence or when it exited (with its stderr)."""
+        try:
+            line = self.lines.get(timeout=WAIT_S)
+        except queue.Empty:
+            raise ReplicaTimeout(f"replica {self.name} printed nothing for {WAIT_S:g} s") from None
+        if line is None:
+            stderr = self.workdir.with_name(f"{self.name}.stderr")
+            raise ReplicaTimeout(f"replica {self.name} exited (rc {self.proc.poll()}): "
+                                 f"{stderr.read_text() if stderr.exists() else ''}")
+        return line
+
     def passes(self) -> Iterator[dict[str, Any]]:
         """This replica's pass results (JSON lines) as they come."""
         while True:
-            try:
-                line = self.lines.get(timeout=WAIT_S)
-            except queue.Empty:
-                raise ReplicaTimeout(f"replica {self.name} printed nothing for {WAIT_S:g} s") from None
-            if line is None:
-                raise ReplicaTimeout(f"replica {self.name} exited (rc {self.proc.poll()})")
+            line = self.next_line()
             if line.startswith("{"):
                 yield json.loads(line)
 
@@ -100,12 +107,7 @@ class Cluster:
         threading.Thread(target=self._pump, args=(replica, proc.stdout), daemon=True).start()
         self.replicas.append(replica)
         while not replica.url:
-            try:
-                line = replica.lines.get(timeout=WAIT_S)
-            except queue.Empty:
-                raise ReplicaTimeout(f"replica {name} never started listening") from None
-            if line is None:
-                raise ReplicaTimeout(f"replica {name} exited: {(self.tmp / f'{name}.stderr').read_text()}")
+            line = replica.next_line()
             if line.startswith("controller listening on "):
                 replica.url = line.split()[3]
         return replica
@@ -158,7 +160,8 @@ class Cluster:
     def gate(self) -> LeaseKeeper:
         """The caller holds the lease (epoch 1 on a fresh database) until it stops this keeper: no replica
         judges a half-posted benchmark meanwhile."""
-        keeper = LeaseKeeper(PostgresLease(self.db), holder_id("test-gate"), self.lease_s)
+        # A long lease of its own: renewals of a thread in a busy test process must not let it lapse early.
+        keeper = LeaseKeeper(PostgresLease(self.db), holder_id("test-gate"), 60.0)
         keeper.start()
         return keeper
 

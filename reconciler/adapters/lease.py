@@ -35,6 +35,7 @@ from typing import Any
 
 from reconciler.domain import errors
 from reconciler.domain.leadership import Leadership, LeaseLost, describe
+from reconciler.domain.observations import format_time
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ class LeaseKeeper:
         """For /healthz and the page: this replica, the leader and since when."""
         leader = self.leader()
         doc: dict[str, object] = {"replica": self.holder, "leading": self.term() is not None,
-                                  "summary": describe(leader, self.holder, now),
+                                  "summary": describe(leader, self.holder, now), "at": format_time(now),
                                   "leader": leader.to_json(self.holder, now) if leader else None}
         if self.last_error:
             doc["error"] = self.last_error

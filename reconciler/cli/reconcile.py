@@ -156,7 +156,7 @@ def run_command(args: argparse.Namespace) -> int:
     status_file = last_pass_path(git.workdir)
     keeper: LeaseKeeper | None = None
     if replicated:
-        name = args.replica_name or replica_name(args.listen[1] if args.listen else None)
+        name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
         keeper = LeaseKeeper(PostgresLease(str(args.controller_db), timeout_s=min(5.0, args.lease / 3)),
                              holder_id(name), args.lease, poll_s=min(args.lease / 3, args.interval),
                              on_gain=wake.set)

@@ -9,6 +9,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_index import load_indexed
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
                     store.close()
             except (StoreError, StoreUnavailable) as exc:
                 observation_error = str(exc)
+    if args.controller_db is not None and observation_error is None:
+        last_pass = _with_live_leadership(args.controller_db, last_pass, now)
     if observation_error is not None:
         print(f"fleet status: {observation_error}", file=sys.stderr)
         if html_out is None:
@@ -117,6 +120,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(view))
     return 0
+
+
+def _with_live_leadership(location: str, last_pass: dict[str, Any] | None, now: datetime) -> dict[str, Any] | None:
+    """With replicas (a PostgreSQL store), who leads as the database says now, instead of as of the last pass."""
+    from reconciler.adapters.lease import LeaseUnavailable, PostgresLease
+    from reconciler.adapters.stores import is_database_uri
+    from reconciler.domain.leadership import describe
+
+    if not is_database_uri(location):
+        return last_pass  # the embedded store: one process, always the leader
+    lease = PostgresLease(location)
+    try:
+        leader = lease.current()
+    except LeaseUnavailable as exc:
+        leadership: dict[str, Any] = {"summary": f"unknown: {exc}", "at": format_time(now)}
+    else:
+        leadership = {"summary": describe(leader, "", now), "at": format_time(now),
+                      "leader": leader.to_json(now=now) if leader is not None else None}
+    finally:
+        lease.close()
+    return {**(last_pass or {}), "leadership": leadership}
 
 
 def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:

@@ -86,6 +86,40 @@ CUDA_ERROR_NAMES: dict[int, str] = {
     914: "cudaErrorInvalidResourceType", 915: "cudaErrorInvalidResourceConfiguration", 999: "cudaErrorUnknown",
 }
 
+#: The driver API's CUresult names (cuda.h) as driver-API callers print them (`DriverError(CUDA_ERROR_...)`):
+#: jcuda/jcuda JCudaJava/src/main/java/jcuda/driver/CUresult.java at 06732764a5329fa952791c81d2c89bde5a93d38e
+#: ("comments taken from the CUDA reference manual"). Since CUDA 10.1 the runtime's numbers follow the
+#: driver's, so a driver code has the blame of the runtime code with its number (`DRIVER_BLAME` overrides the
+#: few whose meaning differs).
+DRIVER_ERROR_NAMES: dict[int, str] = {
+    1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY", 3: "CUDA_ERROR_NOT_INITIALIZED",
+    4: "CUDA_ERROR_DEINITIALIZED", 5: "CUDA_ERROR_PROFILER_DISABLED", 6: "CUDA_ERROR_PROFILER_NOT_INITIALIZED",
+    7: "CUDA_ERROR_PROFILER_ALREADY_STARTED", 8: "CUDA_ERROR_PROFILER_ALREADY_STOPPED", 100: "CUDA_ERROR_NO_DEVICE",
+    101: "CUDA_ERROR_INVALID_DEVICE", 200: "CUDA_ERROR_INVALID_IMAGE", 201: "CUDA_ERROR_INVALID_CONTEXT",
+    202: "CUDA_ERROR_CONTEXT_ALREADY_CURRENT", 205: "CUDA_ERROR_MAP_FAILED", 206: "CUDA_ERROR_UNMAP_FAILED",
+    207: "CUDA_ERROR_ARRAY_IS_MAPPED", 208: "CUDA_ERROR_ALREADY_MAPPED", 209: "CUDA_ERROR_NO_BINARY_FOR_GPU",
+    210: "CUDA_ERROR_ALREADY_ACQUIRED", 211: "CUDA_ERROR_NOT_MAPPED", 212: "CUDA_ERROR_NOT_MAPPED_AS_ARRAY",
+    213: "CUDA_ERROR_NOT_MAPPED_AS_POINTER", 214: "CUDA_ERROR_ECC_UNCORRECTABLE", 215: "CUDA_ERROR_UNSUPPORTED_LIMIT",
+    216: "CUDA_ERROR_CONTEXT_ALREADY_IN_USE", 217: "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+    218: "CUDA_ERROR_INVALID_PTX", 219: "CUDA_ERROR_INVALID_GRAPHICS_CONTEXT", 220: "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+    300: "CUDA_ERROR_INVALID_SOURCE",
+    301: "CUDA_ERROR_FILE_NOT_FOUND", 302: "CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND",
+    303: "CUDA_ERROR_SHARED_OBJECT_INIT_FAILED", 304: "CUDA_ERROR_OPERATING_SYSTEM", 400: "CUDA_ERROR_INVALID_HANDLE",
+    500: "CUDA_ERROR_NOT_FOUND", 600: "CUDA_ERROR_NOT_READY", 700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    701: "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", 702: "CUDA_ERROR_LAUNCH_TIMEOUT",
+    703: "CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING", 704: "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+    705: "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", 706: "CUDA_ERROR_PEER_MEMORY_ALREADY_REGISTERED",
+    707: "CUDA_ERROR_PEER_MEMORY_NOT_REGISTERED", 708: "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
+    709: "CUDA_ERROR_CONTEXT_IS_DESTROYED", 710: "CUDA_ERROR_ASSERT", 711: "CUDA_ERROR_TOO_MANY_PEERS",
+    712: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", 713: "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+    714: "CUDA_ERROR_HARDWARE_STACK_ERROR", 715: "CUDA_ERROR_ILLEGAL_INSTRUCTION", 716: "CUDA_ERROR_MISALIGNED_ADDRESS",
+    717: "CUDA_ERROR_INVALID_ADDRESS_SPACE", 718: "CUDA_ERROR_INVALID_PC", 719: "CUDA_ERROR_LAUNCH_FAILED",
+    800: "CUDA_ERROR_NOT_PERMITTED", 801: "CUDA_ERROR_NOT_SUPPORTED", 999: "CUDA_ERROR_UNKNOWN",
+}
+#: Driver codes whose meaning differs from the runtime code of the same number (216: a context bound to another
+#: thread is our software, the runtime's 216 is a device held by another process).
+DRIVER_BLAME: dict[int, str] = {216: "image"}
+
 #: Names CUDA 13 added whose numbers no source at hand gives (decoded by name: software errors, image).
 CUDA_13_NAMES = ("cudaErrorVersionTranslation", "cudaErrorContained", "cudaErrorTensorMemoryLeak",
                  "cudaErrorStreamDetached", "cudaErrorGraphRecaptureFailure")
@@ -149,3 +183,15 @@ BY_NAME: dict[str, CudaError] = {e.name: e for e in CUDA_ERRORS.values()}
 
 def codes_with_blame(blame: str) -> tuple[int, ...]:
     return tuple(code for code, err in CUDA_ERRORS.items() if err.blame == blame)
+
+
+def driver_blame(code: int) -> str:
+    """The blame of a driver API code (CUresult): the runtime code's with the same number, unless overridden."""
+    return DRIVER_BLAME.get(code) or _blame(code)
+
+
+def driver_codes_with_blame(blame: str) -> tuple[int, ...]:
+    return tuple(code for code in DRIVER_ERROR_NAMES if driver_blame(code) == blame)
+
+
+DRIVER_BY_NAME: dict[str, int] = {name: code for code, name in DRIVER_ERROR_NAMES.items()}

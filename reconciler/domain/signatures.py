@@ -144,7 +144,7 @@ ARIA2_CHECKSUM = (32,)
 ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
                  5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
                  9: "not enough disk space", 19: "name resolution failed", 22: "bad HTTP response",
-                 24: "HTTP authorization failed",
+                 24: "HTTP authorization failed", 28: "bad or unrecognized option",
                  29: "server overloaded or in maintenance", 32: "checksum validation failed"}
 #: curl EXIT CODES (curl man page) grouped by meaning.
 CURL_NOT_FOUND = (22,)
@@ -152,8 +152,10 @@ CURL_DNS = (6,)
 CURL_CONNECT = (7,)
 CURL_TIMEOUT = (28,)
 CURL_DISK = (23,)
-CURL_NETWORK = (16, 18, 52, 55, 56, 92)
-CURL_MEANING = {6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+CURL_NETWORK = (16, 18, 35, 52, 55, 56, 92)
+CURL_MEANING = {2: "failed to initialize", 3: "URL using bad/illegal format or missing URL",
+                6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
+                35: "SSL connect error",
                 22: "HTTP error (-f)", 23: "write error", 28: "operation timed out", 52: "empty reply",
                 55: "send failure", 56: "receive failure", 60: "peer certificate cannot be authenticated",
                 77: "problem with the CA cert (path? access rights?)", 92: "HTTP/2 stream error"}
@@ -179,7 +181,8 @@ _CURL_NEEDS = ("curl: (", "exit code ")
 
 def _cuda_needs(code: int) -> tuple[str, ...]:
     enum, text, *_ = CUDA_OWN_SIGNATURES[code]
-    return f"sppark::error #-{code}", enum.lower(), text.lower()
+    driver = cuda_errors.DRIVER_ERROR_NAMES.get(code)
+    return f"sppark::error #-{code}", enum.lower(), text.lower(), *((driver.lower(),) if driver else ())
 
 
 def _aria2(codes: Iterable[int]) -> str:
@@ -193,17 +196,23 @@ def _curl(codes: Iterable[int]) -> str:
 
 def _cuda(code: int) -> str:
     enum, text, *_ = CUDA_OWN_SIGNATURES[code]
-    return rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+    driver = cuda_errors.DRIVER_ERROR_NAMES.get(code)
+    return (rf"sppark::Error #-{code}\b|failed: \"{re.escape(text)}\"|\b{enum}\b|{re.escape(text)}"
+            + (rf"|\b{driver}\b" if driver else ""))
 
 
-def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
-    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, and the runtime's text
-    where the table has it (quoted by sppark or after PyTorch's `CUDA error: `; bare when it is distinctive)."""
+def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
+                driver_codes: Sequence[int] = ()) -> tuple[str, tuple[str, ...]]:
+    """(regex, needs) for a class of CUDA codes: sppark's negated code, the enum name, the driver API's name
+    (`CUDA_ERROR_...`), and the runtime's text where the table has it (quoted by sppark or after PyTorch's
+    `CUDA error: `; bare when it is distinctive)."""
     enums = [cuda_errors.CUDA_ERRORS[c].name for c in codes] + list(names)
     texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
+    drivers = [cuda_errors.DRIVER_ERROR_NAMES[c].removeprefix("CUDA_ERROR_") for c in driver_codes]
     regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
-             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
-    needs = ["sppark::error #-", "cudaerror"]
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b"
+             rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b")
+    needs = ["sppark::error #-", "cudaerror", "cuda_error_"]
     if texts:
         quoted = "|".join(re.escape(t) for t in texts)
         regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
@@ -215,8 +224,13 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = ()) -> tuple[str, t
     return regex, tuple(needs)
 
 
-_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT)
-_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES)
+#: Driver API codes decoded by the class signatures (those with a signature of their own, and 214 in gpu-ecc,
+#: are decoded there).
+_OWN_DRIVER = (*CUDA_OWN_SIGNATURES, 214)
+_CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT, driver_codes=[
+    c for c in cuda_errors.driver_codes_with_blame("machine") if c not in _OWN_DRIVER])
+_CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES, driver_codes=[
+    c for c in cuda_errors.driver_codes_with_blame("image") if c not in _OWN_DRIVER])
 
 
 def _cuda_sigs(priority: int) -> list[Signature]:
@@ -266,7 +280,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the driver lost the GPU (nvidia-smi): reboot or service", needs=("is lost", "has been lost")),
     _sig("nvidia-driver-unreachable", "machine", 100,
          r"couldn't communicate with the NVIDIA driver"
-         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded)"
+         r"|Failed to initialize NVML: (?:Unknown Error|GPU access blocked|Driver Not Loaded|Insufficient Permissions)"
          r"|Unable to determine the device handle for GPU\S*: Unknown Error",
          "the host's NVIDIA driver is not loaded or not reachable from the container",
          needs=("couldn't communicate with the nvidia driver", "failed to initialize nvml: ",
@@ -287,9 +301,15 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "the GPU is busy or unavailable (exclusive mode held by another process)",
          explains="cudaErrorDevicesUnavailable (46): device busy or unavailable", needs=_cuda_needs(46)),
     _sig("nvidia-libs-missing", "machine", 100,
-         r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file",
+         r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file"
+         r"|couldn't find libnvidia-ml\.so",
          "the host's container runtime did not inject the NVIDIA driver libraries or devices",
-         needs=("cannot open shared object file", "/dev/nvidia")),
+         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so")),
+    # The kernel driver could not bring the GPU up (NVRM: `RmInitAdapter failed!`, older drivers
+    # `rm_init_adapter failed for device bearing minor number N`): the GPU or its host.
+    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE, r"RmInitAdapter failed|rm_init_adapter failed",
+         "the host's NVIDIA driver could not initialise the GPU (RmInitAdapter failed): hardware, power or driver",
+         needs=("rminitadapter failed", "rm_init_adapter failed")),
     _sig("host-no-gpu-runtime", "machine", 100,
          r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
          "the host's docker has no working NVIDIA container runtime",
@@ -453,6 +473,14 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("proof-self-check", "image", 65, r"self-check FAILED|self-check failed|self-check error",
          "a proof failed cuzk's PoRep self-check (wrong c1.json for --sector-num/--miner-id if every proof "
          "fails; a flaky GPU if only some do)", needs=("self-check ",)),
+    # Our downloader invocations (aria2 manual EXIT STATUS 28; curl man page EXIT CODES 2, 3).
+    _sig("downloader-usage-error", "image", PRIORITY_SOFTWARE, rf"{_aria2((28,))}|{_curl((2,))}",
+         "our fetch script called aria2c/curl with an option it does not accept (aria2c 28, curl 2)",
+         explains="aria2c 28: bad or unrecognized option / curl 2: failed to initialize",
+         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
+    _sig("params-url-malformed", "configuration", PRIORITY_PARAMS, _curl((3,)),
+         "the params URL is malformed (curl 3): params.base_url", setting=SETTING_MIRROR,
+         explains="curl 3: URL using bad/illegal format or missing URL", needs=_CURL_NEEDS),
     # --- 60: the machine's network while fetching ----------------------------------------------------
     _sig("checksum-mismatch", "network", 60,
          rf"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)|{_aria2(ARIA2_CHECKSUM)}",
@@ -477,7 +505,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          needs=(*_CURL_NEEDS, "connection refused", "couldn't connect to server")),
     _sig("download-failed-network", "network", 60,
          rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
-         "the download failed on the network (aria2c 1/2/5/6/7/8/22/29, curl 16/18/52/55/56/92)",
+         "the download failed on the network (aria2c 1/2/5/6/7/8/22, curl 16/18/35/52/55/56/92)",
          explains="aria2c/curl network failure", needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
     _sig("download-aborted", "network", 58, r"Download aborted|download failed",
          "a download was aborted (aria2c's line before its errorCode)", needs=("download aborted", "download failed")),
@@ -554,6 +582,7 @@ class SignatureMatch:
 _BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit code \d+|^curl: \(\d+\)|\berrorCode=\d+\s*$")
 _SPPARK_CODE = re.compile(r"sppark::Error #-(\d+)")
 _CUDA_ENUM = re.compile(r"\b(cudaError[A-Za-z]+)\b")
+_CUDA_DRIVER = re.compile(r"\bCUDA_ERROR_[A-Z_]+\b")
 _TOOL_CODE = re.compile(r"\b(aria2c|curl)\b.*?\bexit code (\d+)|^(curl): \((\d+)\)")
 
 
@@ -565,6 +594,11 @@ def code_meaning(line: str) -> str | None:
     m = _CUDA_ENUM.search(line)
     if m and m.group(1) in cuda_errors.BY_NAME:
         return cuda_errors.BY_NAME[m.group(1)].meaning()
+    m = _CUDA_DRIVER.search(line)
+    if m and m.group(0) in cuda_errors.DRIVER_BY_NAME:
+        code = cuda_errors.DRIVER_BY_NAME[m.group(0)]
+        runtime = cuda_errors.CUDA_ERRORS.get(code)
+        return f"{m.group(0)} ({code})" + (f" = {runtime.meaning()}" if runtime else "")
     m = _TOOL_CODE.search(line)
     if m:
         tool, code = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(3), int(m.group(4)))

@@ -43,15 +43,15 @@ def _gpu_text(gpus: Sequence[Mapping[str, Any]]) -> str:
 
 def render_text(view: FleetStatus) -> str:
     lines = [f"fleet status at {view.at}"]
-    if view.last_pass:
+    if view.last_pass and view.last_pass.get("at"):
         lines.append(f"reconciler: last pass {view.last_pass.get('at')}: {view.last_pass.get('headline')}")
         cond = view.last_pass.get("condition")
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
-        leadership = view.last_pass.get("leadership")
-        if isinstance(leadership, dict) and leadership.get("summary"):
-            lines.append(f"  leader: {leadership['summary']} (as of that pass)")
+    leadership = view.last_pass.get("leadership") if view.last_pass else None
+    if isinstance(leadership, dict) and leadership.get("summary"):
+        lines.append(f"leader: {leadership['summary']} (as of {leadership.get('at') or 'the last pass'})")
     lines.append("")
     header = ("POOL", "GPU", "DESIRED", "RUNNING", "BENCHMARKING", "OK", "BAD", "MIN/H", "KILL-BUDGET", "STATE")
     rows = [header] + [(p.name, p.gpu_name, str(p.desired), str(p.running), str(p.benchmarking), str(p.ok),

@@ -16,6 +16,7 @@ import pytest
 
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.lease import LeaseKeeper, PostgresLease, holder_id
+from reconciler.cli import main
 from reconciler.domain.errors import LEASE_LOST
 from reconciler.domain.leadership import LEADER_EPOCH_TRAILER, LeaseLost, describe
 from reconciler.flows.judge import LeaderTerm, run_pass
@@ -199,3 +200,22 @@ def test_the_keeper_reconnects_by_itself_after_postgresql_restarts(private_postg
     clock.now += 5
     assert a.tick() == 1 and a.last_error is None  # a new connection, the same term (its lease had not run out)
     a.fence(1)
+
+
+def test_fleet_status_with_the_database_says_who_leads_now(postgres_db: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    spec_dir = tmp_path / "fleet-spec"
+    spec_dir.mkdir()
+    (spec_dir / "fleet.yaml").write_text(SPEC_YAML)
+    status = ["status", "--spec-dir", str(spec_dir), "--controller-db", postgres_db]
+    assert main(status) == 0
+    assert "leader: no replica holds the lease yet (as of " in capsys.readouterr().out
+    a = keeper(postgres_db, "ctl-a:8443")
+    assert a.tick() == 1
+    assert main(status) == 0
+    out = capsys.readouterr().out
+    assert f"leader: replica {a.holder} leads (epoch 1) since " in out and "last pass" not in out
+    password = postgres_db.split(":")[2].split("@")[0]
+    wrong = postgres_db.replace(f":{password}@", ":not-the-password@")
+    assert main([*status[:3], "--controller-db", wrong]) == 1  # the store refuses first: one clear error
+    assert "not-the-password" not in capsys.readouterr().err

@@ -47,10 +47,11 @@ def test_a_standby_pass_is_ready_and_says_who_leads() -> None:
 def test_status_text_and_page_show_the_leader_from_the_last_pass() -> None:
     summary = describe(LEASE, "ctl-a:8080~ffffff", SINCE)
     last = {"at": "2026-12-02T18:00:05Z", "headline": f"standby: {summary}",
-            "leadership": {"replica": "ctl-a:8080~ffffff", "leading": False, "summary": summary}}
+            "leadership": {"replica": "ctl-a:8080~ffffff", "leading": False, "summary": summary,
+                           "at": "2026-12-02T18:00:05Z"}}
     view = FleetStatus(at="2026-12-02T18:00:06Z", pools=(), instances=(), suspects=(), last_pass=last)
-    assert f"  leader: {summary} (as of that pass)" in render_text(view).splitlines()
-    assert text_of(parse(render_html(view)).find(id="leader")[0]) == summary
+    assert f"leader: {summary} (as of 2026-12-02T18:00:05Z)" in render_text(view).splitlines()
+    assert text_of(parse(render_html(view)).find(id="leader")[0]) == f"{summary} (as of 2026-12-02T18:00:05Z)"
     plain = FleetStatus(at="2026-12-02T18:00:06Z", pools=(), instances=(), suspects=(),
                         last_pass={"at": "2026-12-02T18:00:05Z", "headline": "nothing new; 0 pending"})
     assert "leader:" not in render_text(plain) and not parse(render_html(plain)).find(id="leader")

@@ -44,6 +44,10 @@ FRESH: list[tuple[str, str, str]] = [
      "NVIDIA/cuda-samples Common/helper_cuda.h check() format, code 701 (our launch asked too much)"),
     ("[rank0]: RuntimeError: CUDA error: unknown error", "machine",
      "liunian-Jay/MU-GOT#7 (PyTorch 'CUDA error: ' + cudaGetErrorString(999))"),
+    ('Exception in thread "main" jcuda.CudaException: CUDA_ERROR_LAUNCH_FAILED', "machine",
+     "jcuda/jcuda JCudaDriver: throw new CudaException(CUresult.stringFor(result)) (driver API name of 719)"),
+    ('Exception in thread "main" jcuda.CudaException: CUDA_ERROR_NO_BINARY_FOR_GPU', "image",
+     "jcuda/jcuda CudaException with the driver API name of 209 (no kernel for this GPU in our build)"),
     # --- TLS by cause, other clients -----------------------------------------------------------------------
     ("SSL certificate problem: certificate is not yet valid", "machine",
      "curl/curl#12516 title 'SSL certificate problem: certificate is not yet valid' (a wrong host clock)"),

@@ -60,6 +60,8 @@ EXAMPLES: dict[str, list[str]] = {
         "cuzk-daemon: error while loading shared libraries: libcuda.so.1: cannot open shared object file: No such "
         "file or directory",
         "nvidia-smi: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file",
+        "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display "
+        "Driver is properly installed and present in your system.",
     ],
     "host-no-gpu-runtime": [
         'docker: Error response from daemon: could not select device driver "" with capabilities: [[gpu]].'],
@@ -196,6 +198,10 @@ EXAMPLES: dict[str, list[str]] = {
                         "/opt/fleet/benchmark.sh: line 60:  4242 Aborted                 (core dumped) cuzk-bench"],
     "process-sigkill": ["fleet: ERROR: cuzk-bench exited with code 137 after 0 of 10 proofs (0 failed)"],
     "gpu-xid-ambiguous": ["NVRM: Xid (PCI:0000:01:00): 45, pid=15041, name=cuzk-daemon, Ch 00000006"],
+    "gpu-init-failed": ["[   12.345678] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x31:0xffff:2358)",
+                        "NVRM: rm_init_adapter failed for device bearing minor number 0"],
+    "downloader-usage-error": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 28)"],
+    "params-url-malformed": ["curl: (3) URL using bad/illegal format or missing URL"],
 }
 
 #: cuzk-bench, cuzk-daemon and aria2c output of a healthy run (real formats): nothing in it is a failure.
@@ -424,3 +430,14 @@ def test_every_catalogued_xid_has_its_class(code: int) -> None:
     assert (match.blame if match else None) == expected
     if match is not None:
         assert match.priority == {"machine": 100, "image": 95, "unknown": 52}[expected]
+
+
+@pytest.mark.parametrize("code", sorted(__import__("reconciler.domain.cuda_errors", fromlist=["x"]).DRIVER_ERROR_NAMES))
+def test_every_driver_api_code_decodes_by_name_with_its_blame(code: int) -> None:
+    from reconciler.domain.cuda_errors import DRIVER_ERROR_NAMES, driver_blame
+    name = DRIVER_ERROR_NAMES[code]
+    match = classify([f"Error: DriverError({name}, \"\")"])
+    blame = driver_blame(code)
+    assert (match.blame if match else "none") == blame, (name, match and match.name)
+    meaning = code_meaning(name)
+    assert meaning is not None and meaning.startswith(f"{name} ({code})")
