@@ -302,3 +302,17 @@ def test_a_human_bound_change_is_committed_as_such_and_release_reasons_do_not_pi
                serving("i-2", "rtx4090-2", IDLE_HOUR)]
     d = one(SPEC, first, reports, NO_QUEUE, at(57))
     assert d.entry.reason == "utilization 0.10 for 30 min; released rtx4090-1"
+
+
+def test_fleet_validate_says_what_each_autoscaled_pool_may_cost(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from reconciler.cli import main
+
+    (tmp_path / "fleet.yaml").write_text(AUTOSCALED_SPEC)
+    assert main(["validate", str(tmp_path / "fleet.yaml")]) == 0
+    assert ("  pool rtx4090: 1..8 slots (autoscaled): up to $0.50/h at min, $4.00/h at max (max price $0.5/h per "
+            "slot)") in capsys.readouterr().out
+    (tmp_path / "capacity.yaml").write_text('rtx4090: {"desired": 2, "slots": "0,1"}\n')
+    assert main(["validate", str(tmp_path / "fleet.yaml")]) == 1
+    assert "capacity.yaml: error: $.rtx4090.slots: got '0,1', expected a list of distinct slot indices >= 0" in \
+        capsys.readouterr().err
