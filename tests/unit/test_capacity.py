@@ -316,3 +316,12 @@ def test_fleet_validate_says_what_each_autoscaled_pool_may_cost(tmp_path: Path,
     assert main(["validate", str(tmp_path / "fleet.yaml")]) == 1
     assert "capacity.yaml: error: $.rtx4090.slots: got '0,1', expected a list of distinct slot indices >= 0" in \
         capsys.readouterr().err
+
+
+def test_known_prices_decide_the_worst_usd_per_proof() -> None:
+    # Same measured rate; the dearer machine is the worse $/proof and drains first.
+    reports = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR, rate=50.0) for i in range(2)]
+    d = one(SPEC, entry(2), reports, NO_QUEUE, at(57), prices={"i-0": 0.45, "i-1": 0.30})
+    assert d.drain == ("i-0",)
+    d = one(SPEC, entry(2), reports, NO_QUEUE, at(57), prices={"i-0": 0.30, "i-1": 0.45})
+    assert d.drain == ("i-1",)
