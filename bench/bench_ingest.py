@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.common import Figure
+from bench.common import POSTGRES_SETTINGS, Figure
 from reconciler.domain.tokens import instance_token, machine_claim
 from tests.postgres_server import PostgresServer
 
@@ -84,10 +84,6 @@ REPEATS = 3
 SQLITE, POSTGRES = "sqlite", "postgres"
 #: Controller processes of each deployment.
 REPLICAS = {SQLITE: 1, POSTGRES: 2}
-#: The PostgreSQL server's settings beyond the test server's: commits acknowledged only once written to the OS
-#: (synchronous_commit=on; the test server's `off` would acknowledge before), not fsynced (fsync=off, as SQLite's
-#: synchronous=NORMAL: what an OS crash may lose), so both stores promise the same.
-POSTGRES_SETTINGS = {"synchronous_commit": "on", "fsync": "off"}
 
 LOG_LINES = (
     "[#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]",

@@ -10,8 +10,10 @@
   previous pass (the ones the previous pass's commit rewrote), and only stat()s the rest.
 
 A pass is: read reports (controller store) -> sync git -> load spec + records -> trailer_values -> decide ->
-render the changed records -> commit + push. The git part is measured in bench_git; here the loading,
-deciding and rendering, on real record files in a temporary directory.
+render the changed records -> commit + push -> store directives. The git part is measured in bench_git; here the
+loading, deciding and rendering, on real record files in a temporary directory; and the store's part (read every
+report, store every directive) on each store adapter, SQLite and PostgreSQL (a server this bench starts), with
+the whole warm pass on PostgreSQL against SQLite.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from bench.common import Figure
+from bench.common import POSTGRES_SETTINGS, Figure
 from bench.data import T0, machine_id_of, make_spec, pass_reports, write_records
 from reconciler.adapters.record_files import (
     RecordCache,
@@ -34,10 +37,13 @@ from reconciler.adapters.record_files import (
     write_text_atomic,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
+from reconciler.adapters.store import REPORT_TAIL_LINES, ControllerStore, PreparedWrite, SqliteStore
+from reconciler.adapters.store_postgres import PostgresStore
 from reconciler.domain.judging import decide
 from reconciler.domain.records import MachineRecord
 from reconciler.domain.spec import FleetSpec
 from reconciler.flows.judge import commit_request
+from tests.postgres_server import PostgresServer
 
 MACHINES = 10_000
 ENTRIES_PER_MACHINE = 10
@@ -126,7 +132,8 @@ def _run(spec: FleetSpec, spec_dir: Path, machines: int, megabytes: float, repea
     runs = _warm_passes(spec, spec_dir, cache, records, sizes[-1], *STRESS, repeats)
     name = f"warm pass, decide stress model: {sizes[-1]:,} instances, {stored:,} stored records"
     warm.append(_warm_figure(name, sizes[-1], machines, runs, repeats))
-    return figures + cold + warm
+    steady = next(f for f in warm if f.name.startswith(f"warm pass, steady state: {sizes[-1]:,} instances"))
+    return figures + cold + warm + store_figures(sizes[-1], steady.value, repeats)
 
 
 def _warm_passes(spec: FleetSpec, spec_dir: Path, cache: RecordCache, records: list[MachineRecord], size: int,
@@ -184,3 +191,104 @@ def _warm_figure(name: str, size: int, machines: int, runs: list[PassTime], repe
         f"+ decide {_median(runs, 'decide_s'):.3f} s + render {_median(runs, 'render_s'):.3f} s (CPU "
         f"{_median(runs, 'cpu_s'):.3f} s); {first.verdicts} new verdicts, {first.records_written} records written",
         target=f"< {TARGET_S:g} s" if target else None, passed=total < TARGET_S if target else None)
+
+
+# --- the store's part of a pass, SQLite vs PostgreSQL ---------------------------------------------------------
+
+#: What each stored instance holds in the store bench: events (a benchmark's phases and progress), log lines
+#: (more than the 50 a report carries), a result.
+STORE_EVENTS = 12
+STORE_LOG_LINES = 200
+#: Issue 24: a pass at 10,000 machines on PostgreSQL within this factor of the same pass on SQLite.
+TARGET_POSTGRES_PASS_RATIO = 1.5
+
+
+def _store_docs(i: int) -> tuple[str, dict[str, object], list[dict[str, object]], list[str], dict[str, object]]:
+    iid = f"rtx4090-{i % 50}-s{i:06x}"
+    register = {"protocol": 1, "instance_id": iid, "at": "2026-12-02T17:59:00Z", "pool": "rtx4090",
+                "slot": f"rtx4090-{i % 50}", "machine_id": str(100_000 + i), "host_id": str(7000 + i % 997),
+                "contract_id": str(9_000_000 + i), "gpu_name": "RTX 4090", "image_digest": "sha256:" + "ab" * 32,
+                "hostname": f"c.{i}", "gpus": ["NVIDIA GeForce RTX 4090, 24564 MiB, 550.54"]}
+    events: list[dict[str, object]] = [
+        {"protocol": 1, "phase": "params", "status": "progress", "at": f"2026-12-02T18:{k:02d}:00Z",
+         "message": f"{k * 5} of 56 GiB", "details": {"done_bytes": k * 5 << 30}} for k in range(STORE_EVENTS - 2)]
+    events += [{"protocol": 1, "phase": "params", "status": "done", "at": "2026-12-02T18:20:00Z"},
+               {"protocol": 1, "phase": "benchmark", "status": "started", "at": "2026-12-02T18:21:00Z"}]
+    lines = [f"  [{k % 10 + 1}/10] ok — 37.{k % 10}s (prove=36100 ms, queue=0 ms)" for k in range(STORE_LOG_LINES)]
+    result = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T19:00:00Z",
+              "started_at": "2026-12-02T18:21:00Z", "exit_code": 0, "requested": 10, "completed": 10, "failed": 0,
+              "proofs_per_hour": 94.7, "seconds_per_proof": 38.0, "proof_type": "porep", "concurrency": 2,
+              "image_digest": "sha256:" + "ab" * 32, "log_tail": lines[-14:]}
+    return iid, register, events, lines, result
+
+
+def _fill(store: ControllerStore, instances: int) -> None:
+    """Every instance registered, its events, log lines and result stored (500 writes per transaction)."""
+    writes: list[PreparedWrite[Any]] = []
+    for i in range(instances):
+        iid, register, events, lines, result = _store_docs(i)
+        writes += [store.prepare_register(iid, register), store.prepare_events(iid, events),
+                   store.prepare_logs(iid, lines), store.prepare_result(iid, result)]
+        if len(writes) >= 500 or i == instances - 1:
+            for error, _ in store.write_all(writes):
+                if error is not None:
+                    raise error
+            writes = []
+
+
+def _store_pass_s(store: ControllerStore, instances: int, repeats: int) -> tuple[float, float, float]:
+    """Median seconds of the store's part of a pass: read every report, then store every directive (the loop
+    recomputes them all each pass; after the first, none changed). (total, read, directives)."""
+    directives = {f"rtx4090-{i % 50}-s{i:06x}": {"protocol": 1, "action": "serve", "heartbeat_minutes": 5}
+                  for i in range(instances)}
+    store.set_directives(directives, T0)  # as the first pass left them
+    reads, writes = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        reports = store.reports()
+        t1 = time.perf_counter()
+        store.set_directives(directives, T0)
+        t2 = time.perf_counter()
+        if len(reports) != instances or len(reports[0].log_tail) != REPORT_TAIL_LINES:
+            raise RuntimeError(f"store bench read {len(reports)} reports")
+        reads.append(t1 - t0)
+        writes.append(t2 - t1)
+    read, write = statistics.median(reads), statistics.median(writes)
+    return read + write, read, write
+
+
+def store_figures(instances: int, rest_of_pass_s: float, repeats: int = 3) -> list[Figure]:
+    """The store's part of a pass over `instances` on each adapter, and the whole pass (that part + load, decide
+    and render as measured above, `rest_of_pass_s`) on PostgreSQL against SQLite."""
+    with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
+        server = PostgresServer(settings=POSTGRES_SETTINGS)
+        server.start()
+        try:
+            stores: dict[str, ControllerStore] = {"SQLite": SqliteStore(Path(tmp) / "controller.db"),
+                                                  "PostgreSQL": PostgresStore(server.create_database("bench_pass"))}
+            measured = {}
+            try:
+                for name, store in stores.items():
+                    _fill(store, instances)
+                    measured[name] = _store_pass_s(store, instances, repeats)
+            finally:
+                for store in stores.values():
+                    store.close()
+        finally:
+            server.destroy()
+    figures = []
+    what = (f"{instances:,} instances, each {STORE_EVENTS} events, a ring of {STORE_LOG_LINES} log lines (the last "
+            f"{REPORT_TAIL_LINES} read), a result")
+    for name, (total, read, write) in measured.items():
+        figures.append(Figure(f"store part of a pass on {name}: {instances:,} instances", total, "s",
+                              f"median of {repeats}; reports() {read:.3f} s + set_directives {write:.3f} s "
+                              f"(none changed); {what}; 1-min load average {os.getloadavg()[0]:.1f}"))
+    sqlite_pass = measured["SQLite"][0] + rest_of_pass_s
+    postgres_pass = measured["PostgreSQL"][0] + rest_of_pass_s
+    ratio = postgres_pass / sqlite_pass
+    figures.append(Figure(
+        f"warm pass on PostgreSQL vs SQLite: {instances:,} instances", ratio, "x",
+        f"{postgres_pass:.3f} s vs {sqlite_pass:.3f} s: the store part above + load, decide and render of the "
+        f"warm steady-state pass ({rest_of_pass_s:.3f} s, the same on both)",
+        target=f"<= {TARGET_POSTGRES_PASS_RATIO}x", passed=ratio <= TARGET_POSTGRES_PASS_RATIO))
+    return figures

@@ -382,7 +382,8 @@ class ControllerStore(Protocol):
 
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool: ...
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int: ...
 
     def directive(self, instance_id: str) -> dict[str, Any] | None: ...
 
@@ -770,11 +771,16 @@ class _SqlStore:
 
         return self.write(PreparedWrite(body, instance_id))
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int:
-        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed."""
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int:
+        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed.
+        `fence` runs first in the same transaction and may raise to write nothing (a replica's lease check,
+        reconciler/adapters/lease.py: it also keeps the lease from changing hands until this commits)."""
         rows = [(instance_id, _iso(now), _canonical(body)) for instance_id, body in sorted(directives.items())]
 
         def body(conn: SqlConnection) -> int:
+            if fence is not None:
+                fence(conn)
             return conn.executemany(
                 "INSERT INTO directives (instance_id, set_at, body) VALUES (?, ?, ?) ON CONFLICT (instance_id) "
                 "DO UPDATE SET set_at = excluded.set_at, body = excluded.body "
@@ -847,7 +853,8 @@ class _SqlStore:
         event_sql = ("SELECT instance_id, phase, status, at, received_at, exit_code, message, log_tail, details "  # noqa: S608
                      f"FROM events {where} ORDER BY id")
         unreadable: dict[str, str] = {}
-        for row in conn.execute(event_sql, args):
+        # fetchall: rows converted in one call (a driver's per-row iteration costs as much again on PostgreSQL).
+        for row in conn.execute(event_sql, args).fetchall():
             try:
                 # One clock: the event is placed at its arrival on the controller's clock; the worker's
                 # timestamp stays as evidence (a worker with a skewed clock cannot reorder the timeline).
@@ -859,7 +866,8 @@ class _SqlStore:
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"an event is unreadable: {type(exc).__name__}: {exc}")
         results: dict[str, tuple[Any, datetime]] = {}
-        for row in conn.execute(f"SELECT instance_id, received_at, body FROM results {where}", args):  # noqa: S608
+        for row in conn.execute(f"SELECT instance_id, received_at, body FROM results {where}",  # noqa: S608
+                                args).fetchall():
             try:
                 results[row[0]] = (json.loads(row[2]), datetime.fromisoformat(row[1]))
             except (ValueError, TypeError) as exc:

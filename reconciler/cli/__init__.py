@@ -27,6 +27,7 @@ COMMANDS = {
     "controller": "the worker-report HTTP API (serve) and worker tokens (token)",
     "reconcile": "judge benchmarks and commit machine records (one pass or a loop)",
     "status": "pools, guards, instance timelines and root causes",
+    "db": "controller store maintenance (copy SQLite into PostgreSQL)",
     "demo": "run spec -> image -> hosts -> benchmarks -> verdicts -> commits locally",
 }
 COMMAND_MODULES = tuple(COMMANDS)

@@ -131,7 +131,7 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
     """Per pool: desired vs running, the machines of its GPU model the records exclude at `now` (bad, permanent,
     banned, unreadable) and those on probation (rentable again), as `fleet records` shows them."""
     bad = records.bad_machine_ids(now)
-    on_probation = {b.machine_id for b, standing in records.standings(now) if not standing.excluded}
+    on_probation = {b.machine_id for b, standing in records.standings(now) if standing.state == "probation"}
     rows = []
     gpu_of = records.bad_machine_gpus()  # unreadable ones: unknown GPU
     for pool in spec.pools:

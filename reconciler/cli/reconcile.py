@@ -190,7 +190,7 @@ def run_command(args: argparse.Namespace) -> int:
                 epoch = keeper.term()
                 if epoch is None:  # another replica leads: serve workers, judge and write nothing
                     return PassResult(at=now, standby=_leadership_line(keeper))
-                term = LeaderTerm(epoch, partial(keeper.fence, epoch))
+                term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
                             directive_sink=store, queue_reader=queue, prices=prices, term=term)
 

@@ -76,7 +76,7 @@ def to_json(records: RecordSet, now: datetime) -> dict[str, Any]:
         "at": format_time(now),
         "counts": _counts(records),
         "bad_machines": [_standing_json(b, s) for b, s in standings if s.excluded],
-        "probation": [_standing_json(b, s) for b, s in standings if not s.excluded],
+        "probation": [_standing_json(b, s) for b, s in standings if s.state == "probation"],
         "perf": [vars(p).copy() for p in _perf(records)],
         "image_suspects": [img.to_yaml_dict() for img in records.images.values()],
         "problems": list(records.problems),
@@ -95,7 +95,7 @@ def render_text(records: RecordSet, spec_dir: Path, now: datetime) -> str:
         if standing.excluded:
             bad_rows.append([bad.machine_id, standing.state, bad.host_id or "-", bad.gpu_name or "-",
                              e.verdict if e else "-", e.at if e else "-", reason])
-        else:
+        elif standing.state == "probation":
             probation_rows.append([bad.machine_id, standing.state, format_time(standing.until) if standing.until
                                    else "-", bad.host_id or "-", bad.gpu_name or "-", e.verdict if e else "-", reason])
     out += ["", f"Bad machines ({len(bad_rows)}): excluded from every offer query"]

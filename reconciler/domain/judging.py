@@ -23,6 +23,7 @@ from reconciler.domain.serving import (
     EARLY,
     SERVING_VERDICTS,
     fleet_heard_again,
+    is_serving,
     judge_early,
     judge_serving,
     last_signal,
@@ -126,6 +127,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         passed.update(rec_passed)
     # Newest signal first, for `judge_serving`'s "anyone heard from since?": only once an instance serves.
     signals: list[tuple[datetime, str]] | None = None
+    heard: dict[str, datetime] = {}  # each instance's newest signal, with `signals`
     lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
     fleet_back: tuple[datetime | None] | None = None  # (`fleet_heard_again`,) once computed
     machines: dict[str, MachineRecord] = dict(records.machines)
@@ -159,9 +161,14 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                 if report.first("serve", "started") is not None:  # else judge_serving never reads it
                     if signals is None:
                         signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
-                    if fleet_back is None and now - last_signal(report) > lost_after:
-                        # Every signal of the fleet, sorted: only when a serving worker has been silent that long.
-                        fleet_back = (fleet_heard_again(reports, lost_after),)
+                        heard = {i: t for t, i in signals}
+                    if fleet_back is None and now - heard[report.instance_id] > lost_after:
+                        # Only when a serving worker has been silent that long: the fleet's signals since the
+                        # oldest such silence began (judged ones are never judged again: not counted).
+                        silent = [heard[r.instance_id] for r in reports if is_serving(r)
+                                  and r.instance_id not in judged_serving and now - heard[r.instance_id] > lost_after]
+                        fleet_back = (fleet_heard_again(reports, lost_after,
+                                                        min(silent, default=heard[report.instance_id])),)
                     others = next((t for t, i in signals if i != report.instance_id), None)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others,
                                         fleet_back=fleet_back[0] if fleet_back else None)

@@ -208,6 +208,9 @@ def standing_of(status: str, last: BenchmarkEntry | None, now: datetime | None) 
                                          "expires)")
         if now is None or now < expires:
             return Standing("bad", True, f"bad until {last.expires_at}", expires)
+        if until is not None and now >= until:
+            # As for any other status: past its probation the machine stands ok (a new failure starts over).
+            return Standing("ok", False, f"ok: probation ended {last.probation_until}")
         return Standing("probation", False, on_probation, until)
     if expires is not None and now is not None and expires <= now and (until is None or now < until):
         return Standing("probation", False, on_probation, until)

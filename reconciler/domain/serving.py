@@ -211,18 +211,30 @@ def last_signal(report: InstanceReport) -> datetime:
     return max(signal_times(report))
 
 
-def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta) -> datetime | None:
-    """When the controller heard the fleet again after its newest fleet-wide silence longer than `silence`
-    (nobody heard at all: most likely our own outage); None if the reports hold no such silence.
+def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta, since: datetime) -> datetime | None:
+    """When the controller heard the fleet again after its newest fleet-wide silence longer than `silence` that
+    ended after `since` (nobody heard at all: most likely our own outage); None if there was none.
 
     After an outage the workers come back one by one, seconds apart, as each flushes its queue: a worker not
     yet back has been silent since the outage began, but its silence only says something about it once the
-    controller has been hearing the fleet again for `lost_after_minutes`."""
-    times = sorted({t for r in reports for t in signal_times(r)}, reverse=True)
-    for newer, older in pairwise(times):
-        if newer - older > silence:
-            return newer
-    return None
+    controller has been hearing the fleet again for `lost_after_minutes`. `since`: the oldest last signal of a
+    silent worker (older silences cannot matter); each report's signals are read from its newest back to the
+    first one before `since` (events are in arrival order, as `heartbeats` reads them), so a pass costs the
+    signals of the last few minutes, not the whole store."""
+    times: list[datetime] = []
+    for r in reports:
+        times.append(r.registered_at)
+        if r.result is not None:
+            times.append(r.result.at)
+        for e in reversed(r.events):
+            times.append(e.at)
+            if e.at < since:
+                break  # the start of a silence that ends after `since`
+    back = None
+    for older, newer in pairwise(sorted(set(times))):
+        if newer > since and newer - older > silence:
+            back = newer
+    return back
 
 
 def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, *,

@@ -1,10 +1,13 @@
 """Failure signatures: which line of a worker's log says who broke the benchmark, and why.
 
 Used by `verdict.py` (blame and the root-cause line of every failed verdict) and, through the verdicts'
-signature names, by `breaker.py`. Pure data and pure functions; the strings come from the real tools, each
-group citing its source (curio `extern/cuzk` and `extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid
-catalogue, aria2c and curl exit codes, glibc, bash, the kernel); `tests/fixtures/tails/` holds whole real
-tails for every entry.
+signature names, by `breaker.py`; the evidence scan picks its cause with `strongest_signature`. Pure data and
+pure functions; the strings come from the real tools, each group citing its source (curio `extern/cuzk` and
+`extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid catalogue, aria2c and curl exit codes, glibc, bash,
+the kernel, Go crypto/x509, OpenSSL via curl, rustls, libstdc++); the two tables built whole live beside this
+module (`cuda_errors.py`: every cudaError and CUresult code; `xid.py`: every Xid of NVIDIA's catalogue).
+`tests/fixtures/tails/` holds whole real tails for every class, and test_signature_generalisation.py real
+lines the tables were not written from.
 
 How a tail is read (`logical_lines`):
 1. Each line is cleaned: the worker's ring timestamp (`2026-12-03T06:40:00Z `), ANSI colour and the daemon's
@@ -18,11 +21,15 @@ How a tail is read (`logical_lines`):
    (`CUZK_TIMING:`, `CUZK_NTT_H:`, `TIMELINE,`, `FIN_TIMING`/`GPU_TIMING`, `pacer:`), per-proof result lines,
    Rust's backtrace hint; tunnel lines unless the tunnel itself is the failing phase.
 
-Precedence: every signature has a priority; the highest-priority match anywhere in the tail wins, the
-earliest line on a tie. Hardware first (a GPU fault cascades into software symptoms), then memory kills
-and disk (a daemon killed for memory is followed by "connection refused", which must not outrank it), then
-decoded CUDA errors, params set-up, our software, network, and last the cascade symptoms (our daemon not
-answering, an RPC that failed because the daemon died).
+Precedence: every signature has a priority (PRIORITY_*: how decisive its line is); the highest-priority match
+anywhere in the evidence wins, the earliest line on a tie. Hardware first (Xid, NVML, GPU lost, a machine
+check: a GPU fault cascades into software symptoms), then the dynamic loader and missing binaries (the
+image cannot run at all), memory kills and disk (a daemon killed for memory is followed by "connection
+refused", which must not outrank it), decoded CUDA errors (machine-class codes above the rest), TLS and
+params set-up, our software and deaths by signal, network, a marketplace stop, an ambiguous Xid, a generic
+panic, and last the cascade symptoms (our daemon not answering, an RPC that failed because the daemon died).
+One signature needs two lines: cuzk's `cudaHostAlloc failed` warning and a later out-of-memory code are
+pinned host memory (`PINNED_HOST_MEMORY`, applied by `refine`).
 
 To extend: add a Signature at the right priority, a realistic line to tests/unit/test_signatures.py and,
 for a new failure mode, a whole tail with its source to tests/fixtures/tails/.
@@ -771,6 +778,9 @@ FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
 _FOLDING = re.compile(f"[{FOLDS_TO_ASCII}]")
 
 
+_NEEDLE_KEY = 4
+
+
 class _Matcher:
     """A table's signatures in priority order, with the prefilter: per line, only the signatures one of whose
     `needs` occurs in the lower-cased line are searched (the rest cannot match: see `Signature.needs`)."""
@@ -782,7 +792,12 @@ class _Matcher:
         for k, sig in enumerate(self.table):
             for needle in sig.needs:
                 by_needle.setdefault(needle, []).append(k)
-        self._needles = tuple((needle, tuple(ks)) for needle, ks in by_needle.items())
+        # Needles grouped by their first few characters: a group is tested only when its key is in the line
+        # (a needle is in the line only if its prefix is), which skips most needles on most lines.
+        groups: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        for needle, ks in by_needle.items():
+            groups.setdefault(needle[:_NEEDLE_KEY], []).append((needle, tuple(ks)))
+        self._groups = tuple((key, tuple(items)) for key, items in groups.items())
         self._steps = tuple((sig.pattern.search, not sig.whole_line) for sig in self.table)
 
     def first(self, text: str, body_at: int) -> int | None:
@@ -790,7 +805,8 @@ class _Matcher:
         `body_at`: a signature that is not `whole_line` is also tried on the body alone)."""
         if text.isascii() or not _FOLDING.search(text):
             lower = text.lower()
-            ks: Iterable[int] = sorted({k for needle, ks in self._needles if needle in lower for k in ks}
+            ks: Iterable[int] = sorted({k for key, items in self._groups if key in lower
+                                        for needle, ks in items if needle in lower for k in ks}
                                        .union(self._always))
         else:
             ks = range(len(self.table))

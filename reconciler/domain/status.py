@@ -139,6 +139,8 @@ class MarketStatus:
     orphans_usd_per_hour: float
     max_total_dph: float | None
     orphans: tuple[Mapping[str, Any], ...] = ()
+    #: The market asked the last apply to wait (a 429 with a long Retry-After): {"until": time, "why": text}.
+    wait: Mapping[str, Any] | None = None
 
     @property
     def spend_usd_per_hour(self) -> float:
@@ -160,7 +162,8 @@ class MarketStatus:
                    at=str(doc.get("at", "?")), slots_usd_per_hour=float(doc.get("slots_usd_per_hour") or 0.0),
                    orphans_usd_per_hour=float(doc.get("orphans_usd_per_hour") or 0.0),
                    max_total_dph=float(cap) if isinstance(cap, int | float) else None,
-                   orphans=tuple(o for o in doc.get("orphans") or () if isinstance(o, Mapping)))
+                   orphans=tuple(o for o in doc.get("orphans") or () if isinstance(o, Mapping)),
+                   wait=doc.get("market_wait") if isinstance(doc.get("market_wait"), Mapping) else None)
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,8 @@ def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, 
     """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
     for bad, standing in records.standings(now):
+        if standing.state == "ok":
+            continue  # recorded bad once, past its probation now: nothing to show
         marking = bad.marking
         if marking is None:
             out.append(BadMachineStatus(bad.machine_id, bad.host_id, bad.gpu_name, None, None, None,

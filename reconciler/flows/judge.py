@@ -59,7 +59,8 @@ class ReportSource(Protocol):
 class DirectiveSink(Protocol):
     """Where the directives for workers go (the controller store; workers read them over HTTP)."""
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[Any], None] | None = None) -> int: ...
 
 
 class RecordPublisher(Protocol):
@@ -76,10 +77,12 @@ class LeaderTerm:
     """The leadership term a pass runs in, when replicas share a PostgreSQL store (the embedded store has none).
 
     `fence` asks the database whether this replica still holds the lease in `epoch` and raises LeaseLost if
-    not; the pass calls it right before each write that other replicas would see (the push, the directives)."""
+    not; the pass calls it right before the push. `store_fence` is the same check inside the store's transaction
+    that writes the directives (it holds the lease row until that commits)."""
 
     epoch: int
     fence: Callable[[], None]
+    store_fence: Callable[[Any], None] | None = None
 
 
 # --- the pass (shell) -----------------------------------------------------------------------------------
@@ -317,9 +320,10 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     notes = decision.notes
     if directive_sink is not None:
         try:
-            if term is not None:
-                term.fence()
-            directive_sink.set_directives(outcome["directives"], now)
+            if term is None:
+                directive_sink.set_directives(outcome["directives"], now)
+            else:
+                directive_sink.set_directives(outcome["directives"], now, fence=term.store_fence or _fenced(term))
         except LeaseLost as exc:  # the new leader computes them from the same records on its first pass
             notes = (*notes, f"directives not stored: {exc}")
         except Exception as exc:  # the records are published; workers learn their verdict next pass
@@ -329,6 +333,11 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
                       capacity=tuple(outcome.get("capacity", ())),
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=monotonic() - started if published.commit else None)
+
+
+def _fenced(term: LeaderTerm) -> Callable[[Any], None]:
+    """A store fence made of the term's own check, for a term without one (it does not hold the lease row)."""
+    return lambda _conn: term.fence()
 
 
 def run(pass_once: Callable[[datetime], PassResult], *, interval_s: float, stop_event: threading.Event,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -142,7 +142,9 @@ def apply_fleet(spec: FleetSpec, records: RecordSet, provider: SlotProvider, sta
     finally:
         save_slot_state(state_path, stored)
     orphans, destroyed, notes = sweep_market(spec, provider, stored, now, echo, recorder, orphan_grace_s)
-    write_market_view(state_path.parent / MARKET_VIEW_FILE, spec, stored, orphans, now)
+    waits = [r for r in results if r.retry_after_s is not None]
+    write_market_view(state_path.parent / MARKET_VIEW_FILE, spec, stored, orphans, now,
+                      waits=[(now + timedelta(seconds=r.retry_after_s or 0.0), r.message) for r in waits])
     return ApplyReport(slot_plan, tuple(results), slot_plan.notes + notes, dict(stored), orphans, destroyed)
 
 
@@ -195,14 +197,19 @@ def sweep_market(spec: FleetSpec, provider: SlotProvider, stored: Mapping[str, S
 
 
 def write_market_view(path: Path, spec: FleetSpec, stored: Mapping[str, SlotOutputs], orphans: Sequence[Orphan],
-                      now: datetime) -> None:
-    """What `fleet status --state-dir` shows about the market: spend against the cap, orphans with their $/h."""
+                      now: datetime, *, waits: Sequence[tuple[datetime, str]] = ()) -> None:
+    """What `fleet status --state-dir` shows about the market: spend against the cap, orphans with their $/h, and
+    the waits the market asked for (a 429 with a long Retry-After: no call before `until`, counted from `now`,
+    the apply's start, so at most the apply's own duration early; the adapter itself holds the exact time)."""
     slot_spend = sum(o.price_usd_per_hour for o in stored.values())
     orphan_spend = sum(o.price_usd_per_hour or 0.0 for o in orphans)
     doc = {"version": 1, "at": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "fleet": spec.name,
            "label_prefix": spec.label_prefix, "max_total_dph": spec.max_total_dph,
            "slots_usd_per_hour": round(slot_spend, 4), "orphans_usd_per_hour": round(orphan_spend, 4),
            "orphans": [o.to_json() for o in orphans]}
+    if waits:
+        until, why = max(waits, key=lambda w: w[0])
+        doc["market_wait"] = {"until": until.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "why": why}
     write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 

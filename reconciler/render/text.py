@@ -97,6 +97,8 @@ def render_text(view: FleetStatus) -> str:
         m = view.market
         lines += ["", f"marketplace (fleet {m.fleet}, labels {m.label_prefix}*, as of the last apply {m.at}):",
                   f"  {m.cap_line()}"]
+        if m.wait is not None:
+            lines.append(f"  the market asked us to wait: no call before {m.wait.get('until')} ({m.wait.get('why')})")
         if m.orphans:
             lines.append(f"  {len(m.orphans)} instance(s) with this fleet's label and no slot (orphans):")
         for o in m.orphans:

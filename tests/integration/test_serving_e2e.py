@@ -9,6 +9,7 @@ deadline and checks a condition, so a loaded 2-core machine only makes the tests
 Scenarios (the issue's "done when"):
 - a machine passes, serves, then slows below the minimum: degraded, recorded, replaced;
 - a machine stops heartbeating (its processes frozen, like a host gone silent): lost;
+- after a controller outage the workers come back seconds apart: nobody is lost meanwhile;
 - a machine hopeless after its first proofs: early verdict, the benchmark ended, the time saved shown;
 - a record expires into probation, the machine is rented again, fails again: permanent.
 """
@@ -274,6 +275,35 @@ def test_a_machine_that_stops_heartbeating_is_lost(tmp_path: Path, make_world: C
     assert entry.expires_at is not None  # a marketplace fault expires soon (24 h by default)
     world.run_until("m-c replaces m-a", lambda w: serving_instance(w, "m-c") is not None)
     assert world.records().machines.get("m-b") is not None and "lost" not in world.verdicts("m-b")
+
+
+def test_after_a_controller_outage_nobody_is_lost_while_the_fleet_comes_back(
+        tmp_path: Path, make_world: Callable[..., ServingWorld]) -> None:
+    # Issue 23: the first worker back made every worker not yet back `lost` at the next pass.
+    world = make_world([machine(tmp_path, "m-a", 0.30, 0.25), machine(tmp_path, "m-b", 0.35, 0.25)], count=2)
+    world.run_until("m-a and m-b serve", lambda w: all(
+        (i := serving_instance(w, m)) is not None and w.heartbeats(i) >= 2 for m in ("m-a", "m-b")))
+    a, b = serving_instance(world, "m-a"), serving_instance(world, "m-b")
+    assert a is not None and b is not None
+    port = world.controller.bound_port
+    world.controller.stop()  # our outage: the workers queue their heartbeats
+    os.killpg(world.worker_pid("m-b"), signal.SIGSTOP)  # m-b will come back later than m-a
+    time.sleep(8)  # longer than lost_after (6 s): every worker is silent past the deadline
+    heard_a = world.heartbeats(a)
+    world.controller = ControllerServer(world.store, world.secret, admin_token=secrets.token_hex(16), port=port,
+                                        require_machine_claim=True).start()
+    world.run_until("m-a is heard again", lambda w: w.heartbeats(a) > heard_a, timeout_s=30)
+    world.step()  # a pass with m-b silent for > 6 s and m-a back: not a verdict yet
+    assert "lost" not in world.verdicts("m-b"), world.explain()
+    heard_b = world.heartbeats(b)
+    os.killpg(world.worker_pid("m-b"), signal.SIGCONT)
+    world.run_until("m-b is heard again", lambda w: w.heartbeats(b) > heard_b, timeout_s=30)
+    deadline = time.monotonic() + 8  # past lost_after since both came back: still serving, nobody lost
+    while time.monotonic() < deadline:
+        world.step()
+        time.sleep(0.3)
+    assert "lost" not in world.verdicts("m-a") and "lost" not in world.verdicts("m-b"), world.explain()
+    assert serving_instance(world, "m-a") == a and serving_instance(world, "m-b") == b
 
 
 def test_a_hopeless_machine_gets_an_early_verdict_and_the_time_saved_is_shown(

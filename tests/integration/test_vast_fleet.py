@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from reconciler.domain.marketplace import MarketplaceAuthError
 from reconciler.domain.planner import REASON_INSTANCE_DEAD, REASON_INSTANCE_STUCK, STATUS_RULES, plan
 from reconciler.domain.slots import SpendCapError, slot_inputs
 from reconciler.domain.spec import FleetSpec
-from reconciler.flows.provision import ApplyReport, Image, apply_fleet, git_orphan_recorder
+from reconciler.domain.status import FleetStatus, MarketStatus
+from reconciler.flows.provision import MARKET_VIEW_FILE, ApplyReport, Image, apply_fleet, git_orphan_recorder
+from reconciler.render.text import render_text
 from tests.gitrepos import make_origin, origin_file, origin_log
 from tests.vast_fake import VastFake, market_of
 
@@ -194,6 +197,14 @@ def test_an_apply_that_meets_the_daily_search_quota_stops_searching_until_its_re
     assert any("the daily search quota is used up" in line and "Retry-After 18000 s" in line
                for line in rig.lines), rig.lines
     assert not fake.requests_to("PUT", "/api/v0/asks/")
+    # `fleet status --state-dir` says so, with the time the market named.
+    market = MarketStatus.from_json(json.loads((rig.state.parent / MARKET_VIEW_FILE).read_text()))
+    assert market.wait is not None and "search_quota_exceeded" in market.wait["why"]
+    until = datetime.fromisoformat(market.wait["until"].replace("Z", "+00:00"))
+    # Counted from the apply's start (the wait began a few paced seconds later): at most the apply's duration early.
+    assert timedelta(seconds=-60) < until - (rig.now() + timedelta(hours=5)) <= timedelta(0)
+    shown = render_text(FleetStatus(at="now", pools=(), instances=(), suspects=(), market=market))
+    assert f"the market asked us to wait: no call before {market.wait['until']}" in shown
     fake.clock.advance(5 * 3600)
     assert rig.apply().converged and len(rig.slots()) == 4
 

@@ -390,3 +390,25 @@ def test_every_view_reads_probation_from_the_same_standing() -> None:
         assert pool.bad == (1 if excluded else 0)
         assert [(b.machine_id, b.standing) for b in view.bad_machines] == [("m-9", state)]
         assert f"m-9  {state}: " in render_text(view)
+    # Past its probation the record (still `status: bad` in its file) stands ok everywhere, as an ok one does.
+    ended = at(65) + timedelta(hours=720 + 720 + 1)
+    ((_, standing),) = records.standings(ended)
+    assert (standing.state, standing.excluded) == ("ok", False) and records.bad_machine_ids(ended) == frozenset()
+    assert MachineRecord("m-9", "ok", benchmarks=record.benchmarks).standing(ended).state == "ok"
+    assert status_view(SPEC, records, [], ended).bad_machines == ()
+
+
+def test_the_fleet_is_heard_again_after_its_newest_silence_and_only_its_recent_signals_are_read() -> None:
+    from reconciler.domain.serving import fleet_heard_again
+
+    flushed = (beat(125, 3, seq=4), beat(125.5, 3, seq=5), beat(130, 3, seq=6))
+    a = serving_report("i-a", [3] * 3, machine_id="m-a", extra_events=flushed)  # 70..80, then back at 125
+    b = serving_report("i-b", [3] * 3, machine_id="m-b")  # silent since 80
+    twenty = timedelta(minutes=20)
+    assert fleet_heard_again([a, b], twenty, since=at(80)) == at(125)
+    assert fleet_heard_again([a, b], twenty, since=at(126)) is None  # no silence ended after 126
+    assert fleet_heard_again([a, b], timedelta(minutes=60), since=at(80)) is None  # 45 min is no outage then
+    # The same answer whatever older history precedes `since`: only the gap's start is read from it.
+    long = serving_report("i-a", [3] * 200, start=-935.0, machine_id="m-a",
+                          extra_events=(beat(125, 3, seq=201),))
+    assert fleet_heard_again([long, b], twenty, since=at(80)) == at(125)
