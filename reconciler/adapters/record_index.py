@@ -791,7 +791,8 @@ class RecordIndex:
                                         memo.get("bad_view", lambda: self._bad_views(machines, bad)),
                                         machines, gpu_of, status_of),
                                     bad_machine_gpus=lambda: dict(sorted(gpu_of.items())),
-                                    last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)))
+                                    last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)),
+                                    instance_entries=lambda wanted: self._instance_entries(machines, wanted))
 
     # --- snapshots: the whole answer for one unchanged listing -----------------------------------------------
 
@@ -849,6 +850,37 @@ class RecordIndex:
             host_id, note, marking_i, marking, last_i, last = views[mid]
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
                                   _entry(last, source, blob, last_i), status_of[mid]))
+        return out
+
+    def _instance_entries(self, machines: dict[str, str], wanted: Mapping[str, Any]
+                          ) -> dict[str, tuple[str, BenchmarkEntry]]:
+        """RecordSet.instance_entries from the stored rows: each wanted machine's entry rows are scanned by
+        instance id and only the matching entries are built (evidence read from the file on use)."""
+        blob_of = {mid: machines[mid] for mid in sorted(wanted) if mid in machines}
+        data: dict[str, bytes] = {}
+        missing = []
+        for blob in set(blob_of.values()):
+            parsed = self._fresh.get(blob)
+            if parsed is not None and parsed.data is not None:
+                data[blob] = parsed.data
+            else:
+                missing.append(blob)
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            data.update(self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
+                                         chunk).fetchall())
+        out: dict[str, tuple[str, BenchmarkEntry]] = {}
+        source = self._evidence
+        for mid, blob in blob_of.items():
+            raw = data.get(blob)
+            if raw is None:
+                continue
+            ids = wanted[mid]
+            entries = marshal.loads(raw)[5]  # noqa: S302 - our own index rows
+            for i, row in enumerate(entries):
+                if row[0] in ids:  # instance_id is the first field
+                    out[row[0]] = (mid, _stored_entry(row, StoredEvidence(source, blob, i)))
         return out
 
     def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 PHASES = ("register", "tunnel", "params", "daemon", "warmup", "benchmark", "report", "serve")
 EVENT_STATUSES = ("started", "progress", "done", "failed")
@@ -82,6 +82,26 @@ class BenchmarkResult:
     #: The worker's own `at` (evidence); `at` and `started_at` are on the controller's clock when loaded from
     #: the store (`started_at` moved by the skew the worker had when it sent the result).
     worker_at: datetime | None = None
+
+
+class InstanceSummary(NamedTuple):
+    """An instance in the few columns the views triage by (the store answers these without its events):
+    which instances need the operator, and how many of each kind the rest are. A tuple: 10,000 are made per
+    view (a frozen dataclass's __init__ costs several times more)."""
+
+    instance_id: str
+    registered_at: datetime
+    pool: str | None
+    slot: str | None
+    machine_id: str | None
+    host_id: str | None
+    gpu_name: str | None
+    image_digest: str | None
+    destroyed_at: datetime | None
+    has_result: bool  # the benchmark result arrived
+    failed: bool  # some phase reported failure
+    serving: bool  # serving started and not stopped
+    last_signal: datetime  # the newest event's arrival (registration if none)
 
 
 @dataclass(frozen=True)

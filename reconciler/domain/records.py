@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -310,7 +310,9 @@ class RecordSet:
                    bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
                    bad_machines: Callable[[], list[BadMachine]] | None = None,
                    bad_machine_gpus: Callable[[], dict[str, str | None]] | None = None,
-                   last_prices: Callable[[], dict[str, float | None]] | None = None) -> RecordSet:
+                   last_prices: Callable[[], dict[str, float | None]] | None = None,
+                   instance_entries: Callable[[Mapping[str, Collection[str]]], dict[str, tuple[str, BenchmarkEntry]]]
+                   | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
         (tests/unit/test_record_index.py compares them)."""
@@ -329,6 +331,8 @@ class RecordSet:
             out._derived["bad_gpus_from"] = bad_machine_gpus
         if last_prices is not None:
             out._derived["prices_from"] = last_prices
+        if instance_entries is not None:
+            out._derived["instance_entries_from"] = instance_entries
         return out
 
     def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
@@ -364,6 +368,22 @@ class RecordSet:
         wanted = [m for m in machine_ids if m in self.machines]
         many = getattr(self.machines, "many", None)
         return list(many(wanted)) if many is not None else [self.machines[m] for m in wanted]
+
+    def instance_entries(self, wanted: Mapping[str, Collection[str]]) -> dict[str, tuple[str, BenchmarkEntry]]:
+        """instance id -> (machine id, the newest entry for that instance in the machine's record), for the
+        instance ids wanted of each machine id. A verdict is recorded in the record of the instance's own
+        machine, so only those records are looked at; the record index answers from its stored rows
+        without building the records (the views' root causes and states at 10,000 instances)."""
+        source = self._derived.get("instance_entries_from")
+        if source is not None:
+            return cast(dict[str, tuple[str, BenchmarkEntry]], source(wanted))
+        out: dict[str, tuple[str, BenchmarkEntry]] = {}
+        for rec in self.records_of(sorted(wanted)):
+            ids = wanted[rec.machine_id]
+            for entry in rec.benchmarks:
+                if entry.instance_id in ids:
+                    out[entry.instance_id] = (rec.machine_id, entry)
+        return out
 
     def bad_records(self) -> list[MachineRecord]:
         """The records with status bad, by machine id (not the unreadable ones: they have no record)."""

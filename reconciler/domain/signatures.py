@@ -99,6 +99,8 @@ SETTING_HOST_RAM = "pools[].min_host_ram_gb (and the daemon's [memory] total_bud
 #: e0294b0f extern/cuzk/cuzk-core/src/config.rs:76-80,115-119; pinned_pool.rs:57-68,194-206).
 SETTING_PINNED_HOST = ("pools[].min_host_ram_gb (cudaHostAlloc pins host RAM, not GPU memory), the container's "
                        "locked-memory limit (docker --ulimit memlock=-1) and the daemon's [memory] total_budget")
+SETTING_MIN_CUDA = ("pools[].min_cuda (offers' cuda_max_good must reach the CUDA version the image is built with; "
+                    "or build the image for an older CUDA)")
 SETTING_CA_BUNDLE = "worker-image/ (install ca-certificates: the image has no CA bundle for the mirror's TLS)"
 SETTING_CPU_BASELINE = ("the image's build flags (a portable CPU baseline, no -march/target-cpu=native) or a pool "
                         "CPU filter: the binary uses instructions this CPU lacks")
@@ -116,8 +118,6 @@ SETTING_BENCH_INPUT = "params.base_url (ship c1.json in the mirror) or the worke
 CUDA_OWN_SIGNATURES: dict[int, tuple[str, str, str, str, str | None]] = {
     2: ("cudaErrorMemoryAllocation", "out of memory", "configuration", "cuda-out-of-memory", SETTING_VRAM),
     3: ("cudaErrorInitializationError", "initialization error", "machine", "cuda-init-error", None),
-    35: ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", "image",
-         "cuda-driver-too-old-for-image", None),
     46: ("cudaErrorDevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable", "machine",
          "cuda-devices-unavailable", None),
     100: ("cudaErrorNoDevice", "no CUDA-capable device is detected", "machine", "cuda-no-device", None),
@@ -236,6 +236,8 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
 _OWN_DRIVER = (*CUDA_OWN_SIGNATURES, 214)
 _CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT, driver_codes=[
     c for c in cuda_errors.driver_codes_with_blame("machine") if c not in _OWN_DRIVER])
+_CUDA_DRIVER_TOO_OLD = _cuda_class([c for c in cuda_errors.codes_with_blame("configuration")
+                                    if c not in CUDA_OWN_SIGNATURES])
 _CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES, driver_codes=[
     c for c in cuda_errors.driver_codes_with_blame("image") if c not in _OWN_DRIVER])
 
@@ -336,14 +338,19 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "version `GLIBC_x' not found)", needs=("glibc", "cxxabi_", "gcc_")),
     _sig("shared-library-missing", "image", PRIORITY_LOADER, r"error while loading shared libraries",
          "a library our binaries need is missing from the image", needs=("error while loading shared libraries",)),
+    _sig("loader-symbol-missing", "image", PRIORITY_LOADER, r"symbol lookup error: .*undefined symbol",
+         "a binary in the image was linked against another version of a library than the image ships (glibc's "
+         "loader: symbol lookup error ... undefined symbol)", needs=("symbol lookup error: ",)),
     _sig("binary-not-installed", "image", PRIORITY_LOADER, r"is not installed in this image",
          "the worker found no cuzk binary in the image (worker-image/entrypoint.sh)",
          needs=("is not installed in this image",)),
     _sig("command-not-found", "image", PRIORITY_LOADER, r"\S+: (?:command )?not found\s*$|: command not found\b",
          "a program our scripts call is not in the image", needs=("not found",)),
-    _sig("exec-format-error", "image", PRIORITY_LOADER, r"exec format error|cannot execute binary file",
-         "a binary in the image was built for another platform",
-         needs=("exec format error", "cannot execute binary file")),
+    # runc reports a missing interpreter or loader of the entrypoint as `exec <path>: no such file or directory`.
+    _sig("exec-format-error", "image", PRIORITY_LOADER,
+         r"exec format error|cannot execute binary file|^exec \S+: no such file or directory",
+         "a binary in the image was built for another platform or its interpreter/loader is missing",
+         needs=("exec format error", "cannot execute binary file", ": no such file or directory")),
     # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
     _sig("host-out-of-memory", "configuration", 90,
          r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
@@ -363,11 +370,20 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "(curio cuzk-core memory.rs:188-192)",
          setting=SETTING_HOST_RAM, needs=("acquire request exceeds total budget",)),
     _sig("disk-full", "configuration", 90,
-         rf"No space left on device|Disk quota exceeded|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
+         rf"No space left on device|Disk quota exceeded|\bENOSPC\b|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
          "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
-         setting=SETTING_DISK, needs=("no space left on device", "disk quota exceeded", *_ARIA2_NEEDS, *_CURL_NEEDS)),
+         setting=SETTING_DISK,
+         needs=("no space left on device", "disk quota exceeded", "enospc", *_ARIA2_NEEDS, *_CURL_NEEDS)),
     # --- 85: decoded CUDA errors (out of memory -> configuration; kernels/PTX/faults -> image) ---------
     *_cuda_sigs(PRIORITY_CUDA_CODE),
+    # The host's driver is older than the CUDA our image was built with (35, 36; nvidia-container-cli refuses
+    # such a container with `requirement error: unsatisfied condition: cuda>=12.4`): neither the machine (its
+    # driver is what the offer said) nor a bug in our image, but the pool admitting offers below the image's CUDA.
+    _sig("cuda-driver-too-old-for-image", "configuration", PRIORITY_CUDA_CODE,
+         _CUDA_DRIVER_TOO_OLD[0] + r"|unsatisfied condition: cuda>=",
+         "the host's NVIDIA driver is older than the CUDA runtime in our image (cudaErrorInsufficientDriver 35 / "
+         "cudaErrorCallRequiresNewerDriver 36)", setting=SETTING_MIN_CUDA,
+         needs=(*_CUDA_DRIVER_TOO_OLD[1], "unsatisfied condition: cuda>=")),
     _sig("cuda-software-error", "image", PRIORITY_CUDA_CODE, _CUDA_SOFTWARE[0],
          "a CUDA error our software caused (an invalid call, a kernel fault, a missing kernel or PTX for this GPU)",
          needs=_CUDA_SOFTWARE[1]),
@@ -376,23 +392,28 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # prints it (`curl: (60) SSL certificate problem: ...`), rustls CertificateError (Debug), GnuTLS verify
     # status (aria2c's TLS on Debian/Ubuntu). The table order decides on one line: clock first.
     _sig("tls-clock-behind", "machine", PRIORITY_PARAMS + 1,
-         r"current time \S+ is before \S+|certificate is not yet valid|\bNotValidYet\b|not yet activated",
+         r"current time \S+ is before \S+|certificate is not yet valid|\bNotValidYet\b|not yet activated"
+         r"|uses not yet valid certificate",
          "the machine's clock is before the certificate's start (notBefore): the host clock is wrong",
-         needs=("current time ", "certificate is not yet valid", "notvalidyet", "not yet activated")),
+         needs=("current time ", "certificate is not yet valid", "notvalidyet", "not yet activated",
+                "uses not yet valid certificate")),
     _sig("tls-certificate-expired", "params", PRIORITY_PARAMS + 1,
-         r"current time \S+ is after \S+|certificate has expired|invalid peer certificate: Expired\b",
+         r"current time \S+ is after \S+|certificate has expired|invalid peer certificate: Expired\b"
+         r"|uses expired certificate",
          "the params mirror's TLS certificate has expired (or the machine's clock is far ahead)",
          setting=SETTING_MIRROR,
-         needs=("current time ", "certificate has expired", "invalid peer certificate: expired")),
+         needs=("current time ", "certificate has expired", "invalid peer certificate: expired",
+                "uses expired certificate")),
     _sig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
          r"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
          r"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
-         r"|not signed by known authorities|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
+         r"|not signed by known authorities|certificate issuer is unknown|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
          "the image cannot verify the mirror's TLS certificate: no CA bundle (ca-certificates) in our image",
          setting=SETTING_CA_BUNDLE,
          needs=("certificate signed by unknown authority", "unable to get local issuer certificate",
                 "failed to load system roots", "error setting certificate ", "unknownissuer", "issuer is not known",
-                "not signed by known authorities", "curl: (77)", "exit code 77")),
+                "not signed by known authorities", "certificate issuer is unknown", "curl: (77)",
+                "exit code 77")),
     _sig("tls-hostname-mismatch", "configuration", PRIORITY_PARAMS + 1,
          r"x509: certificate is valid for .*, not \S+|no alternative certificate subject name matches"
          r"|\bNotValidForName\b|does not match target host name",
@@ -457,10 +478,12 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "fault is logged as a machine check / memory failure, which outranks this",
          needs=("bus error", "sigbus", *_exit_code_needs(135))),
     _sig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
-         rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b|{_exit_code(134)}",
+         rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b"
+         rf"|has overflowed its stack|{_exit_code(134)}",
          "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
          "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
          needs=("terminate called after throwing an instance of", "(core dumped)", "sigabrt",
+                "has overflowed its stack",
                 *_exit_code_needs(134))),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"

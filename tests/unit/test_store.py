@@ -321,3 +321,40 @@ def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(st
                                                                             (2, "FAILED", 90.1)]
     assert report.result.proofs[1].reason is not None and "self-check failed" in report.result.proofs[1].reason
     assert report.result.daemon_log[0] == daemon[0] and "sekrit-bearer-9" not in report.result.daemon_log[1]
+
+
+def test_summaries_say_what_triage_needs_and_reports_of_loads_only_those_asked(store: _SqlStore) -> None:
+    # Four instances: benchmarking, finished (result), failed a phase, serving (then a heartbeat), destroyed.
+    for iid in ("a-bench", "b-done", "c-failed", "d-serving", "e-gone"):
+        store.register(iid, register_doc(iid))
+    store.add_event("a-bench", event_doc("benchmark", "started"))
+    store.set_result("b-done", RESULT)
+    store.add_event("c-failed", event_doc("params", "failed", exit_code=22, message="aria2c exited 22",
+                                          log_tail=["errorCode=22"]))
+    store.add_event("d-serving", event_doc("serve", "started", at="2026-12-02T18:40:00Z"))
+    store.add_event("d-serving", event_doc("serve", "progress", at="2026-12-02T18:45:00Z",
+                                           details={"heartbeat": {"seq": 1}}))
+    store.add_event("e-gone", event_doc("serve", "started"))
+    store.add_event("e-gone", event_doc("serve", "done", at="2026-12-02T18:02:00Z"))
+    store.mark_destroyed("e-gone", T0 + timedelta(hours=1))
+    summaries = {s.instance_id: s for s in store.instance_summaries()}
+    assert list(summaries) == ["a-bench", "b-done", "c-failed", "d-serving", "e-gone"]  # registration order
+    flags = {iid: (s.has_result, s.failed, s.serving, s.destroyed_at is not None) for iid, s in summaries.items()}
+    assert flags == {"a-bench": (False, False, False, False), "b-done": (True, False, False, False),
+                     "c-failed": (False, True, False, False), "d-serving": (False, False, True, False),
+                     "e-gone": (False, False, False, True)}
+    # The newest event's arrival on the controller's clock (StepClock: one second per call).
+    full = {r.instance_id: r for r in store.reports()}
+    assert summaries["d-serving"].last_signal == max(e.at for e in full["d-serving"].events)
+    assert summaries["b-done"].last_signal == summaries["b-done"].registered_at  # no event: registration
+    s = summaries["a-bench"]
+    assert (s.pool, s.slot, s.machine_id, s.host_id, s.gpu_name) == ("rtx4090", "rtx4090-0", "4242", "77", "RTX 4090")
+    # reports_of: those instances only, in full (events, result), in registration order, whatever the ask order.
+    some = store.reports_of(["d-serving", "b-done", "nope", "d-serving"])
+    assert [r.instance_id for r in some] == ["b-done", "d-serving"]
+    assert some == [full["b-done"], full["d-serving"]]
+    assert store.reports_of([]) == []
+    many = [f"m-{n:04d}" for n in range(1200)]  # more than one chunk of bound parameters
+    for iid in many:
+        store.register(iid, register_doc(iid))
+    assert [r.instance_id for r in store.reports_of(many[::-1])] == many
