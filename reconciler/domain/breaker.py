@@ -52,11 +52,13 @@ from reconciler.domain.verdicts import counts_against_image
 #: stale-image never correlate; which blames count: `counts`.
 _SIG_SEPARATOR = ", "
 
-#: A CUDA error as our daemon reports it: sppark's negated code (sppark util/exception.cuh), the runtime enum
-#: name, the driver API's CUresult name (`CUDA_ERROR_LAUNCH_FAILED`) or sppark's `failed: "<text>"` form.
-#: Alone it says the GPU call failed, not why (a dying GPU and a bad kernel in our build print the same
-#: code); the machine is seen first hand only through the kernel (`NVRM: Xid`), ECC counters or nvidia-smi.
-_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|\bCUDA_ERROR_[A-Z_]+\b|@\S+:\d+ failed: \"")
+#: A CUDA runtime error as our daemon reports it: sppark's negated code (sppark util/exception.cuh), the enum
+#: name or its `failed: "<text>"` form; or as other CUDA callers print it: the driver API's `CUDA_ERROR_*`
+#: name, PyTorch's `CUDA error: <text>` (signatures.py decodes all of these: cuda_errors.py). Alone it says the
+#: GPU call failed, not why (a dying GPU and a bad kernel in our build print the same code); the machine is seen
+#: first hand only through the kernel (`NVRM: Xid`), ECC counters or nvidia-smi.
+_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|@\S+:\d+ failed: \"|\bCUDA_ERROR_[A-Z_]+"
+                        r"|CUDA error: ")
 _FIRST_HAND = re.compile(r"\bXid\b|\bNVRM\b|nvidia-smi|\bNVML\b|fallen off the bus", re.IGNORECASE)
 
 

@@ -213,7 +213,8 @@ class QueueReader(Protocol):
 
 def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports: Sequence[InstanceReport],
                   records: RecordSet, kill_budgets: Mapping[str, Any], desired_image_digest: str | None, now: datetime,
-                  queue_reader: QueueReader | None) -> tuple[list[CapacityDecision], FileChange | None]:
+                  queue_reader: QueueReader | None,
+                  prices: Mapping[str, float] | None = None) -> tuple[list[CapacityDecision], FileChange | None]:
     """Capacity decisions for the autoscaled pools, and the new capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
@@ -226,12 +227,22 @@ def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports:
     entries, _ = load_capacity(spec_path)  # load_spec refused a broken file already
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
-    decisions = decide_all(spec, entries, reports, queues, now, paused_pools=paused, exhausted_pools=exhausted)
+    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
+                           exhausted_pools=exhausted)
     if not any(d.changed for d in decisions):
         return decisions, None
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
     merged = {name: e for name, e in merged.items() if name in {p.name for p in ranged}}
     return decisions, FileChange(capacity_file, render_capacity(merged))
+
+
+def _prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
+    if read is None:
+        return {}
+    try:
+        return read()
+    except Exception:  # an unreadable slot state only loses the prices: the pool's max price stands in
+        return {}
 
 
 def with_drains(directive_docs: dict[str, dict[str, Any]], spec: FleetSpec,
@@ -258,7 +269,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
              record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
-             term: LeaderTerm | None = None) -> PassResult:
+             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
@@ -268,6 +279,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
 
     `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
+    `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
+    first (None or unknown: the pool's max price, i.e. the slowest machine first).
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
@@ -299,7 +312,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         after = RecordSet(machines={**records.machines, **decision.machine_records})
         capacity, capacity_file = capacity_step(
             spec, workdir / spec_file, str(Path(spec_file).parent / CAPACITY_FILE), reports, records,
-            decision.kill_budgets, desired_image_digest, now, queue_reader)
+            decision.kill_budgets, desired_image_digest, now, queue_reader, _prices(prices))
         outcome["capacity"] = capacity
         outcome["directives"] = with_drains(
             {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
