@@ -74,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status-refresh", type=float, default=5.0, metavar="SECONDS",
                    help="with --listen: how often the live status page at / refreshes itself (default: %(default)s)")
     p.add_argument("--slot-state-dir", type=Path, default=None, metavar="DIR",
-                   help="with --listen: the provisioner's state dir (`fleet apply --state-dir`), for $/h per pool")
+                   help="the provisioner's state dir (`fleet apply --state-dir`): $/h per pool (with --listen) and "
+                        "the $/h of each instance, so a shrinking autoscaled pool drains the worst $/proof first")
     p.add_argument("--metrics-open", action="store_true",
                    help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
     p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, metavar="SECONDS",
@@ -187,6 +188,12 @@ def run_command(args: argparse.Namespace) -> int:
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
+        # $/h per instance from the provisioner's slot state: a shrinking pool drains the worst $/proof first.
+        prices = None
+        if args.slot_state_dir is not None:
+            from reconciler.cli.surfaces import slot_prices
+
+            prices = slot_prices(args.slot_state_dir)
 
         def one_pass(now: datetime) -> PassResult:
             term = None
@@ -196,7 +203,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return _standby(git, keeper, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, term=term)
+                            directive_sink=store, queue_reader=queue, prices=prices, term=term)
 
         shown_standby: list[str] = []
 
