@@ -100,6 +100,17 @@ def _open_git(args: argparse.Namespace) -> GitStore:
     return GitStore.clone(args.repo, workdir, branch=args.branch)
 
 
+def _standby(git: GitStore, keeper: LeaseKeeper, now: datetime) -> PassResult:
+    """A follower's pass: no judging, no writes anyone else sees; only its own clone follows the branch, so the
+    page and status it serves show the records the leader pushed."""
+    notes: tuple[str, ...] = ()
+    try:
+        git.sync()
+    except (GitStoreError, TemporaryGitError) as exc:
+        notes = (f"clone not refreshed (the page shows older records): {exc}",)
+    return PassResult(at=now, standby=_leadership_line(keeper), notes=notes)
+
+
 def _leadership_line(keeper: LeaseKeeper) -> str:
     line = describe(keeper.leader(), keeper.holder, datetime.now(UTC))
     return f"{line} (lease database unreachable: {keeper.last_error})" if keeper.last_error else line
@@ -189,7 +200,7 @@ def run_command(args: argparse.Namespace) -> int:
             if keeper is not None:
                 epoch = keeper.term()
                 if epoch is None:  # another replica leads: serve workers, judge and write nothing
-                    return PassResult(at=now, standby=_leadership_line(keeper))
+                    return _standby(git, keeper, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
                             directive_sink=store, queue_reader=queue, prices=prices, term=term)
@@ -206,7 +217,8 @@ def run_command(args: argparse.Namespace) -> int:
                 doc["leadership"] = keeper.status(datetime.now(UTC))
             write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             if result.standby is not None:
-                if shown_standby[-1:] != [result.standby]:  # say it when it changes, not every interval
+                # JSON: one line per pass, as always; text: say it when it changes, not every interval.
+                if args.json or shown_standby[-1:] != [result.standby]:
                     _report(result, args.json)
                 shown_standby[:] = [result.standby]
                 return  # a follower's page and metrics show the leader's work, not passes of its own

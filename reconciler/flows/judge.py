@@ -11,10 +11,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, load_capacity, render_capacity
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
@@ -31,7 +31,7 @@ from reconciler.domain.capacity import (
     decide_all,
 )
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
-from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
+from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, awaiting_evidence, decide
 from reconciler.domain.leadership import LeaseLost, leader_trailer
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.planner import pool_pause
@@ -54,6 +54,14 @@ class ReportSource(Protocol):
     """What the controller store offers the loop. Any exception it raises is an observation failure."""
 
     def reports(self) -> Sequence[InstanceReport]: ...
+
+
+@runtime_checkable
+class LogRingSource(Protocol):
+    """A report source that can also give an instance's whole stored log ring (the SQLite controller store):
+    the evidence of the instances judged this pass. Without it, judging reads each report's tail."""
+
+    def log_rings(self, instance_ids: Sequence[str]) -> Mapping[str, Sequence[str]]: ...
 
 
 class DirectiveSink(Protocol):
@@ -293,7 +301,12 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
             return None
         records = load_for_pass(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
-        decision = decide(spec, reports, records, judged, desired_image_digest, now,
+        try:
+            evidence = with_whole_rings(source, reports, awaiting_evidence(spec, reports, judged, now))
+        except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
+            outcome["observation_error"] = f"{type(exc).__name__}: {exc}"
+            return None
+        decision = decide(spec, evidence, records, judged, desired_image_digest, now,
                           judged_serving_ids=store.trailer_values(SERVING_TRAILER))
         outcome["decision"] = decision
         after = RecordSet(machines={**records.machines, **decision.machine_records})
@@ -313,6 +326,9 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
+    if "observation_error" in outcome:
+        return PassResult(at=now, observation_error=outcome["observation_error"], reason=errors.OBSERVATION_FAILED,
+                          attempts=published.attempts)
     if "stalled" in outcome:
         spec_error: SpecError = outcome["stalled"]
         return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
@@ -333,6 +349,17 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
                       capacity=tuple(outcome.get("capacity", ())),
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=monotonic() - started if published.commit else None)
+
+
+def with_whole_rings(source: ReportSource, reports: Sequence[InstanceReport],
+                     instance_ids: Sequence[str]) -> tuple[InstanceReport, ...]:
+    """`reports`, those of `instance_ids` carrying their whole stored log ring instead of its tail (when the
+    source can give it: `LogRingSource`)."""
+    if not instance_ids or not isinstance(source, LogRingSource):
+        return tuple(reports)
+    rings = source.log_rings(instance_ids)
+    return tuple(replace(r, log_tail=tuple(rings[r.instance_id])) if rings.get(r.instance_id) else r
+                 for r in reports)
 
 
 def _fenced(term: LeaderTerm) -> Callable[[Any], None]:
