@@ -217,9 +217,11 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
     texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
     drivers = [cuda_errors.DRIVER_ERROR_NAMES[c].removeprefix("CUDA_ERROR_") for c in driver_codes]
     regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
-             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b"
-             rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b")
-    needs = ["sppark::error #-", "cudaerror", "cuda_error_"]
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
+    needs = ["sppark::error #-", "cudaerror"]
+    if drivers:
+        regex += rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b"
+        needs.append("cuda_error_")
     if texts:
         quoted = "|".join(re.escape(t) for t in texts)
         regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
