@@ -77,14 +77,14 @@ from reconciler.domain.records import (
 from reconciler.domain.verdicts import RATE_VERDICTS
 
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 8
+FORMAT = 9
 _PLACEHOLDER = "\x00record-file\x00"
 _PLACEHOLDER_FILE = Path(f"{_PLACEHOLDER}.yaml")
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")  # positional construction
 _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
-_PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE = (_ENTRY_FIELDS.index(name) for name in (
-    "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour"))
+_PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE, _PROBATION_UNTIL = (_ENTRY_FIELDS.index(name) for name in (
+    "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour", "probation_until"))
 _INSTANCE = _ENTRY_FIELDS.index("instance_id")
 _BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
 _NO_MARKS = marshal.dumps([])  # the marks column of a record without entries that marked it bad
@@ -711,12 +711,16 @@ class RecordIndex:
         mid, status, gpu_name, note = doc["machine_id"], doc["status"], doc.get("gpu_name"), doc.get("note")
         data = marshal.dumps((mid, status, host_id, gpu_name, note, entries))
         marks = marshal.dumps([(e[_POOL], e[_AT]) for e in entries if e[_MARKS_BAD]])
-        bad_view = None  # only a bad machine's is ever read (RecordSet.bad_machines)
-        if status in _BAD_STATUSES:
-            marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][_MARKS_BAD]), None)
+        # Only a bad machine's is read (RecordSet.bad_machines), and an ok one's whose newest bad entry has a
+        # probation (RecordSet.passed_on_probation: with its GPU model, as it is in no bad row).
+        bad_view = None
+        marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][_MARKS_BAD]), None)
+        if status in _BAD_STATUSES or (status == "ok" and marking is not None
+                                       and entries[marking][_PROBATION_UNTIL] is not None):
             last = len(entries) - 1 if entries else None
-            bad_view = marshal.dumps((host_id, note, marking, None if marking is None else entries[marking], last,
-                                      None if last is None else entries[last]))
+            view = (host_id, note, marking, None if marking is None else entries[marking], last,
+                    None if last is None else entries[last])
+            bad_view = marshal.dumps(view if status in _BAD_STATUSES else (*view, gpu_name))
         last_price = next((e[_PRICE] for e in reversed(entries) if e[_PRICE] is not None), None)
         verdicts = marshal.dumps([(e[_INSTANCE], e[_VERDICT], e[_PPH], e[_PRICE]) for e in entries])
         return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
@@ -797,6 +801,7 @@ class RecordIndex:
                                         memo.get("bad_view", lambda: self._bad_views(machines, bad)),
                                         machines, gpu_of, status_of),
                                     bad_machine_gpus=lambda: dict(sorted(gpu_of.items())),
+                                    passed_on_probation=lambda: self._passed_on_probation(machines, bad),
                                     last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)),
                                     instance_entries=lambda wanted: self._instance_entries(machines, wanted),
                                     instance_verdicts=lambda wanted: self._instance_verdicts(machines, wanted))
@@ -857,6 +862,30 @@ class RecordIndex:
             host_id, note, marking_i, marking, last_i, last = views[mid]
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
                                   _entry(last, source, blob, last_i), status_of[mid]))
+        return out
+
+    def _passed_on_probation(self, machines: dict[str, str], bad: set[str]) -> list[BadMachine]:
+        """RecordSet.passed_on_probation from the bad_view column of the ok machines (NULL for most)."""
+        others = {mid: machines[mid] for mid in machines if mid not in bad}
+        wanted = set(others.values())
+        # One pass over the few stored ok rows that have a view (not a look-up per machine: 10,000 of them),
+        # then the blobs the last load parsed (they may not be stored: another process held the write lock).
+        views: dict[str, Any] = {blob: raw for blob, raw in self._db.execute(
+            "SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND status = 'ok' AND bad_view IS NOT NULL")
+            if blob in wanted}
+        for blob, parsed in self._fresh.items():
+            if blob in wanted and parsed.bad_view is not None and parsed.status == "ok":
+                views[blob] = parsed.bad_view
+        source = self._evidence
+        out = []
+        for mid in sorted(others):
+            raw = views.get(others[mid])
+            if raw is None:
+                continue
+            host_id, note, marking_i, marking, last_i, last, gpu_name = marshal.loads(raw)  # noqa: S302 - ours
+            blob = machines[mid]
+            out.append(BadMachine(mid, host_id, gpu_name, note, _entry(marking, source, blob, marking_i),
+                                  _entry(last, source, blob, last_i), "ok"))
         return out
 
     def _instance_entries(self, machines: dict[str, str], wanted: Mapping[str, Any]

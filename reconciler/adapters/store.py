@@ -396,6 +396,8 @@ class ControllerStore(Protocol):
 
     def tail(self, instance_id: str, n: int) -> list[str]: ...
 
+    def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]: ...
+
     def log_view(self, instance_id: str, n: int) -> LogView | None: ...
 
     def report(self, instance_id: str) -> InstanceReport | None: ...
@@ -827,6 +829,16 @@ class _SqlStore:
         """The last REPORT_TAIL_LINES of each instance (`everyone`: every stored instance is asked for)."""
         return {iid: self._tail(conn, iid, REPORT_TAIL_LINES) for iid in instance_ids}
 
+    def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """The whole stored log ring of each instance (oldest first; bounded by `ring_lines`): the evidence of an
+        instance about to be judged (`flows.judge`), where `reports()` carries only the last REPORT_TAIL_LINES."""
+        def body(conn: SqlConnection) -> dict[str, tuple[str, ...]]:
+            return {iid: tuple(r[0] for r in conn.execute(
+                        "SELECT line FROM log_lines WHERE instance_id = ? ORDER BY seq", (iid,)))
+                    for iid in dict.fromkeys(instance_ids)}
+
+        return self._snapshot(body) if instance_ids else {}
+
     def log_view(self, instance_id: str, n: int) -> LogView | None:
         def body(conn: SqlConnection) -> LogView | None:
             row = conn.execute("SELECT ring_dropped + worker_dropped, destroyed_at FROM instances "
@@ -986,7 +998,7 @@ class _SqlStore:
             machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
             image_version=row[10], events=tuple(e for e, _ in evs), result=result,
             log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]),
-            clock_skew_s=round(skew, 3))
+            clock_skew_s=round(skew, 3), gpu_probe=tuple(str(line) for line in json.loads(row[12])))
         meta = InstanceMeta(
             worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
             gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],

@@ -129,6 +129,9 @@ class InstanceReport:
     #: The worker's clock minus the controller's, in seconds, at its latest report (None: unknown). Shown
     #: with the timeline; the timeline itself is on the controller's clock.
     clock_skew_s: float | None = None
+    #: The register body's GPU probe (`gpus`): nvidia-smi's answer at boot, one line per GPU, or its error
+    #: output when it failed (`Failed to initialize NVML: Driver/library version mismatch`): evidence too.
+    gpu_probe: tuple[str, ...] = ()
 
     def first(self, phase: str, status: str) -> PhaseEvent | None:
         return next((e for e in self.events if e.phase == phase and e.status == status), None)

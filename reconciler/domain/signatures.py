@@ -217,9 +217,11 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
     texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
     drivers = [cuda_errors.DRIVER_ERROR_NAMES[c].removeprefix("CUDA_ERROR_") for c in driver_codes]
     regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
-             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b"
-             rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b")
-    needs = ["sppark::error #-", "cudaerror", "cuda_error_"]
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
+    needs = ["sppark::error #-", "cudaerror"]
+    if drivers:
+        regex += rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b"
+        needs.append("cuda_error_")
     if texts:
         quoted = "|".join(re.escape(t) for t in texts)
         regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
@@ -300,10 +302,11 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("nvidia-no-device", "machine", 100, r"^(?:fleet: nvidia-smi failed: )?No devices were found",
          "nvidia-smi sees no GPU in the container", needs=("no devices were found",)),
     _sig("cuda-no-device", "machine", 100,
-         rf"{_cuda(100)}|No CUDA devices available|CUDA_ERROR_NO_DEVICE",
+         rf"{_cuda(100)}|No CUDA devices available|CUDA_ERROR_NO_DEVICE|No CUDA GPUs are available",
          "the container sees no usable GPU (cudaErrorNoDevice / supraseal's ngpus() == 0)",
          explains="cudaErrorNoDevice (100): no CUDA-capable device is detected",
-         needs=(*_cuda_needs(100), "no cuda devices available", "cuda_error_no_device")),
+         needs=(*_cuda_needs(100), "no cuda devices available", "cuda_error_no_device",
+                "no cuda gpus are available")),
     _sig("cuda-init-error", "machine", 100, _cuda(3), "CUDA could not initialise the driver",
          explains="cudaErrorInitializationError (3): initialization error", needs=_cuda_needs(3)),
     _sig("cuda-devices-unavailable", "machine", 100, _cuda(46),
@@ -311,14 +314,18 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          explains="cudaErrorDevicesUnavailable (46): device busy or unavailable", needs=_cuda_needs(46)),
     _sig("nvidia-libs-missing", "machine", 100,
          r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file"
-         r"|couldn't find libnvidia-ml\.so",
-         "the host's container runtime did not inject the NVIDIA driver libraries or devices",
-         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so")),
+         r"|couldn't find libnvidia-ml\.so|\bnvidia-smi: (?:command )?not found",
+         "the host's container runtime did not inject the NVIDIA driver libraries, tools (nvidia-smi) or devices",
+         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so",
+                "nvidia-smi: ")),
     # The kernel driver could not bring the GPU up (NVRM: `RmInitAdapter failed!`, older drivers
     # `rm_init_adapter failed for device bearing minor number N`): the GPU or its host.
-    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE, r"RmInitAdapter failed|rm_init_adapter failed",
+    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE,
+         r"RmInitAdapter failed|rm_init_adapter failed|NVIDIA probe routine failed|None of the NVIDIA devices were "
+         r"initialized",
          "the host's NVIDIA driver could not initialise the GPU (RmInitAdapter failed): hardware, power or driver",
-         needs=("rminitadapter failed", "rm_init_adapter failed")),
+         needs=("rminitadapter failed", "rm_init_adapter failed", "nvidia probe routine failed",
+                "none of the nvidia devices were initialized")),
     _sig("host-no-gpu-runtime", "machine", 100,
          r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
          "the host's docker has no working NVIDIA container runtime",
@@ -354,10 +361,12 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
     _sig("host-out-of-memory", "configuration", 90,
          r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
-         r"|memory allocation of \d+ bytes failed|Cannot allocate memory|std::bad_alloc",
+         r"|memory allocation of \d+ bytes failed|Cannot allocate memory|std::bad_alloc|runtime: out of memory"
+         r"|\bMemoryError\b",
          "host RAM exhausted: the kernel OOM killer, the cgroup limit, or a failed allocation",
          setting=SETTING_HOST_RAM,
-         needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory", "std::bad_alloc")),
+         needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory", "std::bad_alloc",
+                "memoryerror")),
     _sig("process-killed", "configuration", 90,
          r"^(?:\S+: )?(?:line \d+: )?\s*\d+ Killed\s+.*cuzk|^Killed\s+.*cuzk|\bcuzk[\w-]* .*\bkilled by signal 9\b",
          "our cuzk process was SIGKILLed (bash job notification): the OOM killer, host RAM for the workload",
@@ -407,12 +416,14 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
          r"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
          r"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
-         r"|not signed by known authorities|certificate issuer is unknown|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
+         r"|not signed by known authorities|certificate issuer is unknown|self[- ]signed certificate"
+         r"|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
          "the image cannot verify the mirror's TLS certificate: no CA bundle (ca-certificates) in our image",
          setting=SETTING_CA_BUNDLE,
          needs=("certificate signed by unknown authority", "unable to get local issuer certificate",
                 "failed to load system roots", "error setting certificate ", "unknownissuer", "issuer is not known",
-                "not signed by known authorities", "certificate issuer is unknown", "curl: (77)",
+                "not signed by known authorities", "certificate issuer is unknown", "signed certificate",
+                "curl: (77)",
                 "exit code 77")),
     _sig("tls-hostname-mismatch", "configuration", PRIORITY_PARAMS + 1,
          r"x509: certificate is valid for .*, not \S+|no alternative certificate subject name matches"
@@ -479,12 +490,13 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          needs=("bus error", "sigbus", *_exit_code_needs(135))),
     _sig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
          rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b"
-         rf"|has overflowed its stack|{_exit_code(134)}",
+         rf"|has overflowed its stack|stack smashing detected|double free or corruption|free\(\): invalid pointer"
+         rf"|malloc\(\): corrupted|{_exit_code(134)}",
          "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
          "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
          needs=("terminate called after throwing an instance of", "(core dumped)", "sigabrt",
-                "has overflowed its stack",
-                *_exit_code_needs(134))),
+                "has overflowed its stack", "stack smashing detected", "double free or corruption",
+                "free(): invalid pointer", "malloc(): corrupted", *_exit_code_needs(134))),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
          r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",

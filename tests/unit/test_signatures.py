@@ -51,12 +51,14 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "nvidia-driver-mismatch": ["Failed to initialize NVML: Driver/library version mismatch"],
     "nvidia-no-device": ["No devices were found", "fleet: nvidia-smi failed: No devices were found"],
-    "cuda-no-device": ["sppark::Error #-100", "No CUDA devices available",
-                       'cudaGetDeviceCount(&n)@sppark/util/all_gpus.cpp:12 failed: '
-                       '"no CUDA-capable device is detected"'],
+    "cuda-no-device": [
+        "RuntimeError: No CUDA GPUs are available",
+        "sppark::Error #-100", "No CUDA devices available",
+        'cudaGetDeviceCount(&n)@sppark/util/all_gpus.cpp:12 failed: "no CUDA-capable device is detected"'],
     "cuda-init-error": ["sppark::Error #-3"],
     "cuda-devices-unavailable": ["sppark::Error #-46"],
     "nvidia-libs-missing": [
+        "/opt/fleet/entrypoint.sh: line 140: nvidia-smi: command not found",
         "cuzk-daemon: error while loading shared libraries: libcuda.so.1: cannot open shared object file: No such "
         "file or directory",
         "nvidia-smi: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file",
@@ -71,6 +73,7 @@ EXAMPLES: dict[str, list[str]] = {
         "NVRM: Xid (PCI:0000:81:00): 43, pid=88, name=cuzk-daemon, Ch 00000010",
     ],
     "host-out-of-memory": [
+        "fatal error: runtime: out of memory",
         "[ 8123.440211] Out of memory: Killed process 812 (cuzk-daemon) total-vm:412339812kB, anon-rss:130872112kB",
         "Memory cgroup out of memory: Killed process 812 (cuzk-daemon) total-vm:412339812kB",
         "oom_kill 1",
@@ -183,6 +186,7 @@ EXAMPLES: dict[str, list[str]] = {
         "x509: certificate has expired or is not yet valid: current time 2023-01-28T09:08:05+01:00 is after "
         "2023-01-08T09:42:48Z", "curl: (60) SSL certificate problem: certificate has expired"],
     "tls-unknown-authority": [
+        "curl: (60) SSL certificate problem: self-signed certificate in certificate chain",
         "The certificate is NOT trusted. The certificate issuer is unknown.",
         "x509: certificate signed by unknown authority",
         "curl: (60) SSL certificate problem: unable to get local issuer certificate",
@@ -203,13 +207,16 @@ EXAMPLES: dict[str, list[str]] = {
         "fleet: cuzk-daemon exited with code 132 (killed by SIGILL)"],
     "bus-error": ["/opt/fleet/entrypoint.sh: line 225:   812 Bus error               (core dumped) cuzk-daemon"],
     "process-aborted": [
+        "*** stack smashing detected ***: terminated",
         "thread 'tokio-runtime-worker' has overflowed its stack",
         "terminate called after throwing an instance of 'std::runtime_error'",
         "/opt/fleet/benchmark.sh: line 60:  4242 Aborted                 (core dumped) cuzk-bench"],
     "process-sigkill": ["fleet: ERROR: cuzk-bench exited with code 137 after 0 of 10 proofs (0 failed)"],
     "gpu-xid-ambiguous": ["NVRM: Xid (PCI:0000:01:00): 45, pid=15041, name=cuzk-daemon, Ch 00000006"],
-    "gpu-init-failed": ["[   12.345678] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x31:0xffff:2358)",
-                        "NVRM: rm_init_adapter failed for device bearing minor number 0"],
+    "gpu-init-failed": [
+        "NVRM: The NVIDIA probe routine failed for 1 device(s).",
+        "[   12.345678] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x31:0xffff:2358)",
+        "NVRM: rm_init_adapter failed for device bearing minor number 0"],
     "downloader-usage-error": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 28)"],
     "params-url-malformed": ["curl: (3) URL using bad/illegal format or missing URL"],
     "loader-symbol-missing": ["cuzk-daemon: symbol lookup error: /usr/local/bin/cuzk-daemon: undefined symbol: "

@@ -183,6 +183,21 @@ def test_report_log_tail_is_the_last_lines(store: _SqlStore) -> None:
         assert r.log_tail[-1] == f"{r.instance_id} 79" and r.log_tail[0] == f"{r.instance_id} {80 - REPORT_TAIL_LINES}"
 
 
+def test_log_rings_give_the_whole_bounded_ring_and_reports_carry_the_gpu_probe(store: _SqlStore) -> None:
+    # The judge's evidence (issue 23 item 3): every stored line of the instances asked for, oldest first, within
+    # the ring bound (100 here); the register body's GPU probe on the report.
+    probe = ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]
+    store.register("p-0-a", register_doc("p-0-a", gpus=probe))
+    store.register("p-1-b", register_doc("p-1-b"))
+    store.add_logs("p-0-a", [f"a{i}" for i in range(130)])
+    store.add_logs("p-1-b", ["b0"])
+    assert store.log_rings([]) == {}
+    rings = store.log_rings(["p-0-a", "p-1-b", "p-0-a", "never-registered"])
+    assert rings == {"p-0-a": tuple(f"a{i}" for i in range(30, 130)), "p-1-b": ("b0",), "never-registered": ()}
+    report = store.report("p-0-a")
+    assert report is not None and report.gpu_probe == tuple(probe) and len(report.log_tail) == REPORT_TAIL_LINES
+
+
 def test_progress_events_are_a_ring_and_other_events_are_capped(store_factory: StoreFactory) -> None:
     store = store_factory(now=StepClock(), max_progress_events=3, max_other_events=2)
     store.register("p-0-a", register_doc("p-0-a"))
