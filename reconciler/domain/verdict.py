@@ -303,7 +303,8 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
     blame = match.blame if match else "unknown"
     what = f"{failed} {'/'.join(labels)}"
     cause = match.text() if match else (error_line(attempt.evidence) or f"{what}; no reason in the daemon log")
-    signature = match.name if match else unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, cause)
+    signature = match.name if match else \
+        unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, cause)
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
         # Some proofs verify and some do not on the same inputs: the GPU computes wrong results at times.
         blame, signature = "machine", SIGNATURE_INTERMITTENT_SELF_CHECK
