@@ -26,6 +26,7 @@ from bench import (
     bench_program,
     bench_ranking,
     bench_records,
+    bench_views,
 )
 from bench.common import Figure
 
@@ -37,6 +38,7 @@ BENCHES: dict[str, Callable[[], list[Figure]]] = {
     "program": bench_program.run,
     "records": bench_records.run,
     "failover": bench_failover.run,
+    "views": bench_views.run,
     "capacity": bench_capacity.run,
 }
 RESULTS = Path(__file__).with_name("results.md")

@@ -9,13 +9,11 @@ write, commit, push. Measured at 1,000 commits, the origin grown to 10,000, meas
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Figure, median_time, timed
+from bench.common import Figure, fast_import_data, git, median_time, timed
 from bench.data import DIGEST, machine_id_of, machine_records, spec_yaml
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME, CommitRequest, FileChange, GitStore
 from reconciler.adapters.record_files import render_machine_record
@@ -24,20 +22,8 @@ SIZES = (1_000, 10_000)
 #: Machines in the fleet: (a) a steady fleet: only history grows; (b) the fleet grows with it (more record files).
 SCENARIOS = ((1_000, "steady fleet of 1,000 machines"), (3_000, "fleet growing to 3,000 machines"))
 TARGET_RATIO = 1.3  # issue 16: commit+push growth 1k -> 10k commits in a growing fleet
-_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
 
 
-def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, check=False,
-                          env={**os.environ, **_ENV})
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode()
-
-
-def _data(text: str) -> bytes:
-    raw = text.encode("utf-8")
-    return b"data %d\n" % len(raw) + raw + b"\n"
 
 
 class History:
@@ -52,10 +38,10 @@ class History:
         self.clock = 1_760_000_000
 
     def seed(self) -> None:
-        stream = b"commit refs/heads/main\n" + self._who() + _data("seed: fleet spec") + \
-            b"M 100644 inline fleet-spec/fleet.yaml\n" + _data(spec_yaml()) + \
-            b"M 100644 inline README.md\n" + _data("fleet\n")
-        _git(self.bare, "fast-import", "--quiet", stdin=stream)
+        stream = b"commit refs/heads/main\n" + self._who() + fast_import_data("seed: fleet spec") + \
+            b"M 100644 inline fleet-spec/fleet.yaml\n" + fast_import_data(spec_yaml()) + \
+            b"M 100644 inline README.md\n" + fast_import_data("fleet\n")
+        git(self.bare, "fast-import", "--quiet", stdin=stream)
 
     def _who(self) -> bytes:
         self.clock += 60
@@ -75,11 +61,11 @@ class History:
                        f"- machine {mid} (host 7{n % 997}, RTX 4090, pool rtx4090-a) instance {instance}: "
                        f"below-min-rate\n\nFleet-Machine: {mid}\nFleet-Verdict: below-min-rate\n"
                        f"Fleet-Instance: {instance}\n")
-            parts.append(b"commit refs/heads/main\n" + self._who() + _data(message)
+            parts.append(b"commit refs/heads/main\n" + self._who() + fast_import_data(message)
                          + (b"from refs/heads/main^0\n" if not parts else b"")
-                         + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + _data(text))
+                         + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + fast_import_data(text))
             self.commits += 1
-        _git(self.bare, "fast-import", "--quiet", stdin=b"".join(parts))
+        git(self.bare, "fast-import", "--quiet", stdin=b"".join(parts))
 
 
 def _publish_one(store: GitStore, n: int) -> None:
@@ -109,7 +95,7 @@ def _scenario(fleet_machines: int, label: str, repeats: int) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="bench-git-") as tmp:
         root = Path(tmp)
         bare = root / "origin.git"
-        _git(root, "init", "--quiet", "--bare", "--initial-branch=main", str(bare))
+        git(root, "init", "--quiet", "--bare", "--initial-branch=main", str(bare))
         history = History(bare, fleet_machines)
         history.seed()
         medians: dict[int, float] = {}
@@ -118,7 +104,7 @@ def _scenario(fleet_machines: int, label: str, repeats: int) -> list[Figure]:
         for size in SIZES:
             grow_s = timed(lambda size=size: history.grow(size - history.commits))
             if not bot.exists():
-                _git(root, "clone", "--quiet", str(bare), str(bot))
+                git(root, "clone", "--quiet", str(bare), str(bot))
             store = GitStore(bot, sleep=lambda _s: None, max_attempts=1)
             cold = timed(lambda store=store: (store.sync(), store.trailer_values("Fleet-Instance")))
             fresh = GitStore(bot, sleep=lambda _s: None, max_attempts=1)
@@ -130,8 +116,8 @@ def _scenario(fleet_machines: int, label: str, repeats: int) -> list[Figure]:
                 times.append(timed(lambda store=store, n=published: _publish_one(store, n)))
                 published += 1
             medians[size] = sorted(times)[len(times) // 2]
-            files = len(_git(bot, "ls-files", "fleet-spec/machines").splitlines())
-            ls_tree = median_time(lambda: _git(bot, "ls-tree", "-r", "HEAD", "fleet-spec/machines"), 3)
+            files = len(git(bot, "ls-files", "fleet-spec/machines").splitlines())
+            ls_tree = median_time(lambda: git(bot, "ls-tree", "-r", "HEAD", "fleet-spec/machines"), 3)
             figures.append(Figure(
                 f"commit+push one record, {size:,} record commits ({label})", medians[size], "s",
                 f"median of {repeats} GitStore.publish (fetch, checkout, clean, trailer_values, write, commit, push);"

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figure, timed
+from bench.common import Figure, fast_import_data, git, timed
 from bench.data import DIGEST, machine_id_of, machine_records, spec_yaml, write_records
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
 from reconciler.adapters.record_files import render_machine_record
@@ -37,7 +37,6 @@ WARM_TARGET_S = 0.5
 WHY_TARGET_S = 0.5
 HELP_TARGET_S = 0.3
 RAW_FACTOR = 10.0
-_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
 
 
 #: CPU seconds (user + system) of the last `_fleet` process: on this shared machine the wall time moves
@@ -74,13 +73,6 @@ def _timed_runs(args: list[str], cwd: Path, env: dict[str, str], before: Any = N
     return walls, statistics.median(cpus)
 
 
-def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, check=False,
-                          env={**os.environ, **_GIT_ENV})
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
-    return proc.stdout.decode()
-
 
 def _raw_read(machines_dir: Path) -> float:
     def read_all() -> None:
@@ -98,7 +90,7 @@ def run() -> list[Figure]:
         root = Path(tmp) / "fleet"
         spec_dir = root / "fleet-spec"
         spec_dir.mkdir(parents=True)
-        _git(root, "init", "--quiet", "--initial-branch=main")
+        git(root, "init", "--quiet", "--initial-branch=main")
         (spec_dir / "fleet.yaml").write_text(spec_yaml(), encoding="utf-8")
         started = time.perf_counter()
         write_records(spec_dir, MACHINES, ENTRIES_PER_MACHINE)
@@ -147,16 +139,12 @@ def run() -> list[Figure]:
     return figures
 
 
-def _data(text: str) -> bytes:
-    raw = text.encode("utf-8")
-    return b"data %d\n" % len(raw) + raw + b"\n"
-
 
 def _why(tmp: Path) -> Figure:
     """A repo whose history has WHY_COMMITS verdict commits of one machine (its record growing to its last
     30 entries, as a capped record would) interleaved with as many commits of other machines."""
     repo = tmp / "why"
-    _git(tmp, "init", "--quiet", "--initial-branch=main", str(repo))
+    git(tmp, "init", "--quiet", "--initial-branch=main", str(repo))
     template = next(iter(machine_records(1, 30)))
     target = template.machine_id
     clock = 1_760_000_000
@@ -176,11 +164,11 @@ def _why(tmp: Path) -> Figure:
             text = f"machine_id: '{mid}'\nstatus: ok\nbenchmarks: []\n"
             instance = f"other-{n}"
         message = f"fleet: 1 verdict (machine {mid})\n\nFleet-Machine: {mid}\nFleet-Instance: {instance}\n"
-        parts.append(f"commit refs/heads/main\n{who}".encode() + _data(message)
-                     + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + _data(text))
-    _git(repo, "fast-import", "--quiet", stdin=b"".join(parts))
-    _git(repo, "checkout", "--quiet", "main")
-    commits = len(_git(repo, "rev-list", "HEAD").split())
+        parts.append(f"commit refs/heads/main\n{who}".encode() + fast_import_data(message)
+                     + f"M 100644 inline fleet-spec/machines/{mid}.yaml\n".encode() + fast_import_data(text))
+    git(repo, "fast-import", "--quiet", stdin=b"".join(parts))
+    git(repo, "checkout", "--quiet", "main")
+    commits = len(git(repo, "rev-list", "HEAD").split())
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
     times, cpu = _timed_runs(["why", target], repo, env)
     why_s = statistics.median(times)

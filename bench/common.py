@@ -1,11 +1,32 @@
-"""Timing helpers and the `Figure` every benchmark returns."""
+"""Timing helpers, the `Figure` every benchmark returns, and git for the benchmarks' repositories."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+#: git for the benchmarks' repositories: no user or system config, never a prompt.
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git(cwd: Path, *args: str, stdin: bytes | None = None) -> str:
+    """Run git in `cwd`; its stdout, or RuntimeError with its stderr."""
+    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, check=False,
+                          env={**os.environ, **GIT_ENV})
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout.decode()
+
+
+def fast_import_data(text: str | bytes) -> bytes:
+    """A `data` command of a `git fast-import` stream."""
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return b"data %d\n" % len(raw) + raw + b"\n"
 
 
 @dataclass(frozen=True)

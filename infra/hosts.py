@@ -110,7 +110,9 @@ def static_slot_props(spec: FleetSpec, pool: PoolSpec, records: RecordSet, *, po
     static = replace(base, bad_machine_ids=frozenset(), measured={}).to_props()
     for name in ("bad_machine_ids", "measured", "image", "image_digest", "paused_reason"):
         static.pop(name, None)
-    return {slot: {**static, "slot": slot, "pool_data": ref} for slot in pool.slot_names()}
+    # A draining slot (an autoscaled pool shrinking) keeps its instance until the leader releases it.
+    return {slot: {**static, "slot": slot, "pool_data": ref, **({"draining": True} if slot in pool.draining else {})}
+            for slot in pool.slot_names()}
 
 
 def _pause_reason(pool: PoolSpec, records: RecordSet, digest: str) -> str | None:

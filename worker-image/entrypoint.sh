@@ -164,7 +164,9 @@ jq -n --arg at "$(fleet_now)" --arg id "$FLEET_INSTANCE_ID" --arg pool "${FLEET_
    hostname: ($hostname | opt(255)),
    gpus: ($gpus | rtrimstr("\n") | if . == "" then [] else split("\n") | map(.[:512]) | .[:16] end)}' \
   >"$FLEET_TMP_DIR/register.json"
-if ! fleet_post register "$FLEET_TMP_DIR/register.json" "${FLEET_REGISTER_ATTEMPTS:-8}"; then
+if fleet_post register "$FLEET_TMP_DIR/register.json" "${FLEET_REGISTER_ATTEMPTS:-8}"; then
+  : >"$FLEET_REGISTERED_FILE" # the log shipper starts shipping now (before this the controller answers 404)
+else
   fleet_log "not registered with the controller; continuing (reports will keep retrying)"
 fi
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Log shipper: sends the worker's log ring to the controller in batches (POST .../logs, `log_batch`).
 #
-# Place in the flow: started in the background by entrypoint.sh right after the log sink; runs until the
-# entrypoint sends SIGUSR1 (final drain, then exit). A controller outage never stops it and never stops
+# Place in the flow: started in the background by entrypoint.sh right after the log sink; ships nothing until
+# the controller accepted the registration (FLEET_REGISTERED_FILE: before that every batch is a 404 "unknown
+# instance", which is not an outage); runs until the entrypoint sends SIGUSR1 (final drain, then exit). A controller outage never stops it and never stops
 # the worker: it keeps the ring bounded (FLEET_LOG_RING_LINES; the oldest whole segments go first),
 # counts the unshipped lines it had to drop, and reports that count in the next batch that gets through.
 # Retries back off (jittered, capped) between cycles instead of blocking on one batch.
@@ -80,10 +81,11 @@ next_batch() {
       END { if (n > 0) print last }'
 }
 
-# One delivery attempt; returns 0 when there is nothing more to send right now.
+# One delivery attempt; returns 0 when there is nothing more to send right now (or not registered yet).
 ship_once() {
-  local attempts=$1 last
+  local attempts=$1 last rc=0
   trim_ring
+  [[ -e $FLEET_REGISTERED_FILE ]] || return 0
   last=$(next_batch)
   if [[ -z $last ]] && ((dropped == 0)); then
     return 0
@@ -95,7 +97,8 @@ ship_once() {
     [[ -n $last ]] && shipped=$last && save_shipped
     return 1
   fi
-  if fleet_post logs "$BODY_FILE" "$attempts" 1; then
+  fleet_post logs "$BODY_FILE" "$attempts" 1 || rc=$?
+  if ((rc == 0)); then
     if ((failures > 0)); then
       fleet_log "log shipper: controller reachable again after $failures failed attempts; $dropped buffered lines were dropped (ring bound $FLEET_LOG_RING_LINES lines)"
     fi
@@ -105,7 +108,10 @@ ship_once() {
     return 1 # maybe more to send
   fi
   failures=$((failures + 1))
-  if ((failures == 1)); then
+  if ((failures == 1 && rc == 2)); then
+    # fleet_post logged the controller's answer (an HTTP 4xx): it was reached and refused the batch.
+    fleet_log "log shipper: the controller refused the log batch (answer above); buffering up to $FLEET_LOG_RING_LINES lines and retrying"
+  elif ((failures == 1)); then
     fleet_log "log shipper: cannot reach the controller; buffering up to $FLEET_LOG_RING_LINES lines and retrying"
   fi
   return 2

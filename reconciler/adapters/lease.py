@@ -15,7 +15,8 @@ step checks, and is what `fleet status` and /healthz read.
 `LeaseKeeper` renews the lease on its own thread every `duration / 3` (followers try to take it as often) and
 on its own connection, so a busy store never starves a renewal. Locally it trusts its term only until the
 instant the renewal *started* plus the duration (never later than the database's expiry); `fence` asks the
-database itself, right before each write.
+database itself, right before the push; `store_fence` asks inside the store transaction that writes the
+directives and holds the lease row (FOR SHARE) until it commits, so the lease cannot change hands mid-write.
 
 The embedded store (SQLite, one process) needs none of this: that process is always the leader.
 """
@@ -70,6 +71,11 @@ WHERE l.holder = EXCLUDED.holder OR l.expires_at <= clock_timestamp()
 RETURNING holder, epoch, since, expires_at"""
 
 _CURRENT = "SELECT holder, epoch, since, expires_at FROM fleet_lease WHERE name = %(name)s"
+
+# Inside a store transaction (the store's `?` placeholders): the term is still ours, and FOR SHARE keeps any other
+# replica's take-over (an UPDATE of this row) waiting until that transaction has committed or rolled back.
+_HOLDS_IN_STORE = """SELECT 1 FROM fleet_lease WHERE name = ? AND holder = ? AND epoch = ?
+                     AND expires_at > clock_timestamp() FOR SHARE"""
 
 _HOLDS = """SELECT 1 FROM fleet_lease WHERE name = %(name)s AND holder = %(holder)s AND epoch = %(epoch)s
             AND expires_at > clock_timestamp()"""
@@ -223,6 +229,15 @@ class LeaseKeeper:
                 current = None
             who = f"; {current.holder} holds epoch {current.epoch}" if current and current.holder != self.holder else ""
             raise LeaseLost(f"lease epoch {epoch} is no longer held by {self.holder}{who}; not writing")
+
+    def store_fence(self, epoch: int) -> Callable[[Any], None]:
+        """The same check as `fence`, to run inside a store transaction (`set_directives(..., fence=...)`):
+        the write commits only in term `epoch`, and no other replica takes the lease until it has."""
+        def check(conn: Any) -> None:
+            if conn.execute(_HOLDS_IN_STORE, (self.lease.name, self.holder, epoch)).fetchone() is None:
+                raise LeaseLost(f"lease epoch {epoch} is no longer held by {self.holder}; not writing")
+
+        return check
 
     # --- keeping it ---
 

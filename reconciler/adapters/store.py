@@ -46,7 +46,14 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from reconciler.adapters.settings import known_secret_values
 from reconciler.domain import errors
-from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, parse_time
+from reconciler.domain.observations import (
+    BenchmarkResult,
+    InstanceReport,
+    InstanceSummary,
+    PhaseEvent,
+    ProofResult,
+    parse_time,
+)
 from reconciler.domain.redact import Redactor
 
 #: The schema this code writes. SQLite keeps it in `PRAGMA user_version`, PostgreSQL in the `fleet_schema`
@@ -384,11 +391,14 @@ class ControllerStore(Protocol):
 
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool: ...
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int: ...
 
     def directive(self, instance_id: str) -> dict[str, Any] | None: ...
 
     def tail(self, instance_id: str, n: int) -> list[str]: ...
+
+    def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]: ...
 
     def log_view(self, instance_id: str, n: int) -> LogView | None: ...
 
@@ -397,6 +407,10 @@ class ControllerStore(Protocol):
     def detail(self, instance_id: str) -> tuple[InstanceReport, InstanceMeta] | None: ...
 
     def reports(self, include_destroyed: bool = True) -> list[InstanceReport]: ...
+
+    def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]: ...
+
+    def instance_summaries(self) -> list[InstanceSummary]: ...
 
     def instance_count(self) -> int: ...
 
@@ -773,11 +787,16 @@ class _SqlStore:
 
         return self.write(PreparedWrite(body, instance_id))
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int:
-        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed."""
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[SqlConnection], None] | None = None) -> int:
+        """Store the reconciler's directive per instance (recomputed every pass); returns how many changed.
+        `fence` runs first in the same transaction and may raise to write nothing (a replica's lease check,
+        reconciler/adapters/lease.py: it also keeps the lease from changing hands until this commits)."""
         rows = [(instance_id, _iso(now), _canonical(body)) for instance_id, body in sorted(directives.items())]
 
         def body(conn: SqlConnection) -> int:
+            if fence is not None:
+                fence(conn)
             return conn.executemany(
                 "INSERT INTO directives (instance_id, set_at, body) VALUES (?, ?, ?) ON CONFLICT (instance_id) "
                 "DO UPDATE SET set_at = excluded.set_at, body = excluded.body "
@@ -813,6 +832,16 @@ class _SqlStore:
         """The last REPORT_TAIL_LINES of each instance (`everyone`: every stored instance is asked for)."""
         return {iid: self._tail(conn, iid, REPORT_TAIL_LINES) for iid in instance_ids}
 
+    def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """The whole stored log ring of each instance (oldest first; bounded by `ring_lines`): the evidence of an
+        instance about to be judged (`flows.judge`), where `reports()` carries only the last REPORT_TAIL_LINES."""
+        def body(conn: SqlConnection) -> dict[str, tuple[str, ...]]:
+            return {iid: tuple(r[0] for r in conn.execute(
+                        "SELECT line FROM log_lines WHERE instance_id = ? ORDER BY seq", (iid,)))
+                    for iid in dict.fromkeys(instance_ids)}
+
+        return self._snapshot(body) if instance_ids else {}
+
     def log_view(self, instance_id: str, n: int) -> LogView | None:
         def body(conn: SqlConnection) -> LogView | None:
             row = conn.execute("SELECT ring_dropped + worker_dropped, destroyed_at FROM instances "
@@ -837,8 +866,59 @@ class _SqlStore:
         found = self._snapshot(lambda conn: self._load(conn, None))
         return [r for r, _ in found if include_destroyed or r.destroyed_at is None]
 
-    def _load(self, conn: SqlConnection, instance_id: str | None) -> list[tuple[InstanceReport, InstanceMeta]]:
-        where, args = ("WHERE instance_id = ?", (instance_id,)) if instance_id is not None else ("", ())
+    def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]:
+        """The reports of these instances only (with their events), ordered by first registration: what a view
+        shows of a 10,000-instance fleet is a page of them, not all of them."""
+        if not instance_ids:
+            return []
+        wanted = list(dict.fromkeys(instance_ids))
+        # Chunks of bound parameters (portable SQL: SQLite and PostgreSQL alike), all in one read transaction.
+        found = self._snapshot(lambda conn: [pair for start in range(0, len(wanted), 500)
+                                             for pair in self._load(conn, None, wanted[start:start + 500])])
+        found.sort(key=lambda pair: (pair[0].registered_at, pair[0].instance_id))
+        return [r for r, _ in found]
+
+    def instance_summaries(self) -> list[InstanceSummary]:
+        """Every instance in a few columns, without its events, log or result body: what the views need to
+        decide which instances need the operator (and to count the rest). One query; the aggregates use the
+        events' (instance_id, at, ...) and (instance_id, status, ...) indexes."""
+        def body(conn: SqlConnection) -> list[InstanceSummary]:
+            rows = conn.execute(
+                "SELECT i.instance_id, i.received_at, i.pool, i.slot, i.machine_id, i.host_id, i.gpu_name, "
+                "i.image_digest, i.destroyed_at, "
+                "EXISTS (SELECT 1 FROM results r WHERE r.instance_id = i.instance_id), "
+                "EXISTS (SELECT 1 FROM events e WHERE e.instance_id = i.instance_id AND e.status = 'failed'), "
+                "EXISTS (SELECT 1 FROM events e WHERE e.instance_id = i.instance_id AND e.status = 'started' "
+                "        AND e.phase = 'serve'), "
+                "EXISTS (SELECT 1 FROM events e WHERE e.instance_id = i.instance_id AND e.status = 'done' "
+                "        AND e.phase = 'serve'), "
+                "(SELECT e.received_at FROM events e WHERE e.instance_id = i.instance_id ORDER BY e.at DESC "
+                " LIMIT 1) "
+                "FROM instances i ORDER BY i.received_at, i.instance_id").fetchall()
+            out = []
+            for row in rows:
+                try:
+                    registered = datetime.fromisoformat(row[1])
+                    last = datetime.fromisoformat(row[13]) if row[13] else registered
+                    destroyed = _dt(row[8])
+                except (TypeError, ValueError):  # an unreadable row: the full report quarantines it
+                    registered = last = datetime.min.replace(tzinfo=UTC)
+                    destroyed = None
+                out.append(InstanceSummary(
+                    instance_id=row[0], registered_at=registered, pool=row[2], slot=row[3], machine_id=row[4],
+                    host_id=row[5], gpu_name=row[6], image_digest=row[7], destroyed_at=destroyed,
+                    has_result=bool(row[9]), failed=bool(row[10]), serving=bool(row[11]) and not row[12],
+                    last_signal=max(last, registered)))
+            return out
+
+        return self._snapshot(body)
+
+    def _load(self, conn: SqlConnection, instance_id: str | None,
+              only: list[str] | None = None) -> list[tuple[InstanceReport, InstanceMeta]]:
+        where: str = "WHERE instance_id = ?" if instance_id is not None else ""
+        args: tuple[str, ...] = (instance_id,) if instance_id is not None else ()
+        if only is not None:  # these instances (a chunk of at most a few hundred bound parameters)
+            where, args = f"WHERE instance_id IN ({', '.join('?' for _ in only)})", tuple(only)
         instances = conn.execute(
             "SELECT instance_id, received_at, worker_at, pool, slot, machine_id, host_id, contract_id, gpu_name, "  # noqa: S608
             "image_digest, image_version, hostname, gpus, registrations, next_line_seq, ring_dropped, "
@@ -921,7 +1001,7 @@ class _SqlStore:
             machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
             image_version=row[10], events=tuple(e for e, _ in evs), result=result,
             log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]),
-            clock_skew_s=round(skew, 3))
+            clock_skew_s=round(skew, 3), gpu_probe=tuple(str(line) for line in json.loads(row[12])))
         meta = InstanceMeta(
             worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
             gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],

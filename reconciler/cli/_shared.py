@@ -24,11 +24,11 @@ def desired_digest_arg(value: str | None) -> str | None:
 
 
 def instant(text: str) -> datetime:
-    """An `--at TIME` argument: an ISO 8601 time with its zone, as UTC."""
+    """A time argument (`--at`, `--since`): an ISO 8601 time with its zone, as UTC."""
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--at {text!r}: not an ISO 8601 time (e.g. 2026-12-02T22:00:00Z)") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: not an ISO 8601 time (e.g. 2026-12-02T22:00:00Z)") from None
     if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"--at {text!r}: give the time zone (Z for UTC)")
+        raise argparse.ArgumentTypeError(f"{text!r}: give the time zone (Z for UTC)")
     return value.astimezone(UTC)

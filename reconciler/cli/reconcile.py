@@ -74,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status-refresh", type=float, default=5.0, metavar="SECONDS",
                    help="with --listen: how often the live status page at / refreshes itself (default: %(default)s)")
     p.add_argument("--slot-state-dir", type=Path, default=None, metavar="DIR",
-                   help="with --listen: the provisioner's state dir (`fleet apply --state-dir`), for $/h per pool")
+                   help="the provisioner's state dir (`fleet apply --state-dir`): $/h per pool (with --listen) and "
+                        "the $/h of each instance, so a shrinking autoscaled pool drains the worst $/proof first")
     p.add_argument("--metrics-open", action="store_true",
                    help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
     p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, metavar="SECONDS",
@@ -97,6 +98,17 @@ def _open_git(args: argparse.Namespace) -> GitStore:
         raise GitStoreError(f"{workdir} exists, is not empty and is not a git clone; choose an empty --workdir")
     workdir.parent.mkdir(parents=True, exist_ok=True)
     return GitStore.clone(args.repo, workdir, branch=args.branch)
+
+
+def _standby(git: GitStore, keeper: LeaseKeeper, now: datetime) -> PassResult:
+    """A follower's pass: no judging, no writes anyone else sees; only its own clone follows the branch, so the
+    page and status it serves show the records the leader pushed."""
+    notes: tuple[str, ...] = ()
+    try:
+        git.sync()
+    except (GitStoreError, TemporaryGitError) as exc:
+        notes = (f"clone not refreshed (the page shows older records): {exc}",)
+    return PassResult(at=now, standby=_leadership_line(keeper), notes=notes)
 
 
 def _leadership_line(keeper: LeaseKeeper) -> str:
@@ -176,16 +188,22 @@ def run_command(args: argparse.Namespace) -> int:
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
+        # $/h per instance from the provisioner's slot state: a shrinking pool drains the worst $/proof first.
+        prices = None
+        if args.slot_state_dir is not None:
+            from reconciler.cli.surfaces import slot_prices
+
+            prices = slot_prices(args.slot_state_dir)
 
         def one_pass(now: datetime) -> PassResult:
             term = None
             if keeper is not None:
                 epoch = keeper.term()
                 if epoch is None:  # another replica leads: serve workers, judge and write nothing
-                    return PassResult(at=now, standby=_leadership_line(keeper))
-                term = LeaderTerm(epoch, partial(keeper.fence, epoch))
+                    return _standby(git, keeper, now)
+                term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, term=term)
+                            directive_sink=store, queue_reader=queue, prices=prices, term=term)
 
         shown_standby: list[str] = []
 
@@ -199,7 +217,8 @@ def run_command(args: argparse.Namespace) -> int:
                 doc["leadership"] = keeper.status(datetime.now(UTC))
             write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             if result.standby is not None:
-                if shown_standby[-1:] != [result.standby]:  # say it when it changes, not every interval
+                # JSON: one line per pass, as always; text: say it when it changes, not every interval.
+                if args.json or shown_standby[-1:] != [result.standby]:
                     _report(result, args.json)
                 shown_standby[:] = [result.standby]
                 return  # a follower's page and metrics show the leader's work, not passes of its own

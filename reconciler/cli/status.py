@@ -15,10 +15,10 @@ from reconciler.adapters.capacity_files import capacity_entries
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.cli._shared import instant
-from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.observations import format_time
 from reconciler.domain.records import RecordError
 from reconciler.domain.spec import SpecError
-from reconciler.domain.status import FleetStatus, MarketStatus, status_view
+from reconciler.domain.status import PAGE_SIZE, FleetStatus, MarketStatus, StatusQuery, status_view
 from reconciler.domain.sweep import MARKET_VIEW_FILE
 from reconciler.render.text import render_text
 
@@ -36,8 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", type=Path, default=None,
                    help="`fleet apply` state directory: adds the marketplace view (spend vs max_total_dph, orphans)")
     p.add_argument("--image-digest", default=None, help="desired image digest (default: $FLEET_IMAGE_DIGEST)")
+    shown = p.add_argument_group("which instances (default: only those that need the operator: failing, "
+                                 "judging, benchmarking, silent while serving, on probation)")
+    shown.add_argument("--all", action="store_true", dest="everything",
+                       help="every instance, also serving, ok and destroyed ones (and every bad machine)")
+    shown.add_argument("--pool", action="append", default=[], metavar="POOL", help="only this pool (repeatable)")
+    shown.add_argument("--machine", action="append", default=[], metavar="MACHINE_ID",
+                       help="only this machine (repeatable)")
+    shown.add_argument("--since", type=instant, default=None, metavar="TIME",
+                       help="only instances heard from at or after this UTC time (ISO 8601)")
+    shown.add_argument("--limit", type=int, default=PAGE_SIZE, metavar="N",
+                       help="instances per page (default: %(default)s; 0: no limit)")
+    shown.add_argument("--page", type=int, default=1, help="which page of instances (default: %(default)s)")
     output = p.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_argument("--json", action="store_true", help="machine-readable output (same as -o json)")
+    output.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format")
     output.add_argument("--html", type=Path, metavar="FILE",
                         help="write a self-contained static HTML status page to FILE (also written, with the "
                              "problem shown, when the spec is stalled or the controller store is unreadable)")
@@ -75,30 +88,10 @@ def run(args: argparse.Namespace) -> int:
                                   notes=(f"spec stalled: {exc}",), desired_image_digest=desired)
             _write_html(html_out, stalled, spec_dir / "fleet.yaml")
         return 1
-    reports: list[InstanceReport] = []
-    observation_error: str | None = None
-    if args.controller_db is not None:
-        from reconciler.adapters.store import StoreError, StoreUnavailable
-        from reconciler.adapters.stores import is_database_uri, open_store
-
-        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
-            observation_error = f"{args.controller_db}: no controller store there"
-        else:
-            try:
-                store = open_store(args.controller_db)
-                try:
-                    reports = store.reports()
-                finally:
-                    store.close()
-            except (StoreError, StoreUnavailable) as exc:
-                observation_error = str(exc)
-    if args.controller_db is not None and observation_error is None:
-        last_pass = _with_live_leadership(args.controller_db, last_pass, now)
-    if observation_error is not None:
-        print(f"fleet status: {observation_error}", file=sys.stderr)
-        if html_out is None:
-            return 1
-    notes = () if observation_error is None else (f"observation failed, instances not shown: {observation_error}",)
+    as_json = args.json or args.output == "json"
+    query = StatusQuery(everything=args.everything, pools=frozenset(args.pool), machines=frozenset(args.machine),
+                        since=args.since, page=max(1, args.page), per_page=args.limit if args.limit > 0 else None)
+    notes: tuple[str, ...] = ()
     market = None
     if args.state_dir is not None:
         try:
@@ -107,18 +100,48 @@ def run(args: argparse.Namespace) -> int:
             notes = (*notes, f"{args.state_dir}: no marketplace view yet (run `fleet apply` first)")
         except (OSError, ValueError, TypeError) as exc:
             notes = (*notes, f"{args.state_dir / MARKET_VIEW_FILE}: unreadable marketplace view: {exc}")
-    view = status_view(spec, load_indexed(spec_dir), reports, now,
-                       desired_image_digest=desired, last_pass=last_pass, notes=notes,
-                       include_rates=html_out is not None or args.json, market=market,
-                       capacity_entries=capacity_entries(spec, spec_dir / "fleet.yaml"))
+    records = load_indexed(spec_dir)
+    include_rates = html_out is not None or as_json
+    observation_error: str | None = None
+    view: FleetStatus | None = None
+    capacity = capacity_entries(spec, spec_dir / "fleet.yaml")
+    if args.controller_db is not None:
+        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.stores import is_database_uri, open_store
+        from reconciler.flows.fleet_status import triaged_view
+
+        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
+            observation_error = f"{args.controller_db}: no controller store there"
+        else:
+            try:
+                store = open_store(args.controller_db)
+                try:
+                    summaries = store.instance_summaries()
+                    last_pass = _with_live_leadership(args.controller_db, last_pass, now)
+                    # Summaries of every instance (no events), then the full reports of the shown page only.
+                    view, _ = triaged_view(spec, records, summaries, store.reports_of, now, query,
+                                           desired_image_digest=desired, last_pass=last_pass, notes=notes,
+                                           include_rates=include_rates, market=market, capacity_entries=capacity)
+                finally:
+                    store.close()
+            except (StoreError, StoreUnavailable) as exc:
+                observation_error = str(exc)
+    if observation_error is not None:
+        print(f"fleet status: {observation_error}", file=sys.stderr)
+        if html_out is None:
+            return 1
+        notes = (*notes, f"observation failed, instances not shown: {observation_error}")
+    if view is None:  # records only (no store, or it could not be read)
+        view = status_view(spec, records, [], now, desired_image_digest=desired, last_pass=last_pass, notes=notes,
+                           include_rates=include_rates, market=market, capacity_entries=capacity)
     if html_out is not None:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0
-    if args.json:
+    if as_json:
         json.dump(view.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(view))
+        sys.stdout.write(render_text(view, everything=args.everything))
     return 0
 
 

@@ -81,7 +81,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
     tokens = tuple(t for t in (read_token, admin_token) if t)
     source = LiveStatusSource(spec_dir, store, desired_image_digest=desired_image_digest,
                               last_pass_file=last_pass_file, commits=commits, market=market,
-                              prices=prices)
+                              prices=prices, refresh_in_background=True)
     metrics = fleet_metrics(source.metrics_state)
     routes: list[BaseRoute] = []
     note = None

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from reconciler.adapters.git import GitReader, GitStoreError
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
-from reconciler.flows.why import DEFAULT_TAIL, explain, render_text, to_json
+from reconciler.flows.why import DEFAULT_SHOWN, DEFAULT_TAIL, explain, historical_wanted, render_text, to_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec-dir", default="fleet-spec", help="spec directory inside the repo (default: %(default)s)")
     p.add_argument("--tail", type=int, default=DEFAULT_TAIL, help="log lines shown per verdict (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    paging = p.add_mutually_exclusive_group()
+    paging.add_argument("--newest", type=int, default=DEFAULT_SHOWN, metavar="N",
+                        help="show the newest N verdict commits (default: %(default)s)")
+    paging.add_argument("--all", action="store_true", help="show every verdict commit")
     p.add_argument("--at", default=None, help="judge expiry/probation at this RFC 3339 time (default: now)")
     p.set_defaults(func=run)
 
@@ -38,18 +42,27 @@ def run(args: argparse.Namespace) -> int:
         return 2
     spec_dir = PurePosixPath(args.spec_dir).as_posix()
     record_path = f"{spec_dir}/machines/{machine_id}.yaml"
+    shown = None if args.all else max(1, args.newest)
     try:
-        # Two git processes: a path-limited log of the record (trailers + blob ids) and one cat-file batch.
-        trail = GitReader.discover(args.repo or Path.cwd()).machine_trail(machine_id, ref="HEAD", spec_dir=spec_dir)
+        reader = GitReader.discover(args.repo or Path.cwd())
+        # One `git log --grep` for the verdict commits, one cat-file for the record now; the records as of
+        # older commits only for the shown verdicts whose entries are no longer in today's record.
+        trail = reader.machine_trail(machine_id, ref="HEAD", spec_dir=spec_dir)
+        wanted = historical_wanted(record_path, trail.verdicts, trail.current_text, shown)
+        historical = reader.records_at(wanted, record_path) if wanted else {}
+        hint = reader.history_shape().hint()
     except GitStoreError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
         return 2
+    if hint:
+        print(f"fleet why: hint: {hint}", file=sys.stderr)
     try:
         now = parse_time(args.at) if args.at else datetime.now(UTC)
     except ValueError as exc:
         print(f"fleet why: --at {args.at!r}: {exc}", file=sys.stderr)
         return 2
-    history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change, now)
+    history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change, now,
+                      historical=historical, shown=shown)
     if history.status == "unknown":
         print(f"fleet why: machine {machine_id} is unknown in {trail.workdir}: no {record_path} and no commit "
               f"with a 'Fleet-Machine: {machine_id}' trailer on the checked-out branch", file=sys.stderr)

@@ -53,10 +53,12 @@ from reconciler.domain.verdicts import counts_against_image
 _SIG_SEPARATOR = ", "
 
 #: A CUDA runtime error as our daemon reports it: sppark's negated code (sppark util/exception.cuh), the enum
-#: name or its `failed: "<text>"` form. Alone it says the GPU call failed, not why (a dying GPU and a bad
-#: kernel in our build print the same code); the machine is seen first hand only through the kernel (`NVRM:
-#: Xid`), ECC counters or nvidia-smi.
-_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|@\S+:\d+ failed: \"")
+#: name or its `failed: "<text>"` form; or as other CUDA callers print it: the driver API's `CUDA_ERROR_*`
+#: name, PyTorch's `CUDA error: <text>` (signatures.py decodes all of these: cuda_errors.py). Alone it says the
+#: GPU call failed, not why (a dying GPU and a bad kernel in our build print the same code); the machine is seen
+#: first hand only through the kernel (`NVRM: Xid`), ECC counters or nvidia-smi.
+_CUDA_CODE = re.compile(r"sppark::Error #-?\d+|\bcudaError[A-Z]\w*|@\S+:\d+ failed: \"|\bCUDA_ERROR_[A-Z_]+"
+                        r"|CUDA error: ")
 _FIRST_HAND = re.compile(r"\bXid\b|\bNVRM\b|nvidia-smi|\bNVML\b|fallen off the bus", re.IGNORECASE)
 
 
@@ -67,8 +69,9 @@ def symptom_only(signature_line: str | None) -> bool:
 
 def counts(verdict: str, blame: str, signature_line: str | None = None) -> bool:
     """Whether a failure counts towards the breaker: not positively attributed to the machine, the network,
-    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame that rests
-    only on a CUDA error code (`symptom_only`)."""
+    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame inferred from a
+    line that shows nothing but a CUDA error code (`symptom_only`: `sppark::Error #-999`, `#-214` matched by the
+    ECC signature that kernel Xid 48 lines also match)."""
     if counts_against_image(verdict, blame):
         return True
     return blame == "machine" and verdict in CORRELATED_VERDICTS and symptom_only(signature_line)
@@ -130,8 +133,8 @@ def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
 
 
 def verdict_failure(v: Verdict) -> Failure | None:
-    if not counts(v.verdict, v.blame, _signature_line(v.evidence)) or not v.signature or not v.image_digest \
-            or not v.machine_id:
+    if not counts(v.verdict, v.blame, _signature_line(v.evidence)) or not v.signature \
+            or not v.image_digest or not v.machine_id:
         return None
     return Failure(v.machine_id, v.instance_id, v.pool, v.image_digest, v.signature, v.at)
 

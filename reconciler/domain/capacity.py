@@ -485,12 +485,13 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     file_changed = stored is None or (entry_out.desired, entry_out.slots, entry_out.draining) != \
         (stored.desired, tuple(sorted(stored.slots)), tuple(sorted(stored.draining)))
     if file_changed and not direction and stored is not None:
-        # Slots released or drains cancelled without a new decision: say so, keep the decision's reason.
-        what = []
-        if released:
-            what.append(f"released {', '.join(f'{pool.name}-{i}' for i in sorted(released))}")
-        entry_out = replace(entry_out, signals=signals.to_json(now),
-                            reason=stored.reason if not what else f"{stored.reason}; {'; '.join(what)}")
+        # No decision of ours: a human's bounds moved the count, or drained slots were released. Say which; a
+        # release keeps the decision's reason (without an earlier release's words: reasons do not pile up).
+        base = stored.reason.split("; released ")[0]
+        if entry_out.desired != stored.desired:
+            base = f"bounds {low}..{high} in fleet.yaml" + (f" ({note})" if note else "")
+        what = f"; released {', '.join(f'{pool.name}-{i}' for i in sorted(released))}" if released else ""
+        entry_out = replace(entry_out, signals=signals.to_json(now), reason=base + what)
     return CapacityDecision(pool.name, before, entry_out, file_changed, signals, held, note,
                             tuple(f"{pool.name}-{i}" for i in sorted(released)), tuple(drain_ids), (low, high))
 

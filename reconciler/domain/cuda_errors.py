@@ -23,9 +23,10 @@ Blame by what the code says about who failed, for a rented machine running our b
   unknown. Without a kernel log (most containers) a GPU that fell off the bus shows only as 719 or 999; these
   codes count for the circuit breaker (`breaker.symptom_only`: a machine blame resting only on a CUDA code):
   the same code on distinct machines with one image is the breaker's to judge, not each machine's.
-- configuration: 2 (memory allocation: the pool's GPU or host memory is too small for the workload).
-- image: the driver is older than our build's runtime (35, 36), no kernel or PTX for the GPU (209, 218, 222,
-  221, 223), kernel faults (700, 710, 714-718), and every API-misuse code: our software called CUDA wrongly.
+- configuration: 2 (memory allocation: the pool's GPU or host memory is too small for the workload); 35/36
+  (the host's driver is older than the CUDA our image is built with: the pool's `min_cuda` admits it).
+- image: no kernel or PTX for the GPU (209, 218, 222, 221, 223), kernel faults (700, 710, 714-718), and every
+  API-misuse code: our software called CUDA wrongly.
 - none: 600 (cudaErrorNotReady), "not actually an error": decoded, never a cause.
 """
 
@@ -128,7 +129,9 @@ CUDA_13_NAMES = ("cudaErrorVersionTranslation", "cudaErrorContained", "cudaError
 #: healthy code logs too; decoded, never a cause.
 NOT_AN_ERROR = frozenset({600})
 MACHINE_CODES = frozenset({3, 46, 100, 102, 127, 214, 216, 220, 702, 719, 802, 803, 805, 806, 807, 808, 809, 810, 999})
-CONFIGURATION_CODES = frozenset({2})
+#: 2: the pool's GPU or host memory is too small; 35/36: the pool admits hosts whose driver is older than
+#: the CUDA our image is built with (`pools[].min_cuda`).
+CONFIGURATION_CODES = frozenset({2, 35, 36})
 
 #: cudaGetErrorString texts, where a public source shows them verbatim.
 ERROR_TEXT: dict[int, str] = {

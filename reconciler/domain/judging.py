@@ -30,7 +30,7 @@ from reconciler.domain.serving import (
     with_expiry,
 )
 from reconciler.domain.spec import FleetSpec, PoolSpec
-from reconciler.domain.verdict import Verdict, judge
+from reconciler.domain.verdict import Verdict, deadline, judge
 
 INSTANCE_TRAILER = "Fleet-Instance"
 #: Instances judged while serving (degraded, lost): each is judged once after admission, too.
@@ -220,6 +220,29 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                         image_records=guarded.image_records,
                         pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,
                         quarantined=tuple(quarantined))
+
+
+def awaiting_evidence(spec: FleetSpec, reports: Iterable[InstanceReport], judged_instance_ids: Iterable[str],
+                      now: datetime) -> list[str]:
+    """Instances whose benchmark attempt `decide` will judge this pass (a failed phase, a result, or past the
+    deadline) and that are not judged yet: the shell loads their whole log ring as evidence (issue 23 item 3),
+    not only the tail every report carries."""
+    judged = set(judged_instance_ids)
+    out = []
+    for report in reports:
+        if report.instance_id in judged or report.quarantine is not None:
+            continue
+        pool = _pool(spec, report.pool)
+        if pool is None:
+            continue
+        if report.failure() is not None or report.result is not None:
+            out.append(report.instance_id)
+            continue
+        due = deadline(report, pool)
+        # Destroyed before its deadline without a word: `judge` never judges it (nothing to read it for).
+        if now >= due and (report.destroyed_at is None or report.destroyed_at >= due):
+            out.append(report.instance_id)
+    return out
 
 
 def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 PHASES = ("register", "tunnel", "params", "daemon", "warmup", "benchmark", "report", "serve")
 EVENT_STATUSES = ("started", "progress", "done", "failed")
@@ -84,6 +84,26 @@ class BenchmarkResult:
     worker_at: datetime | None = None
 
 
+class InstanceSummary(NamedTuple):
+    """An instance in the few columns the views triage by (the store answers these without its events):
+    which instances need the operator, and how many of each kind the rest are. A tuple: 10,000 are made per
+    view (a frozen dataclass's __init__ costs several times more)."""
+
+    instance_id: str
+    registered_at: datetime
+    pool: str | None
+    slot: str | None
+    machine_id: str | None
+    host_id: str | None
+    gpu_name: str | None
+    image_digest: str | None
+    destroyed_at: datetime | None
+    has_result: bool  # the benchmark result arrived
+    failed: bool  # some phase reported failure
+    serving: bool  # serving started and not stopped
+    last_signal: datetime  # the newest event's arrival (registration if none)
+
+
 @dataclass(frozen=True)
 class InstanceReport:
     """Everything one worker told the controller, in arrival order."""
@@ -109,6 +129,9 @@ class InstanceReport:
     #: The worker's clock minus the controller's, in seconds, at its latest report (None: unknown). Shown
     #: with the timeline; the timeline itself is on the controller's clock.
     clock_skew_s: float | None = None
+    #: The register body's GPU probe (`gpus`): nvidia-smi's answer at boot, one line per GPU, or its error
+    #: output when it failed (`Failed to initialize NVML: Driver/library version mismatch`): evidence too.
+    gpu_probe: tuple[str, ...] = ()
 
     def first(self, phase: str, status: str) -> PhaseEvent | None:
         return next((e for e in self.events if e.phase == phase and e.status == status), None)

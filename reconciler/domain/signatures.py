@@ -1,10 +1,13 @@
 """Failure signatures: which line of a worker's log says who broke the benchmark, and why.
 
 Used by `verdict.py` (blame and the root-cause line of every failed verdict) and, through the verdicts'
-signature names, by `breaker.py`. Pure data and pure functions; the strings come from the real tools, each
-group citing its source (curio `extern/cuzk` and `extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid
-catalogue, aria2c and curl exit codes, glibc, bash, the kernel); `tests/fixtures/tails/` holds whole real
-tails for every entry.
+signature names, by `breaker.py`; the evidence scan picks its cause with `strongest_signature`. Pure data and
+pure functions; the strings come from the real tools, each group citing its source (curio `extern/cuzk` and
+`extern/supraseal-c2` at e0294b0f, sppark, NVIDIA's Xid catalogue, aria2c and curl exit codes, glibc, bash,
+the kernel, Go crypto/x509, OpenSSL via curl, rustls, libstdc++); the two tables built whole live beside this
+module (`cuda_errors.py`: every cudaError and CUresult code; `xid.py`: every Xid of NVIDIA's catalogue).
+`tests/fixtures/tails/` holds whole real tails for every class, and test_signature_generalisation.py real
+lines the tables were not written from.
 
 How a tail is read (`logical_lines`):
 1. Each line is cleaned: the worker's ring timestamp (`2026-12-03T06:40:00Z `), ANSI colour and the daemon's
@@ -18,11 +21,15 @@ How a tail is read (`logical_lines`):
    (`CUZK_TIMING:`, `CUZK_NTT_H:`, `TIMELINE,`, `FIN_TIMING`/`GPU_TIMING`, `pacer:`), per-proof result lines,
    Rust's backtrace hint; tunnel lines unless the tunnel itself is the failing phase.
 
-Precedence: every signature has a priority; the highest-priority match anywhere in the tail wins, the
-earliest line on a tie. Hardware first (a GPU fault cascades into software symptoms), then memory kills
-and disk (a daemon killed for memory is followed by "connection refused", which must not outrank it), then
-decoded CUDA errors, params set-up, our software, network, and last the cascade symptoms (our daemon not
-answering, an RPC that failed because the daemon died).
+Precedence: every signature has a priority (PRIORITY_*: how decisive its line is); the highest-priority match
+anywhere in the evidence wins, the earliest line on a tie. Hardware first (Xid, NVML, GPU lost, a machine
+check: a GPU fault cascades into software symptoms), then the dynamic loader and missing binaries (the
+image cannot run at all), memory kills and disk (a daemon killed for memory is followed by "connection
+refused", which must not outrank it), decoded CUDA errors (machine-class codes above the rest), TLS and
+params set-up, our software and deaths by signal, network, a marketplace stop, an ambiguous Xid, a generic
+panic, and last the cascade symptoms (our daemon not answering, an RPC that failed because the daemon died).
+One signature needs two lines: cuzk's `cudaHostAlloc failed` warning and a later out-of-memory code are
+pinned host memory (`PINNED_HOST_MEMORY`, applied by `refine`).
 
 To extend: add a Signature at the right priority, a realistic line to tests/unit/test_signatures.py and,
 for a new failure mode, a whole tail with its source to tests/fixtures/tails/.
@@ -92,6 +99,8 @@ SETTING_HOST_RAM = "pools[].min_host_ram_gb (and the daemon's [memory] total_bud
 #: e0294b0f extern/cuzk/cuzk-core/src/config.rs:76-80,115-119; pinned_pool.rs:57-68,194-206).
 SETTING_PINNED_HOST = ("pools[].min_host_ram_gb (cudaHostAlloc pins host RAM, not GPU memory), the container's "
                        "locked-memory limit (docker --ulimit memlock=-1) and the daemon's [memory] total_budget")
+SETTING_MIN_CUDA = ("pools[].min_cuda (offers' cuda_max_good must reach the CUDA version the image is built with; "
+                    "or build the image for an older CUDA)")
 SETTING_CA_BUNDLE = "worker-image/ (install ca-certificates: the image has no CA bundle for the mirror's TLS)"
 SETTING_CPU_BASELINE = ("the image's build flags (a portable CPU baseline, no -march/target-cpu=native) or a pool "
                         "CPU filter: the binary uses instructions this CPU lacks")
@@ -109,8 +118,6 @@ SETTING_BENCH_INPUT = "params.base_url (ship c1.json in the mirror) or the worke
 CUDA_OWN_SIGNATURES: dict[int, tuple[str, str, str, str, str | None]] = {
     2: ("cudaErrorMemoryAllocation", "out of memory", "configuration", "cuda-out-of-memory", SETTING_VRAM),
     3: ("cudaErrorInitializationError", "initialization error", "machine", "cuda-init-error", None),
-    35: ("cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", "image",
-         "cuda-driver-too-old-for-image", None),
     46: ("cudaErrorDevicesUnavailable", "CUDA-capable device(s) is/are busy or unavailable", "machine",
          "cuda-devices-unavailable", None),
     100: ("cudaErrorNoDevice", "no CUDA-capable device is detected", "machine", "cuda-no-device", None),
@@ -210,9 +217,11 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
     texts = [t for c in codes if (t := cuda_errors.CUDA_ERRORS[c].text)]
     drivers = [cuda_errors.DRIVER_ERROR_NAMES[c].removeprefix("CUDA_ERROR_") for c in driver_codes]
     regex = (rf"sppark::Error #-(?:{'|'.join(str(c) for c in codes)})\b"
-             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b"
-             rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b")
-    needs = ["sppark::error #-", "cudaerror", "cuda_error_"]
+             rf"|\bcudaError(?:{'|'.join(e.removeprefix('cudaError') for e in enums)})\b")
+    needs = ["sppark::error #-", "cudaerror"]
+    if drivers:
+        regex += rf"|\bCUDA_ERROR_(?:{'|'.join(drivers)})\b"
+        needs.append("cuda_error_")
     if texts:
         quoted = "|".join(re.escape(t) for t in texts)
         regex += rf"|failed: \"(?:{quoted})\"|CUDA error: (?:{quoted})"
@@ -229,6 +238,8 @@ def _cuda_class(codes: Sequence[int], names: Sequence[str] = (),
 _OWN_DRIVER = (*CUDA_OWN_SIGNATURES, 214)
 _CUDA_GPU_FAULT = _cuda_class(CUDA_GPU_FAULT, driver_codes=[
     c for c in cuda_errors.driver_codes_with_blame("machine") if c not in _OWN_DRIVER])
+_CUDA_DRIVER_TOO_OLD = _cuda_class([c for c in cuda_errors.codes_with_blame("configuration")
+                                    if c not in CUDA_OWN_SIGNATURES])
 _CUDA_SOFTWARE = _cuda_class(CUDA_SOFTWARE, cuda_errors.CUDA_13_NAMES, driver_codes=[
     c for c in cuda_errors.driver_codes_with_blame("image") if c not in _OWN_DRIVER])
 
@@ -291,10 +302,11 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("nvidia-no-device", "machine", 100, r"^(?:fleet: nvidia-smi failed: )?No devices were found",
          "nvidia-smi sees no GPU in the container", needs=("no devices were found",)),
     _sig("cuda-no-device", "machine", 100,
-         rf"{_cuda(100)}|No CUDA devices available|CUDA_ERROR_NO_DEVICE",
+         rf"{_cuda(100)}|No CUDA devices available|CUDA_ERROR_NO_DEVICE|No CUDA GPUs are available",
          "the container sees no usable GPU (cudaErrorNoDevice / supraseal's ngpus() == 0)",
          explains="cudaErrorNoDevice (100): no CUDA-capable device is detected",
-         needs=(*_cuda_needs(100), "no cuda devices available", "cuda_error_no_device")),
+         needs=(*_cuda_needs(100), "no cuda devices available", "cuda_error_no_device",
+                "no cuda gpus are available")),
     _sig("cuda-init-error", "machine", 100, _cuda(3), "CUDA could not initialise the driver",
          explains="cudaErrorInitializationError (3): initialization error", needs=_cuda_needs(3)),
     _sig("cuda-devices-unavailable", "machine", 100, _cuda(46),
@@ -302,14 +314,18 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          explains="cudaErrorDevicesUnavailable (46): device busy or unavailable", needs=_cuda_needs(46)),
     _sig("nvidia-libs-missing", "machine", 100,
          r"lib(?:nvidia-ml|cuda)\.so(?:\.\d+)*: cannot open shared object file|/dev/nvidia\w*: No such file"
-         r"|couldn't find libnvidia-ml\.so",
-         "the host's container runtime did not inject the NVIDIA driver libraries or devices",
-         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so")),
+         r"|couldn't find libnvidia-ml\.so|\bnvidia-smi: (?:command )?not found",
+         "the host's container runtime did not inject the NVIDIA driver libraries, tools (nvidia-smi) or devices",
+         needs=("cannot open shared object file", "/dev/nvidia", "couldn't find libnvidia-ml.so",
+                "nvidia-smi: ")),
     # The kernel driver could not bring the GPU up (NVRM: `RmInitAdapter failed!`, older drivers
     # `rm_init_adapter failed for device bearing minor number N`): the GPU or its host.
-    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE, r"RmInitAdapter failed|rm_init_adapter failed",
+    _sig("gpu-init-failed", "machine", PRIORITY_HARDWARE,
+         r"RmInitAdapter failed|rm_init_adapter failed|NVIDIA probe routine failed|None of the NVIDIA devices were "
+         r"initialized",
          "the host's NVIDIA driver could not initialise the GPU (RmInitAdapter failed): hardware, power or driver",
-         needs=("rminitadapter failed", "rm_init_adapter failed")),
+         needs=("rminitadapter failed", "rm_init_adapter failed", "nvidia probe routine failed",
+                "none of the nvidia devices were initialized")),
     _sig("host-no-gpu-runtime", "machine", 100,
          r"could not select device driver .* with capabilities: \[\[gpu\]\]|nvidia-container-cli: initialization error",
          "the host's docker has no working NVIDIA container runtime",
@@ -329,21 +345,28 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "version `GLIBC_x' not found)", needs=("glibc", "cxxabi_", "gcc_")),
     _sig("shared-library-missing", "image", PRIORITY_LOADER, r"error while loading shared libraries",
          "a library our binaries need is missing from the image", needs=("error while loading shared libraries",)),
+    _sig("loader-symbol-missing", "image", PRIORITY_LOADER, r"symbol lookup error: .*undefined symbol",
+         "a binary in the image was linked against another version of a library than the image ships (glibc's "
+         "loader: symbol lookup error ... undefined symbol)", needs=("symbol lookup error: ",)),
     _sig("binary-not-installed", "image", PRIORITY_LOADER, r"is not installed in this image",
          "the worker found no cuzk binary in the image (worker-image/entrypoint.sh)",
          needs=("is not installed in this image",)),
     _sig("command-not-found", "image", PRIORITY_LOADER, r"\S+: (?:command )?not found\s*$|: command not found\b",
          "a program our scripts call is not in the image", needs=("not found",)),
-    _sig("exec-format-error", "image", PRIORITY_LOADER, r"exec format error|cannot execute binary file",
-         "a binary in the image was built for another platform",
-         needs=("exec format error", "cannot execute binary file")),
+    # runc reports a missing interpreter or loader of the entrypoint as `exec <path>: no such file or directory`.
+    _sig("exec-format-error", "image", PRIORITY_LOADER,
+         r"exec format error|cannot execute binary file|^exec \S+: no such file or directory",
+         "a binary in the image was built for another platform or its interpreter/loader is missing",
+         needs=("exec format error", "cannot execute binary file", ": no such file or directory")),
     # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
     _sig("host-out-of-memory", "configuration", 90,
          r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
-         r"|memory allocation of \d+ bytes failed|Cannot allocate memory|std::bad_alloc",
+         r"|memory allocation of \d+ bytes failed|Cannot allocate memory|std::bad_alloc|runtime: out of memory"
+         r"|\bMemoryError\b",
          "host RAM exhausted: the kernel OOM killer, the cgroup limit, or a failed allocation",
          setting=SETTING_HOST_RAM,
-         needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory", "std::bad_alloc")),
+         needs=("out of memory", "oom", "memory allocation of ", "cannot allocate memory", "std::bad_alloc",
+                "memoryerror")),
     _sig("process-killed", "configuration", 90,
          r"^(?:\S+: )?(?:line \d+: )?\s*\d+ Killed\s+.*cuzk|^Killed\s+.*cuzk|\bcuzk[\w-]* .*\bkilled by signal 9\b",
          "our cuzk process was SIGKILLed (bash job notification): the OOM killer, host RAM for the workload",
@@ -356,11 +379,20 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "(curio cuzk-core memory.rs:188-192)",
          setting=SETTING_HOST_RAM, needs=("acquire request exceeds total budget",)),
     _sig("disk-full", "configuration", 90,
-         rf"No space left on device|Disk quota exceeded|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
+         rf"No space left on device|Disk quota exceeded|\bENOSPC\b|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
          "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
-         setting=SETTING_DISK, needs=("no space left on device", "disk quota exceeded", *_ARIA2_NEEDS, *_CURL_NEEDS)),
+         setting=SETTING_DISK,
+         needs=("no space left on device", "disk quota exceeded", "enospc", *_ARIA2_NEEDS, *_CURL_NEEDS)),
     # --- 85: decoded CUDA errors (out of memory -> configuration; kernels/PTX/faults -> image) ---------
     *_cuda_sigs(PRIORITY_CUDA_CODE),
+    # The host's driver is older than the CUDA our image was built with (35, 36; nvidia-container-cli refuses
+    # such a container with `requirement error: unsatisfied condition: cuda>=12.4`): neither the machine (its
+    # driver is what the offer said) nor a bug in our image, but the pool admitting offers below the image's CUDA.
+    _sig("cuda-driver-too-old-for-image", "configuration", PRIORITY_CUDA_CODE,
+         _CUDA_DRIVER_TOO_OLD[0] + r"|unsatisfied condition: cuda>=",
+         "the host's NVIDIA driver is older than the CUDA runtime in our image (cudaErrorInsufficientDriver 35 / "
+         "cudaErrorCallRequiresNewerDriver 36)", setting=SETTING_MIN_CUDA,
+         needs=(*_CUDA_DRIVER_TOO_OLD[1], "unsatisfied condition: cuda>=")),
     _sig("cuda-software-error", "image", PRIORITY_CUDA_CODE, _CUDA_SOFTWARE[0],
          "a CUDA error our software caused (an invalid call, a kernel fault, a missing kernel or PTX for this GPU)",
          needs=_CUDA_SOFTWARE[1]),
@@ -369,23 +401,30 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # prints it (`curl: (60) SSL certificate problem: ...`), rustls CertificateError (Debug), GnuTLS verify
     # status (aria2c's TLS on Debian/Ubuntu). The table order decides on one line: clock first.
     _sig("tls-clock-behind", "machine", PRIORITY_PARAMS + 1,
-         r"current time \S+ is before \S+|certificate is not yet valid|\bNotValidYet\b|not yet activated",
+         r"current time \S+ is before \S+|certificate is not yet valid|\bNotValidYet\b|not yet activated"
+         r"|uses not yet valid certificate",
          "the machine's clock is before the certificate's start (notBefore): the host clock is wrong",
-         needs=("current time ", "certificate is not yet valid", "notvalidyet", "not yet activated")),
+         needs=("current time ", "certificate is not yet valid", "notvalidyet", "not yet activated",
+                "uses not yet valid certificate")),
     _sig("tls-certificate-expired", "params", PRIORITY_PARAMS + 1,
-         r"current time \S+ is after \S+|certificate has expired|invalid peer certificate: Expired\b",
+         r"current time \S+ is after \S+|certificate has expired|invalid peer certificate: Expired\b"
+         r"|uses expired certificate",
          "the params mirror's TLS certificate has expired (or the machine's clock is far ahead)",
          setting=SETTING_MIRROR,
-         needs=("current time ", "certificate has expired", "invalid peer certificate: expired")),
+         needs=("current time ", "certificate has expired", "invalid peer certificate: expired",
+                "uses expired certificate")),
     _sig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
          r"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
          r"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
-         r"|not signed by known authorities|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
+         r"|not signed by known authorities|certificate issuer is unknown|self[- ]signed certificate"
+         r"|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
          "the image cannot verify the mirror's TLS certificate: no CA bundle (ca-certificates) in our image",
          setting=SETTING_CA_BUNDLE,
          needs=("certificate signed by unknown authority", "unable to get local issuer certificate",
                 "failed to load system roots", "error setting certificate ", "unknownissuer", "issuer is not known",
-                "not signed by known authorities", "curl: (77)", "exit code 77")),
+                "not signed by known authorities", "certificate issuer is unknown", "signed certificate",
+                "curl: (77)",
+                "exit code 77")),
     _sig("tls-hostname-mismatch", "configuration", PRIORITY_PARAMS + 1,
          r"x509: certificate is valid for .*, not \S+|no alternative certificate subject name matches"
          r"|\bNotValidForName\b|does not match target host name",
@@ -450,11 +489,14 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "fault is logged as a machine check / memory failure, which outranks this",
          needs=("bus error", "sigbus", *_exit_code_needs(135))),
     _sig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
-         rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b|{_exit_code(134)}",
+         rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b"
+         rf"|has overflowed its stack|stack smashing detected|double free or corruption|free\(\): invalid pointer"
+         rf"|malloc\(\): corrupted|{_exit_code(134)}",
          "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
          "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
          needs=("terminate called after throwing an instance of", "(core dumped)", "sigabrt",
-                *_exit_code_needs(134))),
+                "has overflowed its stack", "stack smashing detected", "double free or corruption",
+                "free(): invalid pointer", "malloc(): corrupted", *_exit_code_needs(134))),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
          r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
@@ -771,6 +813,9 @@ FOLDS_TO_ASCII = "\u0130\u0131\u017f\u212a"
 _FOLDING = re.compile(f"[{FOLDS_TO_ASCII}]")
 
 
+_NEEDLE_KEY = 4
+
+
 class _Matcher:
     """A table's signatures in priority order, with the prefilter: per line, only the signatures one of whose
     `needs` occurs in the lower-cased line are searched (the rest cannot match: see `Signature.needs`)."""
@@ -782,7 +827,12 @@ class _Matcher:
         for k, sig in enumerate(self.table):
             for needle in sig.needs:
                 by_needle.setdefault(needle, []).append(k)
-        self._needles = tuple((needle, tuple(ks)) for needle, ks in by_needle.items())
+        # Needles grouped by their first few characters: a group is tested only when its key is in the line
+        # (a needle is in the line only if its prefix is), which skips most needles on most lines.
+        groups: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
+        for needle, ks in by_needle.items():
+            groups.setdefault(needle[:_NEEDLE_KEY], []).append((needle, tuple(ks)))
+        self._groups = tuple((key, tuple(items)) for key, items in groups.items())
         self._steps = tuple((sig.pattern.search, not sig.whole_line) for sig in self.table)
 
     def first(self, text: str, body_at: int) -> int | None:
@@ -790,7 +840,8 @@ class _Matcher:
         `body_at`: a signature that is not `whole_line` is also tried on the body alone)."""
         if text.isascii() or not _FOLDING.search(text):
             lower = text.lower()
-            ks: Iterable[int] = sorted({k for needle, ks in self._needles if needle in lower for k in ks}
+            ks: Iterable[int] = sorted({k for key, items in self._groups if key in lower
+                                        for needle, ks in items if needle in lower for k in ks}
                                        .union(self._always))
         else:
             ks = range(len(self.table))

@@ -14,7 +14,7 @@ import secrets
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -115,6 +115,8 @@ class SlotInputs:
     label_prefix: str = fleet_label_prefix("main")
     #: Fleet spend cap ($/h over every instance carrying `label_prefix`); None: no cap.
     max_total_dph: float | None = None
+    #: An autoscaled pool shrinks by this slot: its worker finishes its proofs; never replaced meanwhile.
+    draining: bool = False
 
     def to_props(self) -> dict[str, Any]:
         pool = asdict(self.pool)
@@ -132,6 +134,8 @@ class SlotInputs:
         props["label_prefix"] = self.label_prefix
         if self.max_total_dph is not None:
             props["max_total_dph"] = self.max_total_dph
+        if self.draining:
+            props["draining"] = True
         return props
 
     @classmethod
@@ -378,6 +382,11 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
     Measured rates are limited to machines of the pool's GPU model (or of unknown model): other machines
     can never match the pool's query, and keeping them out keeps every slot's inputs small and stable."""
     pause = pool_pause(pool.name, records, image_digest)
+    draining = slot in pool.draining
+    if pool.min_count is not None:
+        # An autoscaled pool's slots and draining set change with every capacity decision; a slot needs none
+        # of it (only whether it drains itself), so its inputs stay the same while the pool grows or shrinks.
+        pool = replace(pool, count=pool.bounds[0], slot_indices=None, draining=(), desired_count=None)
     measured = {m: p.median_proofs_per_hour for m, p in sorted(records.perf_history().items())
                 if p.gpu_name in (None, pool.gpu_name)}
     prior = spec.prior_proofs_per_hour(pool.gpu_name)
@@ -386,7 +395,7 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
         params=spec.params, bad_machine_ids=records.bad_machine_ids(now), measured=measured,
         priors={pool.gpu_name: prior} if prior is not None else {},
         paused_reason=pause.describe() if pause else None, params_dir=params_dir, label_prefix=spec.label_prefix,
-        max_total_dph=spec.max_total_dph)
+        max_total_dph=spec.max_total_dph, draining=draining)
 
 
 # --- the worker's environment --------------------------------------------------------------------------------
@@ -449,6 +458,8 @@ def slot_diff(old: SlotOutputs, new: SlotInputs, now: float | None = None) -> Sl
         return SlotDiff(replace=False)
     # An unknown hold (it depends on the digest being built) is not a hold: never read an Unknown as truthy.
     held = None if is_unknown(new.paused_reason) else new.paused_reason
+    if new.draining:  # the leader releases the slot once its worker stopped: renting again would undo the drain
+        held = "draining (capacity shrinks the pool; the slot goes once its worker stopped)"
     if held:
         return SlotDiff(replace=False, reason=why[0], detail=f"{why[1]}; held: {held}")
     prop = {REASON_MACHINE_BAD: "bad_machine_ids", REASON_IMAGE_CHANGED: "image_digest"}.get(why[0], "status")

@@ -1,5 +1,12 @@
 """Fleet status as data: pools desired vs running vs benchmarking vs bad, the guards (circuit breaker, kill
-budget), every instance's lifecycle timeline and the root cause of any failure in one line.
+budget), the instances that need the operator with their lifecycle timeline and the root cause of any
+failure in one line.
+
+At fleet size (10,000 instances) the views lead with what needs the operator: `triage` (pure) sorts every
+instance from its summary (a few store columns, no events) and its recorded verdict (index rows, no record
+parsed) into a state, counts them per pool, and picks the page of instances to show: failing, judging,
+benchmarking, silent while serving, on probation (`--all`: every one, destroyed included). Only those are
+loaded in full and laid out by `status_view`.
 
 `status_view` is pure (spec, records, reports, now -> FleetStatus); `reconciler.render` lays it out as
 text, JSON and HTML.
@@ -7,14 +14,14 @@ text, JSON and HTML.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.domain.breaker import kill_budgets
 from reconciler.domain.capacity import CapacityEntry, PoolCapacityStatus, capacity_view
-from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.serving import judge_early, saved, serving_health
@@ -95,6 +102,9 @@ class SuspectStatus:
     machines: tuple[str, ...]
     tripped_at: str
     reason: str
+    #: Pools whose desired image or alive instances run this digest. Empty: no pool runs it any more, so it
+    #: is history (listed until cleared), not any pool's state.
+    in_use_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,13 @@ class FleetStatus:
     early_saved_usd_at_most: float = 0.0
     market: MarketStatus | None = None  # with `fleet status --state-dir`: the last apply's view of the market
     capacity: tuple[PoolCapacityStatus, ...] = ()  # autoscaled pools (count: {min, max})
+    #: With a triage: the instances not shown because they need nothing, by state (--all shows them), how many
+    #: match the query, and which page of them `instances` is.
+    left_out: tuple[tuple[str, int], ...] = ()
+    matching: int | None = None
+    page: int = 1
+    pages: int = 1
+    query: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -194,13 +211,11 @@ class FleetStatus:
 def _recorded_entries(records: RecordSet, reports: Sequence[InstanceReport]) -> dict[str, tuple[str, BenchmarkEntry]]:
     """The recorded entry of each reported instance. A verdict is recorded in the record of the report's own
     machine (decide writes it there), so only those records are read, not the whole fleet's."""
-    wanted = {r.instance_id for r in reports}
-    out: dict[str, tuple[str, BenchmarkEntry]] = {}
-    for rec in records.records_of(sorted({r.machine_id for r in reports if r.machine_id is not None})):
-        for entry in rec.benchmarks:
-            if entry.instance_id in wanted:
-                out[entry.instance_id] = (rec.machine_id, entry)
-    return out
+    wanted: dict[str, set[str]] = {}
+    for r in reports:
+        if r.machine_id is not None:
+            wanted.setdefault(r.machine_id, set()).add(r.instance_id)
+    return records.instance_entries(wanted)
 
 
 def _root_cause(entry: BenchmarkEntry) -> str:
@@ -208,16 +223,18 @@ def _root_cause(entry: BenchmarkEntry) -> str:
     return root_cause_text(entry.reason, entry.blame, entry.held_by, setting if isinstance(setting, str) else None)
 
 
-def _recorded_rates(records: RecordSet) -> list[RatePoint]:
+def _recorded_rates(records: RecordSet, machine_ids: Iterable[str] | None = None) -> list[RatePoint]:
+    """Every recorded rate point, or those of `machine_ids` only (a triaged view charts what it shows)."""
+    recs = records.machines.values() if machine_ids is None else records.records_of(sorted(set(machine_ids)))
     return [RatePoint(entry.pool, rec.machine_id, entry.instance_id, entry.at, entry.verdict, entry.blame,
                       entry.proofs_per_hour, True)
-            for rec in records.machines.values() for entry in rec.benchmarks if entry.pool is not None]
+            for rec in recs for entry in rec.benchmarks if entry.pool is not None]
 
 
 def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, ...]:
     """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
-    for bad, standing in records.standings(now):
+    for bad, standing in records.standings(now, passed_on_probation=True):
         if standing.state == "ok":
             continue  # recorded bad once, past its probation now: nothing to show
         marking = bad.marking
@@ -246,18 +263,176 @@ def _serving_status(report: InstanceReport, pool: PoolSpec, spec: FleetSpec, now
         gpus=tuple(dict(g) for g in health.gpus), summary=health.describe(now))
 
 
+#: Instances per page of the views (`fleet status`, the live page) unless asked otherwise.
+PAGE_SIZE = 50
+#: Triage states (see `triage_state`); those in NEEDS_OPERATOR are shown by default.
+NEEDS_OPERATOR = ("failed", "silent", "judging", "benchmarking")
+#: Shown without --all as well: instances on machines that are on probation (a failure now is permanent).
+PROBATION = "probation"
+#: Order of the shown instances: what needs the operator most first.
+_SEVERITY = {"failed": 0, "silent": 1, "judging": 2, "benchmarking": 3, PROBATION: 4, "serving": 5, "ok": 6,
+             "destroyed": 7}
+
+
+@dataclass(frozen=True)
+class StatusQuery:
+    """Which instances a view shows: by default only those that need the operator; `everything` (--all) adds
+    the rest (serving, ok, destroyed). `pools`/`machines` narrow it (empty: any), `since` keeps instances
+    heard from at or after that time; `per_page` instances per page (None: all on one page)."""
+
+    everything: bool = False
+    pools: frozenset[str] = frozenset()
+    machines: frozenset[str] = frozenset()
+    since: datetime | None = None
+    page: int = 1
+    per_page: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"all": self.everything, "pools": sorted(self.pools), "machines": sorted(self.machines),
+                "since": None if self.since is None else format_time(self.since), "page": self.page,
+                "per_page": self.per_page}
+
+
+@dataclass(frozen=True)
+class Triage:
+    """Every instance sorted into a state; the page of instance ids to show; counts for the pools and for
+    what was left out."""
+
+    shown: tuple[str, ...]
+    matching: int
+    page: int
+    pages: int
+    left_out: tuple[tuple[str, int], ...]  # (state, count) not shown because they need nothing
+    pool_counts: Mapping[str, tuple[int, int, int]]  # pool -> (running, benchmarking, ok)
+    images_in_use: Mapping[str, frozenset[str]]  # pool -> digests its alive instances run
+    state_counts: Mapping[tuple[str, str], int]  # (pool, state) -> instances (metrics)
+    query: StatusQuery
+    states: Mapping[str, str] = field(default_factory=dict)  # instance id -> triage state (every instance)
+
+
+def triage_state(summary: InstanceSummary, entry: BenchmarkEntry | None, now: datetime,
+                 lost_after: timedelta) -> str:
+    """destroyed | failed (a recorded failing verdict: admission or serving) | judging (finished or failed,
+    verdict not recorded yet) | benchmarking | silent (serving, no signal for longer than the lost deadline;
+    the loop's next pass judges it) | serving | ok."""
+    if summary.destroyed_at is not None:
+        return "destroyed"
+    if entry is None:
+        return "judging" if summary.has_result or summary.failed else "benchmarking"
+    if entry.verdict != "ok":
+        return "failed"
+    if summary.serving:
+        return "silent" if now - summary.last_signal > lost_after else "serving"
+    return "ok"
+
+
+def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapping[str, tuple[str, BenchmarkEntry]],
+           standings: Mapping[str, str], now: datetime, query: StatusQuery = StatusQuery()) -> Triage:
+    """Pure: every instance's state from its summary and recorded verdict (`recorded`: instance id ->
+    (machine id, newest entry)); `standings`: machine id -> standing for the machines not simply ok."""
+    lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
+    counts: dict[str, list[int]] = {p.name: [0, 0, 0] for p in spec.pools}
+    in_use: dict[str, set[str]] = {}
+    state_counts: dict[tuple[str, str], int] = {}
+    chosen: list[tuple[int, int, str]] = []
+    left_out: dict[str, int] = {}
+    states: dict[str, str] = {}
+    for n, summary in enumerate(summaries):
+        found = recorded.get(summary.instance_id)
+        state = states[summary.instance_id] = triage_state(summary, found[1] if found else None, now, lost_after)
+        pool = summary.pool or "?"
+        state_counts[(pool, state)] = state_counts.get((pool, state), 0) + 1
+        if state != "destroyed":
+            row = counts.get(pool)
+            if row is not None:
+                row[0] += 1
+                row[1] += state in ("benchmarking", "judging")
+                row[2] += state in ("ok", "serving", "silent")
+            if summary.image_digest:
+                in_use.setdefault(pool, set()).add(summary.image_digest)
+        if query.pools and pool not in query.pools:
+            continue
+        if query.machines and summary.machine_id not in query.machines:
+            continue
+        if query.since is not None and summary.last_signal < query.since:
+            continue
+        probation = state != "destroyed" and standings.get(summary.machine_id or "") == PROBATION
+        rank = min(_SEVERITY[state], _SEVERITY[PROBATION]) if probation else _SEVERITY[state]
+        if state in NEEDS_OPERATOR or probation or query.everything:
+            chosen.append((rank, n, summary.instance_id))
+        else:
+            left_out[state] = left_out.get(state, 0) + 1
+    chosen.sort()
+    per_page = query.per_page or max(1, len(chosen))
+    pages = max(1, -(-len(chosen) // per_page))
+    page = min(max(1, query.page), pages)
+    shown = tuple(iid for _, _, iid in chosen[(page - 1) * per_page:page * per_page])
+    return Triage(shown=shown, matching=len(chosen), page=page, pages=pages,
+                  left_out=tuple(sorted(left_out.items(), key=lambda kv: _SEVERITY[kv[0]])),
+                  pool_counts={k: (v[0], v[1], v[2]) for k, v in counts.items()},
+                  images_in_use={k: frozenset(v) for k, v in in_use.items()}, state_counts=state_counts, query=query,
+                  states=states)
+
+
+def recorded_for(records: RecordSet, summaries: Iterable[InstanceSummary]) -> dict[str, tuple[str, BenchmarkEntry]]:
+    """The recorded verdict of each summarised instance that is not destroyed (a destroyed one is triaged as
+    destroyed whatever its verdict), from the record index's rows: no record built."""
+    wanted: dict[str, set[str]] = {}
+    for s in summaries:
+        if s.machine_id is not None and s.destroyed_at is None:
+            wanted.setdefault(s.machine_id, set()).add(s.instance_id)
+    return records.instance_entries(wanted)
+
+
+def autoscaled_instances(spec: FleetSpec, summaries: Iterable[InstanceSummary]) -> list[str]:
+    """The alive instances of the autoscaled pools: their full reports feed the capacity view."""
+    autoscaled = {p.name for p in spec.pools if p.min_count is not None}
+    return [s.instance_id for s in summaries if s.pool in autoscaled and s.destroyed_at is None]
+
+
+def machine_standings(records: RecordSet, now: datetime) -> dict[str, str]:
+    """machine id -> standing at `now` of every machine recorded bad or banned (bad, permanent, probation,
+    banned); the bad-machine view is indexed, so no record is built."""
+    return {b.machine_id: standing.state for b, standing in records.standings(now)}
+
+
+def _suspects_in_use(suspects: Collection[SuspectStatus], spec: FleetSpec, desired: str | None,
+                     in_use: Mapping[str, Collection[str]]) -> tuple[SuspectStatus, ...]:
+    """Each suspect with the pools that run its image: the desired image of every pool, or an image an alive
+    instance of the pool reports."""
+    out = []
+    for s in suspects:
+        pools = tuple(p.name for p in spec.pools
+                      if (not s.pools or p.name in s.pools)
+                      and (s.image_digest == desired or s.image_digest in in_use.get(p.name, ())))
+        out.append(SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason, pools))
+    return tuple(out)
+
+
 def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceReport], now: datetime, *,
                 desired_image_digest: str | None = None, last_pass: Mapping[str, Any] | None = None,
                 notes: Sequence[str] = (), include_rates: bool = True,
                 market: MarketStatus | None = None,
-                capacity_entries: Mapping[str, CapacityEntry] | None = None) -> FleetStatus:
+                capacity_entries: Mapping[str, CapacityEntry] | None = None, triaged: Triage | None = None,
+                standings: Mapping[str, str] | None = None,
+                capacity_reports: Sequence[InstanceReport] | None = None) -> FleetStatus:
     """`include_rates=False`: leave out the recorded rate points (every stored result: the charts of the
-    HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work)."""
-    reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
+    HTML page and the JSON need them, the text view does not; at 100,000 results they are most of the work).
+    `triaged`: `reports` are the shown page of a triage, whose counts give the pools' figures (without it,
+    `reports` are every instance). `standings`: `machine_standings` if already computed. `capacity_reports`:
+    the reports of the autoscaled pools' instances, when `reports` are not all of them (a triaged page)."""
+    if triaged is not None:  # the triage's order: what needs the operator most first
+        order = {iid: n for n, iid in enumerate(triaged.shown)}
+        reports = sorted(reports, key=lambda r: order.get(r.instance_id, len(order)))
+    else:
+        reports = sorted(reports, key=lambda r: (r.registered_at, r.instance_id))
     recorded = _recorded_entries(records, reports)
+    if standings is None:
+        standings = machine_standings(records, now)
     pools_by_name = {p.name: p for p in spec.pools}
     instances: list[InstanceStatus] = []
-    rates = _recorded_rates(records) if include_rates else []
+    shown_machines = None if triaged is None else [r.machine_id for r in reports if r.machine_id is not None]
+    rates = _recorded_rates(records, shown_machines) if include_rates else []
     for report in reports:
         times = report.phase_times()
         # Lifecycle order, not time order: registration is stamped by the controller's clock, phases by
@@ -269,7 +444,7 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             _, entry = recorded[report.instance_id]
             verdict, blame, held_by, marks_bad, is_recorded = (entry.verdict, entry.blame, entry.held_by,
                                                                entry.marks_bad, True)
-            cause = _root_cause(entry)
+            cause = _root_cause(entry) if entry.verdict != "ok" else None  # evidence read only for failures
         elif report.pool in pools_by_name:
             judged = judge(report, pools_by_name[report.pool], now, desired_image_digest=desired_image_digest)
             if judged is not None:
@@ -286,7 +461,6 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
                 cause = early.root_cause() + " [not yet recorded]"
         serving = (_serving_status(report, pools_by_name[report.pool], spec, now)
                    if report.pool in pools_by_name and report.destroyed_at is None else None)
-        machine = records.machines.get(report.machine_id) if report.machine_id else None
         if report.destroyed_at is not None:
             state = "destroyed"
         elif verdict is None:
@@ -298,7 +472,7 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             host_id=report.host_id, gpu_name=report.gpu_name, image_digest=report.image_digest, state=state,
             timeline=timeline, verdict=verdict, blame=blame, marks_bad=marks_bad, held_by=held_by,
             root_cause=cause if verdict != "ok" else None, recorded=is_recorded, serving=serving,
-            standing=machine.standing(now).state if machine else None))
+            standing=None if report.machine_id is None else standings.get(report.machine_id, "ok")))
 
     budgets = kill_budgets(spec, records, now)
     suspects = records.suspect_images()
@@ -308,12 +482,25 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
     for bad, standing in records.standings(now):
         if bad.last is not None and standing.excluded:
             bad_by_pool.setdefault(bad.last.pool, set()).add(bad.machine_id)
+    running_images: dict[str, set[str]] = {}
+    for i in instances:
+        if i.state != "destroyed" and i.pool and i.image_digest:
+            running_images.setdefault(i.pool, set()).add(i.image_digest)
+    in_use: Mapping[str, Collection[str]] = triaged.images_in_use if triaged is not None else running_images
+    suspect_rows = _suspects_in_use(
+        [SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason)
+         for s in sorted(suspects.values(), key=lambda s: s.tripped_at)], spec, desired_image_digest, in_use)
     for pool in spec.pools:
         alive = [i for i in instances if i.pool == pool.name and i.state != "destroyed"]
         bad_machines = bad_by_pool.get(pool.name, set())
         budget = budgets[pool.name]
         pause = pool_pause(pool.name, records, desired_image_digest)
-        naming = [s for s in suspects.values() if pool.name in s.pools or not s.pools]
+        # A pool's state is about what it runs: a suspect image no instance of the pool runs (and that is not
+        # its desired image) is history, listed with the suspects, not the pool's state.
+        naming = [s for s in suspect_rows if pool.name in s.in_use_by]
+        running, benchmarking, ok = (triaged.pool_counts.get(pool.name, (0, 0, 0)) if triaged is not None else
+                                     (len(alive), sum(1 for i in alive if i.state == "benchmarking"),
+                                      sum(1 for i in alive if i.state == "ok")))
         if pause is not None:
             state = f"paused: image {pause.image_digest[:19]} suspect ({pause.signature})"
         elif naming:
@@ -323,18 +510,20 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
         else:
             state = "ok"
         pools.append(PoolStatus(
-            name=pool.name, gpu_name=pool.gpu_name, desired=pool.count, running=len(alive),
-            benchmarking=sum(1 for i in alive if i.state == "benchmarking"),
-            ok=sum(1 for i in alive if i.state == "ok"), bad=len(bad_machines),
+            name=pool.name, gpu_name=pool.gpu_name, desired=pool.count, running=running,
+            benchmarking=benchmarking, ok=ok, bad=len(bad_machines),
             min_rate_proofs_per_hour=pool.min_rate_proofs_per_hour, kill_budget_used=len(budget.used),
             kill_budget_allowed=budget.allowed, state=state))
     # From the machines still recorded bad (their marking verdict): no need to build every record.
     saved_minutes, saved_usd = saved(b.marking for b in records.bad_machines() if b.marking is not None)
-    suspect_rows = tuple(SuspectStatus(s.image_digest, s.signature, s.pools, s.machines, s.tripped_at, s.reason)
-                         for s in sorted(suspects.values(), key=lambda s: s.tripped_at))
     return FleetStatus(at=format_time(now), pools=tuple(pools), instances=tuple(instances), suspects=suspect_rows,
                        record_problems=records.problems, last_pass=last_pass, notes=tuple(notes),
                        rates=tuple(sorted(rates, key=lambda r: (r.pool, r.at, r.instance_id))),
                        bad_machines=_bad_machines(records, now), desired_image_digest=desired_image_digest,
                        early_saved_minutes=round(saved_minutes, 1), early_saved_usd_at_most=round(saved_usd, 2),
-                       market=market, capacity=capacity_view(spec, reports, now, capacity_entries or {}, last_pass))
+                       market=market,
+                       capacity=capacity_view(spec, reports if capacity_reports is None else capacity_reports, now,
+                                              capacity_entries or {}, last_pass),
+                       left_out=triaged.left_out if triaged else (),
+                       matching=triaged.matching if triaged else None, page=triaged.page if triaged else 1,
+                       pages=triaged.pages if triaged else 1, query=triaged.query.to_json() if triaged else None)

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from reconciler.domain.records import RecordSet
+from reconciler.domain.observations import InstanceSummary
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.spec import FleetSpec
-from reconciler.domain.status import FleetStatus, InstanceStatus
+from reconciler.domain.status import FleetStatus, InstanceStatus, Triage
 
 ALIVE_STATES = frozenset({"benchmarking", "ok", "failed", "serving", "degraded"})
 PRODUCING_STATES = frozenset({"ok", "serving"})
@@ -114,6 +115,46 @@ def pool_economics(spec: FleetSpec, records: RecordSet, view: FleetStatus,
     return tuple(out)
 
 
+def triage_economics(spec: FleetSpec, summaries: Sequence[InstanceSummary],
+                     recorded: Mapping[str, tuple[str, BenchmarkEntry]], triaged: Triage,
+                     prices: Mapping[str, float] | None, last_prices: Mapping[str, float | None]
+                     ) -> tuple[PoolEconomics, ...]:
+    """`pool_economics` over every instance of a triaged fleet (the view shows only a page of them): rates
+    and prices from the recorded verdicts (index rows), the slot state's prices and the machines' last
+    recorded price, never from full reports."""
+    prices = prices or {}
+    sums: dict[str, list[float]] = {p.name: [0.0, 0.0, 0, 0, 0] for p in spec.pools}
+    for s in summaries:
+        state = triaged.states.get(s.instance_id, "destroyed")
+        row = sums.get(s.pool or "")
+        if row is None or state == "destroyed":
+            continue
+        found = recorded.get(s.instance_id)
+        entry = found[1] if found else None
+        if state in _TRIAGE_PRODUCING:
+            row[0] += (entry.proofs_per_hour or 0.0) if entry else 0.0
+            row[2] += 1
+        price = prices.get(s.instance_id)
+        if price is None and entry is not None:
+            price = entry.price_usd_per_hour
+        if price is None and s.machine_id is not None:
+            price = last_prices.get(s.machine_id)
+        if price is None:
+            row[3] += 1
+        else:
+            row[1] += price
+        row[4] += state in ("serving", "silent")
+    return tuple(PoolEconomics(
+        pool=pool.name, desired=pool.count, proofs_per_hour=round(sums[pool.name][0], 3),
+        slo_proofs_per_hour=pool.count * pool.min_rate_proofs_per_hour, usd_per_hour=round(sums[pool.name][1], 4),
+        cap_usd_per_hour=round(pool.count * pool.max_price_usd_per_hour, 4), producing=int(sums[pool.name][2]),
+        unpriced=int(sums[pool.name][3]), serving=int(sums[pool.name][4])) for pool in spec.pools)
+
+
+#: Triage states whose instances passed their benchmark and produce (silent: until the loop judges it lost).
+_TRIAGE_PRODUCING = frozenset({"ok", "serving", "silent"})
+
+
 def total_usd_per_hour(economics: Sequence[PoolEconomics]) -> float:
     return round(sum(e.usd_per_hour for e in economics), 4)
 
@@ -147,11 +188,21 @@ class MetricsState:
     recorded_verdicts: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (verdict, blame) -> n
     ingested: Mapping[str, int] = field(default_factory=dict)  # kind -> reports ever stored
     market: MarketView = field(default_factory=lambda: MarketView())
+    #: (pool, state) -> instances, over the whole fleet (a triaged view lists only a page of instances).
+    instance_states: Mapping[tuple[str, str], int] | None = None
 
 
 def recorded_verdict_counts(records: RecordSet) -> dict[tuple[str, str], int]:
     counts: dict[tuple[str, str], int] = {}
     for rec in records.machines.values():
-        for b in rec.benchmarks:
-            counts[(b.verdict, b.blame)] = counts.get((b.verdict, b.blame), 0) + 1
+        # Per record, remembered on it: the live source keeps unchanged records from load to load.
+        for key, n in rec.derived("verdict_counts", _verdict_counts).items():
+            counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+def _verdict_counts(rec: MachineRecord) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for b in rec.benchmarks:
+        counts[(b.verdict, b.blame)] = counts.get((b.verdict, b.blame), 0) + 1
     return counts

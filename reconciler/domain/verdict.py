@@ -196,7 +196,9 @@ def _judge_outcome(report: InstanceReport, pool: PoolSpec, now: datetime,
             completed = sum(1 for p in proofs if p.label == "COMPLETED")
         failed_proofs = [p for p in proofs if p.label != "COMPLETED"]
         failed = max(result.failed, len(failed_proofs))
-        attempt = _attempt(report, "benchmark", exit_code, completed, requested or len(proofs), tail, failure)
+        # The warm-up proof runs a batch too and leaves a result: its failure is still the warm-up's.
+        phase = "warmup" if failure is not None and failure.phase == "warmup" else "benchmark"
+        attempt = _attempt(report, phase, exit_code, completed, requested or len(proofs), tail, failure)
         if result.outcome == "completed":
             rate = result.proofs_per_hour
             if rate is None and result.seconds_per_proof:
@@ -239,27 +241,39 @@ def _attempt(report: InstanceReport, phase: str, exit_code: int | None, complete
     daemon = report.result.daemon_log if report.result is not None else ()
     # The daemon's reason for each failed proof (protocol additions): cuzk-bench never prints it.
     reasons = tuple(p.reason for p in report.result.proofs if p.reason) if report.result is not None else ()
-    evidence = (*ring, *extra, *tail, *daemon, *reasons)
+    # The register body's GPU probe first: nvidia-smi failing at boot explains whatever failed later.
+    evidence = (*report.gpu_probe, *ring, *extra, *tail, *daemon, *reasons)
     return _Attempt(phase, exit_code, completed, requested, tuple(tail), evidence,
                     include_tunnel=phase == "tunnel")
 
 
-#: The worker's line when it starts the daemon (worker-image/entrypoint.sh): the benchmark's part of the ring.
-_DAEMON_START = re.compile(r"\bfleet: starting cuzk-daemon\b")
+#: The worker's line when it starts the daemon (worker-image/entrypoint.sh: `fleet: starting $DAEMON_BIN --config
+#: ...`, the binary's full path, `cuzk-daemon` or curio's `cuzk`): the benchmark's part of the ring.
+_DAEMON_START = re.compile(r"\bfleet: starting (?:\S*/)?cuzk(?:-daemon)?\b")
 #: Lines of the params fetch (aria2c, curl, the worker's params lines) before the daemon started.
 _FETCH_LINE = re.compile(r"\b(?:aria2c|curl|errorCode=|Download|params: |manifest|checksum|resolve)|^\s*-> \[",
                          re.IGNORECASE)
 
 
+#: The worker's notes while it waits for the daemon to answer (entrypoint.sh): recovered once it answered.
+_DAEMON_WAIT = re.compile(r"\bfleet: waiting for cuzk-daemon to answer\b")
+
+
 def _ring_since_phase(report: InstanceReport, phase: str) -> tuple[str, ...]:
-    """The instance's log ring as evidence for `phase`: for the daemon/benchmark phases, what the params fetch
-    logged before the daemon started is dropped (a DNS retry that recovered must not explain a later benchmark
-    failure), while everything else of the set-up stays (nvidia-smi at start, kernel lines). By content, not by
-    timestamp: the worker's clock may be skewed."""
+    """The instance's log ring (the whole stored ring for an instance judged this pass) as evidence for `phase`:
+    for the daemon/benchmark phases, what the params fetch logged before the daemon started is dropped (a DNS
+    retry that recovered must not explain a later benchmark failure), and after the daemon phase so are the
+    worker's notes while it waited for the daemon to answer (it did answer), while everything else of the
+    set-up stays (nvidia-smi at start, kernel lines). By content, not by timestamp: the worker's clock may be
+    skewed."""
     lines = report.log_tail
     if phase == "params":
         return lines
     start = next((i for i in range(len(lines) - 1, -1, -1) if _DAEMON_START.search(lines[i])), None)
+    if phase in ("warmup", "benchmark"):
+        lines = tuple(line for line in lines if not _DAEMON_WAIT.search(line))
+        if start is not None:
+            start = next((i for i in range(len(lines) - 1, -1, -1) if _DAEMON_START.search(lines[i])), None)
     if start is None:
         return lines
     return (*(line for line in lines[:start] if not _FETCH_LINE.search(line)), *lines[start:])
@@ -491,24 +505,69 @@ def _last_progress(report: InstanceReport) -> tuple[int, int | None]:
             requested if isinstance(requested, int) else None)
 
 
+#: Where the cause is named: the clause after the last of these is never cut (issue 23 item 2).
+_CAUSE_MARK = re.compile(r"\b(?:cause|error|failed)\s*:", re.IGNORECASE)
+#: A run of hex digits long enough to be a hash or an id (a params file's sha256, a container id).
+_HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
+_URL_TOKEN = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s]+)(/\S*)$", re.IGNORECASE)
+_TRAILING = re.compile(r"[,;:.)\]'\"]+$")
+
+
+#: The worker's sync token on its own lines (worker-image/lib/fleet.sh fleet_log_checkpoint): says nothing.
+_CHECKPOINT = re.compile(r" \[checkpoint \d+\]")
+
+
 def _clip(text: str, limit: int = ROOT_CAUSE_CHARS) -> str:
-    """One line of at most `limit` characters: long paths/URLs shortened, chains cut to head and last cause."""
-    text = " ".join(_shorten_token(t) for t in text.split())
+    """One line of about `limit` characters that keeps the cause: long paths, URLs and hex ids are shortened
+    inside (`/var/…/v28-…params.part`); a joined chain keeps its head and its last (most specific) cause; a
+    single line keeps the clause after its last `cause:` / `error:` / `failed:` whole and shortens what is
+    before it. Only a clause longer than `limit` by itself is cut."""
+    text = " ".join(_shorten_token(t) for t in _CHECKPOINT.sub("", text).split())
     if len(text) <= limit:
         return text
     parts = text.split(" | ")
-    if len(parts) >= 2:  # a joined chain: keep its head and its most specific (last) cause
-        head, last = parts[0], parts[-1][: limit // 2]
+    if len(parts) >= 2:
+        head, keep = parts[0], parts[-1]
         sep = " | … | " if len(parts) > 2 else " | "
-        room = limit - len(sep) - len(last)
-        if len(head) > room:
-            head = head[: room - 1] + "…"
-        return f"{head}{sep}{last}"
-    return text[: limit - 1] + "…"
+        marks = list(_CAUSE_MARK.finditer(keep))
+        if len(keep) + len(sep) > limit - 24 and marks and marks[-1].start() > 0:
+            keep = "…" + keep[marks[-1].start():]
+    else:
+        marks = [m for m in _CAUSE_MARK.finditer(text) if m.start() > 0]
+        if not marks:
+            return text[: limit - 1] + "…"
+        head, keep, sep = text[: marks[-1].start()].rstrip(), text[marks[-1].start():], " … "
+    keep = keep if len(keep) <= limit else keep[: limit - 1] + "…"
+    room = limit - len(sep) - len(keep)
+    if room < 16:  # the cause fills the line: it alone is shown, after the head's first words
+        room = 16
+    if len(head) > room:
+        head = head[: room - 1].rstrip() + "…"
+    return f"{head}{sep}{keep}"
 
 
 def _shorten_token(token: str, limit: int = 64) -> str:
-    return token if len(token) <= limit else f"{token[:28]}…{token[-28:]}"
+    """A long token shortened inside, keeping what names it: a URL's host and file, a path's first directory and
+    file, the first 8 digits of a hex id; trailing punctuation stays."""
+    if len(token) <= limit:
+        return token
+    trail = _TRAILING.search(token)
+    core, tail = (token[: trail.start()], trail.group()) if trail else (token, "")
+    core = _HEX_RUN.sub(lambda m: m.group()[:8] + "…", core)
+    url = _URL_TOKEN.search(core)
+    if url is not None and "/" in url.group(2)[1:]:
+        core = f"{core[:url.start()]}{url.group(1)}/…/{_short_name(url.group(2).rsplit('/', 1)[1])}"
+    elif "/" in core.strip("/"):
+        segments = core.split("/")
+        first = "/".join(segments[:2]) if core.startswith("/") else segments[0]
+        core = f"{first}/…/{_short_name(segments[-1])}" if len(segments) > 2 else core
+    if len(core) > limit:
+        core = f"{core[:28]}…{core[-28:]}"
+    return core + tail
+
+
+def _short_name(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else f"{name[:22]}…{name[-22:]}"
 
 
 def _round(value: float | None) -> float | None:

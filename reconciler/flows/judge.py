@@ -11,10 +11,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, load_capacity, render_capacity
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
@@ -31,7 +31,7 @@ from reconciler.domain.capacity import (
     decide_all,
 )
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
-from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, decide
+from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, awaiting_evidence, decide
 from reconciler.domain.leadership import LeaseLost, leader_trailer
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.planner import pool_pause
@@ -56,10 +56,19 @@ class ReportSource(Protocol):
     def reports(self) -> Sequence[InstanceReport]: ...
 
 
+@runtime_checkable
+class LogRingSource(Protocol):
+    """A report source that can also give an instance's whole stored log ring (the SQLite controller store):
+    the evidence of the instances judged this pass. Without it, judging reads each report's tail."""
+
+    def log_rings(self, instance_ids: Sequence[str]) -> Mapping[str, Sequence[str]]: ...
+
+
 class DirectiveSink(Protocol):
     """Where the directives for workers go (the controller store; workers read them over HTTP)."""
 
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime) -> int: ...
+    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
+                       fence: Callable[[Any], None] | None = None) -> int: ...
 
 
 class RecordPublisher(Protocol):
@@ -76,10 +85,12 @@ class LeaderTerm:
     """The leadership term a pass runs in, when replicas share a PostgreSQL store (the embedded store has none).
 
     `fence` asks the database whether this replica still holds the lease in `epoch` and raises LeaseLost if
-    not; the pass calls it right before each write that other replicas would see (the push, the directives)."""
+    not; the pass calls it right before the push. `store_fence` is the same check inside the store's transaction
+    that writes the directives (it holds the lease row until that commits)."""
 
     epoch: int
     fence: Callable[[], None]
+    store_fence: Callable[[Any], None] | None = None
 
 
 # --- the pass (shell) -----------------------------------------------------------------------------------
@@ -202,7 +213,8 @@ class QueueReader(Protocol):
 
 def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports: Sequence[InstanceReport],
                   records: RecordSet, kill_budgets: Mapping[str, Any], desired_image_digest: str | None, now: datetime,
-                  queue_reader: QueueReader | None) -> tuple[list[CapacityDecision], FileChange | None]:
+                  queue_reader: QueueReader | None,
+                  prices: Mapping[str, float] | None = None) -> tuple[list[CapacityDecision], FileChange | None]:
     """Capacity decisions for the autoscaled pools, and the new capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
@@ -215,12 +227,22 @@ def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports:
     entries, _ = load_capacity(spec_path)  # load_spec refused a broken file already
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
-    decisions = decide_all(spec, entries, reports, queues, now, paused_pools=paused, exhausted_pools=exhausted)
+    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
+                           exhausted_pools=exhausted)
     if not any(d.changed for d in decisions):
         return decisions, None
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
     merged = {name: e for name, e in merged.items() if name in {p.name for p in ranged}}
     return decisions, FileChange(capacity_file, render_capacity(merged))
+
+
+def _prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
+    if read is None:
+        return {}
+    try:
+        return read()
+    except Exception:  # an unreadable slot state only loses the prices: the pool's max price stands in
+        return {}
 
 
 def with_drains(directive_docs: dict[str, dict[str, Any]], spec: FleetSpec,
@@ -247,7 +269,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
              record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
-             term: LeaderTerm | None = None) -> PassResult:
+             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
@@ -257,6 +279,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
 
     `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
+    `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
+    first (None or unknown: the pool's max price, i.e. the slowest machine first).
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
@@ -277,13 +301,18 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
             return None
         records = load_for_pass(workdir / Path(spec_file).parent, record_cache)
         judged = store.trailer_values(INSTANCE_TRAILER)
-        decision = decide(spec, reports, records, judged, desired_image_digest, now,
+        try:
+            evidence = with_whole_rings(source, reports, awaiting_evidence(spec, reports, judged, now))
+        except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
+            outcome["observation_error"] = f"{type(exc).__name__}: {exc}"
+            return None
+        decision = decide(spec, evidence, records, judged, desired_image_digest, now,
                           judged_serving_ids=store.trailer_values(SERVING_TRAILER))
         outcome["decision"] = decision
         after = RecordSet(machines={**records.machines, **decision.machine_records})
         capacity, capacity_file = capacity_step(
             spec, workdir / spec_file, str(Path(spec_file).parent / CAPACITY_FILE), reports, records,
-            decision.kill_budgets, desired_image_digest, now, queue_reader)
+            decision.kill_budgets, desired_image_digest, now, queue_reader, _prices(prices))
         outcome["capacity"] = capacity
         outcome["directives"] = with_drains(
             {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
@@ -297,6 +326,9 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
+    if "observation_error" in outcome:
+        return PassResult(at=now, observation_error=outcome["observation_error"], reason=errors.OBSERVATION_FAILED,
+                          attempts=published.attempts)
     if "stalled" in outcome:
         spec_error: SpecError = outcome["stalled"]
         return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
@@ -304,9 +336,10 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     notes = decision.notes
     if directive_sink is not None:
         try:
-            if term is not None:
-                term.fence()
-            directive_sink.set_directives(outcome["directives"], now)
+            if term is None:
+                directive_sink.set_directives(outcome["directives"], now)
+            else:
+                directive_sink.set_directives(outcome["directives"], now, fence=term.store_fence or _fenced(term))
         except LeaseLost as exc:  # the new leader computes them from the same records on its first pass
             notes = (*notes, f"directives not stored: {exc}")
         except Exception as exc:  # the records are published; workers learn their verdict next pass
@@ -316,6 +349,22 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
                       capacity=tuple(outcome.get("capacity", ())),
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=monotonic() - started if published.commit else None)
+
+
+def with_whole_rings(source: ReportSource, reports: Sequence[InstanceReport],
+                     instance_ids: Sequence[str]) -> tuple[InstanceReport, ...]:
+    """`reports`, those of `instance_ids` carrying their whole stored log ring instead of its tail (when the
+    source can give it: `LogRingSource`)."""
+    if not instance_ids or not isinstance(source, LogRingSource):
+        return tuple(reports)
+    rings = source.log_rings(instance_ids)
+    return tuple(replace(r, log_tail=tuple(rings[r.instance_id])) if rings.get(r.instance_id) else r
+                 for r in reports)
+
+
+def _fenced(term: LeaderTerm) -> Callable[[Any], None]:
+    """A store fence made of the term's own check, for a term without one (it does not hold the lease row)."""
+    return lambda _conn: term.fence()
 
 
 def run(pass_once: Callable[[datetime], PassResult], *, interval_s: float, stop_event: threading.Event,

@@ -1,13 +1,21 @@
 """Why: the audit trail of one machine, read from git.
 
 Every commit whose `Fleet-Machine` trailer names the machine, newest first, with the evidence of its
-verdict taken from the machine record as of that commit (the entry whose instance id the commit's
-`Fleet-Instance` trailer names), plus the record's current status on the checked-out branch. Works in
-any plain clone: it reads the checked-out branch, not the bot's remote-tracking ref.
+verdict (the entry whose instance id the commit's `Fleet-Instance` trailer names), plus the record's current
+status on the checked-out branch. Works in any plain clone: it reads the checked-out branch, not the bot's
+remote-tracking ref.
+
+Where the evidence comes from: entries are append-only, so a verdict's entry is in today's record unless a
+human removed it (or the record was deleted). The current record is parsed once and each verdict takes its
+entries from it; only a verdict whose entries are gone is read from the record as of its own commit
+(`historical_wanted` names those commits, the shell reads them in one `git cat-file --batch`). Reading every
+historical version instead grew with the square of the verdict count (each version one entry longer).
+Long histories are paged: the newest `shown` verdicts (the cli's default 20; `--all` for every one).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -15,9 +23,15 @@ from typing import Any
 
 from reconciler.adapters.git import LastChange, VerdictCommit
 from reconciler.adapters.record_history import RecordHistoryParser
-from reconciler.domain.records import BenchmarkEntry, RecordError
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError
 
 DEFAULT_TAIL = 20
+#: Verdicts `fleet why` shows unless asked for `--all` (newest first).
+DEFAULT_SHOWN = 20
+
+#: Where a verdict's entries were read: today's record, or the record as of the verdict's commit.
+FROM_CURRENT = "current record"
+FROM_COMMIT = "record at the commit"
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,7 @@ class VerdictEvidence:
     commit: VerdictCommit
     entries: tuple[BenchmarkEntry, ...]
     problem: str | None  # why no entry could be shown
+    source: str | None = None  # FROM_CURRENT | FROM_COMMIT (None: no entries)
 
 
 @dataclass(frozen=True)
@@ -34,53 +49,95 @@ class MachineHistory:
     status: str  # ok | bad | pardoned | deleted | unreadable | unknown
     status_detail: str | None
     last_change: LastChange | None
-    verdicts: tuple[VerdictEvidence, ...]
+    verdicts: tuple[VerdictEvidence, ...]  # the newest `shown` of them
+    verdicts_total: int = 0
+
+    @property
+    def verdicts_hidden(self) -> int:
+        return self.verdicts_total - len(self.verdicts)
+
+
+def _wanted(commit: VerdictCommit) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The commit's admission instances and its serving instances (verdicts while serving: degraded, lost)."""
+    return commit.trailers.get("Fleet-Instance", ()), commit.trailers.get("Fleet-Serving-Instance", ())
+
+
+def _entries_for(record: MachineRecord, commit: VerdictCommit) -> tuple[BenchmarkEntry, ...]:
+    instances, serving = _wanted(commit)
+    return tuple(b for b in record.benchmarks
+                 if (b.instance_id in instances and b.stage != "serving")
+                 or (b.instance_id in serving and b.stage == "serving"))
+
+
+def _current(parser: RecordHistoryParser, current_text: str | None) -> MachineRecord | RecordError | None:
+    if current_text is None:
+        return None
+    try:
+        return parser.parse(current_text)
+    except RecordError as exc:
+        return exc
+
+
+def historical_wanted(record_path: str, commits: Sequence[VerdictCommit], current_text: str | None,
+                      shown: int | None) -> list[str]:
+    """Pure: the shown commits whose entries are not in the current record (removed, or no readable current
+    record): only their historical record versions need reading."""
+    current = _current(RecordHistoryParser(Path(record_path)), current_text)
+    page = commits if shown is None else commits[:shown]
+    if not isinstance(current, MachineRecord):
+        return [c.sha for c in page]
+    return [c.sha for c in page if not _entries_for(current, c)]
 
 
 def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], current_text: str | None,
-            last_change: LastChange | None, now: datetime | None = None) -> MachineHistory:
-    """Pure: the commits and record texts git gave us -> what to tell the human. With `now`, the status says
-    where the machine stands (bad until its expiry, on probation, permanent, banned)."""
-    # The versions (and the current text, usually the newest version again) share most lines: each is parsed once.
-    history = RecordHistoryParser(Path(record_path))
-    verdicts = tuple(_evidence(history, record_path, c) for c in commits)
+            last_change: LastChange | None, now: datetime | None = None, *,
+            historical: Mapping[str, str | None] | None = None, shown: int | None = None) -> MachineHistory:
+    """Pure: the commits and record texts git gave us -> what to tell the human. `historical`: the record as
+    of each commit whose entries are not in the current record (`historical_wanted`); a commit's own
+    `record_text`, if set, serves too. With `now`, the status says where the machine stands (bad until its
+    expiry, on probation, permanent, banned). `shown`: only the newest so many verdicts (None: all)."""
+    # The versions (and the current text) share most lines: each distinct line is parsed once.
+    parser = RecordHistoryParser(Path(record_path))
+    current = _current(parser, current_text)
+    historical = historical or {}
+    page = commits if shown is None else commits[:shown]
+    verdicts = tuple(_evidence(parser, record_path, c, current, historical) for c in page)
     detail = None
-    if current_text is not None:
-        try:
-            record = history.parse(current_text)
-        except RecordError as exc:
-            status, detail = "unreadable", str(exc)
-        else:
-            status = record.status
-            if now is not None:
-                standing = record.standing(now)
-                if standing.state != record.status:
-                    status = f"{record.status}, {standing.state} now"
-                if standing.state != record.status or standing.until is not None:
-                    detail = standing.detail  # expiry, probation, permanence: the rest is said by the status
+    if isinstance(current, RecordError):
+        status, detail = "unreadable", str(current)
+    elif current is not None:
+        status = current.status
+        if now is not None:
+            standing = current.standing(now)
+            if standing.state != current.status:
+                status = f"{current.status}, {standing.state} now"
+            if standing.state != current.status or standing.until is not None:
+                detail = standing.detail  # expiry, probation, permanence: the rest is said by the status
     elif commits or last_change is not None:
         status = "deleted"
         detail = "pardoned by deletion: the reconciler records this machine again only on a new failure"
     else:
         status = "unknown"
-    return MachineHistory(machine_id, record_path, status, detail, last_change, verdicts)
+    return MachineHistory(machine_id, record_path, status, detail, last_change, verdicts, len(commits))
 
 
-def _evidence(history: RecordHistoryParser, record_path: str, commit: VerdictCommit) -> VerdictEvidence:
-    instances = commit.trailers.get("Fleet-Instance", ())
-    serving = commit.trailers.get("Fleet-Serving-Instance", ())  # verdicts while serving (degraded, lost)
-    if commit.record_text is None:
+def _evidence(parser: RecordHistoryParser, record_path: str, commit: VerdictCommit,
+              current: MachineRecord | RecordError | None, historical: Mapping[str, str | None]) -> VerdictEvidence:
+    if isinstance(current, MachineRecord):
+        entries = _entries_for(current, commit)
+        if entries:
+            return VerdictEvidence(commit, entries, None, FROM_CURRENT)
+    text = historical.get(commit.sha, commit.record_text)
+    if text is None:
         return VerdictEvidence(commit, (), f"{record_path} does not exist in this commit")
     try:
-        record = history.parse(commit.record_text)
+        record = parser.parse(text)
     except RecordError as exc:
         return VerdictEvidence(commit, (), f"record unreadable in this commit: {exc}")
-    entries = tuple(b for b in record.benchmarks
-                    if (b.instance_id in instances and b.stage != "serving")
-                    or (b.instance_id in serving and b.stage == "serving"))
+    entries = _entries_for(record, commit)
     if entries:
-        return VerdictEvidence(commit, entries, None)
-    named = ", ".join((*instances, *serving)) or "none"
+        return VerdictEvidence(commit, entries, None, FROM_COMMIT)
+    named = ", ".join((*_wanted(commit)[0], *_wanted(commit)[1])) or "none"
     return VerdictEvidence(commit, (), f"no benchmark entry in the record for the commit's instance(s): {named}")
 
 
@@ -91,9 +148,12 @@ def to_json(h: MachineHistory) -> dict[str, Any]:
         "status": h.status,
         "status_detail": h.status_detail,
         "last_change": None if h.last_change is None else vars(h.last_change).copy(),
+        "verdicts_total": h.verdicts_total,
+        "verdicts_shown": len(h.verdicts),
         "verdicts": [{"commit": v.commit.sha, "date": v.commit.date, "author": v.commit.author,
                       "summary": v.commit.summary, "trailers": {k: list(vs) for k, vs in v.commit.trailers.items()},
-                      "entries": [e.to_yaml_dict() for e in v.entries], "problem": v.problem}
+                      "entries": [e.to_yaml_dict() for e in v.entries], "problem": v.problem,
+                      "evidence_from": v.source}
                      for v in h.verdicts],
     }
 
@@ -107,14 +167,24 @@ def render_text(h: MachineHistory, tail: int) -> str:
         what = "deleted" if h.last_change.deleted else "last changed"
         lines.append(f"  record {what} in {h.last_change.sha[:12]} {h.last_change.date} by {h.last_change.author}: "
                      f"{h.last_change.summary}")
-    lines.append(f"{len(h.verdicts)} verdict commit(s), newest first:" if h.verdicts else "no verdict commits")
+    if not h.verdicts:
+        lines.append("no verdict commits")
+    elif h.verdicts_hidden:
+        lines.append(f"{h.verdicts_total} verdict commit(s); the newest {len(h.verdicts)} shown, newest first "
+                     f"(--all for the other {h.verdicts_hidden}):")
+    else:
+        lines.append(f"{len(h.verdicts)} verdict commit(s), newest first:")
     for v in h.verdicts:
         c = v.commit
         lines += ["", f"commit {c.sha[:12]}  {c.date}  {c.author}", f"  {c.summary}"]
         if v.problem:
             lines.append(f"  ({v.problem})")
+        elif v.source == FROM_COMMIT:
+            lines.append("  (entry no longer in the current record: shown as of this commit)")
         for e in v.entries:
             lines += _entry_lines(e, tail)
+    if h.verdicts_hidden:
+        lines += ["", f"... {h.verdicts_hidden} older verdict commit(s) not shown: fleet why {h.machine_id} --all"]
     return "\n".join(lines) + "\n"
 
 

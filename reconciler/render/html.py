@@ -19,11 +19,12 @@ from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 
 from reconciler.domain.observations import format_time, parse_time
-from reconciler.domain.status import FleetStatus, InstanceStatus, PoolStatus, RatePoint
+from reconciler.domain.status import BadMachineStatus, FleetStatus, InstanceStatus, PoolStatus, RatePoint
 from reconciler.domain.surfaces import PageExtras, total_usd_per_hour
 from reconciler.domain.verdicts import RATE_VERDICTS
 from reconciler.render.text import render_timeline
@@ -44,6 +45,8 @@ SEGMENT_COLORS = {"params": "#1e88e5", "daemon": "#8e24aa", "bench": "#8e24aa", 
 MAX_MACHINE_ROWS = 150
 MAX_TIMELINES = 40
 MAX_CHART_MACHINES = 48
+#: Bad machines listed on the page (those on probation first, then the newest verdicts); all with ?all=1.
+MAX_BAD_ROWS = 100
 
 
 @dataclass(frozen=True)
@@ -417,6 +420,39 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def _bad_rows(view: FleetStatus) -> list[BadMachineStatus]:
+    """At most MAX_BAD_ROWS bad machines (every one with --all / ?all=1): probation first, newest verdict next."""
+    if (view.query or {}).get("all") or len(view.bad_machines) <= MAX_BAD_ROWS:
+        return list(view.bad_machines)
+    newest = sorted(view.bad_machines, key=lambda b: b.at or "", reverse=True)
+    return sorted(newest, key=lambda b: b.standing != "probation")[:MAX_BAD_ROWS]  # stable: newest within each
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """The page's filter form and page links, from the view's query."""
+
+    everything: bool
+    pools: tuple[str, ...]
+    machines: tuple[str, ...]
+    since: str | None
+    page_links: tuple[int, ...]
+
+    @classmethod
+    def of(cls, view: FleetStatus) -> _Attention:
+        q = view.query or {}
+        pages = view.pages
+        near = {1, pages, *range(max(1, view.page - 3), min(pages, view.page + 3) + 1)}  # first, last, around
+        return cls(bool(q.get("all")), tuple(q.get("pools") or ()), tuple(q.get("machines") or ()), q.get("since"),
+                   tuple(sorted(near)))
+
+    def link(self, page: int) -> str:
+        params = [("pool", p) for p in self.pools] + [("machine", m) for m in self.machines]
+        params += [("since", self.since)] if self.since else []
+        params += [("all", "1")] if self.everything else []
+        return "/?" + urlencode([*params, ("page", str(page))])
+
+
 @dataclass(frozen=True)
 class _Context:
     view: FleetStatus
@@ -438,7 +474,8 @@ class _Context:
                             [p for p in view.rates if p.pool == pool.name]) for pool in view.pools],
             "machines": machines[:MAX_MACHINE_ROWS], "machines_total": len(machines),
             "timelines": [(i, timeline(i, view.at)) for i in shown], "timelines_total": len(view.instances),
-            "chart_cap": MAX_CHART_MACHINES,
+            "chart_cap": MAX_CHART_MACHINES, "attention": _Attention.of(view),
+            "bad_rows": _bad_rows(view), "bad_total": len(view.bad_machines),
             "segment_legend": (("fetching params", SEGMENT_COLORS["params"]),
                                ("daemon + benchmark", SEGMENT_COLORS["bench"]),
                                ("until destroyed", SEGMENT_COLORS["destroyed"]), ("failure", BAD_COLOR)),

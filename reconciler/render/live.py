@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -27,7 +27,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from reconciler.domain.observations import parse_time
 from reconciler.domain.redact import redact_line
+from reconciler.domain.status import PAGE_SIZE, StatusQuery
 from reconciler.domain.surfaces import LiveSnapshot
 from reconciler.render.html import LivePage, render_fragment, render_login, render_page
 from reconciler.render.metrics import CONTENT_TYPE, FleetMetrics
@@ -91,10 +93,40 @@ def _html(body: str, status: int = 200, nonce: str | None = None) -> HTMLRespons
     return HTMLResponse(body, status_code=status, headers=headers)
 
 
-class StatusRoutes:
-    """The routes; `snapshot` gives the current status, `metrics` the registry `/metrics` serves."""
+#: Query parameters of the page, its fragment and /status.json (the same filters as `fleet status`).
+QUERY_PARAMS = ("pool", "machine", "all", "since", "page")
 
-    def __init__(self, snapshot: Callable[[], LiveSnapshot], access: ReadAccess, *,
+
+class BadQuery(ValueError):
+    """A filter parameter that cannot be read; the response names it."""
+
+
+def status_query(params: Mapping[str, str] | Any, per_page: int | None) -> StatusQuery:
+    """?pool=P&pool=Q&machine=M&all=1&since=TIME&page=N -> StatusQuery (repeatable pool/machine)."""
+    getlist = getattr(params, "getlist", None)
+
+    def many(name: str) -> frozenset[str]:
+        values = getlist(name) if getlist is not None else ([params[name]] if name in params else [])
+        return frozenset(part.strip() for v in values for part in v.split(",") if part.strip())
+
+    since = None
+    if params.get("since"):
+        try:
+            since = parse_time(params["since"])
+        except ValueError:
+            raise BadQuery(f"since={params['since']!r} is not an RFC 3339 time (e.g. 2026-12-02T22:00:00Z)") from None
+    page_text = params.get("page") or "1"
+    if not page_text.isdigit() or int(page_text) < 1:
+        raise BadQuery(f"page={page_text!r} is not a page number (1, 2, ...)")
+    return StatusQuery(everything=params.get("all") in ("1", "true", "on", "yes"), pools=many("pool"),
+                       machines=many("machine"), since=since, page=int(page_text), per_page=per_page)
+
+
+class StatusRoutes:
+    """The routes; `snapshot(query)` gives the status (None: the default view), `metrics` the registry
+    `/metrics` serves."""
+
+    def __init__(self, snapshot: Callable[[StatusQuery | None], LiveSnapshot], access: ReadAccess, *,
                  metrics: FleetMetrics | None = None, refresh_s: float = 5.0, metrics_open: bool = False):
         self._snapshot = snapshot
         self._access = access
@@ -123,10 +155,21 @@ class StatusRoutes:
             return self._login_page("That token was not accepted.")
         if not self._access.allows(request):
             return self._login_page()
-        snap = self._snapshot()
+        try:
+            snap = self._query_snapshot(request)
+        except BadQuery as exc:
+            return Response(f"{exc}\n", status_code=400, headers=_COMMON_HEADERS, media_type="text/plain")
         nonce = secrets.token_urlsafe(16)
-        live = LivePage(fragment_url=FRAGMENT_PATH, refresh_s=self._refresh_s, nonce=nonce)
+        query = request.url.query
+        live = LivePage(fragment_url=FRAGMENT_PATH + (f"?{query}" if query else ""), refresh_s=self._refresh_s,
+                        nonce=nonce)
         return _html(render_page(snap.view, extras=snap.extras, spec_source=snap.spec_source, live=live), nonce=nonce)
+
+    def _query_snapshot(self, request: Request) -> LiveSnapshot:
+        params = request.query_params
+        if not any(name in params for name in QUERY_PARAMS):
+            return self._snapshot(None)
+        return self._snapshot(status_query(params, PAGE_SIZE))
 
     async def login(self, request: Request) -> Response:
         declared = request.headers.get("content-length")
@@ -146,13 +189,19 @@ class StatusRoutes:
     def fragment(self, request: Request) -> Response:
         if not self._access.allows(request):
             return Response("sign in again", status_code=401, headers=_COMMON_HEADERS)
-        snap = self._snapshot()
+        try:
+            snap = self._query_snapshot(request)
+        except BadQuery as exc:
+            return Response(f"{exc}\n", status_code=400, headers=_COMMON_HEADERS, media_type="text/plain")
         return _html(render_fragment(snap.view, extras=snap.extras, spec_source=snap.spec_source))
 
     def status_json(self, request: Request) -> Response:
         if not self._access.allows(request):
             return JSONResponse({"error": "unauthorized"}, status_code=401, headers=_COMMON_HEADERS)
-        snap = self._snapshot()
+        try:
+            snap = self._query_snapshot(request)
+        except BadQuery as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400, headers=_COMMON_HEADERS)
         doc: dict[str, Any] = snap.view.to_json()
         doc["economics"] = [{**e.__dict__, "meets_slo": e.meets_slo, "within_cap": e.within_cap}
                             for e in snap.extras.economics]

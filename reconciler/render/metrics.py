@@ -100,7 +100,9 @@ class FleetCollector(Collector):
                                  labels=["pool"])
         allowed = GaugeMetricFamily("fleet_kill_budget_allowed", "machines the kill budget allows in its window",
                                     labels=["pool"])
-        states: Counter[tuple[str, str]] = Counter((i.pool or "unknown", i.state) for i in view.instances)
+        states: Mapping[tuple[str, str], int] = (
+            state.instance_states if state.instance_states is not None
+            else Counter((i.pool or "unknown", i.state) for i in view.instances))
         for pool in view.pools:
             desired.add_metric([pool.name], pool.desired)
             bad.add_metric([pool.name], pool.bad)

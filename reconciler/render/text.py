@@ -41,7 +41,56 @@ def _gpu_text(gpus: Sequence[Mapping[str, Any]]) -> str:
     return f"; {', '.join(parts)}" if parts else ""
 
 
-def render_text(view: FleetStatus) -> str:
+def _suspect_lines(view: FleetStatus) -> list[str]:
+    """Suspects a pool runs are its state; the others are history until a human clears them."""
+    active = [s for s in view.suspects if s.in_use_by]
+    history = [s for s in view.suspects if not s.in_use_by]
+    lines: list[str] = []
+    if active:
+        lines += ["", "image suspects (circuit breaker):"]
+        for s in active:
+            lines.append(f"  {s.image_digest[:19]} {s.signature}: machines {', '.join(s.machines)}; run by pools "
+                         f"{', '.join(s.in_use_by)}; since {s.tripped_at}")
+    if history:
+        lines += ["", "image suspects no pool runs any more (history; clear with status: cleared in "
+                      "fleet-spec/images/<digest>.yaml):"]
+        for s in history:
+            lines.append(f"  {s.image_digest[:19]} {s.signature}: machines {', '.join(s.machines)}; since "
+                         f"{s.tripped_at}")
+    return lines
+
+
+def _instances_heading(view: FleetStatus) -> list[str]:
+    if view.matching is None:  # every instance was given (no triage)
+        return ["", "instances:"] if view.instances else []
+    everything = bool(view.query and view.query.get("all"))
+    what = "instances" if everything else "instances needing the operator"
+    page = f"; page {view.page} of {view.pages} (--page N)" if view.pages > 1 else ""
+    shown = f"{len(view.instances)} shown" if len(view.instances) < view.matching else "all shown"
+    lines = ["", f"{what}: {view.matching} ({shown}{page})" if view.matching else f"{what}: none"]
+    if view.left_out:
+        rest = ", ".join(f"{n} {state}" for state, n in view.left_out)
+        lines.append(f"  not shown, needing nothing: {rest} (--all shows them)")
+    return lines
+
+
+def _bad_machine_lines(view: FleetStatus, everything: bool) -> list[str]:
+    if not view.bad_machines:
+        return []
+    listed = view.bad_machines if everything else [b for b in view.bad_machines if b.standing == "probation"]
+    by_standing: dict[str, int] = {}
+    for b in view.bad_machines:
+        by_standing[b.standing] = by_standing.get(b.standing, 0) + 1
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(by_standing.items()))
+    lines = ["", f"machines excluded or on probation: {len(view.bad_machines)} ({counts})"
+                 + ("" if everything else "; on probation listed, --all lists every one")]
+    for b in listed:
+        lines.append(f"  {b.machine_id}  {b.standing}: {b.standing_detail}  <- {b.verdict or 'hand edit'}: {b.reason}")
+    return lines
+
+
+def render_text(view: FleetStatus, *, everything: bool = True) -> str:
+    """`everything=False` (fleet status without --all): bad machines as counts, only those on probation listed."""
     lines = [f"fleet status at {view.at}"]
     if view.last_pass and view.last_pass.get("at"):
         lines.append(f"reconciler: last pass {view.last_pass.get('at')}: {view.last_pass.get('headline')}")
@@ -67,13 +116,8 @@ def render_text(view: FleetStatus) -> str:
             lines.append(f"      {c.last()}")
             lines.append(f"      ${c.usd_per_hour_at_min:.2f}/h at min, ${c.usd_per_hour_at_max:.2f}/h at max "
                          "(max price)")
-    if view.suspects:
-        lines += ["", "image suspects (circuit breaker):"]
-        for s in view.suspects:
-            lines.append(f"  {s.image_digest[:19]} {s.signature}: machines {', '.join(s.machines)}; pools "
-                         f"{', '.join(s.pools) or 'all'}; since {s.tripped_at}")
-    if view.instances:
-        lines += ["", "instances:"]
+    lines += _suspect_lines(view)
+    lines += _instances_heading(view)
     for i in view.instances:
         where = f"machine {i.machine_id or '?'}" + (f" (host {i.host_id})" if i.host_id else "")
         verdict = f" {i.verdict}" if i.verdict and i.verdict != i.state else ""
@@ -84,10 +128,7 @@ def render_text(view: FleetStatus) -> str:
         lines.append(f"      {render_timeline(i.timeline)}")
         if i.serving is not None:
             lines.append(f"      serving: {i.serving.summary}{_gpu_text(i.serving.gpus)}")
-    if view.bad_machines:
-        lines += ["", "machines excluded or on probation:"]
-    for b in view.bad_machines:
-        lines.append(f"  {b.machine_id}  {b.standing}: {b.standing_detail}  <- {b.verdict or 'hand edit'}: {b.reason}")
+    lines += _bad_machine_lines(view, everything)
     if view.early_saved_minutes:
         lines += ["", f"early verdicts saved ~{view.early_saved_minutes:.0f} benchmark minutes, "
                       f"<= ${view.early_saved_usd_at_most:.2f} (at the pools' max price)"]

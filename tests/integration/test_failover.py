@@ -22,6 +22,7 @@ the database's clock decides, as in production.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from reconciler.adapters.lease import LeaseKeeper
 from reconciler.domain.leadership import LEADER_EPOCH_TRAILER
 from tests.gitrepos import git, make_origin, origin_file
 from tests.loop_support import trailers
-from tests.replica_support import WORKERS, Cluster, Replica, admin_get, directive, leads, post, worker_traffic
+from tests.replica_support import ADMIN, WORKERS, Cluster, Replica, admin_get, directive, leads, post, worker_traffic
 from tests.scenarios import SPEC_YAML
 
 
@@ -109,6 +110,20 @@ def test_the_leader_killed_during_a_pass_is_replaced_and_nothing_is_lost_or_doub
     holders = {v["leader"]["holder"] for v in views}  # both see the same leader: one of the survivors
     assert len(holders) == 1 and holders.pop().split("~")[0] in {f.name for f in followers}, views
     assert [v["leading"] for v in views].count(True) <= 1 and min(v["leader"]["epoch"] for v in views) >= 3, views
+    other = next(f for f in followers if f is not survivor)
+    tip = git(cluster.origin, "rev-parse", "main")
+    for _ in itertools.islice(other.passes(), 100):  # a follower's clone follows the branch: its page shows
+        if git(other.workdir, "rev-parse", "HEAD") == tip:  # what the leader pushed
+            break
+    else:
+        pytest.fail(f"replica {other.name}'s clone never reached origin's tip")
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    for f in followers:  # leader or not, every replica serves the page (with its leader line) and /metrics
+        page = httpx.get(f"{f.url}/", headers=auth, timeout=30)
+        assert page.status_code == 200 and 'id="leader"' in page.text, (f.name, page.status_code)
+        assert all(machine in page.text for machine, _ in WORKERS.values()), f.name
+        metrics = httpx.get(f"{f.url}/metrics", headers=auth, timeout=30)
+        assert metrics.status_code == 200 and "fleet_up" in metrics.text, (f.name, metrics.status_code)
 
 
 def test_a_stale_leader_resumed_before_the_new_leader_pushed_is_stopped_by_the_lease_check(

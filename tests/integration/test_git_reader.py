@@ -1,11 +1,12 @@
-"""GitReader (plain `git log` + `git cat-file --batch`) tells the same audit trail as GitStore's gitpython
-reads: the same verdict commits newest first with the record text at each, the same last change (a human's
-edit or deletion) and the same current record, for machines judged once, several times, pardoned by an edit,
-deleted, and never seen; and it reads only the commits that touched the machine's record."""
+"""GitReader (plain `git log --grep` + `git cat-file --batch`) tells the same audit trail as GitStore's
+gitpython reads: the same verdict commits newest first with the record text at each (read on demand), the same
+last change (a human's edit or deletion) and the same current record, for machines judged once, several times,
+pardoned by an edit, deleted, and never seen; its history shape says when a commit-graph would help."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,53 @@ def test_git_reader_tells_what_gitstore_tells(human: Path, machine_id: str) -> N
     record_path = f"fleet-spec/machines/{machine_id}.yaml"
     trail = GitReader.discover(human / "fleet-spec").machine_trail(machine_id)
     with GitStore(human) as store:
-        assert list(trail.verdicts) == store.history_for_machine(machine_id)
+        expected = store.history_for_machine(machine_id)
+        assert [replace(v, record_text=None) for v in expected] == list(trail.verdicts)
+        texts = GitReader(human).records_at([v.sha for v in trail.verdicts], record_path)
+        assert [texts[v.sha] for v in trail.verdicts] == [v.record_text for v in expected]
         assert trail.last_change == store.last_change(record_path)
         assert trail.current_text == store.file_at("HEAD", record_path)
     assert trail.workdir == human
+
+
+def test_a_machine_id_that_prefixes_another_is_not_matched(human: Path) -> None:
+    # --grep "Fleet-Machine: 1" also finds "Fleet-Machine: 10"; the parsed trailers decide.
+    human_commit(human, {"fleet-spec/machines/10.yaml": "machine_id: '10'\nstatus: ok\nbenchmarks: []\n"},
+                 "verdict 10\n\nFleet-Machine: 10\nFleet-Instance: i-10")
+    assert all("10" not in v.trailers["Fleet-Machine"] for v in GitReader(human).machine_trail("1").verdicts)
+
+
+def test_history_shape_sees_the_commit_graph_and_its_bloom_filters(human: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import reconciler.adapters.git as git_adapter
+
+    monkeypatch.setattr(git_adapter, "LONG_HISTORY_COMMITS", 5)  # the fixture's 9 commits count as long
+    shape = GitReader(human).history_shape()
+    assert (shape.graph, shape.bloom, shape.long) == (False, False, True)
+    assert shape.hint() is not None and git_adapter.COMMIT_GRAPH_COMMAND in shape.hint()
+    git(human, "commit-graph", "write", "--reachable")
+    shape = GitReader(human).history_shape()
+    assert (shape.graph, shape.bloom) == (True, False) and "without changed-path filters" in (shape.hint() or "")
+    git(human, *git_adapter.COMMIT_GRAPH_COMMAND.split()[1:])
+    shape = GitReader(human).history_shape()
+    assert (shape.graph, shape.bloom, shape.hint()) == (True, True, None)
+    monkeypatch.setattr(git_adapter, "LONG_HISTORY_COMMITS", 50)
+    git(human, "commit-graph", "write", "--reachable")  # a graph without filters, but a short history
+    assert GitReader(human).history_shape().hint() is None
+
+
+def test_the_bot_clone_keeps_a_commit_graph_with_bloom_filters(tmp_path: Path) -> None:
+    bare, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": "version: 1\n"})
+    store = GitStore.clone(str(bare), tmp_path / "bot", sleep=lambda s: None, rng=random.Random(1))
+    assert GitReader(tmp_path / "bot").history_shape().bloom
+    request = CommitRequest("verdict", "", (("Fleet-Machine", "5"),),
+                            (FileChange("fleet-spec/machines/5.yaml", "machine_id: '5'\nbenchmarks: []\n"),))
+    sha = store.publish(lambda wd: request).commit
+    assert sha is not None
+    # The new commit is in the graph (a layer of its own): `git commit-graph verify` checks every layer.
+    git(tmp_path / "bot", "commit-graph", "verify")
+    chain = (tmp_path / "bot/.git/objects/info/commit-graphs/commit-graph-chain").read_text().split()
+    assert len(chain) >= 1 and GitReader(tmp_path / "bot").history_shape().bloom
 
 
 def test_only_the_commits_touching_the_record_are_read(human: Path) -> None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.lease import LeaseKeeper, PostgresLease, holder_id
+from reconciler.adapters.stores import open_store
 from reconciler.cli import main
 from reconciler.domain.errors import LEASE_LOST
 from reconciler.domain.leadership import LEADER_EPOCH_TRAILER, LeaseLost, describe
@@ -158,7 +161,10 @@ class Directives:
     def __init__(self) -> None:
         self.written: list[dict[str, object]] = []
 
-    def set_directives(self, directives: dict[str, object], now: datetime) -> int:
+    def set_directives(self, directives: dict[str, object], now: datetime, *,
+                       fence: Callable[[Any], None] | None = None) -> int:
+        if fence is not None:
+            fence(None)
         self.written.append(dict(directives))
         return len(directives)
 
@@ -219,3 +225,45 @@ def test_fleet_status_with_the_database_says_who_leads_now(postgres_db: str, tmp
     wrong = postgres_db.replace(f":{password}@", ":not-the-password@")
     assert main([*status[:3], "--controller-db", wrong]) == 1  # the store refuses first: one clear error
     assert "not-the-password" not in capsys.readouterr().err
+
+
+def test_directives_are_written_only_in_the_term_and_the_lease_cannot_change_hands_meanwhile(postgres_db: str) -> None:
+    """The store fence runs inside the directives' transaction: a stale term writes nothing, and a take-over
+    waits on the lease row (FOR SHARE) until the directives of the current term are committed."""
+    store = open_store(postgres_db)
+    a, b = keeper(postgres_db, "a:8080"), keeper(postgres_db, "b:8080")
+    try:
+        assert a.tick() == 1
+        assert store.set_directives({"i-1": {"action": "serve"}}, LATER, fence=a.store_fence(1)) == 1
+        inside, finish = threading.Event(), threading.Event()
+
+        def slow_fence(conn: Any) -> None:
+            a.store_fence(1)(conn)
+            inside.set()
+            finish.wait(60)
+
+        writer = threading.Thread(target=store.set_directives,
+                                  args=({"i-1": {"action": "stop", "reason": "judged in epoch 1"}}, LATER),
+                                  kwargs={"fence": slow_fence})
+        writer.start()
+        assert inside.wait(60)
+        takeover = threading.Thread(target=expire, args=(postgres_db,))  # what a lapse + take-over would write
+        takeover.start()
+        with psycopg.connect(postgres_db, autocommit=True) as watcher:
+            for _ in range(10_000):  # until the take-over waits on the lease row (bounded; no sleep)
+                row = watcher.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND wait_event_type = 'Lock'").fetchone()
+                if row is not None and row[0] == 1:
+                    break
+            else:
+                pytest.fail("the take-over never waited for the directives' transaction")
+        finish.set()
+        writer.join(60)
+        takeover.join(60)
+        assert (store.directive("i-1") or {}).get("action") == "stop"  # committed in epoch 1, before the take-over
+        assert b.tick() == 2
+        with pytest.raises(LeaseLost, match="epoch 1 is no longer held"):
+            store.set_directives({"i-1": {"action": "serve", "reason": "stale"}}, LATER, fence=a.store_fence(1))
+        assert (store.directive("i-1") or {}).get("action") == "stop"  # the stale term wrote nothing
+    finally:
+        store.close()

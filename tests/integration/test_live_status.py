@@ -105,8 +105,14 @@ def test_the_page_and_fragment_show_pools_spend_slo_machines_commits(live: tuple
     machines = {cells[0]: cells for cells in table_rows(dom, "machines")}
     assert machines["40213"][2] == "benchmark-error (blame: image)"
     assert "connection refused" in machines["40213"][3]
+    # By default the page charts the machines of the instances that need the operator; ?all=1 adds the rest
+    # (here the destroyed rtx4090 instance on 90001).
     assert {s.attrs["data-machine"] for s in dom.find("svg", class_="sparkline")} == {
+        "40213", "51877", "62001", "90002"}
+    everything = parse(httpx.get(url + "/?all=1", headers=auth).text)
+    assert {s.attrs["data-machine"] for s in everything.find("svg", class_="sparkline")} == {
         "40213", "51877", "62001", "90001", "90002"}
+    assert httpx.get(url + "/?page=x", headers=auth).status_code == 400
     commits = table_rows(dom, "commits")
     assert len(commits) == 1 and commits[0][3] == "seed"
     fragment = httpx.get(url + "/status/fragment", headers=auth)

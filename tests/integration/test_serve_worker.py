@@ -326,3 +326,46 @@ def test_a_drain_directive_finishes_the_proof_in_progress_takes_no_new_work_then
     assert 1 <= len(after) <= 2, (drain_epoch, proofs)  # the one in progress (its second may equal the drain's)
     last = [e.details["heartbeat"] for e in events if "heartbeat" in e.details][-1]
     assert last["busy"] is False
+
+
+def test_a_serve_directive_while_draining_resumes_work(
+        tmp_path: Path, controller: tuple[SqliteStore, ControllerServer]) -> None:
+    """The pool grows again before the drain finished: `serve` uncordons the client and proving goes on."""
+    store, server = controller
+    write_fakes(tmp_path / "bin", ssh=False)
+    store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "serve", "verdict": "ok",
+                                        "reason": "ok: 50.0/h >= 40/h", "heartbeat_s": 0.3}}, store.clock())
+    mirror = ParamsMirror(sample_params()).start()
+    env = worker_env(tmp_path, server.url, mirror.url, FLEET_AFTER_BENCH="serve", FLEET_DIRECTIVE_POLL_S="0.2",
+                     FLEET_SERVE_CMD="proving-load", FLEET_DRAIN_CMD="proving-load cordon",
+                     FLEET_UNDRAIN_CMD="proving-load uncordon", STANDIN_SERVE_SECONDS_PER_PROOF="8")
+    worker = WorkerProcess(env, tmp_path / "run")
+
+    def drain_states() -> list[str]:
+        return [e.details["drain"]["state"] for e in serve_events(store) if isinstance(e.details.get("drain"), dict)]
+
+    try:
+        wait_for("a proof in progress", lambda: any(
+            (e.details.get("heartbeat") or {}).get("busy") for e in serve_events(store)), worker)
+        store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "drain", "reason": "capacity: 3 -> 2"}},
+                             store.clock())
+        wait_for("draining", lambda: "started" in drain_states(), worker)
+        # The proof in progress (8 s) is not done yet: the pool grows again.
+        store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "serve", "verdict": "ok",
+                                            "reason": "ok: 50.0/h >= 40/h", "heartbeat_s": 0.3}}, store.clock())
+        wait_for("drain cancelled", lambda: drain_states()[-1:] == ["cancelled"], worker)
+        assert worker.poll() is None  # it did not stop
+        def proofs() -> int:
+            return sum(len(f.read_text().splitlines()) for f in (tmp_path / "standin").glob("daemon-*.served"))
+
+        before = proofs()
+        # The proof in progress finishes and another one starts and finishes: the client took new work again.
+        wait_for("proving again after the cancel", lambda: proofs() >= before + 2, worker, timeout_s=60)
+        store.set_directives({INSTANCE_ID: {"protocol": 1, "action": "stop", "verdict": "degraded",
+                                            "reason": "degraded"}}, store.clock())
+        wait_for("worker exits", lambda: worker.poll() is not None, worker, timeout_s=60)
+    finally:
+        proc = worker.finish(timeout_s=30)
+        mirror.stop()
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not [e for e in serve_events(store) if e.status == "done" and (e.message or "").startswith("drained")]

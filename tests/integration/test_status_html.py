@@ -71,7 +71,10 @@ def write_page(fleet: Fleet, out: Path, capsys: pytest.CaptureFixture[str]) -> s
     # The incident is replayed as of NOW: with the real clock, the running instance would pass its deadline.
     argv = ["status", "--spec-dir", str(fleet.spec_dir), "--controller-db", str(fleet.db), "--image-digest", DIGEST,
             "--at", format_time(NOW), "--html", str(out)]
+    # By default the page shows the instances that need the operator: not the destroyed one; --all shows it.
     assert main(argv) == 0
+    assert f"wrote {out} (2 pools, 5 instances, 1 bad machines)" in capsys.readouterr().out
+    assert main([*argv, "--all"]) == 0
     assert f"wrote {out} (2 pools, 6 instances, 1 bad machines)" in capsys.readouterr().out
     return out.read_text(encoding="utf-8")
 

@@ -74,6 +74,17 @@ FAILURES = {
     "machine-gpu-lost": (["fleet: nvidia-smi failed: Unable to determine the device handle for GPU0000:01:00.0: GPU "
                           "is lost.  Reboot the system to recover this GPU"], "machine", "benchmark"),
     "machine-cuda-device": (list(CUDA_ERROR_TAIL), "machine", "benchmark"),
+    # A GPU fallen off the bus in a container without the kernel log: only the CUDA code (sppark exception.cuh).
+    "machine-cuda-999-no-dmesg": (["cuzk-daemon: thread 'tokio-runtime-worker' panicked at "
+                                   "/build/curio/extern/supraseal-c2/src/lib.rs:316:9:",
+                                   "cuzk-daemon: sppark::Error #-999", "Error: Prove RPC failed"], "machine",
+                                  "benchmark"),
+    # ECC read from the CUDA code alone (the ECC signature also matches kernel Xid 48 lines, seen first hand).
+    "machine-cuda-214-code-only": (["cuzk-daemon: sppark::Error #-214"], "machine", "benchmark"),
+    # The same inference from other CUDA callers' formats (issue 23 item 4: the driver API name, PyTorch's text).
+    "machine-cuda-driver-name": (['Error: DriverError(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")'],
+                                 "machine", "benchmark"),
+    "machine-cuda-text": (["RuntimeError: CUDA error: unknown error"], "machine", "benchmark"),
     "network-dns": (["Exception: [AbstractCommand.cc:351] errorCode=19 Name resolution for params.example.com "
                      "failed:Temporary failure in name resolution"], "network", "params"),
     "params-mirror-404": (["Exception: [AbstractCommand.cc:351] errorCode=3 URI=https://m/v28.params",
@@ -108,7 +119,9 @@ def test_failures_positively_attributed_elsewhere_never_trip_the_breaker(case: s
     assert apply_guards(SPEC, records_of(verdicts), [later], LATER).image_records == {}
 
 
-@pytest.mark.parametrize("case", ["configuration-oom", "configuration-vram", "machine-cuda-device", "unknown"])
+@pytest.mark.parametrize("case", ["configuration-oom", "configuration-vram", "machine-cuda-device",
+                                  "machine-cuda-999-no-dmesg", "machine-cuda-214-code-only",
+                                  "machine-cuda-driver-name", "machine-cuda-text", "unknown"])
 def test_failures_not_positively_attributed_trip_the_breaker_on_distinct_machines(case: str) -> None:
     # Issue 23 items 1 and 4: an unexplained failure, a pool-sizing fault and a machine blame read only from a
     # CUDA error code all recur on distinct machines with one image: the breaker decides, the pool pauses.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,7 @@ from reconciler.domain.capacity import (
 )
 from reconciler.domain.planner import REASON_DRAINING, ObservedSlot, plan
 from reconciler.domain.records import RecordSet
+from reconciler.domain.spec import SpecError
 from tests.capacity_support import AUTOSCALED_SPEC, at, autoscaled_spec, benchmarking, serving
 
 SPEC = autoscaled_spec()
@@ -251,3 +253,75 @@ def test_an_integer_count_is_still_a_fixed_pool() -> None:
     assert spec is not None and spec.pool("rtx4090").count == 4 and spec.pool("rtx4090").min_count is None
     assert {p.json_path for p in problems if p.severity == "warning"} == {"$.pools[0].scaling", "$.pools[0].queue"}
     assert decide_all(spec, {}, [], {}, at(0)) == []
+
+
+def test_the_cached_spec_follows_the_leaders_capacity_file(tmp_path: Path) -> None:
+    """status, plan and apply read the spec through its cache: a new capacity.yaml must change their slots."""
+    from reconciler.adapters.spec_files import load_spec_cached
+
+    (tmp_path / "fleet.yaml").write_text(AUTOSCALED_SPEC)
+    cache = tmp_path / "spec.pickle"
+    assert load_spec_cached(tmp_path / "fleet.yaml", cache).pool("rtx4090").count == 1  # no file: min
+    (tmp_path / "capacity.yaml").write_text(render_capacity(entry(3, slots=(0, 2, 5))))
+    pool = load_spec_cached(tmp_path / "fleet.yaml", cache).pool("rtx4090")
+    assert pool.slot_names() == ["rtx4090-0", "rtx4090-2", "rtx4090-5"] and pool.desired_count == 3
+    (tmp_path / "capacity.yaml").write_text('rtx4090: {"desired": "many"}\n')
+    with pytest.raises(SpecError) as caught:
+        load_spec_cached(tmp_path / "fleet.yaml", cache)
+    assert "capacity.yaml: error: $.rtx4090.desired: got 'many', expected an integer >= 0" in str(caught.value)
+
+
+def test_a_slots_inputs_stay_the_same_while_the_pool_scales_and_a_draining_slot_is_never_replaced() -> None:
+    """Pulumi compares every slot's inputs: capacity changes must not touch the slots that stay, and the
+    dynamic provider's diff must not re-rent a draining slot whose worker already stopped."""
+    from reconciler.domain.slots import SlotOutputs, decode_slot_inputs, slot_diff, slot_inputs
+
+    records = RecordSet(machines={})
+    small = apply_entries(SPEC, entry(2)).pool("rtx4090")
+    big = apply_entries(SPEC, entry(5)).pool("rtx4090")
+    props = [slot_inputs(SPEC, p, "rtx4090-0", records, image="i", image_digest="sha256:" + "a" * 64).to_props()
+             for p in (small, big)]
+    assert props[0] == props[1] and "draining" not in props[0]
+    assert decode_slot_inputs(props[0]).pool.queue == SPEC.pool("rtx4090").queue  # the spec's settings travel
+    shrinking = apply_entries(SPEC, entry(1, slots=(0, 1), draining=(1,))).pool("rtx4090")
+    inputs = slot_inputs(SPEC, shrinking, "rtx4090-1", records, image="i", image_digest="sha256:" + "a" * 64)
+    assert inputs.draining and decode_slot_inputs(inputs.to_props()).draining
+    exited = SlotOutputs("rtx4090-1", "rtx4090", "rtx4090-1-abcdef", "c-1", "m-1", "h-1", "RTX 4090", 0.4, "i",
+                         "sha256:" + "a" * 64, status="exited")
+    diff = slot_diff(exited, inputs)
+    assert not diff.replace and "held: draining" in diff.detail
+
+
+def test_a_human_bound_change_is_committed_as_such_and_release_reasons_do_not_pile_up() -> None:
+    pinned = autoscaled_spec(AUTOSCALED_SPEC.replace("min: 1, max: 8", "min: 5, max: 5"))
+    d = one(pinned, entry(2), [serving("i-0", "rtx4090-0", IDLE_HOUR)], NO_QUEUE, at(57))
+    assert d.changed and d.trailer() == "rtx4090 2 -> 5 (bounds 5..5 in fleet.yaml (pinned at 5 (min == max)))"
+    first = {"rtx4090": replace(entry(1, slots=(0, 1, 2), draining=(1, 2))["rtx4090"],
+                                reason="utilization 0.10 for 30 min; released rtx4090-3")}
+    reports = [serving("i-0", "rtx4090-0", IDLE_HOUR), serving("i-1", "rtx4090-1", IDLE_HOUR, stopped_at=50),
+               serving("i-2", "rtx4090-2", IDLE_HOUR)]
+    d = one(SPEC, first, reports, NO_QUEUE, at(57))
+    assert d.entry.reason == "utilization 0.10 for 30 min; released rtx4090-1"
+
+
+def test_fleet_validate_says_what_each_autoscaled_pool_may_cost(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from reconciler.cli import main
+
+    (tmp_path / "fleet.yaml").write_text(AUTOSCALED_SPEC)
+    assert main(["validate", str(tmp_path / "fleet.yaml")]) == 0
+    assert ("  pool rtx4090: 1..8 slots (autoscaled): up to $0.50/h at min, $4.00/h at max (max price $0.5/h per "
+            "slot)") in capsys.readouterr().out
+    (tmp_path / "capacity.yaml").write_text('rtx4090: {"desired": 2, "slots": "0,1"}\n')
+    assert main(["validate", str(tmp_path / "fleet.yaml")]) == 1
+    assert "capacity.yaml: error: $.rtx4090.slots: got '0,1', expected a list of distinct slot indices >= 0" in \
+        capsys.readouterr().err
+
+
+def test_known_prices_decide_the_worst_usd_per_proof() -> None:
+    # Same measured rate; the dearer machine is the worse $/proof and drains first.
+    reports = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR, rate=50.0) for i in range(2)]
+    d = one(SPEC, entry(2), reports, NO_QUEUE, at(57), prices={"i-0": 0.45, "i-1": 0.30})
+    assert d.drain == ("i-0",)
+    d = one(SPEC, entry(2), reports, NO_QUEUE, at(57), prices={"i-0": 0.30, "i-1": 0.45})
+    assert d.drain == ("i-1",)

@@ -51,12 +51,14 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "nvidia-driver-mismatch": ["Failed to initialize NVML: Driver/library version mismatch"],
     "nvidia-no-device": ["No devices were found", "fleet: nvidia-smi failed: No devices were found"],
-    "cuda-no-device": ["sppark::Error #-100", "No CUDA devices available",
-                       'cudaGetDeviceCount(&n)@sppark/util/all_gpus.cpp:12 failed: '
-                       '"no CUDA-capable device is detected"'],
+    "cuda-no-device": [
+        "RuntimeError: No CUDA GPUs are available",
+        "sppark::Error #-100", "No CUDA devices available",
+        'cudaGetDeviceCount(&n)@sppark/util/all_gpus.cpp:12 failed: "no CUDA-capable device is detected"'],
     "cuda-init-error": ["sppark::Error #-3"],
     "cuda-devices-unavailable": ["sppark::Error #-46"],
     "nvidia-libs-missing": [
+        "/opt/fleet/entrypoint.sh: line 140: nvidia-smi: command not found",
         "cuzk-daemon: error while loading shared libraries: libcuda.so.1: cannot open shared object file: No such "
         "file or directory",
         "nvidia-smi: error while loading shared libraries: libnvidia-ml.so.1: cannot open shared object file",
@@ -71,6 +73,7 @@ EXAMPLES: dict[str, list[str]] = {
         "NVRM: Xid (PCI:0000:81:00): 43, pid=88, name=cuzk-daemon, Ch 00000010",
     ],
     "host-out-of-memory": [
+        "fatal error: runtime: out of memory",
         "[ 8123.440211] Out of memory: Killed process 812 (cuzk-daemon) total-vm:412339812kB, anon-rss:130872112kB",
         "Memory cgroup out of memory: Killed process 812 (cuzk-daemon) total-vm:412339812kB",
         "oom_kill 1",
@@ -91,6 +94,7 @@ EXAMPLES: dict[str, list[str]] = {
         "ERROR cuzk_core::engine: Phase 7: C1 parse/SRS load failed error=insufficient memory budget for SRS "
         "porep-32g (44 GiB), available: 21 GiB, total: 62 GiB"],
     "disk-full": [
+        "Error: ENOSPC: no space left on device, write",
         "Exception: [AbstractCommand.cc:403] errorCode=9 Failed to write into the file x.params, cause: No space "
         "left on device",
         "curl: (23) Failure writing output to destination, passed 16384 returned 4294967295",
@@ -98,8 +102,10 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "cuda-out-of-memory": ["sppark::Error #-2",
                            'cudaMalloc(&cache.ptr, sz_bytes)@cuda/groth16_cuda.cu:182 failed: "out of memory"'],
-    "cuda-driver-too-old-for-image": ["sppark::Error #-35",
-                                      "CUDA driver version is insufficient for CUDA runtime version"],
+    "cuda-driver-too-old-for-image": [
+        "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, "
+        "please update your driver to a newer version, or use an earlier cuda container", "sppark::Error #-36",
+        "sppark::Error #-35", "CUDA driver version is insufficient for CUDA runtime version"],
     "cuda-no-kernel-image": ["sppark::Error #-209", "no kernel image is available for execution on the device"],
     "cuda-unsupported-ptx": ["sppark::Error #-222", "the provided PTX was compiled with an unsupported toolchain."],
     "cuda-illegal-address": ["sppark::Error #-700", "an illegal memory access was encountered"],
@@ -120,7 +126,9 @@ EXAMPLES: dict[str, list[str]] = {
                           "sh: 1: aria2c: not found"],
     "shared-library-missing": [
         "cuzk-daemon: error while loading shared libraries: libcudart.so.12: cannot open shared object file"],
-    "exec-format-error": ["exec /usr/local/bin/cuzk-daemon: exec format error"],
+    "exec-format-error": [
+        "exec /opt/fleet/entrypoint.sh: no such file or directory",
+        "exec /usr/local/bin/cuzk-daemon: exec format error"],
     "script-error": ["/opt/fleet/benchmark.sh: line 57: syntax error near unexpected token `fi'",
                      "/opt/fleet/entrypoint.sh: line 8: FLEET_TOKEN: unbound variable",
                      'jq: error (at <stdin>:14): Cannot index string with string "throughput"',
@@ -169,13 +177,17 @@ EXAMPLES: dict[str, list[str]] = {
         "/usr/local/bin/cuzk-daemon)"],
     "binary-not-installed": ["fleet: ERROR: cuzk-bench is not installed in this image (not on PATH)"],
     "tls-clock-behind": [
+        "aria2c: SSL/TLS handshake failure: The certificate chain uses not yet valid certificate.",
         "Get \"https://params.example.com/manifest.txt\": tls: failed to verify certificate: x509: certificate has "
         "expired or is not yet valid: current time 2020-01-01T00:00:12Z is before 2026-10-03T00:00:00Z",
         "curl: (60) SSL certificate problem: certificate is not yet valid"],
     "tls-certificate-expired": [
+        "aria2c: SSL/TLS handshake failure: The certificate chain uses expired certificate.",
         "x509: certificate has expired or is not yet valid: current time 2023-01-28T09:08:05+01:00 is after "
         "2023-01-08T09:42:48Z", "curl: (60) SSL certificate problem: certificate has expired"],
     "tls-unknown-authority": [
+        "curl: (60) SSL certificate problem: self-signed certificate in certificate chain",
+        "The certificate is NOT trusted. The certificate issuer is unknown.",
         "x509: certificate signed by unknown authority",
         "curl: (60) SSL certificate problem: unable to get local issuer certificate",
         "Error: invalid peer certificate: UnknownIssuer",
@@ -194,14 +206,21 @@ EXAMPLES: dict[str, list[str]] = {
         "fleet: ERROR: cuzk-daemon exited (code 132) before answering cuzk-bench status",
         "fleet: cuzk-daemon exited with code 132 (killed by SIGILL)"],
     "bus-error": ["/opt/fleet/entrypoint.sh: line 225:   812 Bus error               (core dumped) cuzk-daemon"],
-    "process-aborted": ["terminate called after throwing an instance of 'std::runtime_error'",
-                        "/opt/fleet/benchmark.sh: line 60:  4242 Aborted                 (core dumped) cuzk-bench"],
+    "process-aborted": [
+        "*** stack smashing detected ***: terminated",
+        "thread 'tokio-runtime-worker' has overflowed its stack",
+        "terminate called after throwing an instance of 'std::runtime_error'",
+        "/opt/fleet/benchmark.sh: line 60:  4242 Aborted                 (core dumped) cuzk-bench"],
     "process-sigkill": ["fleet: ERROR: cuzk-bench exited with code 137 after 0 of 10 proofs (0 failed)"],
     "gpu-xid-ambiguous": ["NVRM: Xid (PCI:0000:01:00): 45, pid=15041, name=cuzk-daemon, Ch 00000006"],
-    "gpu-init-failed": ["[   12.345678] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x31:0xffff:2358)",
-                        "NVRM: rm_init_adapter failed for device bearing minor number 0"],
+    "gpu-init-failed": [
+        "NVRM: The NVIDIA probe routine failed for 1 device(s).",
+        "[   12.345678] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x31:0xffff:2358)",
+        "NVRM: rm_init_adapter failed for device bearing minor number 0"],
     "downloader-usage-error": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 28)"],
     "params-url-malformed": ["curl: (3) URL using bad/illegal format or missing URL"],
+    "loader-symbol-missing": ["cuzk-daemon: symbol lookup error: /usr/local/bin/cuzk-daemon: undefined symbol: "
+                              "cudaGetDriverEntryPointByVersion, version libcudart.so.12"],
 }
 
 #: cuzk-bench, cuzk-daemon and aria2c output of a healthy run (real formats): nothing in it is a failure.

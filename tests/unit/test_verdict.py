@@ -6,6 +6,7 @@ incident tests so all of them speak about the same realistic worker reports.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -249,3 +250,78 @@ def test_a_recovered_params_hiccup_never_explains_a_later_benchmark_failure() ->
                            log_tail=ring[:2] + ring[3:]), POOL, LATER)
     assert v2 is not None and v2.blame == "unknown"
     assert v2.signature is not None and v2.signature.startswith("benchmark-error-unrecognized-benchmark-exit-1-")
+
+
+#: aria2c's exception chain for a full disk (aria2 src/AbstractDiskWriter.cc: "Failed to write into the file %s,
+#: cause: %s" with strerror(ENOSPC); the `  -> [...]` cause lines of RequestGroup/AbstractCommand as aria2c prints
+#: them), on the real params file name (filecoin-project/curio build/proof-params/parameters.json).
+PARAMS_FILE = ("v28-stacked-proof-of-replication-merkletree-poseidon_hasher-8-8-0-sha256_hasher-"
+               "82a357d2f2ca81dc61bb45f4a762807aedee1b0a53fd6c4e77b46a01bfef7820.params")
+DISK_FULL_CHAIN = (
+    f"12/03 06:10:02 [ERROR] CUID#7 - Download aborted. URI=https://params.example.com/v28/{PARAMS_FILE}",
+    f"Exception: [AbstractCommand.cc:351] errorCode=9 URI=https://params.example.com/v28/{PARAMS_FILE}",
+    "  -> [RequestGroup.cc:760] errorCode=9 Download aborted.",
+    "  -> [AbstractDiskWriter.cc:453] errNum=28 errorCode=9 Failed to write into the file "
+    f"/var/tmp/filecoin-proof-parameters/{PARAMS_FILE}.part, cause: No space left on device",
+)
+
+
+def test_a_long_chain_keeps_the_clause_after_cause_and_shortens_paths_urls_and_ids_inside() -> None:
+    v = judge(params_failed_report("pro-0-disk", "40213", DISK_FULL_CHAIN), POOL, LATER)
+    assert v is not None and v.blame == "configuration"
+    assert v.reason.endswith("cause: No space left on device"), v.reason
+    cause = v.reason.split(": ", 2)[2]
+    assert len(cause) <= 240
+    assert "82a357d2…" in cause and "7b46a01b" not in cause  # a hex id: its first 8 digits
+    assert "/var/…/" in cause and "/var/tmp/filecoin-proof-parameters/" not in cause  # a path: first dir + file
+
+
+@pytest.mark.parametrize("marker", ["cause:", "error:", "failed:"])
+def test_a_single_long_line_keeps_the_clause_after_its_cause_marker(marker: str) -> None:
+    words = " ".join(f"step{n} of the set-up went fine" for n in range(12))
+    line = f"fleet: {words}; then {marker} the daemon could not open /dev/nvidia0 (No such device)"
+    v = judge(error_report("pro-0-long", "40213", [line]), POOL, LATER)
+    assert v is not None
+    assert v.reason.endswith(f"{marker} the daemon could not open /dev/nvidia0 (No such device)"), v.reason
+    assert "…" in v.reason and len(v.reason.split(": ", 2)[2]) <= 240
+
+
+def test_the_workers_checkpoint_token_is_never_part_of_a_root_cause() -> None:
+    line = ("fleet: phase warmup failed with exit code 1: warm-up failed: cuzk-bench batch (warm-up proof) exited "
+            "with code 1 [checkpoint 2244623354]")
+    v = judge(error_report("pro-0-ckpt", "40213", [line]), POOL, LATER)
+    assert v is not None and v.reason.endswith("exited with code 1"), v.reason
+
+
+#: nvidia-smi at boot on a host whose driver and library disagree (NVML's message, as nvidia-smi prints it), then
+#: 80+ lines of a set-up that went on, then a daemon warning and its exit: the boot line decides.
+NVML_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+LONG_SETUP = tuple(f"2026-12-02T18:{5 + n // 10:02d}:{n % 10 * 6:02d}Z fleet: params: {n} of 90 files verified"
+                   for n in range(90))
+
+
+def test_a_failed_gpu_probe_at_registration_explains_a_later_daemon_exit() -> None:
+    ring = (f"2026-12-02T18:00:10Z fleet: nvidia-smi failed: {NVML_MISMATCH}", *LONG_SETUP,
+            "2026-12-02T18:22:00Z fleet: starting /usr/local/bin/cuzk-daemon --config /var/lib/fleet-worker/cuzk.toml",
+            "2026-12-02T18:22:01Z cuzk-daemon: 2026-12-02T18:22:01.000000Z  WARN cuzk_core::engine: nvidia-smi not "
+            "available, defaulting to single GPU (ordinal 0)")
+    failed = ev("daemon", "failed", 23, exit_code=1, log_tail=ring[-1:],
+                message="cuzk-daemon exited (code 1) before answering cuzk-bench status")
+    for report in (make_report("pro-0-nvml", log_tail=ring, events=[ev("register", "done", 0.5), failed]),
+                   replace(make_report("pro-0-probe", log_tail=ring[1:], events=[ev("register", "done", 0.5), failed]),
+                           gpu_probe=(NVML_MISMATCH,))):
+        v = judge(report, POOL, LATER)
+        assert v is not None and (v.blame, v.signature) == ("machine", "nvidia-driver-mismatch"), v.reason
+        assert NVML_MISMATCH in v.reason and "defaulting to single GPU" not in v.reason
+
+
+def test_a_timeout_shows_an_earlier_xid_before_the_partial_rate() -> None:
+    xid = "kernel: NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    ring = (*LONG_SETUP[:5], xid, *(f"cuzk-daemon: 2026-12-02T18:{30 + n // 60:02d}:{n % 60:02d}.000000Z  INFO "
+                                    f"cuzk_core::engine: waiting job_id=j{n}" for n in range(120)))
+    report = make_report("pro-0-xid", log_tail=ring, events=[*bench_events(25), ev(
+        "benchmark", "progress", 50, details={"completed": 2, "requested": 10})])
+    v = judge(report, POOL, T0 + timedelta(minutes=146))
+    assert v is not None and (v.verdict, v.blame, v.signature) == ("timeout", "machine", "gpu-fell-off-bus")
+    assert v.reason.startswith("timeout after 120 min: benchmark exit ?, 2/10 proofs: kernel: NVRM: Xid"), v.reason
+    assert v.reason.index("fallen off the bus") < v.reason.index("partial")

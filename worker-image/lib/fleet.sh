@@ -31,6 +31,9 @@ FLEET_RING_DIR="$FLEET_STATE_DIR/ring"
 FLEET_TMP_DIR="$FLEET_STATE_DIR/tmp"
 FLEET_AUTH_HEADER_FILE="$FLEET_STATE_DIR/auth.header"
 FLEET_FAILURE_MESSAGE_FILE="$FLEET_STATE_DIR/failure.message"
+# Present once the controller accepted this worker's registration: the controller answers 404 "unknown
+# instance" to anything else before that, so the log shipper waits for it (log-shipper.sh).
+FLEET_REGISTERED_FILE="$FLEET_STATE_DIR/registered"
 # Lines per ring segment: the shipper deletes whole segments, so the ring holds at most
 # FLEET_LOG_RING_LINES + FLEET_RING_SEG lines.
 FLEET_RING_SEG=$((FLEET_LOG_RING_LINES / 4))
@@ -65,7 +68,7 @@ fleet_init_state() {
   chmod 700 "$FLEET_STATE_DIR"
   # The token goes to curl through a file, never on a command line (visible in ps) or in the log.
   (umask 077 && printf 'Authorization: Bearer %s\n' "$FLEET_TOKEN" >"$FLEET_AUTH_HEADER_FILE")
-  rm -f "$FLEET_FAILURE_MESSAGE_FILE"
+  rm -f "$FLEET_FAILURE_MESSAGE_FILE" "$FLEET_REGISTERED_FILE"
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -106,16 +109,19 @@ fleet_log_sink() {
   done
 }
 
-# Last N lines of the ring (oldest first), optionally only those containing a fixed string.
+# aria2c's progress readout as it lands in the ring (`<ts> [#26a862 38GiB/56GiB(67%) CN:16 DL:408MiB ETA:46s]`,
+# aria2 src/ConsoleStatCalc.cc): hundreds of them in a long download, never a cause.
+FLEET_PROGRESS_LINE='^[^ ]+ \[#[0-9a-fA-F]+ [^]]*\]$'
+
+# Last N lines of the ring (oldest first) without aria2c's progress lines, optionally only those containing a
+# fixed string: a failure's evidence. Progress lines are dropped, not errors: a download error followed by a
+# flood of progress lines stays in the tail (issue 23 item 3).
 fleet_log_tail() {
   local n=${1:-$FLEET_LOG_TAIL_LINES} filter=${2:-} segs
   mapfile -t segs < <(fleet_ring_segments)
   ((${#segs[@]} > 0)) || return 0
-  if [[ -n $filter ]]; then
-    cat "${segs[@]}" 2>/dev/null | cut -f2- | grep -F -- "$filter" | tail -n "$n" || true
-  else
-    cat "${segs[@]}" 2>/dev/null | cut -f2- | tail -n "$n" || true
-  fi
+  cat "${segs[@]}" 2>/dev/null | cut -f2- | grep -v -E -- "$FLEET_PROGRESS_LINE" |
+    { if [[ -n $filter ]]; then grep -F -- "$filter"; else cat; fi; } | tail -n "$n" || true
 }
 
 # Print a log line and wait (bounded) until the sink has written it, so a log tail taken right after
@@ -343,17 +349,19 @@ fleet_circuit_id() {
 }
 
 # Per-proof results as TSV: index label seconds prove_ms queue_ms request_id reason.
-# $1: cuzk-bench's output; $2: the daemon's filtered log lines written during that run. The i-th
+# $1: cuzk-bench's output; $2: the daemon's filtered log lines written during that run (often empty: at
+# RUST_LOG=warn a healthy daemon logs nothing, so the file is told apart by name, never by awk's FNR == NR,
+# which holds for the bench's own lines too when the first file is empty). The i-th
 # `Prove request_id=` line of the daemon is proof i (requests are submitted in index order); a proof that
 # did not complete gets the daemon's ERROR line naming its job_id, else the next unclaimed ERROR line
 # without one (GPU panics and SRS failures name no job), else the allocator's/kernel's last words.
 fleet_proof_results() {
-  awk -F '\t' -v OFS='\t' '
+  awk -F '\t' -v OFS='\t' -v daemon_file="$2" '
     function field(line, key,   m) {
       if (match(line, key "=[^ ]+")) return substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1)
       return ""
     }
-    FNR == NR {
+    FILENAME == daemon_file {
       line = $0
       if (line ~ /Prove request_id=/) { ids[++nid] = field(line, "request_id"); next }
       if (line ~ /^[^ ]+ +ERROR / && line !~ /per-partition verification/) {

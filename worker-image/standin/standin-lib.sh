@@ -46,9 +46,26 @@ standin_uuid() { cat /proc/sys/kernel/random/uuid; }
 # ANSI colour is on unless NO_COLOR is set and non-empty (tracing-subscriber >= 0.3.18, #2647); it does not
 # check for a terminal. Colours as nu-ansi-term paints them: timestamp and target dimmed, level coloured,
 # field names italic, "=" dimmed.
+# Which levels are printed: both binaries build their filter with EnvFilter::try_from_default_env() (RUST_LOG),
+# else from their own setting (cuzk-daemon/src/main.rs:52-58: --log-level or cuzk.toml [logging] level;
+# cuzk-bench/src/main.rs main(): --log-level). The stand-ins read the plain-level form (`warn`, `info`, ...);
+# a per-target directive list counts as info.
+standin_level_rank() { # LEVEL -> REPLY (0 off .. 5 trace)
+  case ${1,,} in
+    off) REPLY=0 ;; error) REPLY=1 ;; warn) REPLY=2 ;; info) REPLY=3 ;; debug) REPLY=4 ;; trace) REPLY=5 ;; *) REPLY=3 ;;
+  esac
+}
+standin_log_filter() { # CONFIGURED_LEVEL -> sets STANDIN_MAX_LEVEL
+  standin_level_rank "${RUST_LOG:-${1:-info}}"
+  STANDIN_MAX_LEVEL=$REPLY
+}
+STANDIN_MAX_LEVEL=3
+
 standin_trace() { # LEVEL TARGET MESSAGE [k=v ...]
   local level=$1 target=$2 message=$3 now=$EPOCHREALTIME ts f out colour
   shift 3
+  standin_level_rank "$level"
+  ((REPLY <= STANDIN_MAX_LEVEL)) || return 0
   printf -v ts '%(%Y-%m-%dT%H:%M:%S)T.%sZ' "${now%.*}" "${now#*.}"
   if [[ -n ${NO_COLOR:-} ]]; then
     printf -v out '%s %5s %s: %s' "$ts" "$level" "$target" "$message"
