@@ -76,14 +76,14 @@ from reconciler.domain.records import (
 from reconciler.domain.verdicts import RATE_VERDICTS
 
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 7
+FORMAT = 8
 _PLACEHOLDER = "\x00record-file\x00"
 _PLACEHOLDER_FILE = Path(f"{_PLACEHOLDER}.yaml")
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
 _EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")  # positional construction
 _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
-_PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE = (_ENTRY_FIELDS.index(name) for name in (
-    "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour"))
+_PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE, _PROBATION_UNTIL = (_ENTRY_FIELDS.index(name) for name in (
+    "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour", "probation_until"))
 _BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
 _NO_MARKS = marshal.dumps([])  # the marks column of a record without entries that marked it bad
 _NO_STAT = (0, 0, -1, 0, 0)  # the stat of a file that could not be stat()ed: equal to no indexed file's
@@ -706,12 +706,16 @@ class RecordIndex:
         mid, status, gpu_name, note = doc["machine_id"], doc["status"], doc.get("gpu_name"), doc.get("note")
         data = marshal.dumps((mid, status, host_id, gpu_name, note, entries))
         marks = marshal.dumps([(e[_POOL], e[_AT]) for e in entries if e[_MARKS_BAD]])
-        bad_view = None  # only a bad machine's is ever read (RecordSet.bad_machines)
-        if status in _BAD_STATUSES:
-            marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][_MARKS_BAD]), None)
+        # Only a bad machine's is read (RecordSet.bad_machines), and an ok one's whose newest bad entry has a
+        # probation (RecordSet.passed_on_probation: with its GPU model, as it is in no bad row).
+        bad_view = None
+        marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][_MARKS_BAD]), None)
+        if status in _BAD_STATUSES or (status == "ok" and marking is not None
+                                       and entries[marking][_PROBATION_UNTIL] is not None):
             last = len(entries) - 1 if entries else None
-            bad_view = marshal.dumps((host_id, note, marking, None if marking is None else entries[marking], last,
-                                      None if last is None else entries[last]))
+            view = (host_id, note, marking, None if marking is None else entries[marking], last,
+                    None if last is None else entries[last])
+            bad_view = marshal.dumps(view if status in _BAD_STATUSES else (*view, gpu_name))
         last_price = next((e[_PRICE] for e in reversed(entries) if e[_PRICE] is not None), None)
         return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
                        bad_view=bad_view, last_price=last_price)
@@ -791,6 +795,7 @@ class RecordIndex:
                                         memo.get("bad_view", lambda: self._bad_views(machines, bad)),
                                         machines, gpu_of, status_of),
                                     bad_machine_gpus=lambda: dict(sorted(gpu_of.items())),
+                                    passed_on_probation=lambda: self._passed_on_probation(machines, bad),
                                     last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)),
                                     instance_entries=lambda wanted: self._instance_entries(machines, wanted))
 
@@ -850,6 +855,22 @@ class RecordIndex:
             host_id, note, marking_i, marking, last_i, last = views[mid]
             out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
                                   _entry(last, source, blob, last_i), status_of[mid]))
+        return out
+
+    def _passed_on_probation(self, machines: dict[str, str], bad: set[str]) -> list[BadMachine]:
+        """RecordSet.passed_on_probation from the bad_view column of the ok machines (NULL for most)."""
+        others = [mid for mid in machines if mid not in bad]
+        views = self._column("bad_view", list(dict.fromkeys(machines[mid] for mid in others)))
+        source = self._evidence
+        out = []
+        for mid in sorted(others):
+            raw = views[machines[mid]]
+            if raw is None:
+                continue
+            host_id, note, marking_i, marking, last_i, last, gpu_name = marshal.loads(raw)  # noqa: S302 - ours
+            blob = machines[mid]
+            out.append(BadMachine(mid, host_id, gpu_name, note, _entry(marking, source, blob, marking_i),
+                                  _entry(last, source, blob, last_i), "ok"))
         return out
 
     def _instance_entries(self, machines: dict[str, str], wanted: Mapping[str, Any]

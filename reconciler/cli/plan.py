@@ -131,12 +131,13 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
     """Per pool: desired vs running, the machines of its GPU model the records exclude at `now` (bad, permanent,
     banned, unreadable) and those on probation (rentable again), as `fleet records` shows them."""
     bad = records.bad_machine_ids(now)
-    on_probation = {b.machine_id for b, standing in records.standings(now) if standing.state == "probation"}
+    on_probation = [b for b, standing in records.standings(now, passed_on_probation=True)
+                    if standing.state == "probation"]
     rows = []
     gpu_of = records.bad_machine_gpus()  # unreadable ones: unknown GPU
     for pool in spec.pools:
         bad_known = sorted(m for m in bad if gpu_of.get(m) in (None, pool.gpu_name))
-        probation_known = sorted(m for m in on_probation if gpu_of.get(m) in (None, pool.gpu_name))
+        probation_known = [b.machine_id for b in on_probation if b.gpu_name in (None, pool.gpu_name)]
         running = None
         if observed is not None:
             running = sum(1 for o in observed.values() if o.pool == pool.name and o.status in ("running", "loading"))

@@ -71,7 +71,7 @@ def _standing_json(bad: BadMachine, standing: Standing) -> dict[str, Any]:
 
 
 def to_json(records: RecordSet, now: datetime) -> dict[str, Any]:
-    standings = records.standings(now)
+    standings = records.standings(now, passed_on_probation=True)
     return {
         "at": format_time(now),
         "counts": _counts(records),
@@ -89,7 +89,7 @@ def render_text(records: RecordSet, spec_dir: Path, now: datetime) -> str:
     out = [f"{spec_dir}: {counts['machines']} machine record(s)" + (f" ({by_status})" if by_status else "")
            + f", {counts['image_suspects_active']} active image suspect(s), {len(records.problems)} unreadable"]
     bad_rows, probation_rows = [], []
-    for bad, standing in records.standings(now):
+    for bad, standing in records.standings(now, passed_on_probation=True):
         e = bad.marking or bad.last
         reason = _clip((e.reason if e else bad.note) or "set bad by hand")
         if standing.excluded:

@@ -233,8 +233,14 @@ def awaiting_evidence(spec: FleetSpec, reports: Iterable[InstanceReport], judged
         if report.instance_id in judged or report.quarantine is not None:
             continue
         pool = _pool(spec, report.pool)
-        if pool is not None and (report.failure() is not None or report.result is not None
-                                 or now >= deadline(report, pool)):
+        if pool is None:
+            continue
+        if report.failure() is not None or report.result is not None:
+            out.append(report.instance_id)
+            continue
+        due = deadline(report, pool)
+        # Destroyed before its deadline without a word: `judge` never judges it (nothing to read it for).
+        if now >= due and (report.destroyed_at is None or report.destroyed_at >= due):
             out.append(report.instance_id)
     return out
 

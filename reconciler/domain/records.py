@@ -275,7 +275,7 @@ class BadMachine:
     note: str | None
     marking: BenchmarkEntry | None
     last: BenchmarkEntry | None
-    status: str = "bad"  # bad | banned
+    status: str = "bad"  # bad | banned (or ok | pardoned: a machine that passed again on probation)
 
     @classmethod
     def of(cls, record: MachineRecord) -> BadMachine:
@@ -311,6 +311,7 @@ class RecordSet:
                    bad_machines: Callable[[], list[BadMachine]] | None = None,
                    bad_machine_gpus: Callable[[], dict[str, str | None]] | None = None,
                    last_prices: Callable[[], dict[str, float | None]] | None = None,
+                   passed_on_probation: Callable[[], list[BadMachine]] | None = None,
                    instance_entries: Callable[[Mapping[str, Collection[str]]], dict[str, tuple[str, BenchmarkEntry]]]
                    | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
@@ -331,6 +332,8 @@ class RecordSet:
             out._derived["bad_gpus_from"] = bad_machine_gpus
         if last_prices is not None:
             out._derived["prices_from"] = last_prices
+        if passed_on_probation is not None:
+            out._derived["passed_from"] = passed_on_probation
         if instance_entries is not None:
             out._derived["instance_entries_from"] = instance_entries
         return out
@@ -352,15 +355,40 @@ class RecordSet:
                                   | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived[key])
 
-    def standings(self, now: datetime | None) -> list[tuple[BadMachine, Standing]]:
+    def standings(self, now: datetime | None, *,
+                  passed_on_probation: bool = False) -> list[tuple[BadMachine, Standing]]:
         """Every machine recorded bad or banned, by id, with where it stands at `now` (`standing_of`): bad,
-        permanent or banned (excluded from offers), or probation (rentable again). The one reading of a record's
-        standing that the offer queries (`bad_machine_ids`) and every view (`fleet records`, `fleet plan`,
-        `fleet status`, the page) share; `fleet why` and the directives call `standing_of` on the same record."""
+        permanent or banned (excluded from offers), probation (rentable again) or ok (past its probation). The
+        one reading of a record's standing that the offer queries (`bad_machine_ids`) and every view (`fleet
+        records`, `fleet plan`, `fleet status`, the page) share; `fleet why` and the directives call `standing_of`
+        on the same record.
+
+        `passed_on_probation` (the views): also the machines that passed again while on probation (status ok
+        now, still on probation until its end: `passed_on_probation()`). Never excluded, so the offer queries
+        need not read them."""
         key = f"standings@{now.isoformat() if now else None}"
         if key not in self._derived:
             self._derived[key] = [(b, b.standing(now)) for b in self.bad_machines()]
-        return list(self._derived[key])
+        rows = cast(list[tuple[BadMachine, Standing]], self._derived[key])
+        if not passed_on_probation:
+            return list(rows)
+        wider = key + "+passed"
+        if wider not in self._derived:
+            passed = [(b, b.standing(now)) for b in self.passed_on_probation()]
+            self._derived[wider] = sorted([*rows, *((b, st) for b, st in passed if st.state == "probation")],
+                                          key=lambda row: row[0].machine_id)
+        return list(self._derived[wider])
+
+    def passed_on_probation(self) -> list[BadMachine]:
+        """The machines with status ok whose newest bad entry has a probation period (they passed again after
+        a bad record expired), by id, as `BadMachine`s: whether they are still on probation depends on `now`.
+        An indexed RecordSet reads them from a column, without building records."""
+        if "passed" not in self._derived:
+            source = self._derived.get("passed_from")
+            self._derived["passed"] = source() if source is not None else [
+                BadMachine.of(rec) for rec in self.records_of(sorted(self.machines))
+                if rec.status == "ok" and (m := rec.last_bad_entry()) is not None and m.probation_until is not None]
+        return list(self._derived["passed"])
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet

@@ -234,7 +234,7 @@ def _recorded_rates(records: RecordSet, machine_ids: Iterable[str] | None = None
 def _bad_machines(records: RecordSet, now: datetime) -> tuple[BadMachineStatus, ...]:
     """Machines recorded bad or banned, with where they stand now (an expired bad record: probation)."""
     out = []
-    for bad, standing in records.standings(now):
+    for bad, standing in records.standings(now, passed_on_probation=True):
         if standing.state == "ok":
             continue  # recorded bad once, past its probation now: nothing to show
         marking = bad.marking

@@ -229,6 +229,11 @@ def _on_probation(spec: Path) -> None:
                            probation_until="2027-01-01T08:00:00Z")
     record = MachineRecord("31337", "bad", host_id="12", gpu_name="RTX 4090", benchmarks=(entry,))
     (spec / "machines" / "31337.yaml").write_text(render_machine_record(record))
+    # Machine 31338: the same, and it passed again on probation (status ok now; still on probation).
+    passed = MachineRecord("31338", "bad", host_id="13", gpu_name="RTX 4090", benchmarks=(entry,)).with_entry(
+        _ok("rtx4090-4-ggg", 55.0, "2026-12-02T20:00:00Z"), host_id="13", gpu_name="RTX 4090")
+    assert passed.status == "ok"
+    (spec / "machines" / "31338.yaml").write_text(render_machine_record(passed))
 
 
 def test_records_show_each_machines_standing_and_list_probation_apart(
@@ -241,15 +246,17 @@ def test_records_show_each_machines_standing_and_list_probation_apart(
     bad_header = lines.index("Bad machines (1): excluded from every offer query")
     assert lines[bad_header + 1].split()[:4] == ["MACHINE", "STANDING", "HOST", "GPU"]
     assert lines[bad_header + 2].split()[:2] == ["40213", "bad"]
-    probation = lines.index("On probation (1): rentable again; a failure now is permanent")
+    probation = lines.index("On probation (2): rentable again; a failure now is permanent")
     assert lines[probation + 2].split()[:3] == ["31337", "probation", "2027-01-01T08:00:00Z"]
+    assert lines[probation + 3].split()[:3] == ["31338", "probation", "2027-01-01T08:00:00Z"]
     assert "31337" not in "\n".join(lines[bad_header:probation])
 
     code, out, _ = _records(capsys, "--spec-dir", str(spec), "--json", "--at", "2026-12-03T12:00:00Z")
     doc = json.loads(out)
     assert [(m["machine_id"], m["standing"], m["excluded"]) for m in doc["bad_machines"]] == [("40213", "bad", True)]
     assert doc["bad_machines"][0]["standing_detail"].startswith("no expiry")
-    (on_probation,) = doc["probation"]
+    on_probation, passed = doc["probation"]
+    assert (passed["machine_id"], passed["standing"], passed["verdict"]) == ("31338", "probation", "below-min-rate")
     assert (on_probation["machine_id"], on_probation["standing"], on_probation["excluded"], on_probation["until"]) \
         == ("31337", "probation", False, "2027-01-01T08:00:00Z")
     # Before its expiry the same record excludes the machine.

@@ -150,11 +150,13 @@ def test_the_seed_incident_on_three_machines_pauses_the_pools_and_marks_no_machi
         pipeline: Callable[[str], Pipeline], capsys: pytest.CaptureFixture[str]) -> None:
     world = pipeline(SPEC_OF_THREE)
     seed = world.tmp / "seedbin"
-    # What the seed saw: params fetched with aria2c's progress flooding the log, then the benchmark of our image
-    # exits 1 after 0 proofs without a word (our software's failure, explained nowhere).
+    # What the seed saw: params fetched with aria2c's progress flooding the log, the warm-up proof passes, then
+    # the measured batch of our image exits 1 after 0 proofs without a word (our software's failure, explained
+    # nowhere). The warm-up runs `batch ... -c 1`, the benchmark `batch ... -c 4`.
     _script(seed / "aria2c", f"#!/usr/bin/env bash\n{PROGRESS}exec {world.tmp / 'bin' / 'aria2c'} \"$@\"\n")
     _script(seed / "cuzk-bench", "#!/usr/bin/env bash\n"
-            f"for a in \"$@\"; do [[ $a == batch ]] && exit 1; done\nexec {STANDIN_DIR / 'cuzk-bench'} \"$@\"\n")
+            "[[ $* == *batch* && $* == *'-c 4'* ]] && exit 1\n"
+            f"exec {STANDIN_DIR / 'cuzk-bench'} \"$@\"\n")
     path = f"{seed}:{world.tmp / 'bin'}:{STANDIN_DIR}:{SYSTEM_PATH}"
     runs = [world.run(f"rtx4090-{n}-5eed0{n}", machine, path=path, FLEET_BENCH_PROOFS="4")
             for n, machine in enumerate(("40213", "51877", "62001"))]
@@ -162,13 +164,14 @@ def test_the_seed_incident_on_three_machines_pauses_the_pools_and_marks_no_machi
         assert run.returncode == 1, run.output[-3000:]
         assert run.entry is not None, run.subject
         assert (run.entry.verdict, run.entry.marks_bad) == ("benchmark-error", False), run.entry.reason
-        assert "[#26a862" not in run.entry.reason and "0/4 proofs" in run.entry.reason, run.entry.reason
+        assert run.entry.reason.startswith("benchmark-error: benchmark exit 1, 0/4 proofs: "), run.entry.reason
+        assert "[#26a862" not in run.entry.reason and "[checkpoint" not in run.entry.reason, run.entry.reason
     first, second, third = (r.entry for r in runs)
     assert first is not None and second is not None and third is not None
     assert (first.blame, second.blame) == ("unknown", "unknown")
     assert (third.blame, third.held_by) == ("image", "circuit-breaker")
     assert first.signature == second.signature == third.signature
-    assert first.signature is not None and first.signature.startswith("benchmark-error-unrecognized-warmup-exit-1-")
+    assert first.signature is not None and first.signature.startswith("benchmark-error-unrecognized-benchmark-exit-1-")
 
     records = runs[-1].records
     assert records.bad_machine_ids() == set()

@@ -140,3 +140,19 @@ def test_a_pass_shows_a_flux_style_condition_whose_since_survives_while_the_reas
     assert (ok["type"], ok["reason"], ok["since"]) == ("Ready", "Succeeded", format_time(later))
     retry = PassResult(at=later, error="push rejected 3 times", reason=errors.GIT_PUSH_REJECTED).condition()
     assert str(retry) == "Reconciling=True GitPushRejected: push rejected 3 times"
+
+
+def test_the_whole_ring_is_loaded_only_for_attempts_this_pass_can_judge() -> None:
+    from reconciler.domain.judging import awaiting_evidence
+    from tests.scenarios import T0, bench_events, error_report, make_report
+
+    failed = error_report("p-failed", "111", ["Error: empty response"])
+    judged = error_report("p-judged", "222", ["Error: empty response"])
+    running = make_report("p-running", "333", events=bench_events(25))
+    overdue = make_report("p-overdue", "444", events=bench_events(25))
+    gone = make_report("p-gone", "555", events=bench_events(25), destroyed_min=60)  # before its deadline
+    unknown_pool = make_report("p-pool", "666", pool="no-such-pool", events=bench_events(25))
+    reports = [failed, judged, running, overdue, gone, unknown_pool]
+    soon, late = T0 + timedelta(minutes=60), T0 + timedelta(minutes=200)
+    assert awaiting_evidence(SPEC, reports, {"p-judged"}, soon) == ["p-failed"]
+    assert awaiting_evidence(SPEC, reports, {"p-judged"}, late) == ["p-failed", "p-running", "p-overdue"]

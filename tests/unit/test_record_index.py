@@ -28,7 +28,7 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
 from reconciler.domain.forecast import _known, known_machines
-from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, RecordError, RecordSet
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordError, RecordSet
 from tests.gitrepos import git
 from tests.record_support import rated_record, write_record
 
@@ -49,6 +49,7 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert indexed.bad_records() == plain.bad_records()
     assert indexed.bad_machines() == plain.bad_machines()
     assert indexed.bad_machine_gpus() == plain.bad_machine_gpus()
+    assert indexed.passed_on_probation() == plain.passed_on_probation()
     assert indexed.last_prices() == plain.last_prices()
     for gpu in ("RTX 4090", "H100"):  # the plan's forecast from views equals the walk over every record
         from_views = sorted(known_machines(indexed, gpu), key=lambda k: k.machine_id)
@@ -366,3 +367,18 @@ def test_the_indexed_recordset_equals_load_records_over_random_edits(
             again = RecordIndex(Path(tmp) / "index.sqlite", clock_ns=ahead)  # the next command: from the snapshot
             assert_same(again.load(spec), spec)
             assert again.from_snapshot
+
+
+def test_machines_that_passed_again_on_probation_come_from_the_index_as_from_the_files(tmp_path: Path) -> None:
+    spec = tmp_path / "fleet-spec"
+    marked = BenchmarkEntry("i-1", "2026-11-01T00:00:00Z", "below-min-rate", "machine", True, "slow", pool="p",
+                            expires_at="2026-11-02T00:00:00Z", probation_until="2026-12-02T00:00:00Z")
+    passed = BenchmarkEntry("i-2", "2026-11-03T00:00:00Z", "ok", "none", False, "fine", pool="p")
+    write_record(spec, MachineRecord("501", "ok", gpu_name="RTX 4090", benchmarks=(marked, passed)))
+    write_record(spec, MachineRecord("502", "bad", gpu_name="RTX 4090", benchmarks=(marked,)))
+    write_record(spec, MachineRecord("503", "pardoned", gpu_name="RTX 4090", benchmarks=(marked, passed)))
+    write_record(spec, rated_record("504", 50.0))
+    indexed = RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec)
+    assert [b.machine_id for b in indexed.passed_on_probation()] == ["501"]
+    assert_same(indexed, spec)
+    assert_same(RecordIndex(tmp_path / "index.sqlite", clock_ns=ahead).load(spec), spec)  # from stored rows

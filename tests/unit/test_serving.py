@@ -412,3 +412,29 @@ def test_the_fleet_is_heard_again_after_its_newest_silence_and_only_its_recent_s
     long = serving_report("i-a", [3] * 200, start=-935.0, machine_id="m-a",
                           extra_events=(beat(125, 3, seq=201),))
     assert fleet_heard_again([long, b], twenty, since=at(80)) == at(125)
+
+
+def test_a_machine_that_passes_again_on_probation_reads_probation_in_every_view() -> None:
+    from reconciler.cli.plan import pool_rows
+    from reconciler.cli.records import to_json
+    from reconciler.domain.status import status_view
+
+    first = completed_report("i-a", "m-9", 20.0)
+    record = decide(SPEC, [first], RecordSet(), set(), None, at(65)).machine_records["m-9"]
+    later = at(65) + timedelta(hours=721)
+    again = completed_report("i-b", "m-9", 35.0, registered_min=65 + 721 * 60)
+    passed = decide(SPEC, [again], RecordSet(machines={"m-9": record}), {"i-a"}, None, later).machine_records["m-9"]
+    assert passed.status == "ok" and passed.standing(later).state == "probation"  # what `fleet why` reads
+    records = RecordSet(machines={"m-9": passed})
+    assert records.standings(later) == [] and records.bad_machine_ids(later) == frozenset()
+    ((bad, standing),) = records.standings(later, passed_on_probation=True)
+    assert (bad.machine_id, standing.state) == ("m-9", "probation")
+    assert [(b.machine_id, b.standing) for b in status_view(SPEC, records, [], later).bad_machines] == [
+        ("m-9", "probation")]
+    doc = to_json(records, later)
+    assert doc["bad_machines"] == [] and [m["machine_id"] for m in doc["probation"]] == ["m-9"]
+    (row,) = [r for r in pool_rows(SPEC, records, None, None, None, later) if r["pool"] == "rtx-pro-4000"]
+    assert (row["bad_machines_known"], row["probation_known"]) == (0, 1)
+    # Past the probation it is simply ok, in every view.
+    ended = at(65) + timedelta(hours=720 + 720 + 1)
+    assert records.standings(ended, passed_on_probation=True) == []
