@@ -72,7 +72,7 @@ def median_time(fn: Callable[[], object], repeats: int, setup: Callable[[], obje
 
 
 #: Settings of the PostgreSQL server the benches start (beyond tests/postgres_server.py's): a commit is
-#: acknowledged only once written to the OS (synchronous_commit=on; the test server's `off` acknowledges before),
+#: acknowledged only once written to the OS (synchronous_commit=on, PostgreSQL's default, said here explicitly),
 #: and not fsynced (fsync=off): what SQLite's synchronous=NORMAL promises, so both stores are measured on the same
 #: durability (a killed database loses nothing acknowledged; an OS crash may lose the last commits).
 POSTGRES_SETTINGS = {"synchronous_commit": "on", "fsync": "off"}

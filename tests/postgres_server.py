@@ -31,9 +31,11 @@ from urllib.parse import quote
 
 REQUIRE_ENV = "FLEET_REQUIRE_POSTGRES"
 ADMIN_USER = "fleet_admin"
-# Test-speed settings: durability against an OS crash is not what tests measure; a killed postmaster still loses
-# nothing that was committed (the WAL is written, only not fsynced).
-FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+# Test-speed settings: durability against an OS crash is not what tests measure. A killed postmaster still loses
+# nothing that was committed: each commit writes its WAL to the OS before it returns, only without fsync. (Not
+# synchronous_commit=off: that leaves a commit's WAL in shared memory for up to 3 x wal_writer_delay, and a kill
+# loses it, which is exactly what the kill tests must not see.)
+FAST_SETTINGS = {"fsync": "off", "full_page_writes": "off"}
 
 
 class PostgresUnavailable(RuntimeError):

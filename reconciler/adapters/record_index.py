@@ -859,12 +859,20 @@ class RecordIndex:
 
     def _passed_on_probation(self, machines: dict[str, str], bad: set[str]) -> list[BadMachine]:
         """RecordSet.passed_on_probation from the bad_view column of the ok machines (NULL for most)."""
-        others = [mid for mid in machines if mid not in bad]
-        views = self._column("bad_view", list(dict.fromkeys(machines[mid] for mid in others)))
+        others = {mid: machines[mid] for mid in machines if mid not in bad}
+        wanted = set(others.values())
+        # One pass over the few stored ok rows that have a view (not a look-up per machine: 10,000 of them),
+        # then the blobs the last load parsed (they may not be stored: another process held the write lock).
+        views: dict[str, Any] = {blob: raw for blob, raw in self._db.execute(
+            "SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND status = 'ok' AND bad_view IS NOT NULL")
+            if blob in wanted}
+        for blob, parsed in self._fresh.items():
+            if blob in wanted and parsed.bad_view is not None and parsed.status == "ok":
+                views[blob] = parsed.bad_view
         source = self._evidence
         out = []
         for mid in sorted(others):
-            raw = views[machines[mid]]
+            raw = views.get(others[mid])
             if raw is None:
                 continue
             host_id, note, marking_i, marking, last_i, last, gpu_name = marshal.loads(raw)  # noqa: S302 - ours

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -205,20 +204,9 @@ def test_a_batch_replayed_through_two_replicas_at_once_is_stored_once(postgres_d
 # --- the server restarting -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def durable_postgres_server(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
-    """A server of the test's own that keeps what it acknowledged across its own crash, as production does:
-    the shared test servers run with synchronous_commit=off (a commit is acknowledged before its WAL leaves the
-    server's memory, so a killed server loses the last fraction of a second)."""
-    server = PostgresServer(settings={"synchronous_commit": "on"})
-    server.start()
-    yield server
-    server.destroy()
-
-
 def test_while_the_server_restarts_the_api_answers_503_and_reconnects_after(
-        durable_postgres_server: PostgresServer) -> None:
-    server = durable_postgres_server
+        private_postgres_server: PostgresServer) -> None:
+    server = private_postgres_server
     harness = Harness(server.create_database())
     try:
         harness.register("p-0-a")
@@ -243,9 +231,9 @@ def test_while_the_server_restarts_the_api_answers_503_and_reconnects_after(
         harness.close()
 
 
-def test_a_server_killed_loses_no_acknowledged_report(durable_postgres_server: PostgresServer) -> None:
+def test_a_server_killed_loses_no_acknowledged_report(private_postgres_server: PostgresServer) -> None:
     """SIGKILL of the postmaster: what was answered 200 before is there after crash recovery."""
-    server = durable_postgres_server
+    server = private_postgres_server
     harness = Harness(server.create_database())
     try:
         harness.register("p-0-a")
