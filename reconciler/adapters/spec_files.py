@@ -98,7 +98,10 @@ def format_json_path(path: Iterable[Any]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, default=str)
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):  # YAML keys JSON cannot hold (a date, a list: `2026-12-02: `): say what it is
+        text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -357,6 +357,8 @@ class ControllerStore(Protocol):
     clock: Callable[[], datetime]
     #: Where the store is, safe to show (a path, or a URI without its password).
     location: str
+    #: The database is another process reached over a socket (a write waits on round trips), not in-process.
+    remote: bool
 
     def prepare_register(self, instance_id: str, doc: Mapping[str, Any]
                          ) -> PreparedWrite[Literal["registered", "already-registered"]]: ...
@@ -440,6 +442,7 @@ class _SqlStore:
     _BEGIN_READ: ClassVar[str]
     #: Appended to the SELECT of an instance's row that a write then decides on.
     _LOCK_ROW: ClassVar[str] = ""
+    remote: bool = False
 
     def __init__(self, ring_lines: int, *, now: Callable[[], datetime] | None, max_progress_events: int,
                  max_other_events: int, redactor: Redactor | None):

@@ -200,6 +200,7 @@ class PostgresStore(_SqlStore):
     _BEGIN_WRITE = "BEGIN"
     _BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     _LOCK_ROW = " FOR UPDATE"
+    remote = True
 
     def __init__(self, uri: str, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
                  max_progress_events: int = 1000, max_other_events: int = 1000, redactor: Redactor | None = None,

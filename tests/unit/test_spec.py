@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reconciler import REPO_ROOT
-from reconciler.adapters.spec_files import load_spec
+from reconciler.adapters.spec_files import check_spec_text, load_spec
 from reconciler.cli import main
 
 # Line numbers below refer to this text.
@@ -185,3 +185,10 @@ def test_installed_command_exits_1_without_traceback(tmp_path: Path, case: str) 
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count(": error: ") == len(CASES[case][1])
+
+
+def test_a_document_whose_keys_json_cannot_hold_is_a_problem_not_a_crash() -> None:
+    # Found by the fuzz test: YAML reads `2026-12-02:` as a date key, and the error text used json.dumps.
+    spec, problems = check_spec_text("2026-12-02: ", "fleet.yaml")
+    assert spec is None and problems and all(p.severity == "error" for p in problems)
+    assert any("missing required field(s): version, image, controller, pools" in p.message for p in problems)

@@ -37,8 +37,10 @@ import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -553,6 +555,9 @@ async def _read_body(receive: Receive, length: int, timeout_s: float) -> bytes:
     return body[:length]
 
 
+_INTERNAL_ERROR = Response(500, {"error": "internal error", "detail": None}, close=True)
+
+
 class GroupCommit:
     """Reports that are ready in the same event-loop turn are stored in one transaction.
 
@@ -560,12 +565,22 @@ class GroupCommit:
     others), but the COMMIT, which is most of a small write's cost, is paid once per turn. Every answer is
     sent only after that COMMIT: a 2xx still means "in the database"; the database being unavailable is a 503
     with Retry-After for every report of the turn (workers retry).
+
+    A store across a network (`store.remote`: PostgreSQL) is written from a thread of its own: a transaction
+    there waits on round trips to the server, and meanwhile the loop parses, validates and redacts the next
+    reports, which the next transaction stores together when this one ends (the busier the server, the bigger
+    the batch, rather than a loop stalled on a socket). An embedded store (SQLite) is written in the loop's
+    own turn: its statements run in-process and a thread hand-over would cost more than it saves.
     """
 
     def __init__(self, api: ControllerApi):
         self.api = api
         self._queue: list[tuple[Request, BodyNeeded, bytes, Callable[[Response], None]]] = []
+        self._pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         self._scheduled = False
+        self._writing = False
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer") \
+            if api.store.remote else None
         self.flushes = 0
         self.writes = 0
 
@@ -597,29 +612,50 @@ class GroupCommit:
         self._scheduled = False
         batch, self._queue = self._queue, []
         self.writes += len(batch)
-        internal_error = Response(500, {"error": "internal error", "detail": None}, close=True)
         # First the CPU work of every report (parse, validate, redact), outside the write transaction, so its
         # row locks are held only while statements run. Refusals are answered at once.
-        pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         for request, step, body, deliver in batch:
             try:
                 item = self.api.prepare(request, step, body)
             except Exception:
                 log.exception("internal error on %s %s", request.method, step.action)
-                item = internal_error
+                item = _INTERNAL_ERROR
             if isinstance(item, Response):
                 self._deliver(deliver, item)
             else:
-                pending.append((item, deliver))
-        if not pending:
+                self._pending.append((item, deliver))
+        if self._pending and not self._writing:  # (else the transaction under way starts the next one)
+            self._write()
+
+    def _write(self) -> None:
+        """Every pending write in one transaction (no savepoints: a write refuses before it modifies anything,
+        and one that fails otherwise is rolled back and the others stored without it; see write_all)."""
+        pending, self._pending = self._pending, []
+        if self._writer is None:
+            self._answer(pending, self._store([item for item, _ in pending]))
             return
-        # Then every write in one transaction (no savepoints: a write refuses before it modifies anything, and
-        # one that fails otherwise is rolled back and the others stored without it; see write_all).
+        self._writing = True
+        written = asyncio.get_running_loop().run_in_executor(self._writer, self._store, [item for item, _ in pending])
+        written.add_done_callback(partial(self._written, pending))
+
+    def _written(self, pending: list[tuple[PreparedReport, Callable[[Response], None]]],
+                 written: asyncio.Future[list[Response]]) -> None:
+        self._writing = False
+        if written.cancelled():  # the loop is closing: the server is stopping
+            return
+        self._answer(pending, written.result())
+        if self._pending:
+            self._write()
+
+    def _store(self, items: list[PreparedReport]) -> list[Response]:
         try:
-            responses = self.api.store_all([item for item, _ in pending])
+            return self.api.store_all(items)
         except Exception:
-            log.exception("internal error storing %d reports", len(pending))
-            responses = [internal_error] * len(pending)
+            log.exception("internal error storing %d reports", len(items))
+            return [_INTERNAL_ERROR] * len(items)
+
+    def _answer(self, pending: list[tuple[PreparedReport, Callable[[Response], None]]],
+                responses: list[Response]) -> None:
         self.flushes += 1
         for (_, deliver), response in zip(pending, responses, strict=True):
             self._deliver(deliver, response)
