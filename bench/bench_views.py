@@ -5,8 +5,9 @@
   each without and with git's commit-graph (changed-path Bloom filters), default page and `--all`;
 - `fleet status --controller-db` in a fresh process (the record index present, as after any earlier command)
   with a store of 100 instances (the records bench's shape) and of 10,000, text and `-o json`;
-- the live page (`GET /`) and `GET /metrics` at 10,000 instances through the real routes: a request that
-  finds the state cached (render only) and one that reloads it (summaries, verdicts, triage, the shown page).
+- the live page (`GET /`) and `GET /metrics` at 10,000 instances through the real routes, served as
+  `fleet reconcile --listen` serves them (a request past the TTL is answered from the last state while the
+  next one loads in the background), and what that background load costs.
 
 Each figure is the median of 3; CPU time (user + system, git's included) is shown beside wall time, because
 the machine is shared and wall time moves with everyone else's load.
@@ -131,32 +132,48 @@ def _page_figures(root: Path, shape: object) -> list[Figure]:
     now = shape.now  # type: ignore[attr-defined]
     store = SqliteStore(root / f"controller-{STORE_SHAPES[-1]}.db")
     clock = [0.0]
-    source = LiveStatusSource(root / "fleet-spec", store, now=lambda: now, monotonic=lambda: clock[0], ttl_s=2.0)
+    # As `fleet reconcile --listen` serves it (build_surfaces): a request past the TTL is answered from the last
+    # state while one background thread loads the next.
+    source = LiveStatusSource(root / "fleet-spec", store, now=lambda: now, monotonic=lambda: clock[0], ttl_s=2.0,
+                              refresh_in_background=True)
     routes = StatusRoutes(source.snapshot, ReadAccess((), open_reads=True), metrics=fleet_metrics(source.metrics_state),
                           metrics_open=True)
     figures = []
     started = time.perf_counter()
     source.state()  # the first load parses every record file once (the loop's RecordCache), then only changes
     first = time.perf_counter() - started
+    loads = []
+    for _ in range(REPEATS):  # what each background load costs (in the request path only without a state yet)
+        clock[0] += 10.0
+        start = time.perf_counter()
+        source._load()  # the bench times the load itself
+        loads.append(time.perf_counter() - start)
+    load_s = statistics.median(loads)
+    figures.append(Figure(f"live state load at {STORE_SHAPES[-1]:,} instances (background, once per TTL)", load_s, "s",
+                          f"median of {REPEATS} ({_shown(loads)} s): stat the records, summaries of every instance, "
+                          f"verdicts, triage, the shown page in full; the first load (every record parsed) "
+                          f"{first:.1f} s"))
     with TestClient(status_app(routes)) as client:
         for path in ("/", "/metrics"):
-            for reload in (False, True):
-                def request(path: str = path, reload: bool = reload) -> float:
-                    if reload:
-                        clock[0] += 10.0  # past the TTL: this request loads the state again
+            for stale in (False, True):
+                def request(path: str = path, stale: bool = stale) -> float:
+                    if stale:
+                        clock[0] += 10.0  # past the TTL: this request starts the next load in the background
                     start = time.perf_counter()
                     reply = client.get(path)
+                    elapsed = time.perf_counter() - start
                     assert reply.status_code == 200, reply.text[:500]
-                    return time.perf_counter() - start
+                    while source._refreshing:  # let that load finish before the next request
+                        time.sleep(0.05)
+                    return elapsed
 
                 request()
                 times = [request() for _ in range(REPEATS)]
                 median = statistics.median(times)
-                what = "reloading the state (summaries, verdicts, triage, the page of reports)" if reload else \
-                    "state cached (TTL 2 s): render only"
+                what = "past the TTL (answered from the last state, the next loads in the background)" if stale \
+                    else "state fresh (TTL 2 s)"
                 figures.append(Figure(f"GET {path} at {STORE_SHAPES[-1]:,} instances, {what}", median, "s",
-                                      f"median of {REPEATS} requests ({_shown(times)} s); first load of the "
-                                      f"source (parses every record once) {first:.1f} s",
+                                      f"median of {REPEATS} requests ({_shown(times)} s)",
                                       target=f"<= {PAGE_TARGET_S:g} s", passed=median <= PAGE_TARGET_S))
     store.close()
     return figures

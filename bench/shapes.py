@@ -44,6 +44,7 @@ def write_why_history(repo: Path, commits: int, verdicts: int, machines: int) ->
     clock = 1_760_000_000
     stream: list[bytes] = []
     entries: list[BenchmarkEntry] = []
+    lines: list[str] = []  # the watched record's entry lines so far, each ending in a newline
     for n in range(commits):
         clock += 60
         who = (f"author {BOT_NAME} <{BOT_EMAIL}> {clock} +0000\n"
@@ -52,9 +53,14 @@ def write_why_history(repo: Path, commits: int, verdicts: int, machines: int) ->
             entry = verdict_entry(template.benchmarks[len(entries) % len(template.benchmarks)], len(entries))
             entries.append(entry)
             mid, instance = template.machine_id, entry.instance_id
-            text = render_machine_record(MachineRecord(
+            # The record as the reconciler renders it (header, `benchmarks:`, one line per entry): each entry
+            # line is rendered once and appended (rendering the whole record again per verdict is quadratic).
+            alone = render_machine_record(MachineRecord(
                 mid, status="bad" if entry.marks_bad else "ok", host_id=template.host_id,
-                gpu_name=template.gpu_name, benchmarks=tuple(entries))).encode()
+                gpu_name=template.gpu_name, benchmarks=(entry,)))
+            header, line = alone.rsplit("\n- ", 1)
+            lines.append("- " + line)
+            text = (header + "\n" + "".join(lines)).encode()
         else:
             mid, instance = machine_id_of(1 + n % machines), f"other-{n}"
             # Another machine's record: a real rendered one under this id, distinct per commit.

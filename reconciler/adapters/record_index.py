@@ -70,13 +70,14 @@ from reconciler.domain.records import (
     ImageSuspectRecord,
     MachinePerf,
     MachineRecord,
+    RecordedVerdict,
     RecordError,
     RecordSet,
 )
 from reconciler.domain.verdicts import RATE_VERDICTS
 
 #: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 8
+FORMAT = 9
 _PLACEHOLDER = "\x00record-file\x00"
 _PLACEHOLDER_FILE = Path(f"{_PLACEHOLDER}.yaml")
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
@@ -84,6 +85,7 @@ _EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")  # pos
 _PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
 _PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE, _PROBATION_UNTIL = (_ENTRY_FIELDS.index(name) for name in (
     "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour", "probation_until"))
+_INSTANCE = _ENTRY_FIELDS.index("instance_id")
 _BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
 _NO_MARKS = marshal.dumps([])  # the marks column of a record without entries that marked it bad
 _NO_STAT = (0, 0, -1, 0, 0)  # the stat of a file that could not be stat()ed: equal to no indexed file's
@@ -97,6 +99,7 @@ CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
 CREATE TABLE IF NOT EXISTS blobs (
   blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
   perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB, last_price REAL,
+  verdicts BLOB,
   PRIMARY KEY (blob, kind));
 CREATE TABLE IF NOT EXISTS snapshots (
   dir TEXT NOT NULL, shown TEXT NOT NULL, token TEXT NOT NULL, view BLOB NOT NULL,
@@ -137,6 +140,8 @@ class _Parsed:
     marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
     bad_view: bytes | None = None  # marshal (host, note, marking index, marking entry, last index, last entry)
     last_price: float | None = None  # the newest entry's price that has one
+    #: marshal [(instance_id, verdict, proofs/h, price)] per entry: what the views triage 10,000 instances by
+    verdicts: bytes | None = None
 
 
 #: What reading and parsing files gives: their index rows, path -> blob, path -> read problem, the parsed blobs.
@@ -622,7 +627,7 @@ class RecordIndex:
                 stored = on_disk and self._store_from_child(dir_key, rows, done)
                 sent = (stored, rows, blobs, problems,
                         [(key, p.problem, p.key, p.status, p.gpu_name, p.perf, None if stored else p.data, p.marks,
-                          p.bad_view, p.last_price) for key, p in done.items()])
+                          p.bad_view, p.last_price, p.verdicts) for key, p in done.items()])
                 with os.fdopen(write_end, "wb") as sink:
                     sink.write(marshal.dumps(sent))
                 code = 0
@@ -717,8 +722,9 @@ class RecordIndex:
                     None if last is None else entries[last])
             bad_view = marshal.dumps(view if status in _BAD_STATUSES else (*view, gpu_name))
         last_price = next((e[_PRICE] for e in reversed(entries) if e[_PRICE] is not None), None)
+        verdicts = marshal.dumps([(e[_INSTANCE], e[_VERDICT], e[_PPH], e[_PRICE]) for e in entries])
         return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
-                       bad_view=bad_view, last_price=last_price)
+                       bad_view=bad_view, last_price=last_price, verdicts=verdicts)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> bool:
@@ -797,7 +803,8 @@ class RecordIndex:
                                     bad_machine_gpus=lambda: dict(sorted(gpu_of.items())),
                                     passed_on_probation=lambda: self._passed_on_probation(machines, bad),
                                     last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)),
-                                    instance_entries=lambda wanted: self._instance_entries(machines, wanted))
+                                    instance_entries=lambda wanted: self._instance_entries(machines, wanted),
+                                    instance_verdicts=lambda wanted: self._instance_verdicts(machines, wanted))
 
     # --- snapshots: the whole answer for one unchanged listing -----------------------------------------------
 
@@ -823,7 +830,7 @@ class RecordIndex:
     def _column(self, column: str, blobs: list[str]) -> dict[str, Any]:
         """blob -> a machine blob's `column` (marks, bad_view, last_price): from the blobs parsed by the last
         load (a cold build has them all in memory), the rest from the index in chunked queries."""
-        assert column in ("marks", "bad_view", "last_price")
+        assert column in ("marks", "bad_view", "last_price", "verdicts")
         out: dict[str, Any] = {}
         missing = []
         fresh = self._fresh
@@ -912,6 +919,22 @@ class RecordIndex:
                     out[row[0]] = (mid, _stored_entry(row, StoredEvidence(source, blob, i)))
         return out
 
+    def _instance_verdicts(self, machines: dict[str, str], wanted: Mapping[str, Any]) -> dict[str, RecordedVerdict]:
+        """RecordSet.instance_verdicts from the verdicts column (a few short tuples per record, not its entries)."""
+        blob_of = {mid: machines[mid] for mid in wanted if mid in machines}
+        by_blob = self._column("verdicts", list(dict.fromkeys(blob_of.values())))
+        loads = marshal.loads
+        out: dict[str, RecordedVerdict] = {}
+        for mid, blob in blob_of.items():
+            raw = by_blob.get(blob)
+            if raw is None:
+                continue
+            ids = wanted[mid]
+            for instance_id, verdict, pph, price in loads(raw):  # oldest first: the newest entry wins
+                if instance_id in ids:
+                    out[instance_id] = RecordedVerdict(mid, verdict, pph, price)
+        return out
+
     def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:
         """RecordSet.last_prices from the last_price column."""
         by_blob = self._column("last_price", list(dict.fromkeys(machines.values())))
@@ -971,9 +994,9 @@ def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: 
         return False
     try:
         db.executemany(
-            "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
-              p.bad_view, p.last_price)
+              p.bad_view, p.last_price, p.verdicts)
              for (blob, kind), p in new.items()])
         db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
         db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 from reconciler.domain import errors
 from reconciler.domain.verdicts import RATE_VERDICTS
@@ -107,6 +107,15 @@ _T = TypeVar("_T")
 
 #: BenchmarkEntry's fields but the evidence (written last), in order: `fields()` per entry cost a tenth of a render.
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
+
+
+class RecordedVerdict(NamedTuple):
+    """An instance's recorded verdict in the fields the views triage and count by."""
+
+    machine_id: str
+    verdict: str
+    proofs_per_hour: float | None
+    price_usd_per_hour: float | None
 
 
 @dataclass(frozen=True)
@@ -313,6 +322,8 @@ class RecordSet:
                    last_prices: Callable[[], dict[str, float | None]] | None = None,
                    passed_on_probation: Callable[[], list[BadMachine]] | None = None,
                    instance_entries: Callable[[Mapping[str, Collection[str]]], dict[str, tuple[str, BenchmarkEntry]]]
+                   | None = None,
+                   instance_verdicts: Callable[[Mapping[str, Collection[str]]], dict[str, RecordedVerdict]]
                    | None = None) -> RecordSet:
         """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
         indexed columns without building every record. They must equal what the methods would compute
@@ -336,6 +347,8 @@ class RecordSet:
             out._derived["passed_from"] = passed_on_probation
         if instance_entries is not None:
             out._derived["instance_entries_from"] = instance_entries
+        if instance_verdicts is not None:
+            out._derived["instance_verdicts_from"] = instance_verdicts
         return out
 
     def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
@@ -412,6 +425,15 @@ class RecordSet:
                 if entry.instance_id in ids:
                     out[entry.instance_id] = (rec.machine_id, entry)
         return out
+
+    def instance_verdicts(self, wanted: Mapping[str, Collection[str]]) -> dict[str, RecordedVerdict]:
+        """`instance_entries` in the four fields the views triage and count by (verdict, rate, price): the record
+        index answers from a column of a few short tuples per record instead of every entry's fields."""
+        source = self._derived.get("instance_verdicts_from")
+        if source is not None:
+            return cast(dict[str, RecordedVerdict], source(wanted))
+        return {iid: RecordedVerdict(mid, e.verdict, e.proofs_per_hour, e.price_usd_per_hour)
+                for iid, (mid, e) in self.instance_entries(wanted).items()}
 
     def bad_records(self) -> list[MachineRecord]:
         """The records with status bad, by machine id (not the unreadable ones: they have no record)."""

@@ -15,7 +15,7 @@ text, JSON and HTML.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,7 +23,7 @@ from reconciler.domain.breaker import kill_budgets
 from reconciler.domain.capacity import CapacityEntry, PoolCapacityStatus, capacity_view
 from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
 from reconciler.domain.planner import pool_pause
-from reconciler.domain.records import BenchmarkEntry, RecordSet
+from reconciler.domain.records import BenchmarkEntry, RecordedVerdict, RecordSet
 from reconciler.domain.serving import judge_early, saved, serving_health
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import judge, root_cause_text
@@ -201,11 +201,28 @@ class FleetStatus:
     query: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        # The root cause first (issue 14): a reader of the JSON sees why before what.
-        out["instances"] = [{"root_cause": i.root_cause, **asdict(i), "timeline": dict(i.timeline)}
-                            for i in self.instances]
+        # Field by field: `asdict` of the whole view deep-copied every bad machine and rate point (thousands
+        # of flat rows at fleet size) and every instance twice. Flat rows are plain copies of their fields.
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("bad_machines", "rates"):
+                out[f.name] = tuple(dict(vars(row)) for row in value)
+            elif f.name == "instances":  # the root cause first (issue 14): a reader sees why before what
+                out[f.name] = [{"root_cause": i.root_cause, **asdict(i), "timeline": dict(i.timeline)}
+                               for i in value]
+            else:
+                out[f.name] = _plain(value)
         return out
+
+
+def _plain(value: Any) -> Any:
+    """What `asdict` makes of a field's value: nested dataclasses as dicts, tuples as tuples of those."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
 
 
 def _recorded_entries(records: RecordSet, reports: Sequence[InstanceReport]) -> dict[str, tuple[str, BenchmarkEntry]]:
@@ -310,26 +327,26 @@ class Triage:
     states: Mapping[str, str] = field(default_factory=dict)  # instance id -> triage state (every instance)
 
 
-def triage_state(summary: InstanceSummary, entry: BenchmarkEntry | None, now: datetime,
-                 lost_after: timedelta) -> str:
+def triage_state(summary: InstanceSummary, verdict: str | None, now: datetime, lost_after: timedelta) -> str:
     """destroyed | failed (a recorded failing verdict: admission or serving) | judging (finished or failed,
     verdict not recorded yet) | benchmarking | silent (serving, no signal for longer than the lost deadline;
     the loop's next pass judges it) | serving | ok."""
     if summary.destroyed_at is not None:
         return "destroyed"
-    if entry is None:
+    if verdict is None:
         return "judging" if summary.has_result or summary.failed else "benchmarking"
-    if entry.verdict != "ok":
+    if verdict != "ok":
         return "failed"
     if summary.serving:
         return "silent" if now - summary.last_signal > lost_after else "serving"
     return "ok"
 
 
-def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapping[str, tuple[str, BenchmarkEntry]],
-           standings: Mapping[str, str], now: datetime, query: StatusQuery = StatusQuery()) -> Triage:
-    """Pure: every instance's state from its summary and recorded verdict (`recorded`: instance id ->
-    (machine id, newest entry)); `standings`: machine id -> standing for the machines not simply ok."""
+def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapping[str, RecordedVerdict],
+           standings: Mapping[str, str], now: datetime, query: StatusQuery | None = None) -> Triage:
+    """Pure: every instance's state from its summary and recorded verdict (`recorded`: instance id -> its
+    newest recorded verdict); `standings`: machine id -> standing for the machines not simply ok."""
+    query = query or StatusQuery()
     lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
     counts: dict[str, list[int]] = {p.name: [0, 0, 0] for p in spec.pools}
     in_use: dict[str, set[str]] = {}
@@ -339,7 +356,8 @@ def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapp
     states: dict[str, str] = {}
     for n, summary in enumerate(summaries):
         found = recorded.get(summary.instance_id)
-        state = states[summary.instance_id] = triage_state(summary, found[1] if found else None, now, lost_after)
+        state = states[summary.instance_id] = triage_state(summary, found.verdict if found else None, now,
+                                                           lost_after)
         pool = summary.pool or "?"
         state_counts[(pool, state)] = state_counts.get((pool, state), 0) + 1
         if state != "destroyed":
@@ -374,14 +392,14 @@ def triage(spec: FleetSpec, summaries: Sequence[InstanceSummary], recorded: Mapp
                   states=states)
 
 
-def recorded_for(records: RecordSet, summaries: Iterable[InstanceSummary]) -> dict[str, tuple[str, BenchmarkEntry]]:
+def recorded_for(records: RecordSet, summaries: Iterable[InstanceSummary]) -> dict[str, RecordedVerdict]:
     """The recorded verdict of each summarised instance that is not destroyed (a destroyed one is triaged as
     destroyed whatever its verdict), from the record index's rows: no record built."""
     wanted: dict[str, set[str]] = {}
     for s in summaries:
         if s.machine_id is not None and s.destroyed_at is None:
             wanted.setdefault(s.machine_id, set()).add(s.instance_id)
-    return records.instance_entries(wanted)
+    return records.instance_verdicts(wanted)
 
 
 def autoscaled_instances(spec: FleetSpec, summaries: Iterable[InstanceSummary]) -> list[str]:

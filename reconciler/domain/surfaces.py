@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reconciler.domain.observations import InstanceSummary
-from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
+from reconciler.domain.records import MachineRecord, RecordedVerdict, RecordSet
 from reconciler.domain.spec import FleetSpec
 from reconciler.domain.status import FleetStatus, InstanceStatus, Triage
 
@@ -116,7 +116,7 @@ def pool_economics(spec: FleetSpec, records: RecordSet, view: FleetStatus,
 
 
 def triage_economics(spec: FleetSpec, summaries: Sequence[InstanceSummary],
-                     recorded: Mapping[str, tuple[str, BenchmarkEntry]], triaged: Triage,
+                     recorded: Mapping[str, RecordedVerdict], triaged: Triage,
                      prices: Mapping[str, float] | None, last_prices: Mapping[str, float | None]
                      ) -> tuple[PoolEconomics, ...]:
     """`pool_economics` over every instance of a triaged fleet (the view shows only a page of them): rates
@@ -129,8 +129,7 @@ def triage_economics(spec: FleetSpec, summaries: Sequence[InstanceSummary],
         row = sums.get(s.pool or "")
         if row is None or state == "destroyed":
             continue
-        found = recorded.get(s.instance_id)
-        entry = found[1] if found else None
+        entry = recorded.get(s.instance_id)
         if state in _TRIAGE_PRODUCING:
             row[0] += (entry.proofs_per_hour or 0.0) if entry else 0.0
             row[2] += 1

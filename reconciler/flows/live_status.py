@@ -29,7 +29,7 @@ from reconciler.adapters.record_files import RecordCache, load_records
 from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
-from reconciler.domain.records import BenchmarkEntry, RecordSet
+from reconciler.domain.records import RecordedVerdict, RecordSet
 from reconciler.domain.spec import FleetSpec, SpecError
 from reconciler.domain.status import (
     PAGE_SIZE,
@@ -75,7 +75,7 @@ class _Loaded:
     spec_error: str | None
     records: RecordSet
     summaries: Sequence[InstanceSummary]
-    recorded: Mapping[str, tuple[str, BenchmarkEntry]]
+    recorded: Mapping[str, RecordedVerdict]
     standings: Mapping[str, str]
     notes: tuple[str, ...]
     extras: PageExtras

@@ -51,6 +51,11 @@ def assert_same(indexed: RecordSet, spec_dir: Path) -> None:
     assert indexed.bad_machine_gpus() == plain.bad_machine_gpus()
     assert indexed.passed_on_probation() == plain.passed_on_probation()
     assert indexed.last_prices() == plain.last_prices()
+    # The views' per-instance look-ups (fleet status, the page): every entry's instance, and one that is none.
+    wanted = {m: {b.instance_id for b in r.benchmarks} | {"no-such-instance"} for m, r in plain.machines.items()}
+    wanted["no-such-machine"] = {"x"}
+    assert indexed.instance_verdicts(wanted) == plain.instance_verdicts(wanted)
+    assert indexed.instance_entries(wanted) == plain.instance_entries(wanted)
     for gpu in ("RTX 4090", "H100"):  # the plan's forecast from views equals the walk over every record
         from_views = sorted(known_machines(indexed, gpu), key=lambda k: k.machine_id)
         walked = [k for r in plain.machines.values() if (k := _known(r, gpu)) is not None]
