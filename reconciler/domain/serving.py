@@ -37,7 +37,7 @@ from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import classify
 from reconciler.domain.spec import EarlyVerdictSettings, PoolSpec, RecordExpirySettings, ServingSettings
-from reconciler.domain.verdict import EVIDENCE_LOG_LINES, Verdict
+from reconciler.domain.verdict import EVIDENCE_LOG_LINES, Verdict, unrecognized_signature
 
 DEGRADED = "degraded"
 LOST = "lost"
@@ -250,7 +250,7 @@ def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSetti
         return None
     if failed is not None:
         return _lost(report, pool, settings, now, failed.at, failure_message=failed.message,
-                     tail=failed.log_tail or report.log_tail)
+                     tail=failed.log_tail or report.log_tail, exit_code=failed.exit_code)
     if report.first("serve", "done") is not None:
         return None  # stopped cleanly (TERM, or our own stop directive)
     health = serving_health(report, pool, settings)
@@ -297,7 +297,8 @@ def _degraded(report: InstanceReport, pool: PoolSpec, settings: ServingSettings,
 
 
 def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, last: datetime, *,
-          failure_message: str | None, tail: Sequence[str], fleet_back: datetime | None = None) -> Verdict:
+          failure_message: str | None, tail: Sequence[str], fleet_back: datetime | None = None,
+          exit_code: int | None = None) -> Verdict:
     match = classify(tail) if tail else None
     if match is not None:
         blame, cause = match.blame, redact_line(match.line)
@@ -321,8 +322,15 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
         evidence["fleet_heard_again"] = format_time(fleet_back)
     if match is not None:
         evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
-    return _verdict(report, pool, now, LOST, blame, reason, evidence, None,
-                    signature=match.name if match else ("serving-failed" if failure_message else "heartbeats-stopped"))
+    if match is not None:
+        signature = match.name
+    elif failure_message is not None:
+        # The worker stopped itself and no signature says why: keyed like any unexplained failure, so the same
+        # message from distinct machines with one image trips the breaker and different ones do not.
+        signature = unrecognized_signature(LOST, "serve", exit_code, failure_message)
+    else:
+        signature = "heartbeats-stopped"
+    return _verdict(report, pool, now, LOST, blame, reason, evidence, None, signature=signature)
 
 
 def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, blame: str, reason: str,

@@ -303,7 +303,8 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
     blame = match.blame if match else "unknown"
     what = f"{failed} {'/'.join(labels)}"
     cause = match.text() if match else (error_line(attempt.evidence) or f"{what}; no reason in the daemon log")
-    signature = match.name if match else unrecognized_signature("benchmark-error", attempt, cause)
+    signature = match.name if match else \
+        unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, cause)
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
         # Some proofs verify and some do not on the same inputs: the GPU computes wrong results at times.
         blame, signature = "machine", SIGNATURE_INTERMITTENT_SELF_CHECK
@@ -325,7 +326,7 @@ def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str
                  or "no log lines")
         if known_cause and cause != known_cause:
             cause = f"{known_cause}; last error: {cause}"
-    signature = match.name if match else unrecognized_signature(verdict, attempt, cause)
+    signature = match.name if match else unrecognized_signature(verdict, attempt.phase, attempt.exit_code, cause)
     return _failed_verdict(report, pool, now, verdict, attempt, blame, match, signature,
                            _clip(redact_line(cause)), prior_params_failures=prior_params_failures)
 
@@ -380,7 +381,7 @@ def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _
     head = f"timeout after {pool.benchmark.timeout_minutes:g} min"
     # A slow machine's partial rate is a measurement of that machine, not an unexplained failure.
     signature = match.name if match else "timeout" if blame == "machine" else \
-        unrecognized_signature("timeout", attempt, cause)
+        unrecognized_signature("timeout", attempt.phase, attempt.exit_code, cause)
     return _failed_verdict(report, pool, now, "timeout", attempt, blame, match,
                            signature, _clip(redact_line(cause)) + partial, rate=rate,
                            extra={"completed": completed, "requested": requested}, head=head)
@@ -410,13 +411,13 @@ def normalise_error_line(line: str) -> str:
     return text.strip().lower()
 
 
-def unrecognized_signature(verdict: str, attempt: _Attempt, line: str) -> str:
+def unrecognized_signature(verdict: str, phase: str, exit_code: int | None, line: str) -> str:
     """The signature of a failure no catalogued signature explains: verdict, phase, exit code and a short hash of
     the normalised error line (`<verdict>-unrecognized-<phase>-exit-<code>-<hash8>`). Stable across machines
     and runs, so the circuit breaker can correlate it (issue 23 item 1); the line itself is in the evidence."""
-    code = "none" if attempt.exit_code is None else str(attempt.exit_code)
-    key = f"{attempt.phase}\n{code}\n{normalise_error_line(line)}"
-    return f"{verdict}{UNRECOGNIZED}{attempt.phase}-exit-{code}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+    code = "none" if exit_code is None else str(exit_code)
+    key = f"{phase}\n{code}\n{normalise_error_line(line)}"
+    return f"{verdict}{UNRECOGNIZED}{phase}-exit-{code}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def _where(attempt: _Attempt) -> str:

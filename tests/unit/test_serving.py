@@ -126,6 +126,22 @@ def test_lost_with_a_machine_signature_in_the_last_words_blames_the_machine() ->
     assert "fallen off the bus" in verdict.reason
 
 
+def test_an_unexplained_serve_failure_is_keyed_by_its_normalised_message() -> None:
+    # Issue 23 item 1: the same unexplained failure on distinct machines gets one signature (the breaker counts
+    # it); another message, another signature.
+    def lost(instance_id: str, machine_id: str, message: str) -> str | None:
+        failed = ev("serve", "failed", 90, exit_code=70, message=message, log_tail=(f"fleet: {message}",))
+        report = serving_report(instance_id, [3, 3, 3], extra_events=(failed,), machine_id=machine_id)
+        verdict = judge_serving(report, POOL, SERVING, at(91), fleet_last_signal=None)
+        assert verdict is not None and (verdict.verdict, verdict.blame) == ("lost", "unknown"), verdict
+        return verdict.signature
+
+    first = lost("i-1", "111", "serve.sh: proving loop stopped after 12 proofs at 2026-12-02T19:10:00Z")
+    assert first is not None and first.startswith("lost-unrecognized-serve-exit-70-")
+    assert first == lost("i-2", "222", "serve.sh: proving loop stopped after 3 proofs at 2026-12-02T20:44:10Z")
+    assert first != lost("i-3", "333", "serve.sh: the forward to 127.0.0.1:1234 went away")
+
+
 def test_a_clean_stop_or_a_destroyed_instance_is_not_lost() -> None:
     done = ev("serve", "done", 85, message="stopped by SIGTERM")
     assert judge_serving(serving_report("i-1", [3, 3], extra_events=(done,)), POOL, SERVING, at(200),
