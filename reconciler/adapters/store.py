@@ -951,7 +951,7 @@ class _SqlStore:
                 unreadable.setdefault(row[0], f"the result is unreadable: {type(exc).__name__}: {exc}")
         # One index-backed query per instance (last N by primary key) rather than a window over every
         # stored line: the loop reads all reports each pass, and rings hold thousands of lines each.
-        tails = self._tails(conn, [row[0] for row in instances], everyone=instance_id is None)
+        tails = self._tails(conn, [row[0] for row in instances], everyone=instance_id is None and only is None)
         out = []
         for row in instances:
             if row[0] in unreadable:

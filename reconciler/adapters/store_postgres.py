@@ -247,16 +247,16 @@ class PostgresStore(_SqlStore):
         return None
 
     def _tails(self, conn: SqlConnection, instance_ids: Sequence[str], *, everyone: bool) -> dict[str, list[str]]:
-        if not everyone or len(instance_ids) < 2:
+        if len(instance_ids) < 2:
             return super()._tails(conn, instance_ids, everyone=everyone)
-        # One statement for every instance (a pass reads them all), each tail from the primary key's index: a
-        # round trip per instance is what a server database makes expensive.
-        # One row per instance, its tail as an array built by the server (a row per line costs the client more).
-        rows = conn.execute(
-            "SELECT i.instance_id, ARRAY(SELECT line FROM (SELECT seq, line FROM log_lines l "
-            "WHERE l.instance_id = i.instance_id ORDER BY seq DESC LIMIT ?) t ORDER BY seq) FROM instances i",
-            (REPORT_TAIL_LINES,)).fetchall()
-        return {instance_id: lines for instance_id, lines in rows}
+        # One statement for all of them (a pass reads every instance, a view a page of them), each tail from the
+        # primary key's index, as one array per instance built by the server: a round trip per instance, or a
+        # row per line, is what a server database makes expensive.
+        tail = ("SELECT i.instance_id, ARRAY(SELECT line FROM (SELECT seq, line FROM log_lines l "
+                "WHERE l.instance_id = i.instance_id ORDER BY seq DESC LIMIT ?) t ORDER BY seq) FROM instances i")
+        rows = (conn.execute(tail, (REPORT_TAIL_LINES,)) if everyone else
+                conn.execute(f"{tail} WHERE i.instance_id = ANY(?)", (REPORT_TAIL_LINES, list(instance_ids))))
+        return {instance_id: lines for instance_id, lines in rows.fetchall()}
 
     def close(self) -> None:
         self._pool.close()
