@@ -138,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
         written = _write_html(html_out, view, spec_dir / "fleet.yaml")
         return 1 if observation_error is not None or not written else 0
     if as_json:
-        json.dump(view.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(view.to_json(), indent=2) + "\n")  # one write, not one per token
     else:
         sys.stdout.write(render_text(view, everything=args.everything))
     return 0

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from reconciler.adapters.git import GitReader, GitStoreError
+from reconciler.adapters.record_history import RecordHistoryParser
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
 from reconciler.flows.why import DEFAULT_SHOWN, DEFAULT_TAIL, explain, historical_wanted, render_text, to_json
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         # One `git log --grep` for the verdict commits, one cat-file for the record now; the records as of
         # older commits only for the shown verdicts whose entries are no longer in today's record.
         trail = reader.machine_trail(machine_id, ref="HEAD", spec_dir=spec_dir)
-        wanted = historical_wanted(record_path, trail.verdicts, trail.current_text, shown)
+        parser = RecordHistoryParser(Path(record_path))  # one for every version: each line parsed once
+        wanted = historical_wanted(record_path, trail.verdicts, trail.current_text, shown, parser)
         historical = reader.records_at(wanted, record_path) if wanted else {}
         hint = reader.history_shape().hint()
     except GitStoreError as exc:
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleet why: --at {args.at!r}: {exc}", file=sys.stderr)
         return 2
     history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change, now,
-                      historical=historical, shown=shown)
+                      historical=historical, shown=shown, parser=parser)
     if history.status == "unknown":
         print(f"fleet why: machine {machine_id} is unknown in {trail.workdir}: no {record_path} and no commit "
               f"with a 'Fleet-Machine: {machine_id}' trailer on the checked-out branch", file=sys.stderr)

@@ -79,10 +79,10 @@ def _current(parser: RecordHistoryParser, current_text: str | None) -> MachineRe
 
 
 def historical_wanted(record_path: str, commits: Sequence[VerdictCommit], current_text: str | None,
-                      shown: int | None) -> list[str]:
+                      shown: int | None, parser: RecordHistoryParser | None = None) -> list[str]:
     """Pure: the shown commits whose entries are not in the current record (removed, or no readable current
     record): only their historical record versions need reading."""
-    current = _current(RecordHistoryParser(Path(record_path)), current_text)
+    current = _current(parser or RecordHistoryParser(Path(record_path)), current_text)
     page = commits if shown is None else commits[:shown]
     if not isinstance(current, MachineRecord):
         return [c.sha for c in page]
@@ -91,13 +91,15 @@ def historical_wanted(record_path: str, commits: Sequence[VerdictCommit], curren
 
 def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], current_text: str | None,
             last_change: LastChange | None, now: datetime | None = None, *,
-            historical: Mapping[str, str | None] | None = None, shown: int | None = None) -> MachineHistory:
+            historical: Mapping[str, str | None] | None = None, shown: int | None = None,
+            parser: RecordHistoryParser | None = None) -> MachineHistory:
     """Pure: the commits and record texts git gave us -> what to tell the human. `historical`: the record as
     of each commit whose entries are not in the current record (`historical_wanted`); a commit's own
     `record_text`, if set, serves too. With `now`, the status says where the machine stands (bad until its
-    expiry, on probation, permanent, banned). `shown`: only the newest so many verdicts (None: all)."""
+    expiry, on probation, permanent, banned). `shown`: only the newest so many verdicts (None: all).
+    `parser`: the one `historical_wanted` used (each distinct line of the record is then parsed once)."""
     # The versions (and the current text) share most lines: each distinct line is parsed once.
-    parser = RecordHistoryParser(Path(record_path))
+    parser = parser or RecordHistoryParser(Path(record_path))
     current = _current(parser, current_text)
     historical = historical or {}
     page = commits if shown is None else commits[:shown]
