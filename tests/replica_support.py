@@ -26,6 +26,7 @@ from typing import IO, Any
 import httpx
 
 from reconciler.adapters.lease import LeaseKeeper, PostgresLease, holder_id
+from reconciler.adapters.stores import open_store
 from reconciler.domain.tokens import instance_token, machine_claim
 
 SECRET = "failover-test-controller-secret-0123"
@@ -160,6 +161,8 @@ class Cluster:
     def gate(self) -> LeaseKeeper:
         """The caller holds the lease (epoch 1 on a fresh database) until it stops this keeper: no replica
         judges a half-posted benchmark meanwhile."""
+        # The store's schema (the lease table is part of it) first, as a replica opens the store before its lease.
+        open_store(self.db).close()
         # A long lease of its own: renewals of a thread in a busy test process must not let it lapse early.
         keeper = LeaseKeeper(PostgresLease(self.db), holder_id("test-gate"), 60.0)
         keeper.start()

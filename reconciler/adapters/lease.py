@@ -1,10 +1,10 @@
 """The leader lease in PostgreSQL: which `fleet reconcile` replica may run passes, commit and push.
 
-One row per lease (`fleet_lease`, name `reconcile`): holder, epoch, since, expires_at. Taking and renewing
-it is ONE statement (`INSERT ... ON CONFLICT DO UPDATE ... WHERE` the row is ours or has expired): the
-database serialises competing replicas on the row, and its clock (`clock_timestamp()`) is the only clock that
-decides expiry, so replicas' clocks may disagree. The epoch grows whenever the lease changes hands or lapses,
-even back to the same holder: a pass that started in an older term can never write in a newer one.
+One row per lease (`fleet_lease`, name `reconcile`, a table of the store's schema): holder, epoch, since,
+expires_at. Taking and renewing it is ONE statement (`INSERT ... ON CONFLICT DO UPDATE ... WHERE` the row is ours or
+has expired): the database serialises competing replicas on the row, and its clock (`clock_timestamp()`) is the only
+clock that decides expiry, so replicas' clocks may disagree. The epoch grows whenever the lease changes hands or
+lapses, even back to the same holder: a pass that started in an older term can never write in a newer one.
 
 Why a row and not an advisory lock: an advisory lock lives as long as its session, so a leader paused by
 SIGSTOP (or behind a half-open TCP connection) keeps it until the kernel gives up on the socket, minutes later,
@@ -42,16 +42,6 @@ log = logging.getLogger(__name__)
 
 LEASE_NAME = "reconcile"
 DEFAULT_LEASE_S = 15.0
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS fleet_lease (
-    name        text PRIMARY KEY,
-    holder      text NOT NULL,
-    epoch       bigint NOT NULL,
-    since       timestamptz NOT NULL,
-    renewed_at  timestamptz NOT NULL,
-    expires_at  timestamptz NOT NULL
-)"""
 
 # Take the lease when it is free (no row, or expired) or renew it when it is ours. The epoch and `since` move
 # only when the term changes: another holder, or ours after it lapsed (a pass of the lapsed term must not write).
@@ -120,16 +110,12 @@ class PostgresLease:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         timeout_ms = max(100, int(self.timeout_s * 1000))
-        conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=max(1, round(self.timeout_s)),
-                               application_name="fleet-lease",
-                               options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}")
-        with conn.transaction():
-            # CREATE TABLE IF NOT EXISTS is not safe against itself in PostgreSQL (two replicas starting at once
-            # can both pass the check): serialise it on a transaction-level advisory lock.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('gpu-fleet fleet_lease schema'))")
-            conn.execute(_SCHEMA)
-        self._conn = conn
-        return conn
+        # The `fleet_lease` table is part of the store's schema (store_postgres.MIGRATIONS): whoever holds a lease
+        # opened the store first, which migrates it under the store's own lock.
+        self._conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=max(1, round(self.timeout_s)),
+                                     application_name="fleet-lease",
+                                     options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}")
+        return self._conn
 
     def _run(self, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
         """One statement; LeaseUnavailable (naming the URI, never the password) on any database failure."""

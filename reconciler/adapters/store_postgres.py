@@ -9,8 +9,9 @@ database needs:
   with Retry-After; a pass observes nothing and judges nothing).
 - Locks: a write locks the instance's row (`FOR UPDATE`) before deciding on it (see store.py's docstring).
 - Reads: `REPEATABLE READ READ ONLY`, one snapshot across tables, as SQLite's read transaction gives.
-- Schema: `fleet_schema` holds the version; `migrate` upgrades under `pg_advisory_lock` (one replica migrates, the
-  others wait and then find the work done) and refuses a database of a newer schema than this code.
+- Schema (the leader lease's `fleet_lease` table included): `fleet_schema` holds the version; `migrate` upgrades
+  under `pg_advisory_lock` (one replica migrates, the others wait and then find the work done) and refuses a
+  database of a newer schema than this code.
 - Secrets: the password comes from the URI, PGPASSWORD or ~/.pgpass (libpq reads them); anything shown (errors,
   `location`) carries the URI without it.
 """
@@ -104,6 +105,15 @@ CREATE TABLE directives (
     instance_id TEXT PRIMARY KEY,
     set_at      TEXT NOT NULL,
     body        TEXT NOT NULL
+);
+-- The replicas' leader lease (adapters/lease.py); only a server database has replicas.
+CREATE TABLE fleet_lease (
+    name        TEXT PRIMARY KEY,
+    holder      TEXT NOT NULL,
+    epoch       BIGINT NOT NULL,
+    since       TIMESTAMPTZ NOT NULL,
+    renewed_at  TIMESTAMPTZ NOT NULL,
+    expires_at  TIMESTAMPTZ NOT NULL
 );
 """
 

@@ -40,6 +40,17 @@ class Clock:
         return self.now
 
 
+@pytest.fixture
+def postgres_db(postgres_server: PostgresServer) -> str:
+    """A fresh database with the store's schema (the lease table is part of it), as a replica finds it."""
+    return with_store_schema(postgres_server.create_database())
+
+
+def with_store_schema(uri: str) -> str:
+    open_store(uri).close()
+    return uri
+
+
 def keeper(uri: str, name: str, clock: Clock | None = None, duration_s: float = 15.0) -> LeaseKeeper:
     return LeaseKeeper(PostgresLease(uri, timeout_s=5.0), holder_id(name), duration_s, monotonic=clock or Clock())
 
@@ -193,7 +204,7 @@ def test_a_pass_whose_term_ended_before_the_push_pushes_nothing_and_stores_no_di
 
 
 def test_the_keeper_reconnects_by_itself_after_postgresql_restarts(private_postgres_server: PostgresServer) -> None:
-    uri = private_postgres_server.create_database()
+    uri = with_store_schema(private_postgres_server.create_database())
     clock = Clock()
     a = keeper(uri, "a:8080", clock)
     assert a.tick() == 1
