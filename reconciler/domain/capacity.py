@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.domain.observations import InstanceReport, format_time
-from reconciler.domain.serving import heartbeats, is_serving, serving_health
+from reconciler.domain.serving import heartbeats, is_serving, last_signal, serving_health
 from reconciler.domain.spec import FleetSpec, PoolSpec, ScalingSettings, ServingSettings
 
 #: Scale down only to a count at which the remaining machines would be at most this much below target
@@ -163,7 +163,7 @@ def slot_states(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
             out.append(SlotState(slot, index, found.instance_id if found else None, "empty"))
             continue
         r = found
-        lost = now - _last_heard(r) > timedelta(minutes=serving.lost_after_minutes)
+        lost = now - last_signal(r) > timedelta(minutes=serving.lost_after_minutes)
         if is_serving(r) and not lost:
             rate = serving_health(r, pool, serving).proofs_per_hour
             if rate is None and r.result is not None:
@@ -175,13 +175,6 @@ def slot_states(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
         else:
             out.append(SlotState(slot, index, r.instance_id, "on-the-way"))
     return out
-
-
-def _last_heard(report: InstanceReport) -> datetime:
-    times = [report.registered_at, *(e.at for e in report.events)]
-    if report.result is not None:
-        times.append(report.result.at)
-    return max(times)
 
 
 # --- the bot-owned file's entries ----------------------------------------------------------------------

@@ -58,8 +58,8 @@ class ReportSource(Protocol):
 
 @runtime_checkable
 class LogRingSource(Protocol):
-    """A report source that can also give an instance's whole stored log ring (the SQLite controller store):
-    the evidence of the instances judged this pass. Without it, judging reads each report's tail."""
+    """A report source that can also give an instance's whole stored log ring (the controller store, SQLite or
+    PostgreSQL): the evidence of the instances judged this pass. Without it, judging reads each report's tail."""
 
     def log_rings(self, instance_ids: Sequence[str]) -> Mapping[str, Sequence[str]]: ...
 
