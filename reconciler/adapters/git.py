@@ -601,7 +601,7 @@ class MachineTrail:
 
 #: `fleet why` hints at a commit-graph when the clone has none and its history is at least this long.
 LONG_HISTORY_COMMITS = 5_000
-#: The one-liner that gives a human's clone git's commit-graph with changed-path Bloom filters (README, the
+#: The one-liner that gives a human's clone git's commit-graph with changed-path Bloom filters (docs/records.md, the
 #: hint). Not split: it replaces a graph `git gc` wrote without filters. Later writes (gc, maintenance) keep
 #: the filters once a graph has them.
 COMMIT_GRAPH_COMMAND = "git commit-graph write --reachable --changed-paths"

@@ -72,7 +72,7 @@ class StatusRule:
             f"replace after {self.deadline_s / 60:g} min"
 
 
-#: THE status table (README "vast.ai: statuses, pacing, orphans, spend cap" shows the same). Statuses are
+#: THE status table (docs/vastai.md shows the same). Statuses are
 #: the marketplace port's (vast `actual_status` normalised: null/created -> loading); sources in
 #: /work/coord/research/vastai.md.
 STATUS_RULES: Mapping[str, StatusRule] = {r.status: r for r in (
