@@ -149,7 +149,7 @@ _REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu
 
 
 class _PendingWrite:
-    """One queued write of a group commit (see _SqlStore.write_all)."""
+    """One queued write of a group commit (see SqlStore.write_all)."""
 
     __slots__ = ("body", "done", "error", "instance_id", "result")
 
