@@ -3,8 +3,8 @@
 infra/hosts.py declares one resource per slot with this provider. The engine runs it in the SDK's provider
 host (`python -m pulumi.dynamic`, started by the launcher `pulumi-resource-pulumi-python` in the program's
 `main:` directory), which unpickles it by module path - so `reconciler.provider` re-exports it for stacks
-created before the layout move. Facts about the host, with citations: /work/coord/research/pulumi.md and
-tests/pulumi_engine/ (which drives the real host over gRPC).
+created before the layout move. Facts about the host, cited at pulumi/pulumi@1b5949891b file:line, are in
+tests/pulumi_engine/host.py (which drives the real host over gRPC).
 
 What crosses the boundary, and how it is handled here:
 - every prop is a protobuf Struct value: numbers are doubles and None-valued keys vanish. Every read goes
