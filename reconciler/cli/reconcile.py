@@ -1,5 +1,6 @@
 """`fleet reconcile`: the long-running judge. Each pass reads worker reports from the controller store,
-judges finished benchmarks and commits records with trailers to the fleet repo (`run_command` below: one pass, or a pass every `--interval`).
+judges finished benchmarks and commits records with trailers to the fleet repo (`run_command` below: one
+pass, or a pass every `--interval`).
 
 Works in a dedicated bot clone (`--workdir`, cloned from `--repo` on first use; its unpushed commits and
 record-dir edits are discarded on every sync). `--once` runs one pass (exit 1 if it stalled, could not
