@@ -38,9 +38,9 @@ from pulumi.dynamic import (
 )
 from pulumi.output import Unknown
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.controller.client import admin_client_from
 from reconciler.adapters.marketplace import build_marketplace
-from reconciler.adapters.record_files import write_text_atomic
 from reconciler.adapters.slot_provider import SlotProvider, controller_secret_from, image_login_from
 from reconciler.domain.slots import (
     UNKNOWN,

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.lease import (
     DEFAULT_LEASE_S,
@@ -37,7 +38,7 @@ from reconciler.adapters.lease import (
     holder_id,
     replica_name,
 )
-from reconciler.adapters.record_files import RecordCache, write_text_atomic
+from reconciler.adapters.record_files import RecordCache
 from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
