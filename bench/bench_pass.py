@@ -37,8 +37,9 @@ from reconciler.adapters.record_files import (
     render_machine_record,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
-from reconciler.adapters.store import REPORT_TAIL_LINES, ControllerStore, PreparedWrite, SqliteStore
-from reconciler.adapters.store_postgres import PostgresStore
+from reconciler.adapters.store.port import REPORT_TAIL_LINES, ControllerStore, PreparedWrite
+from reconciler.adapters.store.postgres import PostgresStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.judging import decide
 from reconciler.domain.records import MachineRecord
 from reconciler.domain.spec import FleetSpec

@@ -42,7 +42,8 @@ from reconciler.adapters.params_mirror import ParamsMirrorServer, write_manifest
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, directory_digest, load_slot_state
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import ControllerStore, SqliteStore
+from reconciler.adapters.store.port import ControllerStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs

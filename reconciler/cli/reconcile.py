@@ -134,7 +134,7 @@ def _report(result: PassResult, as_json: bool) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
-    from reconciler.adapters.store import StoreError
+    from reconciler.adapters.store.port import StoreError
     from reconciler.adapters.stores import is_database_uri, open_store
 
     try:

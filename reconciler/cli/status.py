@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     view: FleetStatus | None = None
     capacity = capacity_entries(spec, spec_dir / "fleet.yaml")
     if args.controller_db is not None:
-        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.store.port import StoreError, StoreUnavailable
         from reconciler.adapters.stores import is_database_uri, open_store
         from reconciler.flows.fleet_status import triaged_view
 

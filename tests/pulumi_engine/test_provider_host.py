@@ -37,7 +37,7 @@ from reconciler.adapters.record_files import (
 )
 from reconciler.adapters.slot_provider import directory_digest
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.demo import make_params
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 from tests.pulumi_engine.host import (

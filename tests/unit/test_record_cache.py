@@ -31,7 +31,7 @@ from reconciler.adapters.record_files import (
     render_machine_record,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.records import ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.flows.judge import run_pass
 from tests.fakes import Sleeps
