@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.settings import test_pause_point
 from reconciler.domain import errors
 from reconciler.domain.backoff import backoff_delay

@@ -166,7 +166,7 @@ def _with_live_leadership(location: str, last_pass: dict[str, Any] | None, now: 
 
 
 def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:
-    from reconciler.adapters.record_files import write_text_atomic
+    from reconciler.adapters.atomic_files import write_text_atomic
     from reconciler.render.html import render_html
 
     try:

@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import pytest
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace import vastai
 from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
@@ -44,7 +45,6 @@ from reconciler.adapters.record_files import (
     machine_record_path,
     parse_machine_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.slot_provider import SlotProvider
 from reconciler.adapters.spec_files import check_spec_text
