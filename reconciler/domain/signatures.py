@@ -45,7 +45,6 @@ from functools import lru_cache
 from reconciler.domain import cuda_errors, xid
 from reconciler.domain.verdicts import BLAMES
 
-
 #: How much a signature's line says (issue 29 item 1). A specific line names the failure itself: a tool's own error
 #: code with the description that goes with it, a kernel or driver line, a loader line, an errno. A generic line
 #: is a wrapper's word that something failed ("Download aborted", "exited with code N", a tool's "unknown error"):
