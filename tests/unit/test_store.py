@@ -373,3 +373,11 @@ def test_summaries_say_what_triage_needs_and_reports_of_loads_only_those_asked(s
     for iid in many:
         store.register(iid, register_doc(iid))
     assert [r.instance_id for r in store.reports_of(many[::-1])] == many
+
+
+def test_changes_since_zero_answers_every_instance_in_registration_order(store: SqlStore) -> None:
+    for iid in ("p-0-b", "p-0-a"):
+        store.register(iid, register_doc(iid))
+    changes = store.changes_since(0)
+    assert changes.complete and changes.instance_ids == ("p-0-b", "p-0-a")
+    assert [r.instance_id for r in store.reports_of(changes.instance_ids)] == ["p-0-b", "p-0-a"]

@@ -26,6 +26,7 @@ from reconciler.adapters.store.port import (
     PreparedWrite,
     ResultConflict,
     SqlConnection,
+    StoreChanges,
     StoreError,
     StoreUnavailable,
     UnknownInstance,
@@ -594,6 +595,13 @@ class SqlStore:
         """Every instance, ordered by first registration (controller clock)."""
         found = self._snapshot(lambda conn: self._load(conn, None))
         return [r for r, _ in found if include_destroyed or r.destroyed_at is None]
+
+    def changes_since(self, since: int) -> StoreChanges:
+        """See `ControllerStore.changes_since`. Until the stores keep a change sequence (next), every answer is
+        every instance at sequence 0 (`complete`): correct for any caller, only not incremental."""
+        ids = self._snapshot(lambda conn: [row[0] for row in conn.execute(
+            "SELECT instance_id FROM instances ORDER BY received_at, instance_id").fetchall()])
+        return StoreChanges(sequence=0, instance_ids=tuple(ids), complete=True)
 
     def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]:
         """The reports of these instances only (with their events), ordered by first registration: what a view
