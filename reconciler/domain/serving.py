@@ -37,7 +37,7 @@ from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import classify
 from reconciler.domain.spec import EarlyVerdictSettings, PoolSpec, RecordExpirySettings, ServingSettings
-from reconciler.domain.verdict import EVIDENCE_LOG_LINES, Verdict, unrecognized_signature
+from reconciler.domain.verdict import EVIDENCE_LOG_LINES, NOT_RECOGNISED, Verdict, unrecognized_signature
 
 DEGRADED = "degraded"
 LOST = "lost"
@@ -300,10 +300,15 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
           failure_message: str | None, tail: Sequence[str], fleet_back: datetime | None = None,
           exit_code: int | None = None) -> Verdict:
     match = classify(tail) if tail else None
+    generic = None
+    if match is not None and not match.decisive:  # a wrapper's "failed" never decides blame (issue 29)
+        generic, match = match, None
     if match is not None:
         blame, cause = match.blame, redact_line(match.line)
     elif failure_message is not None:
-        blame, cause = "unknown", redact_line(failure_message)  # the worker stopped itself: maybe our software
+        # The worker stopped itself: maybe our software; the best line it left is shown, not recognised.
+        blame = "unknown"
+        cause = redact_line(f"{NOT_RECOGNISED}: {generic.line if generic is not None else failure_message}")
     else:
         blame, cause = "marketplace", None
     silent_min = (now - last).total_seconds() / 60
@@ -321,9 +326,9 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
     if fleet_back is not None:
         evidence["fleet_heard_again"] = format_time(fleet_back)
     if match is not None:
-        evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
+        evidence["signature"] = {"name": match.key, "blame": match.blame, "line": redact_line(match.line)}
     if match is not None:
-        signature = match.name
+        signature = match.key
     elif failure_message is not None:
         # The worker stopped itself and no signature says why: keyed like any unexplained failure, so the same
         # message from distinct machines with one image trips the breaker and different ones do not.
