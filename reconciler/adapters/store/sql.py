@@ -128,7 +128,7 @@ class _StoredEvent:
 
     progress: bool
     fingerprint: str
-    #: The event's time as stored (`at` column; part of its key, see _SCHEMA_V3).
+    #: The event's time as stored (`at` column; part of its key, see schema.LAYOUT).
     at: str
     #: phase, status, at, received_at, exit_code, message, log_tail, details, fingerprint
     row: tuple[Any, ...]
