@@ -11,9 +11,10 @@ import psycopg
 import pytest
 
 from reconciler.adapters.store.postgres import PostgresStore
-from reconciler.adapters.store.schema import SCHEMA_VERSION, SQLITE_HISTORY, statements
+from reconciler.adapters.store.schema import SCHEMA_VERSION, statements
 from reconciler.adapters.store.sqlite import SqliteStore
 from tests.postgres_server import PostgresServer
+from tests.store_support import back_to_version_3, sqlite_store_at
 
 #: The PostgreSQL layout of schema version 3, as the first PostgreSQL adapter wrote it (the oldest database a
 #: replica can meet): test data, frozen here as it was released.
@@ -65,15 +66,6 @@ def sqlite_layout(path: Path) -> Layout:
         conn.close()
 
 
-def sqlite_store_at(path: Path, version: int) -> None:
-    """An empty SQLite store as code of schema `version` created it."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    for step in SQLITE_HISTORY[:version]:
-        conn.executescript(step)
-    conn.execute(f"PRAGMA user_version={version}")
-    conn.close()
-
-
 def test_a_new_sqlite_store_and_one_upgraded_from_version_1_have_one_layout(tmp_path: Path) -> None:
     SqliteStore(tmp_path / "new.db").close()
     sqlite_store_at(tmp_path / "old.db", 1)
@@ -83,6 +75,14 @@ def test_a_new_sqlite_store_and_one_upgraded_from_version_1_have_one_layout(tmp_
     assert {"instances", "events", "results", "log_lines", "directives"} <= set(new)
     assert new["log_lines"][1] == 1  # WITHOUT ROWID: the ring's key is its storage order
     assert statements("sqlite", SCHEMA_VERSION) == []
+
+
+def test_the_tests_version_3_store_is_what_version_3_wrote(tmp_path: Path) -> None:
+    """`back_to_version_3` (how tests make a v3 file with rows in it) gives version 3's layout exactly."""
+    SqliteStore(tmp_path / "now.db").close()
+    back_to_version_3(tmp_path / "now.db")
+    sqlite_store_at(tmp_path / "v3.db", 3)
+    assert sqlite_layout(tmp_path / "now.db") == sqlite_layout(tmp_path / "v3.db")
 
 
 def postgres_layout(uri: str) -> Layout:

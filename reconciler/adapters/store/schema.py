@@ -20,7 +20,7 @@ Dialect = Literal["sqlite", "postgres"]
 
 #: The schema this code writes; a store of a newer version is refused (never written by code that does not know
 #: its layout).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: The words the dialects spell differently. Times are ISO 8601 text in UTC in both, so the shared SQL orders and
 #: compares them the same way (the lease's times are the server's own clock: PostgreSQL only).
@@ -43,6 +43,18 @@ class Ddl:
             return None
         return self.text.strip().format(**DIALECTS[dialect])
 
+
+#: The change sequence (version 4; see `sql.SqlStore.changes_since`): one row, moved forward by every commit that
+#: changed something; the rows it changed carry the value in `change_seq` (0: before version 4). It starts at 1:
+#: a reader's 0 means "nothing read yet", so a store that has not changed since its upgrade is still followed.
+_CHANGE_SEQUENCE = (
+    Ddl("""
+CREATE TABLE change_sequence (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    sequence {int64} NOT NULL
+)"""),
+    Ddl("INSERT INTO change_sequence (id, sequence) VALUES (1, 1)"),
+)
 
 #: The current layout: what a new store is created with.
 LAYOUT: tuple[Ddl, ...] = (
@@ -67,8 +79,10 @@ CREATE TABLE instances (
     worker_dropped  {int64} NOT NULL DEFAULT 0,
     progress_events INTEGER NOT NULL DEFAULT 0,
     other_events    INTEGER NOT NULL DEFAULT 0,
-    destroyed_at    TEXT
+    destroyed_at    TEXT,
+    change_seq      {int64} NOT NULL DEFAULT 0
 )"""),
+    Ddl("CREATE INDEX instances_by_change ON instances (change_seq)"),
     # An event's identity is (instance, time, fingerprint of the redacted document): a worker's events arrive in
     # time order, so a batch's new keys are neighbours in the index (one or two pages dirtied, not 20).
     Ddl("""
@@ -105,8 +119,11 @@ CREATE TABLE log_lines (
 CREATE TABLE directives (
     instance_id TEXT PRIMARY KEY,
     set_at      TEXT NOT NULL,
-    body        TEXT NOT NULL
+    body        TEXT NOT NULL,
+    change_seq  {int64} NOT NULL DEFAULT 0
 )"""),
+    Ddl("CREATE INDEX directives_by_change ON directives (change_seq)"),
+    *_CHANGE_SEQUENCE,
     # The replicas' leader lease (adapters/lease.py); only a server database has replicas.
     Ddl("""
 CREATE TABLE fleet_lease (
@@ -120,7 +137,13 @@ CREATE TABLE fleet_lease (
 )
 
 #: Upgrades of an existing store, by the version they produce (from the version before it).
-UPGRADES: dict[int, tuple[Ddl, ...]] = {}
+UPGRADES: dict[int, tuple[Ddl, ...]] = {
+    4: (Ddl("ALTER TABLE instances ADD COLUMN change_seq {int64} NOT NULL DEFAULT 0"),
+        Ddl("CREATE INDEX instances_by_change ON instances (change_seq)"),
+        Ddl("ALTER TABLE directives ADD COLUMN change_seq {int64} NOT NULL DEFAULT 0"),
+        Ddl("CREATE INDEX directives_by_change ON directives (change_seq)"),
+        *_CHANGE_SEQUENCE),
+}
 
 #: The oldest version a store of each dialect can have been written at (SQLite replays its history below first).
 _OLDEST: dict[Dialect, int] = {"sqlite": 1, "postgres": 3}
