@@ -72,7 +72,7 @@ class DemoSettings:
     workdir: Path
     deadline_s: float = 110.0
     time_scale: float = DEFAULT_TIME_SCALE
-    #: Enough for an early verdict: the warm-up proof, three measured (early_verdict.min_measured_proofs) and two to save.
+    #: Enough for an early verdict: the warm-up proof, three measured (early_verdict.min_measured_proofs), two saved.
     proofs: int = 6
     poll_s: float = 1.0
     machines_file: Path = DEMO_MACHINES_FILE
