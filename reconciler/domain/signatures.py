@@ -368,18 +368,20 @@ def _cuda_sigs(priority: int) -> list[Signature]:
 
 # What our own daemon looks like from the bench or the worker (loopback or the daemon named).
 _OUR_DAEMON = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|unix://|cuzk|daemon)"
-#: A line certainly about our daemon (its port, its socket, its name): a network errno there is the daemon's
-#: symptom, not the network's. Loopback alone is not enough: a test mirror, a local proxy run on 127.0.0.1 too.
-_OUR_DAEMON_NAMED = r"(?::9820\b|unix://|\bdaemon\b|\bcuzk)"
+#: A line about reaching our daemon (its socket, `failed to connect to daemon at/via`): an errno there is
+#: the daemon's symptom, not the network's or a missing file's. Loopback alone is not enough (a test mirror, a local
+#: proxy run on 127.0.0.1 too), and the daemon's own lines (`cuzk-daemon: ...`) are causes, not symptoms.
+_OUR_DAEMON_NAMED = r"(?:unix://|\bto daemon\b|\bdaemon (?:at|via)\b|cuzk\.sock\b)"
 
 
 def _nsig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str] = (),
-          **kwargs: Any) -> Signature:
-    """A network signature: aria2c's and curl's codes for it, and its own text and errnos on a line that is not
-    about our own daemon (`_OUR_DAEMON_NAMED`)."""
+          ours: str = _OUR_DAEMON_NAMED, **kwargs: Any) -> Signature:
+    """A signature whose errnos are the daemon's symptom on a line about our own daemon (`_OUR_DAEMON_NAMED`: a
+    network errno, a socket file missing): aria2c's and curl's codes for it, and its own text and errnos on any
+    other line."""
     tools = _tool_codes(name)
     body = _Forms(regex, needs) | _errno_forms(name)
-    return _sig(name, blame, priority, _alt(tools.regex, rf"^(?!.*{_OUR_DAEMON_NAMED}).*(?:{body.regex})"),
+    return _sig(name, blame, priority, _alt(tools.regex, rf"^(?!.*{ours}).*(?:{body.regex})"),
                 description, needs=(*tools.needs, *body.needs), whole_line=True, **kwargs)
 
 SIGNATURES: tuple[Signature, ...] = tuple(sorted((
@@ -686,9 +688,10 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
           needs=("operation timed out", "i/o timeout", "tls handshake timeout")),
     _nsig("network-unreachable", "network", 60, "",
           "the machine has no working route or address to the server (network unreachable, no route to host)"),
+    # A refusal on loopback is our daemon's (as it always was): a params mirror is never on the rented machine.
     _nsig("connection-failed", "network", 60, r"Couldn't connect to server",
           "a remote server refused or could not be reached (a params mirror, not our daemon)",
-          needs=("couldn't connect to server",)),
+          needs=("couldn't connect to server",), ours=_OUR_DAEMON),
     _tsig("download-failed-network", "network", 60, "",
           "the download failed on the network (aria2c_codes / curl_codes: a dropped or broken transfer)"),
     # Slow: the machine's network or the mirror; the fleet decides (domain/correlation.py): the worker's own
@@ -714,7 +717,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          "a binary in the image panicked", needs=("panicked",)),
     # A call of our software the kernel refused for its arguments or our own state (errnos.py: EINVAL, EBADF,
     # ENOENT, EADDRINUSE, ...): below every line that says more.
-    _tsig("software-os-error", "image", 45, "",
+    _nsig("software-os-error", "image", 45, "",
           "the kernel refused a call of our software (errnos.py: a missing file it expected, a bad argument or "
           "descriptor, an address in use, an unsupported operation)"),
     # --- 32-40: specific lines that name nobody: recognised and shown; the other lines, or the fleet, decide ---
@@ -734,7 +737,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # --- 30: cascade symptoms: our daemon is gone; anything more specific above is the cause -----------
     _sig("daemon-connection-refused", "image", 30,
          rf"^(?=.*(?:connection refused|connection reset|broken pipe|tcp connect error|failed to connect to daemon"
-         rf"|\(os error (?:32|104|111)\)))(?=.*{_OUR_DAEMON})",
+         rf"|\(os error (?:2|32|104|111)\)))(?=.*{_OUR_DAEMON})",
          "the benchmark could not reach, or lost, our own cuzk daemon (it did not start or crashed)",
          whole_line=True,
          needs=("connection refused", "connection reset", "broken pipe", "tcp connect error",

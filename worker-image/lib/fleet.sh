@@ -41,7 +41,7 @@ FLEET_RING_SEG=$((FLEET_LOG_RING_LINES / 4))
 
 # Exit codes the worker uses for its own failures (a failing command's own code is passed through): one table with
 # the judge, generated from reconciler/domain/exit_statuses.py WORKER_EXITS (FLEET_EXIT_CONFIG, _DATA, ...).
-# shellcheck source=lib/exit-codes.sh
+# shellcheck source=exit-codes.sh
 . "$(dirname "${BASH_SOURCE[0]}")/exit-codes.sh"
 
 fleet_now() { printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1; }
