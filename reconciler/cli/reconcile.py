@@ -1,5 +1,5 @@
 """`fleet reconcile`: the long-running judge. Each pass reads worker reports from the controller store,
-judges finished benchmarks and commits records with trailers to the fleet repo (see reconciler/loop.py).
+judges finished benchmarks and commits records with trailers to the fleet repo (reconciler/flows/judge.py).
 
 Works in a dedicated bot clone (`--workdir`, cloned from `--repo` on first use; its unpushed commits and
 record-dir edits are discarded on every sync). `--once` runs one pass (exit 1 if it stalled, could not
@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.lease import (
     DEFAULT_LEASE_S,
@@ -184,7 +185,7 @@ def run_command(args: argparse.Namespace) -> int:
             if server is None:
                 return 2
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
-        record_cache = None if args.once else RecordCache()
+        tree = GitFleetTree(git, record_cache=None if args.once else RecordCache())
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
@@ -202,8 +203,8 @@ def run_command(args: argparse.Namespace) -> int:
                 if epoch is None:  # another replica leads: serve workers, judge and write nothing
                     return _standby(git, keeper, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
-            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, prices=prices, term=term)
+            return run_pass(tree, store, now, desired_image_digest=desired, directive_sink=store, queue_reader=queue,
+                            prices=prices, term=term)
 
         shown_standby: list[str] = []
 

@@ -1,8 +1,19 @@
-"""The reconcile pass: load (spec + records from git, reports from the controller store) -> decide -> apply.
+"""The reconcile pass as named steps: observe -> load -> evidence -> decide -> capacity -> directives -> publish.
 
-`reconciler.domain.judging.decide` is pure; `run_pass` is the shell: it reads the reports through the
-`ReportSource` port, then hands `GitStore.publish` a build function that loads the spec and records of the
-freshly synced tree and decides on THAT tree (so a human's pardon merged a second ago is respected).
+Each step is a function with a typed input and result (Flux's ordered sub-reconcilers); `run_pass` runs them in
+order and writes one summary, the `PassResult`, once. The decisions inside the steps are pure and take `now`
+(`domain.judging.decide`, `domain.capacity.decide_all`, `domain.serving.directives`).
+
+- observe: the worker reports, from the controller store (the `ReportSource` port), before the tree is synced;
+- load: spec, records, capacity entries and what the history already judged, from the fleet tree (the
+  `FleetTree` port, a unit of work as cosmicpython's: `adapters.fleet_tree.GitFleetTree` over git, a fake in
+  tests). The tree calls back with a `FleetTreeView` of its freshly synced tip, so a human's pardon merged a
+  second ago is respected; after a refused push it syncs again and the steps run again on the new tip;
+- evidence: the instances about to be judged get their whole stored log ring instead of the report's tail;
+- decide: verdicts, record changes, breaker and kill budget (`domain.judging.decide`);
+- capacity: the autoscaled pools' counts (`domain.capacity.decide_all`) and the new capacity.yaml;
+- directives: what each live worker is told (serve, stop, wait, drain);
+- publish: the commit (records + capacity.yaml) pushed by the tree, then the directives stored.
 """
 
 from __future__ import annotations
@@ -13,17 +24,15 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from reconciler.adapters.capacity_files import CAPACITY_FILE, load_capacity, render_capacity
+from reconciler.adapters.capacity_files import CAPACITY_FILE, render_capacity
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
-from reconciler.adapters.record_files import RecordCache, render_image_record, render_machine_record
-from reconciler.adapters.record_index import load_for_pass
-from reconciler.adapters.spec_files import load_spec
+from reconciler.adapters.record_files import render_image_record, render_machine_record
 from reconciler.domain import errors
 from reconciler.domain.capacity import (
     CapacityDecision,
+    CapacityEntry,
     QueueSnapshot,
     capacity_json,
     capacity_summary,
@@ -50,6 +59,9 @@ SPEC_DIR = "fleet-spec"
 SPEC_FILE = f"{SPEC_DIR}/fleet.yaml"
 
 
+# --- ports ---------------------------------------------------------------------------------------------
+
+
 class ReportSource(Protocol):
     """What the controller store offers the loop. Any exception it raises is an observation failure."""
 
@@ -71,13 +83,39 @@ class DirectiveSink(Protocol):
                        fence: Callable[[Any], None] | None = None) -> int: ...
 
 
-class RecordPublisher(Protocol):
-    """What the loop needs from git (implemented by `reconciler.gitstore.GitStore`)."""
+class FleetTreeView(Protocol):
+    """The fleet tree at the tip the pass works on. Each read raises what its adapter raises: `spec()` a
+    SpecError for a spec a human must fix (the pass stalls); the others only on a broken clone."""
 
-    def publish(self, build: Callable[[Path], CommitRequest | None], *,
+    #: The spec directory inside the repository (`fleet-spec`): where the files a commit writes go.
+    spec_dir: str
+
+    def spec(self) -> FleetSpec: ...
+
+    def records(self) -> RecordSet: ...
+
+    def capacity(self) -> Mapping[str, CapacityEntry]: ...
+
+    def trailer_values(self, key: str) -> frozenset[str]: ...
+
+
+class FleetTree(Protocol):
+    """The fleet repository as one pass's unit of work (`adapters.fleet_tree.GitFleetTree`; a fake in tests).
+
+    `publish` brings the tree to the branch tip, calls `build` with a view of it, and commits and pushes the
+    request `build` returns (nothing for None: no empty commits). When the push is refused it brings the tree to
+    the new tip and calls `build` again, so the change is recomputed over a human's edit, never rebased blindly
+    over it. `before_push` runs right before each push (a replica's lease check) and may raise to push nothing.
+    Raises TemporaryGitError (retry next pass), GitStoreError (stall) or what `before_push` raised."""
+
+    def publish(self, build: Callable[[FleetTreeView], CommitRequest | None], *,
                 before_push: Callable[[], None] | None = None) -> PublishResult: ...
 
-    def trailer_values(self, key: str) -> set[str]: ...
+
+class QueueReader(Protocol):
+    """curio's task queue (adapters.curio_queue.CurioQueue); failures come back as the snapshot's error."""
+
+    def read(self, source: QueueSource) -> QueueSnapshot: ...
 
 
 @dataclass(frozen=True)
@@ -93,7 +131,7 @@ class LeaderTerm:
     store_fence: Callable[[Any], None] | None = None
 
 
-# --- the pass (shell) -----------------------------------------------------------------------------------
+# --- the summary ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -109,7 +147,7 @@ class PassResult:
     notes: tuple[str, ...] = ()
     stalled: str | None = None  # permanent: bad spec, unusable clone; a human must act
     observation_error: str | None = None  # the controller store failed: nothing judged
-    error: str | None = None  # temporary: fetch/push failed; the next pass retries
+    error: str | None = None  # temporary: fetch/push failed, or the lease was lost (`not-leader: ...`); retried
     reason: str | None = None  # the error taxonomy's reason constant when the pass did not finish
     image_records: tuple[ImageSuspectRecord, ...] = ()  # image-suspect records this pass wrote
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
@@ -133,7 +171,7 @@ class PassResult:
         if self.observation_error:
             return f"observation failed, nothing judged: {self.observation_error}"
         if self.error:
-            return f"will retry: {self.error}"
+            return self.error if self.reason == errors.LEASE_LOST else f"will retry: {self.error}"
         recorded = [v for v in self.verdicts if v.machine_id]
         if self.commit:
             return f"committed {self.commit[:12]}: {len(recorded)} verdict(s); {len(self.pending)} pending"
@@ -173,70 +211,114 @@ class PassResult:
         }
 
 
-def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[FileChange, ...]:
-    """The record files a decision writes, rendered as they are committed."""
-    machines = [FileChange(f"{spec_dir}/{MACHINES_DIR}/{mid}.yaml", render_machine_record(rec))
-                for mid, rec in sorted(decision.machine_records.items())]
-    images = [FileChange(f"{spec_dir}/{IMAGES_DIR}/{digest.removeprefix('sha256:')}.yaml", render_image_record(rec))
-              for digest, rec in sorted(decision.image_records.items())]
-    return (*machines, *images)
+
+# --- the steps and their results -----------------------------------------------------------------------
 
 
-def commit_request(decision: PassDecision, capacity: Sequence[CapacityDecision] = (),
-                   capacity_file: FileChange | None = None, leader_epoch: int | None = None) -> CommitRequest | None:
-    """The commit that publishes a decision (records and, when it changed, capacity.yaml), or None when it
-    changed nothing (no empty commits). `leader_epoch`: the leadership term writing it (replicas), carried as the
-    `Fleet-Leader-Epoch` trailer."""
-    has_records = bool(decision.machine_records or decision.image_records)
-    if not has_records and capacity_file is None:
-        return None
-    summary = decision.summary() if has_records else capacity_summary(capacity)
-    body = decision.body() if has_records else ""
-    changed = [d for d in capacity if d.changed]
-    if capacity_file is not None:
-        lines = [f"- capacity {d.trailer()}" + (f"; draining {', '.join(d.drain)}" if d.drain else "")
-                 + (f"; released {', '.join(d.released)}" if d.released else "") for d in changed]
-        body = "\n".join(x for x in (body, *lines) if x)
-    trailers = (*decision.trailers(), *capacity_trailers(capacity))
-    changes = (*record_changes(decision), *((capacity_file,) if capacity_file is not None else ()))
-    # Everything in a decision comes from redacted reports; the commit text is redacted once more because
-    # a commit message, once pushed, cannot be taken back.
-    return CommitRequest(redact_line(summary), "\n".join(redact_lines(body.splitlines())),
-                         (*trailers, *leader_trailer(leader_epoch)), changes)
+@dataclass(frozen=True)
+class Halted:
+    """A step that could not go on: the pass judges and writes nothing. `stalled`: permanent (a human must act:
+    a bad spec); otherwise the observation failed and the next pass tries again."""
+
+    reason: str
+    message: str
+    stalled: bool = False
+
+    def result(self, at: datetime, attempts: int = 0) -> PassResult:
+        if self.stalled:
+            return PassResult(at=at, stalled=self.message, reason=self.reason, attempts=attempts)
+        return PassResult(at=at, observation_error=self.message, reason=self.reason, attempts=attempts)
 
 
-class QueueReader(Protocol):
-    """curio's task queue (adapters.curio_queue.CurioQueue); failures come back as the snapshot's error."""
+@dataclass(frozen=True)
+class Observed:
+    """observe: every worker report the controller store holds, read before the tree is synced."""
 
-    def read(self, source: QueueSource) -> QueueSnapshot: ...
+    reports: tuple[InstanceReport, ...]
 
 
-def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports: Sequence[InstanceReport],
-                  records: RecordSet, kill_budgets: Mapping[str, Any], desired_image_digest: str | None, now: datetime,
-                  queue_reader: QueueReader | None,
-                  prices: Mapping[str, float] | None = None) -> tuple[list[CapacityDecision], FileChange | None]:
-    """Capacity decisions for the autoscaled pools, and the new capacity.yaml when anything changed."""
+def observe(source: ReportSource) -> Observed | Halted:
+    try:
+        return Observed(tuple(source.reports()))
+    except Exception as exc:  # any failure to observe must never become a verdict
+        return Halted(errors.OBSERVATION_FAILED, f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """load: what the fleet tree says at the tip the pass works on."""
+
+    spec: FleetSpec
+    records: RecordSet
+    capacity: Mapping[str, CapacityEntry]
+    spec_dir: str
+    judged: frozenset[str]  # Fleet-Instance trailers: instances judged at admission
+    judged_serving: frozenset[str]  # Fleet-Serving-Instance trailers: instances judged while serving
+
+
+def load(view: FleetTreeView) -> Loaded | Halted:
+    try:
+        spec = view.spec()
+    except SpecError as exc:
+        return Halted(exc.reason, str(exc), stalled=True)
+    return Loaded(spec, view.records(), view.capacity(), view.spec_dir, view.trailer_values(INSTANCE_TRAILER),
+                  view.trailer_values(SERVING_TRAILER))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """evidence: the reports decide reads; those it will judge carry their whole stored log ring."""
+
+    reports: tuple[InstanceReport, ...]
+
+
+def gather_evidence(source: ReportSource, observed: Observed, loaded: Loaded, now: datetime) -> Evidence | Halted:
+    try:
+        return Evidence(with_whole_rings(source, observed.reports,
+                                         awaiting_evidence(loaded.spec, observed.reports, loaded.judged, now)))
+    except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
+        return Halted(errors.OBSERVATION_FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def decide_step(loaded: Loaded, evidence: Evidence, desired_image_digest: str | None, now: datetime) -> PassDecision:
+    return decide(loaded.spec, evidence.reports, loaded.records, loaded.judged, desired_image_digest, now,
+                  judged_serving_ids=loaded.judged_serving)
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """capacity: each autoscaled pool's decision, and capacity.yaml when anything changed (None: unchanged)."""
+
+    decisions: tuple[CapacityDecision, ...] = ()
+    file: FileChange | None = None
+
+
+def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacity_file: str,
+                  reports: Sequence[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
+                  desired_image_digest: str | None, now: datetime, queue_reader: QueueReader | None,
+                  prices: Mapping[str, float] | None = None) -> CapacityPlan:
+    """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it), and the new
+    capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
-        return [], None
+        return CapacityPlan()
     queues = {}
     for pool in ranged:
         if pool.queue is not None:
             queues[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
                                  else QueueSnapshot(error="no queue reader in this process"))
-    entries, _ = load_capacity(spec_path)  # load_spec refused a broken file already
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
     decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
                            exhausted_pools=exhausted)
     if not any(d.changed for d in decisions):
-        return decisions, None
+        return CapacityPlan(tuple(decisions))
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
     merged = {name: e for name, e in merged.items() if name in {p.name for p in ranged}}
-    return decisions, FileChange(capacity_file, render_capacity(merged))
+    return CapacityPlan(tuple(decisions), FileChange(capacity_file, render_capacity(merged)))
 
 
-def _prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
+def read_prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
     if read is None:
         return {}
     try:
@@ -265,19 +347,174 @@ def with_drains(directive_docs: dict[str, dict[str, Any]], spec: FleetSpec,
     return directive_docs
 
 
-def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
-             desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
-             record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
+def directives_step(loaded: Loaded, evidence: Evidence, decision: PassDecision, capacity: CapacityPlan,
+                    now: datetime) -> dict[str, dict[str, Any]]:
+    """directives: per live worker, what the records say once this pass's decision is in them (serve, stop,
+    wait), and `drain` on the slots capacity is shrinking."""
+    after = RecordSet(machines={**loaded.records.machines, **decision.machine_records})
+    told = directives(evidence.reports, after, loaded.spec.serving, now)
+    return with_drains({i: d.to_json() for i, d in told.items()}, loaded.spec, capacity.decisions, evidence.reports)
+
+
+def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[FileChange, ...]:
+    """The record files a decision writes, rendered as they are committed."""
+    machines = [FileChange(f"{spec_dir}/{MACHINES_DIR}/{mid}.yaml", render_machine_record(rec))
+                for mid, rec in sorted(decision.machine_records.items())]
+    images = [FileChange(f"{spec_dir}/{IMAGES_DIR}/{digest.removeprefix('sha256:')}.yaml", render_image_record(rec))
+              for digest, rec in sorted(decision.image_records.items())]
+    return (*machines, *images)
+
+
+def commit_request(decision: PassDecision, capacity: Sequence[CapacityDecision] = (),
+                   capacity_file: FileChange | None = None, leader_epoch: int | None = None,
+                   spec_dir: str = SPEC_DIR) -> CommitRequest | None:
+    """The commit that publishes a decision (records and, when it changed, capacity.yaml), or None when it
+    changed nothing (no empty commits). `leader_epoch`: the leadership term writing it (replicas), carried as the
+    `Fleet-Leader-Epoch` trailer."""
+    has_records = bool(decision.machine_records or decision.image_records)
+    if not has_records and capacity_file is None:
+        return None
+    summary = decision.summary() if has_records else capacity_summary(capacity)
+    body = decision.body() if has_records else ""
+    changed = [d for d in capacity if d.changed]
+    if capacity_file is not None:
+        lines = [f"- capacity {d.trailer()}" + (f"; draining {', '.join(d.drain)}" if d.drain else "")
+                 + (f"; released {', '.join(d.released)}" if d.released else "") for d in changed]
+        body = "\n".join(x for x in (body, *lines) if x)
+    trailers = (*decision.trailers(), *capacity_trailers(capacity))
+    changes = (*record_changes(decision, spec_dir), *((capacity_file,) if capacity_file is not None else ()))
+    # Everything in a decision comes from redacted reports; the commit text is redacted once more because
+    # a commit message, once pushed, cannot be taken back.
+    return CommitRequest(redact_line(summary), "\n".join(redact_lines(body.splitlines())),
+                         (*trailers, *leader_trailer(leader_epoch)), changes)
+
+
+@dataclass(frozen=True)
+class Built:
+    """Everything the steps concluded on one tip of the tree, and the commit that publishes it."""
+
+    loaded: Loaded
+    decision: PassDecision
+    capacity: CapacityPlan
+    directives: Mapping[str, Mapping[str, Any]]
+    request: CommitRequest | None
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """What a pass is given besides the tree, the store and `now` (see `run_pass`)."""
+
+    desired_image_digest: str | None = None
+    queue_reader: QueueReader | None = None
+    prices: Mapping[str, float] | None = None
+    leader_epoch: int | None = None
+
+
+def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs,
+          now: datetime) -> Built | Halted:
+    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request."""
+    loaded = load(view)
+    if isinstance(loaded, Halted):
+        return loaded
+    evidence = gather_evidence(source, observed, loaded, now)
+    if isinstance(evidence, Halted):
+        return evidence
+    decision = decide_step(loaded, evidence, inputs.desired_image_digest, now)
+    capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.reports,
+                             loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
+                             inputs.queue_reader, inputs.prices)
+    told = directives_step(loaded, evidence, decision, capacity, now)
+    request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
+    return Built(loaded, decision, capacity, told, request)
+
+
+@dataclass(frozen=True)
+class Published:
+    """publish: what reached git and the store."""
+
+    commit: str | None
+    pushed: bool
+    attempts: int
+    seconds: float | None  # wall time of commit + push (with retries), when it committed
+    notes: tuple[str, ...] = ()  # what could not be stored (the directives: workers ask again)
+
+
+def store_directives(sink: DirectiveSink | None, told: Mapping[str, Mapping[str, Any]], now: datetime,
+                     term: LeaderTerm | None) -> tuple[str, ...]:
+    """The directives into the store, fenced by the leader's term; notes on what could not be stored. Raises
+    LeaseLost when the term ended: the new leader computes them from the same records on its first pass."""
+    if sink is None:
+        return ()
+    try:
+        if term is None:
+            sink.set_directives(told, now)
+        else:
+            sink.set_directives(told, now, fence=term.store_fence or _fenced(term))
+    except LeaseLost:
+        raise
+    except Exception as exc:  # the records are published; workers learn their verdict next pass
+        return (f"directives not stored (workers ask again): {type(exc).__name__}: {exc}",)
+    return ()
+
+
+def publish(tree: FleetTree, on_tip: Callable[[FleetTreeView], CommitRequest | None], sink: DirectiveSink | None,
+            directives_of: Callable[[], Mapping[str, Mapping[str, Any]] | None], now: datetime,
+            term: LeaderTerm | None, monotonic: Callable[[], float]) -> Published:
+    """The commit through the tree (the steps run in `on_tip`, again on a newer tip after a refused push), then the
+    directives the steps concluded on the last tip into the store (none when a step halted). Raises what the tree
+    raises, and LeaseLost (`not-leader: ...`) whenever the term turns out to have ended: before the push, after a
+    refused push that left nothing to publish (another leader's commit is the likeliest reason), or before the
+    directives were stored."""
+    started = monotonic()
+    try:
+        done = tree.publish(on_tip) if term is None else tree.publish(on_tip, before_push=term.fence)
+    except LeaseLost as exc:
+        raise LeaseLost(f"not-leader: push stopped by the lease check: {exc}") from None
+    seconds = monotonic() - started if done.commit else None
+    if term is not None and done.commit is None and done.attempts > 1:
+        try:  # a human's commit also refuses a push: only the lease says which
+            term.fence()
+        except LeaseLost as exc:
+            raise _LostAfterPush(f"not-leader: push refused; nothing left to publish: {exc}", done, seconds) from None
+    told = directives_of()
+    try:
+        notes = store_directives(sink, told, now, term) if told is not None else ()
+    except LeaseLost as exc:
+        what = f"commit {done.commit[:12]} pushed" if done.commit and done.pushed else "nothing new to publish"
+        raise _LostAfterPush(f"not-leader: {what}; directives not stored: {exc}", done, seconds) from None
+    return Published(done.commit, done.pushed, done.attempts, seconds, notes)
+
+
+class _LostAfterPush(LeaseLost):
+    """The term ended once the tree had published (or found nothing to publish): what reached git stands and is
+    reported with the loss."""
+
+    def __init__(self, message: str, done: PublishResult, seconds: float | None) -> None:
+        super().__init__(message)
+        self.published = Published(done.commit, done.pushed, done.attempts, seconds)
+
+
+def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None) -> PassResult:
+    """The pass's one summary, written once. `lost`: the term ended after the steps ran (the pass says
+    `not-leader`, never Succeeded; what it pushed before is still reported)."""
+    decision = built.decision
+    return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
+                      attempts=published.attempts, pending=decision.pending, notes=(*decision.notes, *published.notes),
+                      capacity=built.capacity.decisions,
+                      image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
+                      publish_seconds=published.seconds, error=str(lost) if lost else None,
+                      reason=lost.reason if lost else None)
+
+
+def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
+             desired_image_digest: str | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
              term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None) -> PassResult:
-    """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
+    """One pass: observe, then the steps on the fresh tip of the tree (again on a newer tip if the push was
+    refused), publish, and the one summary.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
     published records every pass (so a crash between commit and write only delays them one pass).
-
-    `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
-    that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
-
     `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
     `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
     first (None or unknown: the pool's max price, i.e. the slowest machine first).
@@ -285,70 +522,34 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
     replica whose term ended (paused past its lease, or cut off from the database) writes nothing."""
+    observed = observe(source)
+    if isinstance(observed, Halted):
+        return observed.result(now)
+    inputs = PassInputs(desired_image_digest, queue_reader, read_prices(prices),
+                        term.epoch if term is not None else None)
+    outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
+
+    def on_tip(view: FleetTreeView) -> CommitRequest | None:
+        outcome[:] = [build(view, source, observed, inputs, now)]
+        return outcome[0].request if isinstance(outcome[0], Built) else None
+
+    def directives_of() -> Mapping[str, Mapping[str, Any]] | None:
+        return outcome[0].directives if outcome and isinstance(outcome[0], Built) else None
+
     try:
-        reports = tuple(source.reports())
-    except Exception as exc:  # any failure to observe must never become a verdict
-        return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}", reason=errors.OBSERVATION_FAILED)
-
-    outcome: dict[str, Any] = {}
-
-    def build(workdir: Path) -> CommitRequest | None:
-        outcome.clear()
-        try:
-            spec = load_spec(workdir / spec_file)
-        except SpecError as exc:
-            outcome["stalled"] = exc
-            return None
-        records = load_for_pass(workdir / Path(spec_file).parent, record_cache)
-        judged = store.trailer_values(INSTANCE_TRAILER)
-        try:
-            evidence = with_whole_rings(source, reports, awaiting_evidence(spec, reports, judged, now))
-        except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
-            outcome["observation_error"] = f"{type(exc).__name__}: {exc}"
-            return None
-        decision = decide(spec, evidence, records, judged, desired_image_digest, now,
-                          judged_serving_ids=store.trailer_values(SERVING_TRAILER))
-        outcome["decision"] = decision
-        after = RecordSet(machines={**records.machines, **decision.machine_records})
-        capacity, capacity_file = capacity_step(
-            spec, workdir / spec_file, str(Path(spec_file).parent / CAPACITY_FILE), reports, records,
-            decision.kill_budgets, desired_image_digest, now, queue_reader, _prices(prices))
-        outcome["capacity"] = capacity
-        outcome["directives"] = with_drains(
-            {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
-            reports)
-        return commit_request(decision, capacity, capacity_file, term.epoch if term is not None else None)
-
-    started = monotonic()
-    try:
-        published = store.publish(build) if term is None else store.publish(build, before_push=term.fence)
+        published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic)
+    except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
+        built = outcome[0]
+        assert isinstance(built, Built)
+        return summarize(now, built, exc.published, exc)
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
-    if "observation_error" in outcome:
-        return PassResult(at=now, observation_error=outcome["observation_error"], reason=errors.OBSERVATION_FAILED,
-                          attempts=published.attempts)
-    if "stalled" in outcome:
-        spec_error: SpecError = outcome["stalled"]
-        return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
-    decision: PassDecision = outcome["decision"]
-    notes = decision.notes
-    if directive_sink is not None:
-        try:
-            if term is None:
-                directive_sink.set_directives(outcome["directives"], now)
-            else:
-                directive_sink.set_directives(outcome["directives"], now, fence=term.store_fence or _fenced(term))
-        except LeaseLost as exc:  # the new leader computes them from the same records on its first pass
-            notes = (*notes, f"directives not stored: {exc}")
-        except Exception as exc:  # the records are published; workers learn their verdict next pass
-            notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
-    return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
-                      attempts=published.attempts, pending=decision.pending, notes=notes,
-                      capacity=tuple(outcome.get("capacity", ())),
-                      image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
-                      publish_seconds=monotonic() - started if published.commit else None)
+    built = outcome[0]
+    if isinstance(built, Halted):
+        return built.result(now, published.attempts)
+    return summarize(now, built, published)
 
 
 def with_whole_rings(source: ReportSource, reports: Sequence[InstanceReport],
