@@ -16,8 +16,8 @@ after the kill, is in the store.
 A stale leader (stopped at the point, its lease lapsing meanwhile, then resumed) never pushes: stopped right
 before the lease check while the new leader has not pushed yet, the check refuses (git could not: origin has not
 moved); stopped right after the check passed (`fenced`), git refuses its non-fast-forward push and its retry,
-recomputed on the new tip, has nothing left to write: that pass says `not-leader`, never Succeeded. Waiting for a lease to lapse is real time (`--lease 3`):
-the database's clock decides, as in production.
+recomputed on the new tip, has nothing left to write: that pass says `not-leader`, never Succeeded. Waiting for a
+lease to lapse is real time (`--lease 3`): the database's clock decides, as in production.
 """
 
 from __future__ import annotations
