@@ -21,9 +21,10 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, render_capacity
@@ -39,8 +40,16 @@ from reconciler.domain.capacity import (
     capacity_trailers,
     decide_all,
 )
+from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
-from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, awaiting_evidence, decide
+from reconciler.domain.judging import (
+    INSTANCE_TRAILER,
+    SERVING_TRAILER,
+    JudgedSets,
+    PassDecision,
+    awaiting_evidence,
+    judged_sets,
+)
 from reconciler.domain.leadership import LeaseLost, leader_trailer
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.planner import pool_pause
@@ -51,7 +60,7 @@ from reconciler.domain.records import (
     RecordSet,
 )
 from reconciler.domain.redact import redact_line, redact_lines
-from reconciler.domain.serving import directives
+from reconciler.domain.serving import FleetSignals, last_signal
 from reconciler.domain.spec import FleetSpec, QueueSource, SpecError
 from reconciler.domain.verdict import Verdict
 
@@ -74,6 +83,29 @@ class LogRingSource(Protocol):
     PostgreSQL): the evidence of the instances judged this pass. Without it, judging reads each report's tail."""
 
     def log_rings(self, instance_ids: Sequence[str]) -> Mapping[str, Sequence[str]]: ...
+
+
+class StoreChanges(Protocol):
+    """A change feed's answer (adapters/store `StoreChanges`)."""
+
+    @property
+    def sequence(self) -> int: ...
+
+    @property
+    def instance_ids(self) -> Sequence[str]: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """A report source that keeps a change sequence (both controller stores, `ControllerStore.changes_since`): a
+    warm pass reads the reports of the instances written to since the sequence its memory holds, not all of them."""
+
+    def changes_since(self, since: int) -> StoreChanges: ...
+
+    def reports_of(self, instance_ids: Sequence[str]) -> Sequence[InstanceReport]: ...
 
 
 class DirectiveSink(Protocol):
@@ -232,16 +264,42 @@ class Halted:
 
 @dataclass(frozen=True)
 class Observed:
-    """observe: every worker report the controller store holds, read before the tree is synced."""
+    """observe: every worker report (by instance id), read before the tree is synced. `changed`: the instances
+    written to since the pass whose state `memory` holds (None: every one is new to this pass: no memory, a
+    restart, a new leader, a source without a change sequence); `sequence`: the store's change sequence that
+    covers (None without one)."""
 
-    reports: tuple[InstanceReport, ...]
+    reports: Mapping[str, InstanceReport]
+    changed: frozenset[str] | None = None
+    sequence: int | None = None
+
+    @classmethod
+    def of(cls, reports: Iterable[InstanceReport]) -> Observed:
+        """Every report new to the pass (a full read)."""
+        return cls(_by_id(reports))
+
+    @cached_property
+    def all(self) -> tuple[InstanceReport, ...]:
+        return tuple(self.reports.values())
 
 
-def observe(source: ReportSource) -> Observed | Halted:
+def observe(source: ReportSource, memory: PassMemory | None = None) -> Observed | Halted:
+    """The reports. With a memory and a store that keeps a change sequence (`ChangeFeed`), only the instances
+    written to since the memory's pass are read, and the memory holds the rest; else one bulk read."""
     try:
-        return Observed(tuple(source.reports()))
+        if memory is None or not isinstance(source, ChangeFeed):
+            return Observed.of(source.reports())
+        changes = source.changes_since(memory.sequence)
+        if changes.complete or not memory.reports:  # a restart, a new leader, another store: one bulk read
+            return Observed(_by_id(source.reports()), None, changes.sequence)
+        fresh = source.reports_of(list(changes.instance_ids)) if changes.instance_ids else ()
+        return Observed({**memory.reports, **_by_id(fresh)}, frozenset(changes.instance_ids), changes.sequence)
     except Exception as exc:  # any failure to observe must never become a verdict
         return Halted(errors.OBSERVATION_FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def _by_id(reports: Iterable[InstanceReport]) -> dict[str, InstanceReport]:
+    return {r.instance_id: r for r in reports}
 
 
 @dataclass(frozen=True)
@@ -255,6 +313,11 @@ class Loaded:
     judged: frozenset[str]  # Fleet-Instance trailers: instances judged at admission
     judged_serving: frozenset[str]  # Fleet-Serving-Instance trailers: instances judged while serving
 
+    @cached_property
+    def sets(self) -> JudgedSets:
+        """What the history judged, from the trailers and the records."""
+        return judged_sets(self.records, self.judged, self.judged_serving)
+
 
 def load(view: FleetTreeView) -> Loaded | Halted:
     try:
@@ -267,22 +330,56 @@ def load(view: FleetTreeView) -> Loaded | Halted:
 
 @dataclass(frozen=True)
 class Evidence:
-    """evidence: the reports decide reads; those it will judge carry their whole stored log ring."""
+    """evidence: the reports decide reads (those it judges carry their whole stored log ring) and which instances
+    are due this pass (None: every one)."""
 
-    reports: tuple[InstanceReport, ...]
+    reports: Mapping[str, InstanceReport]
+    due: frozenset[str] | None = None
+    changed: frozenset[str] | None = None  # `Observed.changed`
 
 
-def gather_evidence(source: ReportSource, observed: Observed, loaded: Loaded, now: datetime) -> Evidence | Halted:
+def gather_evidence(source: ReportSource, observed: Observed, loaded: Loaded, inputs: PassInputs, now: datetime,
+                    memory: PassMemory | None = None) -> Evidence | Halted:
+    due = None
+    if memory is not None and memory.judge is not None and observed.changed is not None:
+        found = memory.judge.due(loaded.spec, inputs.desired_image_digest, loaded.sets, observed.changed,
+                                 observed.reports, now)
+        due = frozenset(found) if found is not None else None
+    candidates = observed.all if due is None else [observed.reports[i] for i in due]
     try:
-        return Evidence(with_whole_rings(source, observed.reports,
-                                         awaiting_evidence(loaded.spec, observed.reports, loaded.judged, now)))
+        awaiting = awaiting_evidence(loaded.spec, candidates, loaded.sets.judged, now)
+        reports = observed.reports
+        if awaiting and isinstance(source, LogRingSource):
+            rings = source.log_rings(awaiting)
+            reports = {**reports, **{i: replace(reports[i], log_tail=tuple(rings[i])) for i in awaiting
+                                     if rings.get(i)}}
     except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
         return Halted(errors.OBSERVATION_FAILED, f"{type(exc).__name__}: {exc}")
+    return Evidence(reports, due, observed.changed)
 
 
-def decide_step(loaded: Loaded, evidence: Evidence, desired_image_digest: str | None, now: datetime) -> PassDecision:
-    return decide(loaded.spec, evidence.reports, loaded.records, loaded.judged, desired_image_digest, now,
-                  judged_serving_ids=loaded.judged_serving)
+def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: datetime,
+                memory: PassMemory | None = None) -> Decided:
+    """decide: `judging.decide` over the due instances (every one without a memory), and what to remember of it."""
+    heard = None  # each worker's last signal: the memory's, brought up to date (else worked out from every report)
+    if memory is not None and memory.judge is not None and evidence.changed is not None:
+        heard = {**memory.last_heard, **{i: last_signal(evidence.reports[i]) for i in evidence.changed
+                                         if i in evidence.reports}}
+    fleet = FleetSignals(tuple(evidence.reports.values()), heard)
+    decision, remembered = decide_due(
+        loaded.spec, evidence.reports, evidence.due, loaded.records, loaded.judged, inputs.desired_image_digest, now,
+        judged_serving_ids=loaded.judged_serving, memory=memory.judge if memory is not None else None, fleet=fleet,
+        sets=loaded.sets)
+    return Decided(decision, remembered, fleet.last_heard())
+
+
+@dataclass(frozen=True)
+class Decided:
+    """decide's result: the decision, and what the next warm pass starts from (each worker's last signal too)."""
+
+    decision: PassDecision
+    memory: JudgeMemory
+    last_heard: Mapping[str, datetime]
 
 
 @dataclass(frozen=True)
@@ -294,14 +391,15 @@ class CapacityPlan:
 
 
 def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacity_file: str,
-                  reports: Sequence[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
+                  reports: Iterable[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
                   desired_image_digest: str | None, now: datetime, queue_reader: QueueReader | None,
                   prices: Mapping[str, float] | None = None) -> CapacityPlan:
     """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it), and the new
-    capacity.yaml when anything changed."""
+    capacity.yaml when anything changed. Only the reports of those pools are read."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
         return CapacityPlan()
+    names = {p.name for p in ranged}
     queues = {}
     for pool in ranged:
         if pool.queue is not None:
@@ -309,12 +407,12 @@ def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacit
                                  else QueueSnapshot(error="no queue reader in this process"))
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
-    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
-                           exhausted_pools=exhausted)
+    decisions = decide_all(spec, entries, [r for r in reports if r.pool in names], queues, now, prices=prices,
+                           paused_pools=paused, exhausted_pools=exhausted)
     if not any(d.changed for d in decisions):
         return CapacityPlan(tuple(decisions))
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
-    merged = {name: e for name, e in merged.items() if name in {p.name for p in ranged}}
+    merged = {name: e for name, e in merged.items() if name in names}
     return CapacityPlan(tuple(decisions), FileChange(capacity_file, render_capacity(merged)))
 
 
@@ -327,33 +425,62 @@ def read_prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, 
         return {}
 
 
-def with_drains(directive_docs: dict[str, dict[str, Any]], spec: FleetSpec,
-                decisions: Sequence[CapacityDecision], reports: Sequence[InstanceReport]) -> dict[str, dict[str, Any]]:
-    """`drain` for every serving worker on a draining slot: finish the current proofs, take no new work, stop."""
+def with_drains(directive_docs: Mapping[str, Mapping[str, Any]], spec: FleetSpec,
+                decisions: Sequence[CapacityDecision],
+                reports: Iterable[InstanceReport]) -> Mapping[str, Mapping[str, Any]]:
+    """`drain` for every serving worker on a draining slot: finish the current proofs, take no new work, stop.
+    `directive_docs` is not changed: the docs with the drains are a new mapping (the same one if none drains)."""
     draining: dict[str, CapacityDecision] = {}
     for d in decisions:
         pool = spec.pool(d.pool)
         for index in d.entry.draining:
             draining[f"{pool.name}-{index}"] = d
+    if not draining:
+        return directive_docs
+    out = dict(directive_docs)
     for report in reports:
-        doc = directive_docs.get(report.instance_id)
+        doc = out.get(report.instance_id)
         why = draining.get(report.slot or "")
         if why is None or doc is None or doc.get("action") != "serve":
             continue
-        directive_docs[report.instance_id] = {
+        out[report.instance_id] = {
             **doc, "action": "drain",
             "reason": f"capacity: pool {why.pool} {why.before} -> {why.after} ({why.entry.reason}): finish the current "
                       "proofs, take no new work, then stop"}
-    return directive_docs
+    return out
+
+
+@dataclass(frozen=True)
+class DirectivePlan:
+    """directives: what every live worker is told (`docs`, drains included), the same before the drains (`base`:
+    what the next warm pass starts from) and what to remember of it."""
+
+    docs: Mapping[str, Mapping[str, Any]]
+    base: Mapping[str, Mapping[str, Any]]
+    memory: DirectiveMemory
 
 
 def directives_step(loaded: Loaded, evidence: Evidence, decision: PassDecision, capacity: CapacityPlan,
-                    now: datetime) -> dict[str, dict[str, Any]]:
+                    now: datetime, memory: PassMemory | None = None) -> DirectivePlan:
     """directives: per live worker, what the records say once this pass's decision is in them (serve, stop,
-    wait), and `drain` on the slots capacity is shrinking."""
+    wait), and `drain` on the slots capacity is shrinking. With a memory, only the directives that can have changed
+    are worked out again (domain/due.py `directives_due`)."""
     after = RecordSet(machines={**loaded.records.machines, **decision.machine_records})
-    told = directives(evidence.reports, after, loaded.spec.serving, now)
-    return with_drains({i: d.to_json() for i, d in told.items()}, loaded.spec, capacity.decisions, evidence.reports)
+    previous = memory.directives if memory is not None and evidence.changed is not None else None
+    told, recomputed, remembered = directives_due(evidence.reports, evidence.changed or (), after,
+                                                  loaded.spec.serving, now, previous)
+    base: dict[str, Mapping[str, Any]]
+    if previous is None or memory is None:
+        base = {i: d.to_json() for i, d in told.items()}
+    else:
+        base = dict(memory.base_docs)
+        for iid in recomputed:
+            if iid in told:
+                base[iid] = told[iid].to_json()
+            else:
+                base.pop(iid, None)
+    return DirectivePlan(with_drains(base, loaded.spec, capacity.decisions, evidence.reports.values()), base,
+                         remembered)
 
 
 def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[FileChange, ...]:
@@ -394,10 +521,14 @@ class Built:
     """Everything the steps concluded on one tip of the tree, and the commit that publishes it."""
 
     loaded: Loaded
-    decision: PassDecision
+    decided: Decided
     capacity: CapacityPlan
-    directives: Mapping[str, Mapping[str, Any]]
+    directives: DirectivePlan
     request: CommitRequest | None
+
+    @property
+    def decision(self) -> PassDecision:
+        return self.decided.decision
 
 
 @dataclass(frozen=True)
@@ -410,22 +541,24 @@ class PassInputs:
     leader_epoch: int | None = None
 
 
-def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs,
-          now: datetime) -> Built | Halted:
-    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request."""
+def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs, now: datetime,
+          memory: PassMemory | None = None) -> Built | Halted:
+    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request.
+    `memory`: the leader's warm state (read, never changed here)."""
     loaded = load(view)
     if isinstance(loaded, Halted):
         return loaded
-    evidence = gather_evidence(source, observed, loaded, now)
+    evidence = gather_evidence(source, observed, loaded, inputs, now, memory)
     if isinstance(evidence, Halted):
         return evidence
-    decision = decide_step(loaded, evidence, inputs.desired_image_digest, now)
-    capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.reports,
+    decided = decide_step(loaded, evidence, inputs, now, memory)
+    decision = decided.decision
+    capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
                              loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
                              inputs.queue_reader, inputs.prices)
-    told = directives_step(loaded, evidence, decision, capacity, now)
+    told = directives_step(loaded, evidence, decision, capacity, now, memory)
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
-    return Built(loaded, decision, capacity, told, request)
+    return Built(loaded, decided, capacity, told, request)
 
 
 @dataclass(frozen=True)
@@ -437,14 +570,20 @@ class Published:
     attempts: int
     seconds: float | None  # wall time of commit + push (with retries), when it committed
     notes: tuple[str, ...] = ()  # what could not be stored (the directives: workers ask again)
+    directives_stored: bool = False
 
 
 def store_directives(sink: DirectiveSink | None, told: Mapping[str, Mapping[str, Any]], now: datetime,
-                     term: LeaderTerm | None) -> tuple[str, ...]:
-    """The directives into the store, fenced by the leader's term; notes on what could not be stored. Raises
+                     term: LeaderTerm | None, stored: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[str, ...]:
+    """The directives into the store, fenced by the leader's term; notes on what could not be stored. `stored`:
+    what this leader wrote last (its memory, same term): only the directives that differ are written. Raises
     LeaseLost when the term ended: the new leader computes them from the same records on its first pass."""
     if sink is None:
         return ()
+    if stored is not None:
+        told = {i: doc for i, doc in told.items() if stored.get(i) != doc}
+        if not told:
+            return ()
     try:
         if term is None:
             sink.set_directives(told, now)
@@ -459,12 +598,13 @@ def store_directives(sink: DirectiveSink | None, told: Mapping[str, Mapping[str,
 
 def publish(tree: FleetTree, on_tip: Callable[[FleetTreeView], CommitRequest | None], sink: DirectiveSink | None,
             directives_of: Callable[[], Mapping[str, Mapping[str, Any]] | None], now: datetime,
-            term: LeaderTerm | None, monotonic: Callable[[], float]) -> Published:
+            term: LeaderTerm | None, monotonic: Callable[[], float],
+            stored: Mapping[str, Mapping[str, Any]] | None = None) -> Published:
     """The commit through the tree (the steps run in `on_tip`, again on a newer tip after a refused push), then the
-    directives the steps concluded on the last tip into the store (none when a step halted). Raises what the tree
-    raises, and LeaseLost (`not-leader: ...`) whenever the term turns out to have ended: before the push, after a
-    refused push that left nothing to publish (another leader's commit is the likeliest reason), or before the
-    directives were stored."""
+    directives the steps concluded on the last tip into the store (none when a step halted; `stored`: what this
+    leader stored last, so only the ones that differ are written). Raises what the tree raises, and LeaseLost
+    (`not-leader: ...`) whenever the term turns out to have ended: before the push, after a refused push that left
+    nothing to publish (another leader's commit is the likeliest reason), or before the directives were stored."""
     started = monotonic()
     try:
         done = tree.publish(on_tip) if term is None else tree.publish(on_tip, before_push=term.fence)
@@ -478,11 +618,12 @@ def publish(tree: FleetTree, on_tip: Callable[[FleetTreeView], CommitRequest | N
             raise _LostAfterPush(f"not-leader: push refused; nothing left to publish: {exc}", done, seconds) from None
     told = directives_of()
     try:
-        notes = store_directives(sink, told, now, term) if told is not None else ()
+        notes = store_directives(sink, told, now, term, stored) if told is not None else ()
     except LeaseLost as exc:
         what = f"commit {done.commit[:12]} pushed" if done.commit and done.pushed else "nothing new to publish"
         raise _LostAfterPush(f"not-leader: {what}; directives not stored: {exc}", done, seconds) from None
-    return Published(done.commit, done.pushed, done.attempts, seconds, notes)
+    return Published(done.commit, done.pushed, done.attempts, seconds, notes,
+                     directives_stored=told is not None and sink is not None and not notes)
 
 
 class _LostAfterPush(LeaseLost):
@@ -506,10 +647,52 @@ def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost
                       reason=lost.reason if lost else None)
 
 
+class PassMemory:
+    """The leader's warm state from one pass to the next (issue 33): every report it read, the store's change
+    sequence they cover and each worker's last signal; what its last decide and directives steps left (the
+    deadline index, the pending instances, every live worker's directive); the directives it stored, and in which
+    leadership term. `run_pass` reads it and takes the pass's own only once the pass's work is published: a pass
+    that fails leaves it as it was, and the next one reads the same changes again. A new one (a restart, `--once`)
+    makes the first pass a full one: one bulk read, every instance judged."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+        self.reports: Mapping[str, InstanceReport] = {}
+        self.last_heard: Mapping[str, datetime] = {}
+        self.judge: JudgeMemory | None = None
+        self.directives: DirectiveMemory | None = None
+        self.base_docs: Mapping[str, Mapping[str, Any]] = {}
+        self.stored: Mapping[str, Mapping[str, Any]] | None = None
+        self.stored_epoch: int | None = None
+
+    def stored_in(self, epoch: int | None) -> Mapping[str, Mapping[str, Any]] | None:
+        """The directives this replica stored last, if in the same term (another leader may have written since)."""
+        return self.stored if self.stored is not None and self.stored_epoch == epoch else None
+
+    def follow(self, observed: Observed) -> None:
+        """A standby's reading of the store: the reports and their sequence, nothing judged. What a pass would
+        remember of its decisions is dropped (the leader's decisions moved on meanwhile): the pass that follows a
+        takeover judges every instance, from reports in memory and the changes since."""
+        self.sequence = observed.sequence or 0
+        self.reports = observed.reports
+        self.last_heard, self.judge, self.directives, self.base_docs = {}, None, None, {}
+
+    def keep(self, observed: Observed, built: Built, published: Published, epoch: int | None) -> None:
+        self.sequence = observed.sequence or 0
+        self.reports = observed.reports
+        self.last_heard = built.decided.last_heard
+        self.judge = built.decided.memory
+        self.directives = built.directives.memory
+        self.base_docs = built.directives.base
+        if published.directives_stored:
+            self.stored, self.stored_epoch = built.directives.docs, epoch
+
+
 def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
-             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None) -> PassResult:
+             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None,
+             memory: PassMemory | None = None) -> PassResult:
     """One pass: observe, then the steps on the fresh tip of the tree (again on a newer tip if the push was
     refused), publish, and the one summary.
 
@@ -521,8 +704,11 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
-    replica whose term ended (paused past its lease, or cut off from the database) writes nothing."""
-    observed = observe(source)
+    replica whose term ended (paused past its lease, or cut off from the database) writes nothing.
+
+    `memory`: kept by a long-running leader between its passes: the pass reads only what changed in the store
+    since the last one and judges only the instances that are due, with the same outcome as a full pass."""
+    observed = observe(source, memory)
     if isinstance(observed, Halted):
         return observed.result(now)
     inputs = PassInputs(desired_image_digest, queue_reader, read_prices(prices),
@@ -530,14 +716,15 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
 
     def on_tip(view: FleetTreeView) -> CommitRequest | None:
-        outcome[:] = [build(view, source, observed, inputs, now)]
+        outcome[:] = [build(view, source, observed, inputs, now, memory)]
         return outcome[0].request if isinstance(outcome[0], Built) else None
 
     def directives_of() -> Mapping[str, Mapping[str, Any]] | None:
-        return outcome[0].directives if outcome and isinstance(outcome[0], Built) else None
+        return outcome[0].directives.docs if outcome and isinstance(outcome[0], Built) else None
 
+    stored = memory.stored_in(inputs.leader_epoch) if memory is not None else None
     try:
-        published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic)
+        published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic, stored)
     except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
         built = outcome[0]
         assert isinstance(built, Built)
@@ -549,18 +736,32 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     built = outcome[0]
     if isinstance(built, Halted):
         return built.result(now, published.attempts)
+    if memory is not None:
+        memory.keep(observed, built, published, inputs.leader_epoch)
     return summarize(now, built, published)
 
 
-def with_whole_rings(source: ReportSource, reports: Sequence[InstanceReport],
-                     instance_ids: Sequence[str]) -> tuple[InstanceReport, ...]:
-    """`reports`, those of `instance_ids` carrying their whole stored log ring instead of its tail (when the
-    source can give it: `LogRingSource`)."""
-    if not instance_ids or not isinstance(source, LogRingSource):
-        return tuple(reports)
-    rings = source.log_rings(instance_ids)
-    return tuple(replace(r, log_tail=tuple(rings[r.instance_id])) if rings.get(r.instance_id) else r
-                 for r in reports)
+def follow(tree: FleetTree, source: ReportSource, memory: PassMemory | None) -> tuple[str, ...]:
+    """A standby replica's pass: nothing judged, nothing written. Its clone follows the branch (the page it serves
+    shows the leader's records) and, with a memory, it follows the store's change sequence and keeps the records
+    parsed, so the pass it runs once it takes over reads only what changed since. Notes on what it could not do."""
+    notes: list[str] = []
+    if memory is not None:
+        observed = observe(source, memory)
+        if isinstance(observed, Halted):
+            notes.append(f"store not followed: {observed.message}")
+        else:
+            memory.follow(observed)
+
+    def read(view: FleetTreeView) -> None:  # a build that commits nothing: publish only syncs
+        if memory is not None:
+            view.records()
+
+    try:
+        tree.publish(read)
+    except (GitStoreError, TemporaryGitError) as exc:
+        notes.append(f"clone not refreshed (the page shows older records): {exc}")
+    return tuple(notes)
 
 
 def _fenced(term: LeaderTerm) -> Callable[[Any], None]:

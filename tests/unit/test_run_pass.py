@@ -13,6 +13,7 @@ from typing import Any
 from reconciler.adapters.record_files import parse_machine_record, render_machine_record
 from reconciler.domain import errors
 from reconciler.domain.leadership import LeaseLost
+from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import MachineRecord
 from reconciler.flows.judge import (
     FleetTreeView,
@@ -21,13 +22,25 @@ from reconciler.flows.judge import (
     Loaded,
     Observed,
     PassInputs,
+    PassMemory,
     build,
     load,
     run_pass,
 )
 from tests.fakes import FakeFleetTree
-from tests.loop_support import FakeReports
-from tests.scenarios import DAEMON_REFUSED_TAIL, DIGEST, LATER, OTHER_DIGEST, SPEC_YAML, completed_report, error_report
+from tests.loop_support import FakeFeed, FakeReports
+from tests.scenarios import (
+    DAEMON_REFUSED_TAIL,
+    DIGEST,
+    LATER,
+    OTHER_DIGEST,
+    SPEC_YAML,
+    T0,
+    bench_events,
+    completed_report,
+    error_report,
+    make_report,
+)
 
 M123 = "machines/123.yaml"
 
@@ -169,14 +182,14 @@ def test_the_steps_on_one_tip_give_one_typed_outcome() -> None:
     fake = tree()
     views: list[FleetTreeView] = []
     fake.publish(lambda view: views.append(view) or None)
-    observed = Observed((completed_report("pro-0-a", "123", 20.0),))
+    observed = Observed.of([completed_report("pro-0-a", "123", 20.0)])
     loaded = load(views[0])
     assert isinstance(loaded, Loaded) and loaded.judged == frozenset() and loaded.spec_dir == "fleet-spec"
     outcome = build(views[0], FakeReports(), observed, PassInputs(leader_epoch=3), LATER)
     assert not isinstance(outcome, Halted) and outcome.request is not None
     assert [c.path for c in outcome.request.changes] == ["fleet-spec/machines/123.yaml"]
     assert ("Fleet-Leader-Epoch", "3") in outcome.request.trailers
-    assert outcome.directives["pro-0-a"]["action"] == "stop" and fake.commits == []
+    assert outcome.directives.docs["pro-0-a"]["action"] == "stop" and fake.commits == []
 
 
 # --- honest results: a pass that lost its term says so --------------------------------------------------------
@@ -239,3 +252,60 @@ def test_a_term_that_ended_after_the_push_reports_the_push_and_not_leader() -> N
         "pro-0-a"]
     assert not result.ok and result.reason == errors.LEASE_LOST and sink.stored == []
     assert (result.error or "").startswith(f"not-leader: commit {result.commit[:12]} pushed; directives not stored: ")
+
+
+# --- the warm pass: a memory between passes ------------------------------------------------------------------
+
+
+def test_a_warm_pass_reads_what_changed_and_decides_what_a_full_pass_decides() -> None:
+    """The same history twice, one loop with a memory and a change feed, one without: the same results pass by pass;
+    the warm loop reads every report once, then only the changed ones, and stores only the directives that differ."""
+    # Never finishes: judged at its deadline, benchmark start (T0 + 100 min) + 120 min, with no new report.
+    running = make_report("pro-3-a", "789", events=bench_events(bench_start=100.0))
+    history: list[tuple[timedelta, list[InstanceReport]]] = [
+        (timedelta(0), [completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0),
+                        running]),
+        (timedelta(minutes=1), []),
+        (timedelta(minutes=2), [error_report("pro-2-a", "456", DAEMON_REFUSED_TAIL)]),
+        (timedelta(minutes=3), []),
+        (timedelta(hours=2), []),  # past the running benchmark's deadline: a timeout, with no new report
+        (timedelta(hours=2, minutes=1), []),
+    ]
+    cold_tree, warm_tree = tree(), tree()
+    cold_source, warm_source = FakeReports(), FakeFeed()
+    cold_sink, warm_sink = Sink(), Sink()
+    memory = PassMemory()
+    for offset, new in history:
+        cold_source.items = [*[r for r in cold_source.items if r.instance_id not in {n.instance_id for n in new}],
+                             *new]
+        for report in new:
+            warm_source.put(report)
+        now = T0 + timedelta(hours=3) + offset
+        cold = run_pass(cold_tree, cold_source, now, directive_sink=cold_sink)
+        warm = run_pass(warm_tree, warm_source, now, directive_sink=warm_sink, memory=memory)
+        assert warm == replace(cold, commit=warm.commit, publish_seconds=warm.publish_seconds), offset
+        assert [c.request for c in warm_tree.commits] == [c.request for c in cold_tree.commits]
+    assert fake_verdicts(warm_tree) == ["below-min-rate", "ok", "benchmark-error", "timeout"]
+    assert warm_source.calls == 1  # one bulk read, then the changes only
+    assert warm_source.asked == [("pro-2-a",)]
+    # Directives: every one the first time, then only those that changed (the full loop writes all, every pass).
+    assert [sorted(d) for d in warm_sink.stored] == [["pro-0-a", "pro-1-a", "pro-3-a"], ["pro-2-a"], ["pro-3-a"]]
+    assert all(len(d) in (3, 4) for d in cold_sink.stored)
+
+
+def fake_verdicts(fake: FakeFleetTree) -> list[str]:
+    return [v for c in fake.commits for k, v in c.request.trailers if k == "Fleet-Verdict"]
+
+
+def test_a_warm_pass_that_failed_keeps_the_memory_it_had() -> None:
+    """A pass whose push failed published nothing: the next one must judge the same instances again."""
+    fake = tree()
+    source = FakeFeed([completed_report("pro-0-a", "123", 20.0)])
+    memory = PassMemory()
+    assert run_pass(fake, source, LATER, memory=memory).pushed
+    source.put(completed_report("pro-1-a", "456", 35.0))
+    fake.refuse_pushes = 5
+    failed = run_pass(fake, source, LATER + timedelta(minutes=1), memory=memory)
+    assert not failed.ok and failed.reason == errors.GIT_PUSH_REJECTED
+    again = run_pass(fake, source, LATER + timedelta(minutes=2), memory=memory)
+    assert again.pushed and [v.instance_id for v in again.verdicts] == ["pro-1-a"]
