@@ -5,11 +5,19 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, parse_capacity
 from reconciler.adapters.git import CommitRequest, FileChange, PublishResult, PushRejected
+from reconciler.adapters.marketplace.hosts import (
+    CAUSE_PULL_REFUSED,
+    CAUSE_UNKNOWN_GPU,
+    ContainerRequest,
+    ContainerView,
+    EngineInfo,
+    HostError,
+)
 from reconciler.adapters.record_files import parse_image_record, parse_machine_record
 from reconciler.adapters.spec_files import check_spec_text
 from reconciler.domain.capacity import CapacityEntry, apply_entries
@@ -220,3 +228,70 @@ class FakeTreeView:
 
     def trailer_values(self, key: str) -> frozenset[str]:
         return self._tree.trailer_values(key)
+class FakeDockerEngine:
+    """Our fake of the hosts adapter's `DockerEngine` port: one host's containers in memory.
+
+    `fault`: a HostError every call raises (the host is down, refuses SSH, ...); `runtimes`: what `docker info`
+    lists; `gpus`: what nvidia-smi would list; `pull_error`/`start_error`: a registry's or the runtime's refusal."""
+
+    def __init__(self, host: str, *, runtimes: Sequence[str] = ("nvidia", "runc"), gpus: Sequence[str] = (),
+                 pull_error: str | None = None, start_error: str | None = None) -> None:
+        self.host = host
+        self.runtimes = frozenset(runtimes)
+        self.gpus = list(gpus)
+        self.pull_error = pull_error
+        self.start_error = start_error
+        self.fault: HostError | None = None
+        self.runs: list[ContainerRequest] = []
+        self.pulled: list[tuple[str, object]] = []
+        self.removed: list[str] = []
+        self.by_id: dict[str, ContainerView] = {}
+
+    def _check(self) -> None:
+        if self.fault is not None:
+            raise self.fault
+
+    def info(self) -> EngineInfo:
+        self._check()
+        return EngineInfo(runtimes=self.runtimes, server_version="28.2.2")
+
+    def containers(self, label_key: str) -> list[ContainerView]:
+        self._check()
+        return [c for c in self.by_id.values() if label_key in c.labels]
+
+    def container(self, container_id: str) -> ContainerView | None:
+        self._check()
+        return next((c for cid, c in self.by_id.items() if cid.startswith(container_id)), None)
+
+    def pull(self, image: str, auth: object) -> None:
+        self._check()
+        if self.pull_error:
+            raise HostError(self.host, CAUSE_PULL_REFUSED, f"cannot pull {image}: {self.pull_error}", temporary=False)
+        self.pulled.append((image, auth))
+
+    def run(self, request: ContainerRequest) -> str:
+        self._check()
+        if self.start_error:
+            raise HostError(self.host, CAUSE_UNKNOWN_GPU, self.start_error, temporary=False)
+        cid = f"{len(self.runs) + 1:012x}" + "0" * 52
+        self.runs.append(request)
+        self.by_id[cid] = ContainerView(id=cid, name=request.name, labels=dict(request.labels), state="running",
+                                        image=request.image, started_at=1700.0, runtime=request.runtime or "")
+        return cid
+
+    def set_state(self, container_id: str, state: str, exit_code: int | None = None) -> None:
+        cid = next(c for c in self.by_id if c.startswith(container_id))
+        self.by_id[cid] = replace(self.by_id[cid], state=state, exit_code=exit_code)
+
+    def remove(self, container_id: str) -> None:
+        self._check()
+        for cid in [c for c in self.by_id if c.startswith(container_id)]:
+            del self.by_id[cid]
+            self.removed.append(cid)
+
+    def gpu_uuids(self, image: str) -> list[str]:
+        self._check()
+        return list(self.gpus)
+
+    def close(self) -> None:
+        pass
