@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.domain import errors
+from reconciler.domain.hosts import excluded_by_hosts
 from reconciler.domain.marketplace import Offer, OfferQuery
 from reconciler.domain.planner import (
     REASON_IMAGE_CHANGED,
@@ -27,7 +28,7 @@ from reconciler.domain.planner import (
     pool_pause,
     replace_reason,
 )
-from reconciler.domain.ranking import RankedOffer, mismatch, offer_query
+from reconciler.domain.ranking import RankedOffer, describe_wants, misfit, offer_query
 from reconciler.domain.records import RecordSet
 from reconciler.domain.spec import FleetSpec, ParamsSettings, PoolSpec, fleet_label_prefix
 
@@ -392,7 +393,8 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
     prior = spec.prior_proofs_per_hour(pool.gpu_name)
     return SlotInputs(
         slot=slot, pool=pool, image=image, image_digest=image_digest, controller_url=spec.controller.url,
-        params=spec.params, bad_machine_ids=records.bad_machine_ids(now), measured=measured,
+        params=spec.params, bad_machine_ids=records.bad_machine_ids(now) | excluded_by_hosts(spec.hosts),
+        measured=measured,
         priors={pool.gpu_name: prior} if prior is not None else {},
         paused_reason=pause.describe() if pause else None, params_dir=params_dir, label_prefix=spec.label_prefix,
         max_total_dph=spec.max_total_dph, draining=draining)
@@ -467,16 +469,14 @@ def slot_diff(old: SlotOutputs, new: SlotInputs, now: float | None = None) -> Sl
 
 
 def describe_constraints(pool: PoolSpec) -> str:
-    return (f"gpu {pool.gpu_name} x{pool.gpus_per_instance}, <= ${pool.max_price_usd_per_hour}/h, reliability >= "
-            f"{pool.min_reliability}, inet_down >= {pool.min_inet_down_mbps} Mbps, disk >= {pool.disk_gb} GB, "
-            f"host RAM >= {pool.min_host_ram_gb} GB, CUDA >= {pool.min_cuda}"
-            + (", verified hosts only" if pool.verified_only else ""))
+    return describe_wants(offer_query(pool, ()))
 
 
 def broad_query(pool: PoolSpec, limit: int = 200) -> OfferQuery:
-    """The pool's GPU model and count only: what the market has at all, to say what a failed search lacked."""
+    """The pool's GPU model and count only (and where it runs: owned hosts or the market): what there is at all,
+    to say what a failed search lacked."""
     return OfferQuery(gpu_name=pool.gpu_name, num_gpus=pool.gpus_per_instance, max_price_usd_per_hour=1e9,
-                      min_reliability=0.0, verified_only=False, limit=limit)
+                      min_reliability=0.0, verified_only=False, limit=limit, owned_hosts=pool.hosts is not None)
 
 
 def describe_shortfall(pool: PoolSpec, bad_machine_ids: frozenset[str], offers: Iterable[Offer]) -> str:
@@ -490,25 +490,19 @@ def describe_shortfall(pool: PoolSpec, bad_machine_ids: frozenset[str], offers: 
         return f"the market lists no {pool.gpu_name} x{pool.gpus_per_instance} offer right now (GPU short)"
     counts: dict[str, int] = {}
     over_cap: list[float] = []
+    price_key = ""
     for offer in listed:
-        why = mismatch(offer, query)
-        if why is None:
+        found = misfit(offer, query)
+        if found is None:
             continue
-        if why.startswith("machine "):
-            key = "on machines recorded bad (excluded)"
-        elif why.startswith("price"):
-            key = f"above the price cap ${pool.max_price_usd_per_hour}/h"
+        key = found[0].shortfall(query)
+        if found[0].name == "price":
             over_cap.append(offer.price_usd_per_hour)
-        else:
-            key = why.split(" ")[0] if not why.startswith("host") else " ".join(why.split(" ")[:2])
-            key = {"reliability": f"below reliability {pool.min_reliability}",
-                   "inet_down": f"below inet_down {pool.min_inet_down_mbps} Mbps",
-                   "disk": f"below disk {pool.disk_gb} GB", "host RAM": f"below host RAM {pool.min_host_ram_gb} GB",
-                   "CUDA": f"below CUDA {pool.min_cuda}", "host not": "on unverified hosts"}.get(key, why)
+            price_key = key
         counts[key] = counts.get(key, 0) + 1
     parts = []
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
-        if key.startswith("above the price cap"):
+        if key == price_key:
             key += f" (cheapest of them ${min(over_cap):.2f}/h)"
         parts.append(f"{n} {key}")
     fitting = len(listed) - sum(counts.values())

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.store.copy_to_postgres import copy_store
 from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.schema import SCHEMA_VERSION
 from reconciler.cli import main
 from reconciler.flows.judge import run_pass
 from tests.gitrepos import origin_log
@@ -73,7 +75,8 @@ def test_reconcile_and_status_refuse_a_bad_database_with_one_clear_line(
         out = capsys.readouterr()
         assert why in out.out + out.err and password not in out.out + out.err, what
     assert origin_log(origin) == before  # nothing committed, nothing pushed
-    assert postgres_server.execute("SELECT version FROM fleet_schema ORDER BY version", newer_name) == [(3,), (99,)]
+    assert postgres_server.execute("SELECT version FROM fleet_schema ORDER BY version", newer_name) == [
+        (SCHEMA_VERSION,), (99,)]
     assert postgres_server.execute("SELECT count(*) FROM instances", newer_name) == [(0,)]
 
 
@@ -93,7 +96,7 @@ def test_a_pass_while_the_database_is_away_observes_nothing_and_judges_nothing(
     try:
         private_postgres_server.stop()
         git = GitStore.clone(str(origin), tmp_path / "w")
-        result = run_pass(git, store, datetime(2026, 12, 3, tzinfo=UTC), desired_image_digest=DIGEST,
+        result = run_pass(GitFleetTree(git), store, datetime(2026, 12, 3, tzinfo=UTC), desired_image_digest=DIGEST,
                           directive_sink=store)
         assert not result.ok and result.observation_error is not None and result.verdicts == ()
         assert result.observation_error.startswith("StoreUnavailable: ")
