@@ -110,10 +110,10 @@ PATTERNS: tuple[Pattern, ...] = (
             r"\1" + MASK, ("authorization",)),
     Pattern("bearer", re.compile(r"(?i)\b(bearer)(\s++)[A-Za-z0-9._~+/=-]{4,}+"), r"\1\2" + MASK, ("bearer",)),
     # scheme://user:password@host -> keep the user (useful when debugging a mirror), mask the password. The
-    # password may hold any character but space and quotes, `@` and `/` included (as people write them in
-    # URLs): it runs to the last `@` of the word (found by _userinfo: the word is read once).
+    # user and the password may hold any character but space and quotes, `@` and `/` included (as people write
+    # them in URLs): the password runs to the last `@` of the word (found by _userinfo: the word is read once).
     Pattern("url-userinfo",
-            re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*+://[^\s/:@\"'<>]*+):([^\s\"'<>]++)"),
+            re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*+://[^\s/:\"'<>]*+):([^\s\"'<>]++)"),
             _userinfo, ("://",)),
     # key=value, key: value, "key": "value", KEY_TOKEN=value (env dumps); the value may be quoted.
     Pattern("key-value", re.compile(rf"(?i)({_KEY_NAME}[\"']?\s*+[=:]\s*+){_VALUE}"), r"\1" + MASK, _KEY_TRIGGERS),
