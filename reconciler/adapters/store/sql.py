@@ -64,6 +64,11 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat()
 
 
+def _utc_text(stored: str) -> str:
+    """A stored time (`_iso`) as the protocol writes times: `2026-12-02T18:00:00Z`, whole seconds."""
+    return datetime.fromisoformat(stored).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 #: `2026-12-02T18:00:00Z`, what workers send (`date -u +%Y-%m-%dT%H:%M:%SZ`).
 _WHOLE_SECONDS_UTC = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
@@ -535,14 +540,19 @@ class SqlStore:
         return self._transaction(body) if rows else 0
 
     def directive(self, instance_id: str) -> dict[str, Any] | None:
-        """The directive stored for the instance, with `at` (when it was set), or None."""
+        """The directive stored for the instance, with `at` (when it was set), or None; `stop` once the instance
+        is marked destroyed, whatever the last pass decided (its token is good for nothing else then)."""
         row = self._snapshot(lambda conn: conn.execute(
-            "SELECT set_at, body FROM directives WHERE instance_id = ?", (instance_id,)).fetchone())
-        if row is None:
+            "SELECT (SELECT destroyed_at FROM instances WHERE instance_id = ?), "
+            "(SELECT set_at FROM directives WHERE instance_id = ?), "
+            "(SELECT body FROM directives WHERE instance_id = ?)", (instance_id,) * 3).fetchone())
+        destroyed_at, set_at, body = row if row is not None else (None, None, None)
+        if destroyed_at is not None:
+            return {"protocol": 1, "action": "stop", "reason": "instance destroyed", "at": _utc_text(destroyed_at)}
+        if body is None:
             return None
-        doc = json.loads(row[1])
-        at = datetime.fromisoformat(row[0]).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        return {**doc, "at": at} if isinstance(doc, dict) else None
+        doc = json.loads(body)
+        return {**doc, "at": _utc_text(str(set_at))} if isinstance(doc, dict) else None
 
     # --- reads -------------------------------------------------------------------------------------
 
