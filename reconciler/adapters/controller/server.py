@@ -66,6 +66,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
@@ -242,16 +243,17 @@ class ConnectionGuard:
         return True
 
     def _victim_for_room(self) -> EdgeProtocol | None:
-        """At the total cap: an idle unauthenticated connection, else an idle one of the token holding the most,
-        else the oldest unauthenticated one; None when every connection is an authenticated request under way."""
-        for conn in self._waiting:
-            if conn.evictable():
-                return conn
+        """At the total cap: the oldest idle connection of the token holding the most (when it holds more than
+        one), else the oldest idle connection, else the oldest unauthenticated one; None when every connection
+        is an authenticated request under way. Oldest first: the newest (a probe, a worker's next report) stays."""
         if self._by_token:
             biggest: dict[EdgeProtocol, None] = max(self._by_token.values(), key=len)
-            victim = _oldest_idle_first(biggest)
+            victim = _oldest_idle_first(biggest) if len(biggest) > 1 else None
             if victim is not None and victim.evictable():
                 return victim
+        for conn in self._all:
+            if conn.evictable():
+                return conn
         return next(iter(self._waiting), None)
 
     def authenticated(self, conn: EdgeProtocol, token: str) -> None:
@@ -386,7 +388,7 @@ class EdgeProtocol(HttpToolsProtocol):
         return self.cycle is None or self.cycle.response_complete
 
     def evict(self) -> None:
-        log.info("closing %s connection from %s to admit a new one",
+        log.debug("closing %s connection from %s to admit a new one",
                  "an unauthenticated" if self.token is None else "a worker's or admin's", self.address)
         self._done = True
         if self._edge_transport is not None:
@@ -866,7 +868,8 @@ class BodyLimits:
     """ASGI middleware (in Starlette's stack, outside its exception handling) for the routes beside the worker
     API: a declared body over `max_bytes` is 413 before the route runs; a body that is not in within
     `timeout_s` of the head (408) or grows past `max_bytes` (413) ends the route's read with an HTTPException,
-    which Starlette answers; the connection is closed (the rest of the body is never read)."""
+    which Starlette answers; the connection is closed (the rest of the body is never read). A client gone in
+    the middle of its body (or evicted) ends the request quietly."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float):
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
@@ -899,7 +902,10 @@ class BodyLimits:
                 raise HTTPException(413, f"body larger than {self.max_bytes} bytes", headers={"Connection": "close"})
             return message
 
-        await self.app(scope, limited, send)
+        try:
+            await self.app(scope, limited, send)
+        except ClientDisconnect:
+            return  # closed (or evicted) while the route read its body: nobody to answer, nothing to log
 
 
 def build_app(api: ControllerApi, extra_routes: Sequence[BaseRoute] = (), *,
