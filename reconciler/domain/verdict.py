@@ -38,6 +38,7 @@ from typing import Any
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.redact import redact_line, redact_lines
+from reconciler.domain.retests import HELD_FOR_RETEST as HELD_FOR_RETEST  # re-exported: a held_by like the others
 from reconciler.domain.signatures import SignatureMatch, classify, clean_line, error_line, read_tail
 from reconciler.domain.spec import PoolSpec
 from reconciler.domain.verdicts import blame_class
@@ -125,7 +126,7 @@ class Verdict:
 def root_cause_text(reason: str, blame: str, held_by: str | None = None, setting: str | None = None) -> str:
     """`<reason> (blame: <blame>[; change <setting>][, held by <guard>])`: shared by verdicts and records."""
     change = f"; change {setting}" if setting else ""
-    held = f", held by {held_by}" if held_by else ""
+    held = ", retest pending" if held_by == HELD_FOR_RETEST else f", held by {held_by}" if held_by else ""
     return f"{reason} (blame: {blame}{change}{held})"
 
 
@@ -431,6 +432,23 @@ def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _
                            unexplained=unexplained)
 
 
+_SOURCE_URL = re.compile(r"\b((?:https?|ftp)://[^/\s'\"]+)", re.IGNORECASE)
+_CURIO_FETCH = re.compile(r"\bcurio fetch-params\b")
+
+
+def params_source(lines: Sequence[str]) -> str | None:
+    """Where a params fetch fetched from, for the mirror correlation: the scheme and host of the first URL the
+    fetch logged (`https://params.example.com`), or `curio fetch-params` (curio's own sources); None when the
+    evidence names none (then no mirror is blamed)."""
+    for line in lines:
+        if (m := _SOURCE_URL.search(line)) is not None:
+            scheme, _, host = m.group(1).partition("://")
+            return f"{scheme}://{host.rpartition('@')[2]}".lower()  # never a user:password@ in the evidence
+        if _CURIO_FETCH.search(line):
+            return "curio fetch-params"
+    return None
+
+
 #: What an unexplained failure's signature is made of (`unrecognized_signature`): the variable parts of its
 #: error line stripped, so the same failure on another machine, at another time, gets the same signature.
 _NORMALISE = (
@@ -502,6 +520,8 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
             reasons = list(dict.fromkeys(f"{p.label}: {p.reason}" for p in labels if p.reason))
             if reasons:
                 evidence["proofs"]["reasons"] = redact_lines(reasons[:5])
+    if verdict == "params-failed":
+        evidence["params_source"] = params_source(attempt.evidence)
     if report.clock_skew_s is not None:  # phases are on the controller's clock; the worker's differed by this
         evidence["worker_clock_skew_s"] = report.clock_skew_s
     if extra:
