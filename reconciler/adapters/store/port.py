@@ -186,16 +186,16 @@ class ControllerStore(Protocol):
         memory.
 
         Every committed write moves the store's change sequence forward and marks what it wrote: a
-        registration, an event or an event batch, a result, a log batch, a destroyed mark (the instance's
-        report), a changed directive (the directive row: not a report change; the pass wrote it and knows it,
-        so its own directives do not send it back to read those instances). The sequence only grows and no
-        write is ever missed:
-        a write committed after this answer has a sequence above `sequence`, on SQLite and on PostgreSQL with
-        several replicas writing at once (a sequence is taken at commit, in commit order; see
-        `store.schema`). One read, one snapshot. Use: `since` 0 (a new leader, a restart) answers every
-        instance (`complete`); then pass the answer's `sequence` back each pass. Reading the reports in a later
-        snapshot is safe: they are at least as new as the answer, and anything written after `sequence` is
-        answered again next time (read twice, never missed)."""
+        registration, an event or an event batch, a result, a log batch, a destroyed mark (the instance), a
+        changed directive (the directive row only: the pass wrote it and knows it, so its own directives do not
+        send it back to read those instances). A write that was accepted but changed nothing (a worker's
+        resend) may name its instance again: read twice, harmless. The sequence only grows and no write is
+        ever missed: a write committed after this answer has a sequence above `sequence`, on SQLite and on
+        PostgreSQL with several replicas writing at once (taken at commit, in commit order; see
+        `sql.SqlStore._sequence_changes`). One read, one snapshot. Use: `since` 0 (a new leader, a restart)
+        answers every instance (`complete`); then pass the answer's `sequence` back each pass. Reading the
+        reports in a later snapshot is safe: they are at least as new as the answer, and anything written
+        after `sequence` is answered again next time (read twice, never missed)."""
         ...
 
     def instance_summaries(self) -> list[InstanceSummary]: ...

@@ -147,8 +147,8 @@ def _result_from_doc(doc: Mapping[str, Any], received: datetime) -> BenchmarkRes
         daemon_log=tuple(doc.get("daemon_log_tail") or ()))
 
 
-#: What a write sets a row's `change_seq` to: changed by this transaction, whose sequence is taken just before it
-#: commits (`SqlStore._sequence_changes`); never committed.
+#: What set_directives sets a changed directive's `change_seq` to: changed by this transaction, whose sequence is
+#: taken just before it commits (`SqlStore._sequence_changes`); never committed.
 CHANGED = -1
 
 _INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
@@ -313,7 +313,7 @@ class SqlStore:
                 except StoreError as exc:
                     item.error = exc
             current = None
-            self._sequence_changes(conn)
+            self._sequence_changes(conn, batch)
             conn.execute("COMMIT")
         except BaseException as exc:
             self._rollback(conn)
@@ -334,22 +334,31 @@ class SqlStore:
                 item.done = True
 
     @staticmethod
-    def _sequence_changes(conn: SqlConnection) -> None:
-        """Give the rows this transaction changed (`change_seq` = CHANGED) the next change sequence, as its last
-        statements before COMMIT; nothing when it changed none.
+    def _sequence_changes(conn: SqlConnection, batch: Sequence[_PendingWrite]) -> None:
+        """The last statements before COMMIT: take the next change sequence and stamp it on the instances the
+        batch's writes went to (those not refused: `instances.change_seq`) and on the directives it changed
+        (`directives.change_seq` = CHANGED, marked by set_directives); nothing when there are none.
 
         The sequence is taken by updating the one `change_sequence` row, whose lock is then held until COMMIT:
         of several writers (PostgreSQL replicas), the next one's update waits until this one has committed, so
         sequences are taken in commit order and a reader that sees sequence N committed sees every write at or
         below N (a sequence drawn from a PostgreSQL SEQUENCE could commit after a higher one a reader already
         passed, and be missed for good). Taken last, the lock serialises only the commits, not the writes; SQLite
-        has one writer at a time anyway. A transaction that rolls back gives its sequence back, unseen."""
-        row = conn.execute(f"UPDATE change_sequence SET sequence = sequence + 1 WHERE EXISTS (SELECT 1 FROM instances "  # noqa: S608
-                           f"WHERE change_seq = {CHANGED}) OR EXISTS (SELECT 1 FROM directives WHERE change_seq = "
-                           f"{CHANGED}) RETURNING sequence").fetchone()
-        if row is not None:
-            for table in ("instances", "directives"):
-                conn.execute(f"UPDATE {table} SET change_seq = ? WHERE change_seq = {CHANGED}", (row[0],))  # noqa: S608
+        has one writer at a time anyway. A transaction that rolls back gives its sequence back, unseen.
+        Instances are stamped by key, in one statement per 500: `change_seq` has no index of its own, so the
+        updates of an instance's row on the ingest path maintain none (and stay HOT on PostgreSQL);
+        `changes_since` scans the instances instead, once per pass."""
+        written = sorted({item.instance_id for item in batch if item.instance_id and item.error is None})
+        row = conn.execute("UPDATE change_sequence SET sequence = sequence + 1 WHERE ? OR EXISTS "  # noqa: S608
+                           f"(SELECT 1 FROM directives WHERE change_seq = {CHANGED}) RETURNING sequence",
+                           (bool(written),)).fetchone()
+        if row is None:
+            return
+        for start in range(0, len(written), 500):
+            chunk = written[start:start + 500]
+            conn.execute(f"UPDATE instances SET change_seq = ? WHERE instance_id IN ({', '.join('?' * len(chunk))})",  # noqa: S608
+                         (row[0], *chunk))
+        conn.execute(f"UPDATE directives SET change_seq = ? WHERE change_seq = {CHANGED}", (row[0],))  # noqa: S608
 
     def _rollback(self, conn: SqlConnection) -> None:
         with contextlib.suppress(Exception):  # none open (it failed to begin), or the connection is gone
@@ -388,7 +397,7 @@ class SqlStore:
             # (its insert waits for the first's commit, then does nothing) re-registers below.
             inserted = conn.execute(
                 f"INSERT INTO instances (instance_id, received_at, worker_at, {', '.join(_REGISTER_FIELDS)}, "  # noqa: S608
-                f"gpus, change_seq) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?, {CHANGED}) "
+                f"gpus) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?) "
                 "ON CONFLICT (instance_id) DO NOTHING",
                 (instance_id, received, worker_at, *values, gpus)).rowcount
             if inserted:
@@ -399,8 +408,8 @@ class SqlStore:
                 raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
                                         "it cannot register again")
             fill = ", ".join(f"{name} = COALESCE({name}, ?)" for name in _REGISTER_FIELDS)
-            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill}, "  # noqa: S608
-                         f"change_seq = {CHANGED} WHERE instance_id = ?", (*values, instance_id))
+            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill} "  # noqa: S608
+                         "WHERE instance_id = ?", (*values, instance_id))
             return "already-registered"
 
         return PreparedWrite(body, instance_id)
@@ -417,11 +426,9 @@ class SqlStore:
             state = self._writable(conn, instance_id)
             counts = [state[1], state[2]]
             status = self._insert_event(conn, instance_id, event, counts)
-            if status == "stored":
+            if counts != [state[1], state[2]]:
                 column = "progress_events" if event.progress else "other_events"
-                # (a progress event at the ring's limit evicted the oldest: the count stays)
-                count = f"{column} = {column} + 1, " if counts != [state[1], state[2]] else ""
-                conn.execute(f"UPDATE instances SET {count}change_seq = {CHANGED} WHERE instance_id = ?",  # noqa: S608
+                conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
                              (instance_id,))
             return status
 
@@ -477,8 +484,8 @@ class SqlStore:
                     conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE instance_id = ? "
                                  "AND status = 'progress' ORDER BY id LIMIT ?)", (instance_id, evicted))
                 progress_count, other_count = progress_count + new_progress - evicted, other_count + new_other
-            conn.execute(f"UPDATE instances SET progress_events = ?, other_events = ?, change_seq = {CHANGED} "  # noqa: S608
-                         "WHERE instance_id = ?", (progress_count, other_count, instance_id))
+            conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
+                         (progress_count, other_count, instance_id))
             return statuses
 
         return PreparedWrite(body, instance_id)
@@ -536,8 +543,8 @@ class SqlStore:
             next_seq = start + len(clean)
             evicted = conn.execute("DELETE FROM log_lines WHERE instance_id = ? AND seq < ?",
                                    (instance_id, next_seq - self.ring_lines)).rowcount
-            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "  # noqa: S608
-                         f"worker_dropped = worker_dropped + ?, change_seq = {CHANGED} WHERE instance_id = ?",
+            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "
+                         "worker_dropped = worker_dropped + ? WHERE instance_id = ?",
                          (next_seq, evicted + skipped, dropped, instance_id))
             return int(evicted + skipped)
 
@@ -562,7 +569,6 @@ class SqlStore:
                                      f"(received {row[1]}); a result is accepted once")
             conn.execute("INSERT INTO results (instance_id, received_at, body) VALUES (?, ?, ?)",
                          (instance_id, received, canonical))
-            conn.execute(f"UPDATE instances SET change_seq = {CHANGED} WHERE instance_id = ?", (instance_id,))  # noqa: S608
             return "stored"
 
         return PreparedWrite(body, instance_id)
@@ -570,8 +576,7 @@ class SqlStore:
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool:
         """Mark the instance destroyed (first time wins). False if it never registered."""
         def body(conn: SqlConnection) -> bool:
-            cur = conn.execute(f"UPDATE instances SET change_seq = CASE WHEN destroyed_at IS NULL THEN {CHANGED} "  # noqa: S608
-                               "ELSE change_seq END, destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
+            cur = conn.execute("UPDATE instances SET destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
                                (_iso(now), instance_id))
             return cur.rowcount > 0
 
@@ -678,7 +683,8 @@ class SqlStore:
 
     def changes_since(self, since: int) -> StoreChanges:
         """See `ControllerStore.changes_since` (and `_sequence_changes` for why none is missed). One snapshot:
-        the sequence, then the instances whose rows carry a higher one (indexed)."""
+        the sequence, then the instances whose rows carry a higher one (a scan of the instances: a few
+        milliseconds at 10,000, once per pass, where an index would cost every write on the ingest path)."""
         def body(conn: SqlConnection) -> StoreChanges:
             sequence = conn.execute("SELECT sequence FROM change_sequence").fetchone()[0]
             if since == sequence:
