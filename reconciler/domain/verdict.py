@@ -316,14 +316,16 @@ class _Cause:
         return self.line if self.match is not None else f"{NOT_RECOGNISED}: {self.line}"
 
 
-def _cause(attempt: _Attempt, *fallbacks: str | None, known_cause: str | None = None) -> _Cause | None:
-    """The decisive line of the whole evidence; else (with `fallbacks` or `known_cause`) the best line, blame
-    unknown: a generic line never decides blame. None when nothing at all explains it and no fallback was given."""
+def _cause(attempt: _Attempt, *fallbacks: str | None, known_cause: str | None = None,
+           default: str | None = None) -> _Cause | None:
+    """The decisive line of the whole evidence; else the best line there is (a generic line, the last error-like
+    line, then `fallbacks`, `known_cause`, `default`), blame unknown: a generic line never decides blame. None when
+    nothing at all explains it."""
     match = classify(attempt.evidence, include_tunnel=attempt.include_tunnel)
     if match is not None and match.decisive:
         return _Cause(match, match.blame, match.text())
     raw = match.line if match is not None else error_line(attempt.evidence, include_tunnel=attempt.include_tunnel)
-    raw = raw or next((f for f in fallbacks if f), None) or known_cause
+    raw = raw or next((f for f in fallbacks if f), None) or known_cause or default
     if raw is None:
         return None
     line = match.text() if match is not None else raw
@@ -337,8 +339,8 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
     """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
     labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
     what = f"{failed} {'/'.join(labels)}"
-    why = _cause(attempt, f"{what}; no reason in the daemon log")
-    assert why is not None  # a fallback was given
+    why = _cause(attempt, default=f"{what}; no reason in the daemon log")
+    assert why is not None  # a default was given
     match, blame, cause = why.match, why.blame, why.shown
     signature = match.key if match else \
         unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, why.key_line)
@@ -355,8 +357,8 @@ def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str
     """`known_cause`: what we established ourselves; `message`: the worker's own summary (used when the log
     says nothing). Without a specific line the failure is `unknown` in every phase, params included: no
     network strike is counted on a guess (issue 29 item 2)."""
-    why = _cause(attempt, message, "no log lines", known_cause=known_cause)
-    assert why is not None  # a fallback was given
+    why = _cause(attempt, message, known_cause=known_cause, default="no log lines")
+    assert why is not None  # a default was given
     signature = why.match.key if why.match else \
         unrecognized_signature(verdict, attempt.phase, attempt.exit_code, why.key_line)
     return _failed_verdict(report, pool, now, verdict, attempt, why.blame, why.match, signature,
