@@ -41,7 +41,7 @@ from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
-from reconciler.flows.judge import LeaderTerm, PassResult, run, run_pass
+from reconciler.flows.judge import DemandHistory, LeaderTerm, PassResult, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
@@ -126,8 +126,10 @@ def _report(result: PassResult, as_json: bool) -> None:
     for note in result.notes:
         print(f"  note: {note}", flush=True)
     for d in result.capacity:
-        if d.changed or d.held_by:
-            print(f"  capacity {d.trailer()}" + (f"; held by {d.held_by}: {d.note}" if d.held_by else ""), flush=True)
+        if d.changed:
+            print(f"  capacity {d.trailer()}", flush=True)
+        elif d.held_by:
+            print(f"  capacity {d.pool} at {d.after}: {d.note}", flush=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -185,6 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
                 return 2
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
         record_cache = None if args.once else RecordCache()
+        demand = DemandHistory()  # the pools' demand samples between passes ("above target for the whole window")
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
@@ -203,7 +206,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return _standby(git, keeper, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, prices=prices, term=term)
+                            directive_sink=store, queue_reader=queue, prices=prices, term=term, demand=demand)
 
         shown_standby: list[str] = []
 

@@ -25,10 +25,12 @@ from reconciler.domain.serving import (
     fleet_heard_again,
     is_serving,
     judge_early,
+    judge_market_deadlines,
     judge_serving,
     last_signal,
     with_expiry,
 )
+from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import Verdict, deadline, judge
 
@@ -111,11 +113,14 @@ class PassDecision:
 
 def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
            judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
-           judged_serving_ids: Iterable[str] = ()) -> PassDecision:
+           judged_serving_ids: Iterable[str] = (),
+           market_misses: Mapping[str, Sequence[MarketMiss]] | None = None) -> PassDecision:
     """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
 
     A benchmark still running may get an early verdict; an instance that passed and serves may get a
-    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers)."""
+    serving verdict (degraded, lost, market-deadline) once (`judged_serving_ids`: from the
+    Fleet-Serving-Instance trailers). `market_misses`: per instance, the Snark Market runs that missed their
+    deadline on it (curio's tables, for pools with `queue.market`)."""
     reports = list(reports)
     judged = set(judged_instance_ids)
     judged_serving = set(judged_serving_ids)
@@ -172,6 +177,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                     others = next((t for t, i in signals if i != report.instance_id), None)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others,
                                         fleet_back=fleet_back[0] if fleet_back else None)
+                if verdict is None and market_misses and report.instance_id in market_misses:
+                    verdict = judge_market_deadlines(report, pool, market_misses[report.instance_id], now)
             else:
                 prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
                 verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,

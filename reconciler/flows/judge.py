@@ -12,7 +12,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,11 +24,13 @@ from reconciler.adapters.spec_files import load_spec
 from reconciler.domain import errors
 from reconciler.domain.capacity import (
     CapacityDecision,
+    DemandSample,
     QueueSnapshot,
     capacity_json,
     capacity_summary,
     capacity_trailers,
     decide_all,
+    demand_history,
 )
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
 from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, awaiting_evidence, decide
@@ -43,7 +45,8 @@ from reconciler.domain.records import (
 )
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.serving import directives
-from reconciler.domain.spec import FleetSpec, QueueSource, SpecError
+from reconciler.domain.snark_market import MarketMiss
+from reconciler.domain.spec import FleetSpec, QueueSource, ScalingSettings, SpecError
 from reconciler.domain.verdict import Verdict
 
 SPEC_DIR = "fleet-spec"
@@ -211,24 +214,62 @@ class QueueReader(Protocol):
     def read(self, source: QueueSource) -> QueueSnapshot: ...
 
 
+class DemandHistory:
+    """Each pool's demand samples of the recent passes, kept by the loop between passes: the capacity step reads
+    them ("waiting work above target for the whole window") and adds its own. Held in memory: a replica that
+    becomes leader starts without them, and for one window grows on the queue's task ages and utilization alone."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, tuple[DemandSample, ...]] = {}
+
+    def samples(self) -> Mapping[str, Sequence[DemandSample]]:
+        return dict(self._samples)
+
+    def record(self, spec: FleetSpec, decisions: Sequence[CapacityDecision], now: datetime) -> None:
+        """This pass's samples, keeping back to the longest window of each pool (one per pass time)."""
+        for d in decisions:
+            if d.sample is None:
+                continue
+            scaling = spec.pool(d.pool).scaling or ScalingSettings()
+            keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
+            self._samples[d.pool] = demand_history((*self._samples.get(d.pool, ()), d.sample), now, keep)
+
+
+def read_queues(spec: FleetSpec, queue_reader: QueueReader | None) -> dict[str, QueueSnapshot]:
+    """curio's queue (and Snark Market) of every autoscaled pool with a `queue:` source; failures are snapshots
+    with an error, never exceptions."""
+    out = {}
+    for pool in spec.pools:
+        if pool.min_count is not None and pool.queue is not None:
+            out[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
+                              else QueueSnapshot(error="no queue reader in this process"))
+    return out
+
+
+def market_misses(queues: Mapping[str, QueueSnapshot]) -> dict[str, tuple[MarketMiss, ...]]:
+    """Per instance (the curio node's name), the Snark Market runs that missed their deadline on it."""
+    out: dict[str, list[MarketMiss]] = {}
+    for snapshot in queues.values():
+        for miss in snapshot.market.misses if snapshot.market is not None else ():
+            if miss.machine_name:
+                out.setdefault(miss.machine_name, []).append(miss)
+    return {name: tuple(found) for name, found in out.items()}
+
+
 def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports: Sequence[InstanceReport],
                   records: RecordSet, kill_budgets: Mapping[str, Any], desired_image_digest: str | None, now: datetime,
-                  queue_reader: QueueReader | None,
-                  prices: Mapping[str, float] | None = None) -> tuple[list[CapacityDecision], FileChange | None]:
+                  queues: Mapping[str, QueueSnapshot], prices: Mapping[str, float] | None = None,
+                  history: Mapping[str, Sequence[DemandSample]] | None = None,
+                  ) -> tuple[list[CapacityDecision], FileChange | None]:
     """Capacity decisions for the autoscaled pools, and the new capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
         return [], None
-    queues = {}
-    for pool in ranged:
-        if pool.queue is not None:
-            queues[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
-                                 else QueueSnapshot(error="no queue reader in this process"))
     entries, _ = load_capacity(spec_path)  # load_spec refused a broken file already
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
     decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
-                           exhausted_pools=exhausted)
+                           exhausted_pools=exhausted, history=history)
     if not any(d.changed for d in decisions):
         return decisions, None
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
@@ -269,7 +310,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
              record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
-             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None) -> PassResult:
+             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None,
+             demand: DemandHistory | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
@@ -278,7 +320,9 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
     that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
 
-    `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
+    `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only); read
+    once per pass, before judging (the Snark Market's missed deadlines are serving evidence).
+    `demand`: the pools' demand samples of the recent passes, kept by a long-running loop (None: none kept).
     `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
     first (None or unknown: the pool's max price, i.e. the slowest machine first).
 
@@ -291,6 +335,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}", reason=errors.OBSERVATION_FAILED)
 
     outcome: dict[str, Any] = {}
+    # curio is read once per pass (not per publish attempt), again only if a retry's spec names other sources.
+    queues: dict[tuple[tuple[str, QueueSource], ...], dict[str, QueueSnapshot]] = {}
 
     def build(workdir: Path) -> CommitRequest | None:
         outcome.clear()
@@ -306,13 +352,19 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
             outcome["observation_error"] = f"{type(exc).__name__}: {exc}"
             return None
+        outcome["spec"] = spec
+        sources = tuple((p.name, p.queue) for p in spec.pools if p.min_count is not None and p.queue is not None)
+        if sources not in queues:
+            queues[sources] = read_queues(spec, queue_reader)
         decision = decide(spec, evidence, records, judged, desired_image_digest, now,
-                          judged_serving_ids=store.trailer_values(SERVING_TRAILER))
+                          judged_serving_ids=store.trailer_values(SERVING_TRAILER),
+                          market_misses=market_misses(queues[sources]))
         outcome["decision"] = decision
         after = RecordSet(machines={**records.machines, **decision.machine_records})
         capacity, capacity_file = capacity_step(
             spec, workdir / spec_file, str(Path(spec_file).parent / CAPACITY_FILE), reports, records,
-            decision.kill_budgets, desired_image_digest, now, queue_reader, _prices(prices))
+            decision.kill_budgets, desired_image_digest, now, queues[sources], _prices(prices),
+            demand.samples() if demand is not None else None)
         outcome["capacity"] = capacity
         outcome["directives"] = with_drains(
             {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
@@ -334,6 +386,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
     decision: PassDecision = outcome["decision"]
     notes = decision.notes
+    if demand is not None:
+        demand.record(outcome["spec"], outcome.get("capacity", ()), now)
     if directive_sink is not None:
         try:
             if term is None:

@@ -33,8 +33,11 @@ def test_status_text_and_json_show_desired_vs_bounds_utilization_queue_and_the_l
     text = render_text(view)
     assert ("  rtx4090: desired 2 of 1..8 (3 slot(s), draining rtx4090-2; 3 serving, 0 on the way); utilization "
             "1.00 over 20 min; 4 waiting (PoRep 4)") in text
-    assert ("last change down at 2026-12-02T18:50:00Z: utilization 0.20 for 30 min; no task waiting; now held by "
-            "cooldown") in text
+    # The last change with its own time, direction and reason; this pass's hold on its own line.
+    assert "      last change down at 2026-12-02T18:50:00Z: utilization 0.20 for 30 min; no task waiting\n" in text
+    assert ("      now: held by the cooldown: utilization 1.00 over 20 min (above target 0.80): 2.0 busy need 3 "
+            "machines at target 0.80; the last change (down at 2026-12-02T18:50:00Z) was 7 min ago (< cooldown 15 "
+            "min + the 20 min window of a reversal)\n") in text
     assert "$0.50/h at min, $4.00/h at max (max price)" in text
     assert view.to_json()["capacity"][0]["usd_per_hour_at_max"] == 4.0
 
