@@ -73,6 +73,9 @@ from reconciler.domain.spec import FleetSpec, PoolSpec, ScalingSettings, Serving
 DOWN_MARGIN = 0.15
 #: Heartbeats must cover this share of the window's machine-time before utilization is trusted.
 MIN_COVERAGE = 0.75
+#: A shrink needs every serving machine heard within this many heartbeat intervals: a heartbeat overdue is not
+#: evidence of anything (the first minutes of an outage look like this before silence is everywhere).
+HEARTBEAT_GRACE = 1.5
 #: A sector's PoRep task is posted once its seed is on chain: PreCommitChallengeDelay (150 epochs of 30 s on
 #: mainnet) after its precommit landed (curio tasks/seal/poller_precommit_msg.go: `randHeight :=
 #: pci.PreCommitEpoch + policy.GetPreCommitChallengeDelay()`). Sectors past precommit are PoRep demand that
@@ -176,6 +179,7 @@ class SlotState:
     state: str  # empty | on-the-way | serving | stopped
     usd_per_hour: float | None = None  # the instance's price (its slot state or the market), else the pool's max
     proofs_per_hour: float | None = None  # measured: rolling rate while serving, else its benchmark
+    heard_at: datetime | None = None  # the controller last heard this instance
 
     @property
     def usd_per_proof(self) -> float | None:
@@ -212,7 +216,7 @@ def slot_states(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
             if rate is None and r.result is not None:
                 rate = r.result.proofs_per_hour
             price = prices.get(r.instance_id, pool.max_price_usd_per_hour)
-            out.append(SlotState(slot, index, r.instance_id, "serving", price, rate))
+            out.append(SlotState(slot, index, r.instance_id, "serving", price, rate, last_signal(r)))
         else:
             out.append(SlotState(slot, index, r.instance_id, "on-the-way"))
     return out
@@ -228,6 +232,7 @@ class DemandSample:
     queued: float | None  # the pool's own waiting tasks (None: the queue could not be read)
     market: float = 0.0  # waiting Snark Market tasks while the market pays by the margin (else 0)
     coming: float = 0.0  # sectors past precommit (the PoRep rate of the next SEED_LEAD_MINUTES)
+    unpaid: float = 0.0  # machines on Snark Market work that does not pay by the margin (their busy is no demand)
 
     @property
     def waiting(self) -> float:
@@ -235,7 +240,7 @@ class DemandSample:
 
     def to_json(self) -> dict[str, Any]:
         return {"at": format_time(self.at), "active": self.active, "queued": _r3(self.queued),
-                "market": _r3(self.market), "coming": _r3(self.coming)}
+                "market": _r3(self.market), "coming": _r3(self.coming), "unpaid": _r3(self.unpaid)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> DemandSample:
@@ -246,7 +251,8 @@ class DemandSample:
         active = doc.get("active")
         if not isinstance(active, int) or isinstance(active, bool) or not isinstance(doc.get("at"), str):
             raise ValueError(f"not a demand sample: {dict(doc)!r:.120}")
-        return cls(parse_time(doc["at"]), active, num("queued"), num("market") or 0.0, num("coming") or 0.0)
+        return cls(parse_time(doc["at"]), active, num("queued"), num("market") or 0.0, num("coming") or 0.0,
+                   num("unpaid") or 0.0)
 
 
 def _r3(value: float | None) -> float | None:
@@ -279,6 +285,7 @@ class PoolSignals:
     hearing: FleetHearing | None = None  # None: not assessed (treated as heard)
     market: MarketEconomics | None = None  # a pool with `queue.market`
     history: tuple[DemandSample, ...] = ()  # the previous passes' samples (oldest first)
+    heartbeat_s: float = 300.0  # how often serving workers report (serving.heartbeat_minutes)
 
     def count(self, state: str) -> int:
         return sum(1 for s in self.slots if s.state == state)
@@ -330,7 +337,7 @@ def signals_for(pool: PoolSpec, reports: Sequence[InstanceReport], queue: QueueS
     return PoolSignals(
         utilization(serving_reports, now, timedelta(minutes=scaling.scale_up_after_minutes)),
         utilization(serving_reports, now, timedelta(minutes=scaling.scale_down_after_minutes)),
-        queue, tuple(states), hearing, market, tuple(history))
+        queue, tuple(states), hearing, market, tuple(history), serving.heartbeat_minutes * 60.0)
 
 
 # --- the bot-owned file's entries ----------------------------------------------------------------------
@@ -449,7 +456,7 @@ class _Demand:
     oldest: timedelta | None  # age of the oldest of them
     market_waiting: int  # waiting market tasks that pay by the margin (0 otherwise)
     market_oldest: timedelta | None
-    unpaid_running: int  # market tasks that do not pay, running: their busy time is no demand
+    unpaid_running: float  # machines on market work that does not pay, over the down window: no demand
     coming: int  # sectors past precommit
     busy_up: float  # machine-equivalents at work over the up window (unpaid market work taken out)
     busy_down: float  # the same over the down window
@@ -470,9 +477,17 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
     market_waiting = market.waiting if market is not None and paying else 0
     market_oldest = now - market.oldest_waiting_at if paying and market is not None and market_waiting and \
         market.oldest_waiting_at is not None else None
-    unpaid = market.running if market is not None and not paying and market.error is None else 0
-    busy_up = max(0.0, up.busy_machines - unpaid)
-    busy_down = max(0.0, down.busy_machines - unpaid)
+    # Machines on unpaid market work now, and on average over each window (from the samples: a pass catches
+    # a machine between two tasks as often as on one, and utilization is a window's average too).
+    unpaid = float(market.running) if market is not None and not paying else 0.0
+
+    def unpaid_over(window_s: float) -> float:
+        seen = [s.unpaid for s in signals.history if now - s.at < timedelta(seconds=window_s)]
+        return (sum(seen) + unpaid) / (len(seen) + 1)
+
+    unpaid_up, unpaid_down = unpaid_over(up.window_s), unpaid_over(down.window_s)
+    busy_up = max(0.0, up.busy_machines - unpaid_up)
+    busy_down = max(0.0, down.busy_machines - unpaid_down)
     # Cold start: a machine rented now serves in ~cold_start minutes, so size for the demand then. The trend is
     # the change of busy machine-equivalents between the long (down) window and the short (up) one, whose
     # centres lie (down - up) / 2 apart; only a rising trend counts (a falling one is the down rule's). With
@@ -486,8 +501,8 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
     coming_machines = coming * 60.0 / SEED_LEAD_MINUTES / pool.min_rate_proofs_per_hour \
         if pool.min_rate_proofs_per_hour > 0 else 0.0
     sample = DemandSample(now, active, waiting / per_machine if readable and per_machine > 0 else None,
-                          market_waiting / per_machine if per_machine > 0 else 0.0, coming_machines)
-    return _Demand(per_machine, waiting, kinds, oldest, market_waiting, market_oldest, unpaid, coming, busy_up,
+                          market_waiting / per_machine if per_machine > 0 else 0.0, coming_machines, unpaid)
+    return _Demand(per_machine, waiting, kinds, oldest, market_waiting, market_oldest, unpaid_down, coming, busy_up,
                    busy_down, forecast, sample)
 
 
@@ -565,6 +580,13 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
         return None, (f"held: {_machines(signals.count('on-the-way'))} still in params/benchmark (capacity on its "
                       "way); not shrinking before it serves"), HELD_ON_THE_WAY
     back = signals.hearing.back if signals.hearing is not None else None
+    due = timedelta(seconds=HEARTBEAT_GRACE * signals.heartbeat_s)
+    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due]
+    if overdue:
+        late = max(overdue, key=lambda s: now - (s.heard_at or now))
+        return None, (f"held: {len(overdue)} serving machine(s) not heard for longer than a heartbeat allows ("
+                      f"{late.slot}: {_ago(now - (late.heard_at or now))} > {HEARTBEAT_GRACE:g} x "
+                      f"{_span(signals.heartbeat_s)}): idleness is shown by current data only"), HELD_MISSING_DATA
     if serving:
         if back is not None and back > now - window:
             return None, (f"held: the {w} window reaches back into the fleet-wide silence that ended at "
@@ -587,7 +609,8 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
     coming = demand.sample.coming
     busy = max(demand.busy_down, coming)
     wanted = max(low, math.ceil(busy / (target - DOWN_MARGIN) - 1e-9))
-    unpaid = f" (not counting {demand.unpaid_running} unpaid Snark Market proofs)" if demand.unpaid_running else ""
+    unpaid = (f" (not counting {demand.unpaid_running:.1f} machines on unpaid Snark Market work)"
+              if demand.unpaid_running else "")
     keep = f"{_machines(wanted)} keep{'s' if wanted == 1 else ''}"
     line = (f"{evidence}{unpaid} with no task waiting: {keep} it at most {target - DOWN_MARGIN:.2f} busy "
             f"(target {target:.2f} - margin {DOWN_MARGIN:.2f})")
