@@ -43,7 +43,8 @@ def _ev(phase: str, status: str, minutes: float, **kw: object) -> PhaseEvent:
 
 
 MARKET_SPEC = AUTOSCALED_SPEC.replace(
-    "task_types: [PoRep]}", "task_types: [PoRep],\n            market: {task_types: [PSProve], min_margin: 0.2, usd_per_fil: 4.0}}")
+    "task_types: [PoRep]}",
+    "task_types: [PoRep],\n            market: {task_types: [PSProve], min_margin: 0.2, usd_per_fil: 4.0}}")
 
 
 def serving(instance_id: str, slot: str, busy: Sequence[bool], *, start: float = 0.0, rate: float = 50.0,
