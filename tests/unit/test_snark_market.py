@@ -203,3 +203,41 @@ def test_status_page_metrics_and_pr_comment_show_revenue_cost_break_even_and_pro
     text = render_plan_markdown(pools=[row], actions=None, forecasts=[], image_digest=None, notes=[])
     assert ("| **rtx4090** | $0.020 | $0.010 | $0.010 | $0.013 | 10 | **yes** (pays) | 2026-12-02T18:57:00Z |"
             in text)
+
+
+# --- prices from the marketplace (a fleet Pulumi runs has no slot state) -----------------------------------
+
+
+def test_prices_come_from_the_slot_state_else_the_marketplaces_list_read_at_most_every_ttl() -> None:
+    from reconciler.cli.surfaces import marketplace_prices, merged_prices
+    from reconciler.domain.marketplace import InstanceRequest, Offer, TemporaryMarketplaceError
+    from tests.fakes import FakeMarket
+
+    offers = [Offer(offer_id=f"o-{i}", machine_id=f"m-{i}", host_id="h", gpu_name="RTX 4090", num_gpus=1,
+                    price_usd_per_hour=price, reliability=0.99, inet_down_mbps=1000, disk_gb=500, cpu_ram_gb=256,
+                    cuda_max_good=12.4, verified=True) for i, price in enumerate((0.31, 0.45, 0.2))]
+    market = FakeMarket(offers)
+    for i, label in enumerate(("gpu-fleet/main/rtx4090-0-aaaaaa", "gpu-fleet/main/rtx4090-1-bbbbbb", "someone-else")):
+        market.create_instance(f"o-{i}", InstanceRequest(image="i", disk_gb=100, label=label))
+    clock = [0.0]
+    calls = [0]
+    listed = market.list_instances
+
+    def list_instances():  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 3:
+            raise TemporaryMarketplaceError("503 from the market")
+        return listed()
+
+    market.list_instances = list_instances  # type: ignore[method-assign]
+    read = marketplace_prices(market, ttl_s=300, clock=lambda: clock[0])
+    assert read() == {"rtx4090-0-aaaaaa": 0.31, "rtx4090-1-bbbbbb": 0.45}  # not another fleet's label
+    clock[0] = 200
+    assert read() == {"rtx4090-0-aaaaaa": 0.31, "rtx4090-1-bbbbbb": 0.45} and calls[0] == 1  # cached
+    clock[0] = 300
+    read()
+    clock[0] = 600
+    assert read() == {"rtx4090-0-aaaaaa": 0.31, "rtx4090-1-bbbbbb": 0.45} and calls[0] == 3  # a failure keeps them
+    merged = merged_prices(lambda: {"rtx4090-0-aaaaaa": 0.29}, read)
+    assert merged is not None and merged() == {"rtx4090-0-aaaaaa": 0.29, "rtx4090-1-bbbbbb": 0.45}
+    assert merged_prices(None, None) is None
