@@ -323,8 +323,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only); read
     once per pass, before judging (the Snark Market's missed deadlines are serving evidence).
     `demand`: the pools' demand samples of the recent passes, kept by a long-running loop (None: none kept).
-    `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
-    first (None or unknown: the pool's max price, i.e. the slowest machine first).
+    `prices`: instance -> $/h from the provisioner's slot state or the marketplace, so a shrinking pool drains the
+    worst $/proof first (None or unknown: the pool's max price, i.e. the slowest machine first).
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
