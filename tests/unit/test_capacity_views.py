@@ -4,6 +4,8 @@ decision, $/h at min and max)."""
 
 from __future__ import annotations
 
+import html
+
 from reconciler.domain.capacity import CapacityEntry, QueueSnapshot, apply_entries, capacity_json, decide_all
 from reconciler.domain.records import RecordSet
 from reconciler.domain.status import status_view
@@ -68,3 +70,19 @@ def test_the_pr_comment_shows_usd_per_hour_at_min_and_at_max() -> None:
                           "target_utilization": 0.8, "queue": ["PoRep"]}}
     text = render_plan_markdown(pools=[row], actions=None, forecasts=[], image_digest=None, notes=[])
     assert "| **rtx4090** | 1..8 | 2 | $0.50 | $4.00 | 0.8 | PoRep |" in text
+
+
+def test_a_count_held_because_the_fleet_is_unheard_is_said_in_status_the_page_and_metrics() -> None:
+    spec = apply_entries(autoscaled_spec(), {"rtx4090": ENTRY})
+    silent = [serving(f"i-{i}", f"rtx4090-{i}", [False] * 6) for i in range(3)]  # last heard at minute 26
+    decisions = decide_all(spec, {"rtx4090": ENTRY}, silent, {"rtx4090": QueueSnapshot({"PoRep": 0}, {})}, at(57))
+    last_pass = {"at": "x", "headline": "nothing new", "capacity": [capacity_json(d, at(57)) for d in decisions]}
+    view = status_view(spec, RecordSet(machines={}), silent, at(57), last_pass=last_pass,
+                       capacity_entries={"rtx4090": ENTRY})
+    sentence = ("held at 2: the controller has heard no worker for 31 min (> lost_after 20 min): its own outage or a "
+                "partition, not idleness; every count holds")
+    assert f"      now: {sentence}\n" in render_text(view)
+    page = render_html(view)
+    assert html.escape(sentence) in page and 'data-held-by="fleet-unheard"' in page
+    metrics = fleet_metrics(lambda: MetricsState(view)).exposition().decode()
+    assert 'fleet_pool_capacity_held{held_by="fleet-unheard",pool="rtx4090"} 1.0' in metrics
