@@ -335,6 +335,10 @@ def test_fleet_wide_silence_changes_no_count_and_says_why() -> None:
     # Later, heard for a while: the down window still reaches into the silence, so still no shrink.
     d = one(SPEC, entry(3), back, NO_QUEUE, at(73))
     assert d.held_by in (HELD_MISSING_DATA, HELD_UNHEARD) and d.after == 3
+    # A fleet that was empty (its last worker gone at minute 10) getting a new one at 50 is not coming back.
+    gone = replace(serving("i-9", "rtx4090-9", IDLE_HOUR[:2]), destroyed_at=at(10))
+    fresh = benchmarking("n-0", "rtx4090-0", 50)
+    assert one(SPEC, entry(1), [gone, fresh], NO_QUEUE, at(57)).held_by != HELD_UNHEARD
     # One machine silent while the others are heard: lost, the one released first.
     one_lost = [serving("i-0", "rtx4090-0", IDLE_HOUR[:6]), *(serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR)
                                                             for i in (1, 2))]
