@@ -27,7 +27,7 @@ import pytest
 
 from reconciler.adapters.curio_queue import CurioQueue
 from reconciler.adapters.git import GitStore
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli import main
 from reconciler.cli._shared import last_pass_path
 from reconciler.domain.observations import format_time
