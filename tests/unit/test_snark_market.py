@@ -241,3 +241,12 @@ def test_prices_come_from_the_slot_state_else_the_marketplaces_list_read_at_most
     merged = merged_prices(lambda: {"rtx4090-0-aaaaaa": 0.29}, read)
     assert merged is not None and merged() == {"rtx4090-0-aaaaaa": 0.29, "rtx4090-1-bbbbbb": 0.45}
     assert merged_prices(None, None) is None
+
+
+def test_fleet_validate_says_what_a_market_proof_must_pay(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from reconciler.cli import main
+
+    (tmp_path / "fleet.yaml").write_text(MARKET_SPEC)
+    assert main(["validate", str(tmp_path / "fleet.yaml")]) == 0
+    assert ("  pool rtx4090: Snark Market work counts as demand while a proof pays more than its measured $/proof + "
+            "20% (at most $0.0150 = 0.00375 FIL at $4/FIL: max price over min rate)") in capsys.readouterr().out
