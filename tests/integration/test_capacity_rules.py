@@ -26,12 +26,14 @@ from typing import Any
 import pytest
 
 from reconciler.adapters.curio_queue import CurioQueue
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
+from reconciler.adapters.record_files import RecordCache
 from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli import main
 from reconciler.cli._shared import last_pass_path
 from reconciler.domain.observations import format_time
-from reconciler.flows.judge import DemandHistory, PassResult, run, run_pass
+from reconciler.flows.judge import PassMemory, PassResult, run, run_pass
 from tests.gitrepos import clone, git, human_commit, make_origin, origin_file
 from tests.postgres_server import PostgresServer
 from tests.scenarios import DIGEST
@@ -173,20 +175,20 @@ class Loop:
         self.origin, self.seed = make_origin(tmp_path, {"fleet-spec/fleet.yaml": spec,
                                                        "fleet-spec/capacity.yaml": capacity})
         self.workdir = tmp_path / "bot"
-        self.git = GitStore.clone(str(self.origin), self.workdir)
+        self.tree = GitFleetTree(GitStore.clone(str(self.origin), self.workdir), record_cache=RecordCache())
         self.human = clone(self.origin, tmp_path / "human")
         self.clock = Clock(datetime.now(UTC).replace(microsecond=0))
         self.db = tmp_path / "controller.db"
         self.store = SqliteStore(self.db, now=self.clock)
         self.queue = CurioQueue({"CURIO_DB_URL": curio_url})
-        self.demand = DemandHistory()
+        self.memory = PassMemory()  # the leader's warm state, the demand samples with it
         self.results: list[PassResult] = []
 
     def passes(self, n: int, world: World) -> list[PassResult]:
         """`n` passes PASS_S apart, the world ticking between them."""
         def one_pass(now: datetime) -> PassResult:
-            return run_pass(self.git, self.store, now, desired_image_digest=DIGEST, directive_sink=self.store,
-                            queue_reader=self.queue, demand=self.demand)
+            return run_pass(self.tree, self.store, now, desired_image_digest=DIGEST, directive_sink=self.store,
+                            queue_reader=self.queue, memory=self.memory)
 
         def on_pass(result: PassResult) -> None:  # what `fleet reconcile` writes for status and the page
             last_pass_path(self.workdir).write_text(json.dumps(result.to_json()))
