@@ -799,12 +799,15 @@ def decide_all(spec: FleetSpec, entries: Mapping[str, CapacityEntry], reports: S
     return out
 
 
-def hearing_for(spec: FleetSpec, reports: Sequence[InstanceReport], now: datetime) -> FleetHearing:
-    """The fleet's hearing for capacity: silences looked for back over the longest window of any pool."""
+def hearing_for(spec: FleetSpec, reports: Sequence[InstanceReport], now: datetime,
+                last_heard: Mapping[str, datetime] | None = None) -> FleetHearing:
+    """The fleet's hearing for capacity: silences looked for back over the longest window of any pool.
+    `last_heard`: each worker's last signal, when the caller keeps them (the pass's `FleetSignals`)."""
     lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
     windows = [max(s.scale_up_after_minutes, s.scale_down_after_minutes) for p in spec.pools
                if (s := p.scaling) is not None]
-    return fleet_hearing(reports, now, lost_after, max([lost_after, *(timedelta(minutes=w) for w in windows)]))
+    return fleet_hearing(reports, now, lost_after, max([lost_after, *(timedelta(minutes=w) for w in windows)]),
+                         last_heard)
 
 
 def capacity_summary(decisions: Sequence[CapacityDecision]) -> str:

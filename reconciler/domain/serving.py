@@ -324,12 +324,15 @@ def is_live(report: InstanceReport) -> bool:
 
 
 def fleet_hearing(reports: Iterable[InstanceReport], now: datetime, lost_after: timedelta,
-                  look_back: timedelta) -> FleetHearing:
+                  look_back: timedelta, last_heard: Mapping[str, datetime] | None = None) -> FleetHearing:
     """The fleet's hearing at `now`; fleet-wide silences are looked for back to `now - look_back` (a pass reads
     the signals of that span only, as `fleet_heard_again` does), in the signals of the live workers: a fleet
-    that was empty and gets its first worker was not unheard."""
+    that was empty and gets its first worker was not unheard. `last_heard`: each worker's last signal when the
+    caller keeps them (`FleetSignals.last_heard`), else worked out from the reports."""
     live = [r for r in reports if is_live(r)]
-    heard = sorted(((last_signal(r), r.instance_id) for r in live), reverse=True)[:2]
+    newest = (((last_heard[r.instance_id] if last_heard is not None and r.instance_id in last_heard
+                else last_signal(r)), r.instance_id) for r in live)
+    heard = heapq.nlargest(2, newest)
     gap = fleet_silence(_signals_since(live, now - look_back), lost_after, now - look_back)
     return FleetHearing(now, lost_after, tuple(heard), gap[1] if gap else None, gap[1] - gap[0] if gap else None)
 

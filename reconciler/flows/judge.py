@@ -41,6 +41,7 @@ from reconciler.domain.capacity import (
     capacity_trailers,
     decide_all,
     demand_history,
+    hearing_for,
 )
 from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
@@ -440,10 +441,11 @@ def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacit
                   reports: Iterable[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
                   desired_image_digest: str | None, now: datetime, queues: Mapping[str, QueueSnapshot],
                   prices: Mapping[str, float] | None = None,
-                  history: Mapping[str, Sequence[DemandSample]] | None = None) -> CapacityPlan:
+                  history: Mapping[str, Sequence[DemandSample]] | None = None,
+                  last_heard: Mapping[str, datetime] | None = None) -> CapacityPlan:
     """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it; `queues`: curio's
-    snapshots, `read_queues`; `history`: the demand samples of the previous passes), and the new capacity.yaml
-    when anything changed."""
+    snapshots, `read_queues`; `history`: the demand samples of the previous passes; `last_heard`: each worker's
+    last signal, as the judge's step had them), and the new capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
         return CapacityPlan()
@@ -451,8 +453,10 @@ def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacit
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
     # Every report: the fleet's hearing (silence everywhere) is the whole fleet's, not these pools' alone.
-    decisions = decide_all(spec, entries, list(reports), queues, now, prices=prices, paused_pools=paused,
-                           exhausted_pools=exhausted, history=history)
+    reports = list(reports)
+    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
+                           exhausted_pools=exhausted, history=history,
+                           hearing=hearing_for(spec, reports, now, last_heard))
     if not any(d.changed for d in decisions):
         return CapacityPlan(tuple(decisions))
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
@@ -600,7 +604,8 @@ def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs:
     decision = decided.decision
     capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
                              loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
-                             queues, inputs.prices, memory.demand.samples() if memory is not None else None)
+                             queues, inputs.prices, memory.demand.samples() if memory is not None else None,
+                             decided.last_heard)
     told = directives_step(loaded, evidence, decision, capacity, now, memory)
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
     return Built(loaded, decided, capacity, told, request)
