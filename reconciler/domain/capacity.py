@@ -512,7 +512,6 @@ class _Ruling:
     direction: str | None = None  # set when the count moves
     sentence: str = ""
     held_by: str | None = None
-    by_bounds: bool = False
 
 
 def _growth(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime) -> tuple[int, str] | None:
@@ -630,7 +629,7 @@ def _rule(pool: PoolSpec, stored: CapacityEntry | None, signals: PoolSignals, de
         how = f"min == max = {low} (a pin)" if low == high else f"bounds {low}..{high}"
         which = "raised" if desired > stored.desired else "lowered"
         return _Ruling(desired, UP if desired > stored.desired else DOWN,
-                       f"{how} in fleet.yaml {which} the count: a human's decision", by_bounds=True)
+                       f"{how} in fleet.yaml {which} the count: a human's decision")
     if low == high:
         return _Ruling(desired, sentence=f"pinned at {low} (min == max in fleet.yaml)")
     unheard = signals.hearing.too_little() if signals.hearing is not None else None
