@@ -210,9 +210,14 @@ class SdkDockerEngine:
                 # A container the runtime would not start must not stay behind (it would look like a worker).
                 with contextlib.suppress(docker.errors.APIError):
                     container.remove(force=True)
-                text = exc.explanation or str(exc)
-                cause = CAUSE_UNKNOWN_GPU if "unknown device" in text else CAUSE_REFUSED
-                raise self._fault(cause, f"the container for {request.name} did not start: {_short(text)}",
+                text = str(exc.explanation or exc)
+                # The NVIDIA runtime's own line says what it refused; the OCI wrapping before it says nothing.
+                said = text[text.index("nvidia-container-cli:"):] if "nvidia-container-cli:" in text else text
+                if "unknown device" in said:
+                    gpu = request.gpu_device or request.env.get("NVIDIA_VISIBLE_DEVICES", "?")
+                    raise self._fault(CAUSE_UNKNOWN_GPU, f"GPU {gpu} is not on this host (the NVIDIA runtime: "
+                                      f"{_short(said)})", temporary=False) from None
+                raise self._fault(CAUSE_REFUSED, f"the container for {request.name} did not start: {_short(said)}",
                                   temporary=False) from None
             return str(container.id)
 
