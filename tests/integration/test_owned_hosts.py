@@ -186,6 +186,11 @@ def hosts_text(hosts: tuple[OwnedHost, ...]) -> str:
          "network": h.network} for h in hosts]}, sort_keys=False)
 
 
+def quick_stop(host: OwnedHost) -> SdkDockerEngine:
+    """The real engine adapter, with a short stop grace: the tests' workers have no proofs to finish."""
+    return SdkDockerEngine(host, stop_grace_s=2)
+
+
 @dataclass
 class World:
     rig: Rig
@@ -210,7 +215,7 @@ class World:
         self.bot = GitStore.clone(str(origin), self.tmp / "bot")
         self.ci = GitStore.clone(str(origin), self.tmp / "ci")
         spec = load_spec(self.ci.workdir / "fleet-spec" / "fleet.yaml")
-        self.market = HostsMarketplace(spec.hosts, SdkDockerEngine, notify=self.said.append)
+        self.market = HostsMarketplace(spec.hosts, quick_stop, notify=self.said.append)
         self.provider = SlotProvider(self.market, self.secret, image_login=self.rig.image_login,
                                      on_destroyed=lambda out: self.store.mark_destroyed(out.instance_id,
                                                                                          datetime.now(UTC)))
@@ -352,7 +357,7 @@ def test_the_sweep_removes_fleet_containers_no_slot_owns_on_every_host(world: Wo
 
 def _market(rig: Rig, *hosts: OwnedHost) -> tuple[HostsMarketplace, list[str]]:
     said: list[str] = []
-    return HostsMarketplace(hosts, SdkDockerEngine, notify=said.append), said
+    return HostsMarketplace(hosts, quick_stop, notify=said.append), said
 
 
 def test_host_faults_each_give_one_clear_line(rig: Rig, tmp_path: Path) -> None:

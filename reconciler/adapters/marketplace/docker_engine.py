@@ -72,8 +72,9 @@ class SdkDockerEngine:
     """`DockerEngine` for one inventory host over the Docker SDK. Connects lazily, once."""
 
     def __init__(self, host: OwnedHost, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 api_timeout_s: float = API_TIMEOUT_S):
+                 api_timeout_s: float = API_TIMEOUT_S, stop_grace_s: int = STOP_GRACE_S):
         self.host = host
+        self._stop_grace_s = stop_grace_s
         self._connect_timeout_s = connect_timeout_s
         self._api_timeout_s = api_timeout_s
         self._client: docker.DockerClient | None = None
@@ -229,7 +230,7 @@ class SdkDockerEngine:
                 return
             with contextlib.suppress(docker.errors.NotFound):
                 if container.status in ("running", "restarting", "paused"):
-                    container.stop(timeout=STOP_GRACE_S)
+                    container.stop(timeout=self._stop_grace_s)
                 container.remove(force=True)
 
     def gpu_uuids(self, image: str) -> list[str]:
