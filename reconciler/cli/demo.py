@@ -31,6 +31,7 @@ import yaml
 
 from reconciler import REPO_ROOT
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.local import (
     LocalMachine,
@@ -72,7 +73,8 @@ class DemoSettings:
     workdir: Path
     deadline_s: float = 110.0
     time_scale: float = DEFAULT_TIME_SCALE
-    proofs: int = 4
+    #: Enough for an early verdict: the warm-up proof, three measured (early_verdict.min_measured_proofs), two saved.
+    proofs: int = 6
     poll_s: float = 1.0
     machines_file: Path = DEMO_MACHINES_FILE
     worker_image: Path = REPO_ROOT / "worker-image"
@@ -343,8 +345,8 @@ class _Loop:
                 applied_at = head if not report.failed else None
             self.sleep(self.settings.poll_s)
             _print_progress(self.store.reports(), self.seen, self.say)
-            result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=image.digest,
-                              directive_sink=self.store)
+            result = run_pass(GitFleetTree(self.bot), self.store, datetime.now(UTC),
+                              desired_image_digest=image.digest, directive_sink=self.store)
             self.passes += 1
             self.on_pass(result)
             _print_pass(result, self.say)
@@ -587,7 +589,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", type=float, default=110.0, help="give up after this many seconds")
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
                    help="real seconds the cuzk-bench stand-in sleeps per simulated second")
-    p.add_argument("--proofs", type=int, default=4, help="proofs per benchmark")
+    p.add_argument("--proofs", type=int, default=DemoSettings.proofs, help="proofs per benchmark")
     p.add_argument("--no-image-story", action="store_true",
                    help="stop after the machine faults (skip the broken-image build and its recovery)")
     wait = p.add_mutually_exclusive_group()

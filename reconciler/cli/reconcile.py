@@ -1,5 +1,5 @@
 """`fleet reconcile`: the long-running judge. Each pass reads worker reports from the controller store,
-judges finished benchmarks and commits records with trailers to the fleet repo (`run_command` below: one
+judges finished benchmarks and commits records with trailers to the fleet repo (reconciler/flows/judge.py: one
 pass, or a pass every `--interval`).
 
 Works in a dedicated bot clone (`--workdir`, cloned from `--repo` on first use; its unpushed commits and
@@ -30,6 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.lease import (
     DEFAULT_LEASE_S,
@@ -43,7 +44,7 @@ from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
-from reconciler.flows.judge import LeaderTerm, PassResult, run, run_pass
+from reconciler.flows.judge import LeaderTerm, PassMemory, PassResult, follow, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
@@ -102,15 +103,12 @@ def _open_git(args: argparse.Namespace) -> GitStore:
     return GitStore.clone(args.repo, workdir, branch=args.branch)
 
 
-def _standby(git: GitStore, keeper: LeaseKeeper, now: datetime) -> PassResult:
+def _standby(tree: GitFleetTree, store: Any, keeper: LeaseKeeper, memory: PassMemory | None,
+             now: datetime) -> PassResult:
     """A follower's pass: no judging, no writes anyone else sees; only its own clone follows the branch, so the
-    page and status it serves show the records the leader pushed."""
-    notes: tuple[str, ...] = ()
-    try:
-        git.sync()
-    except (GitStoreError, TemporaryGitError) as exc:
-        notes = (f"clone not refreshed (the page shows older records): {exc}",)
-    return PassResult(at=now, standby=_leadership_line(keeper), notes=notes)
+    page and status it serves show the records the leader pushed, and its memory follows the store (flows `follow`):
+    when it takes over, its first pass is a warm one."""
+    return PassResult(at=now, standby=_leadership_line(keeper), notes=follow(tree, store, memory))
 
 
 def _leadership_line(keeper: LeaseKeeper) -> str:
@@ -135,7 +133,7 @@ def _report(result: PassResult, as_json: bool) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
     from reconciler.adapters.store.port import StoreError
-    from reconciler.adapters.stores import is_database_uri, open_store
+    from reconciler.adapters.stores import StoreTargetError, is_database_uri, open_store, shown_target, store_target
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -151,14 +149,19 @@ def run_command(args: argparse.Namespace) -> int:
     if args.lease <= 0:
         print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
         return 2
-    replicated = is_database_uri(args.controller_db)
-    if args.listen is None and not replicated and not Path(args.controller_db).is_file():
-        print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
+    try:
+        target = store_target(args.controller_db)
+    except StoreTargetError as exc:
+        print(f"fleet reconcile: --controller-db {exc}", file=sys.stderr)
+        return 2
+    replicated = is_database_uri(target)
+    if args.listen is None and not replicated and not Path(target).is_file():
+        print(f"fleet reconcile: {shown_target(target)}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
         return 1
     try:
         git = _open_git(args)
-        store = open_store(args.controller_db)
+        store = open_store(target)
     except (GitStoreError, TemporaryGitError, StoreError) as exc:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
@@ -171,7 +174,7 @@ def run_command(args: argparse.Namespace) -> int:
     keeper: LeaseKeeper | None = None
     if replicated:
         name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
-        keeper = LeaseKeeper(PostgresLease(str(args.controller_db), timeout_s=min(5.0, args.lease / 3)),
+        keeper = LeaseKeeper(PostgresLease(str(target), timeout_s=min(5.0, args.lease / 3)),
                              holder_id(name), args.lease, poll_s=min(args.lease / 3, args.interval),
                              on_gain=wake.set)
     try:
@@ -185,8 +188,11 @@ def run_command(args: argparse.Namespace) -> int:
             server = _start_controller(store, args.listen, args, surfaces.routes, health=partial(_health, keeper))
             if server is None:
                 return 2
-        # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
-        record_cache = None if args.once else RecordCache()
+        # The loop keeps parsed records between passes and re-parses only changed files, and what it read of the
+        # store and decided (its memory): each pass reads and judges only what changed or fell due. One pass
+        # (--once) has no use for either.
+        tree = GitFleetTree(git, record_cache=None if args.once else RecordCache())
+        memory = None if args.once else PassMemory()
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
@@ -202,10 +208,10 @@ def run_command(args: argparse.Namespace) -> int:
             if keeper is not None:
                 epoch = keeper.term()
                 if epoch is None:  # another replica leads: serve workers, judge and write nothing
-                    return _standby(git, keeper, now)
+                    return _standby(tree, store, keeper, memory, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
-            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, prices=prices, term=term)
+            return run_pass(tree, store, now, desired_image_digest=desired, directive_sink=store, queue_reader=queue,
+                            prices=prices, term=term, memory=memory)
 
         shown_standby: list[str] = []
 

@@ -23,10 +23,11 @@ marketplace unless the worker's last words carry a signature (e.g. an Xid: machi
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -37,7 +38,7 @@ from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import classify
 from reconciler.domain.spec import EarlyVerdictSettings, PoolSpec, RecordExpirySettings, ServingSettings
-from reconciler.domain.verdict import EVIDENCE_LOG_LINES, Verdict, unrecognized_signature
+from reconciler.domain.verdict import EVIDENCE_LOG_LINES, NOT_RECOGNISED, Verdict, unrecognized_signature
 
 DEGRADED = "degraded"
 LOST = "lost"
@@ -163,6 +164,11 @@ def _ago(now: datetime, then: datetime) -> str:
     return f"{s}s ago" if s < 120 else f"{s // 60} min ago" if s < 7200 else f"{s // 3600} h ago"
 
 
+def health_reach(settings: ServingSettings) -> timedelta:
+    """How far back from the newest heartbeat `serving_health` reads (the heartbeats that can matter)."""
+    return timedelta(minutes=settings.degraded_after_minutes + 2 * settings.heartbeat_minutes + settings.window_minutes)
+
+
 def serving_health(report: InstanceReport, pool: PoolSpec, settings: ServingSettings) -> ServingHealth:
     """Rolling rate at the newest heartbeat, and since when it has been below the threshold.
 
@@ -172,7 +178,7 @@ def serving_health(report: InstanceReport, pool: PoolSpec, settings: ServingSett
     in the history. `below_since` therefore reaches back at most that far."""
     window = timedelta(minutes=settings.window_minutes)
     period = timedelta(minutes=settings.degraded_after_minutes + settings.heartbeat_minutes)
-    beats = heartbeats(report, reach=period + window + timedelta(minutes=settings.heartbeat_minutes))
+    beats = heartbeats(report, reach=health_reach(settings))
     threshold = pool.min_rate_proofs_per_hour * (1 - settings.degraded_margin)
     rate = None
     below_since: datetime | None = None
@@ -235,6 +241,47 @@ def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta, sin
         if newer > since and newer - older > silence:
             back = newer
     return back
+
+
+class FleetSignals:
+    """When the controller last heard each worker of the fleet: what `judge_serving` needs to know of the others
+    ("anyone heard from since?", "when was the fleet heard again after an outage?").
+
+    Built from every report (`decide` builds it from the reports it judges when given none); the leader's warm
+    pass keeps each worker's last signal between passes and builds it from those (`last_heard`), so judging the
+    few instances that changed does not walk every report's events. Each answer is worked out on first use."""
+
+    def __init__(self, reports: Sequence[InstanceReport], last_heard: Mapping[str, datetime] | None = None) -> None:
+        self.reports = reports
+        self._heard = dict(last_heard) if last_heard is not None else None
+        self._newest: list[tuple[datetime, str]] | None = None
+        self._back: dict[tuple[datetime, timedelta], datetime | None] = {}
+
+    def last_heard(self) -> Mapping[str, datetime]:
+        """Every worker's newest signal (`last_signal`), by instance id."""
+        if self._heard is None:
+            self._heard = {r.instance_id: last_signal(r) for r in self.reports}
+        return self._heard
+
+    def heard(self, instance_id: str) -> datetime:
+        return self.last_heard()[instance_id]
+
+    def newest_except(self, instance_id: str) -> datetime | None:
+        """The newest signal of any OTHER worker (`judge_serving`'s `fleet_last_signal`)."""
+        if self._newest is None:
+            self._newest = heapq.nlargest(2, ((t, i) for i, t in self.last_heard().items()))
+        return next((t for t, i in self._newest if i != instance_id), None)
+
+    def heard_again(self, instance_id: str, now: datetime, silence: timedelta,
+                    judged_serving: Collection[str]) -> datetime | None:
+        """`fleet_heard_again` from the oldest silence of a serving worker not judged yet (this one's when none is
+        silent that long): worked out once per pass, at the first silent worker judged."""
+        key = (now, silence)
+        if key not in self._back:
+            silent = [self.heard(r.instance_id) for r in self.reports if is_serving(r)
+                      and r.instance_id not in judged_serving and now - self.heard(r.instance_id) > silence]
+            self._back[key] = fleet_heard_again(self.reports, silence, min(silent, default=self.heard(instance_id)))
+        return self._back[key]
 
 
 def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, *,
@@ -300,10 +347,15 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
           failure_message: str | None, tail: Sequence[str], fleet_back: datetime | None = None,
           exit_code: int | None = None) -> Verdict:
     match = classify(tail) if tail else None
+    generic = None
+    if match is not None and not match.decisive:  # a wrapper's "failed" never decides blame (issue 29)
+        generic, match = match, None
     if match is not None:
         blame, cause = match.blame, redact_line(match.line)
     elif failure_message is not None:
-        blame, cause = "unknown", redact_line(failure_message)  # the worker stopped itself: maybe our software
+        # The worker stopped itself: maybe our software; the best line it left is shown, not recognised.
+        blame = "unknown"
+        cause = redact_line(f"{NOT_RECOGNISED}: {generic.line if generic is not None else failure_message}")
     else:
         blame, cause = "marketplace", None
     silent_min = (now - last).total_seconds() / 60
@@ -321,9 +373,9 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
     if fleet_back is not None:
         evidence["fleet_heard_again"] = format_time(fleet_back)
     if match is not None:
-        evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
+        evidence["signature"] = {"name": match.key, "blame": match.blame, "line": redact_line(match.line)}
     if match is not None:
-        signature = match.name
+        signature = match.key
     elif failure_message is not None:
         # The worker stopped itself and no signature says why: keyed like any unexplained failure, so the same
         # message from distinct machines with one image trips the breaker and different ones do not.
@@ -406,13 +458,18 @@ class EarlyCheck:
     best_case_proofs_per_hour: float
     saved_minutes: float
     saved_usd_at_most: float
+    #: The fastest proof the machine has shown (measured or warm-up), which bounds the best case, and which it was.
+    best_seconds: float = 0.0
+    bounded_by: str = ""
 
 
 def early_check(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSettings) -> EarlyCheck | None:
     """None while there is not enough evidence (or the benchmark already ended, or early verdicts are off).
 
-    Best case: the remaining proofs all at the best speed seen so far, with perfect overlap of the `-j`
-    concurrent proofs (an upper bound, so the verdict errs towards keeping the machine)."""
+    Enough evidence: `settings.min_measured_proofs` good proofs after the warm-up. Best case: the remaining proofs
+    all at the fastest speed the machine has shown so far - a measured proof, or a warm-up proof (the worker's
+    warm-up phase, the batch's first `warmup_proofs`) when that was faster - with perfect overlap of the `-j`
+    concurrent proofs: an upper bound, so the verdict errs towards keeping the machine."""
     if not settings.enabled or report.result is not None or report.failure() is not None:
         return None
     started = report.first("benchmark", "started")
@@ -422,22 +479,38 @@ def early_check(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSe
     concurrency = _int(started.details.get("concurrency")) or pool.benchmark.concurrency or 1
     samples = proof_samples(report)
     after = [s for s in samples if s.index > settings.warmup_proofs]
-    measured = tuple(s.seconds for s in after if s.ok and s.seconds and s.seconds > 0)
-    if len(measured) < settings.min_measured_proofs:
+    good = [s for s in after if s.ok and s.seconds and s.seconds > 0]
+    measured = tuple(s.seconds for s in good if s.seconds)
+    if len(measured) < max(settings.min_measured_proofs, 1):
         return None
     total = max(requested - settings.warmup_proofs, 1)
     done = len(after)
     remaining = max(total - done, 0)
     if remaining == 0:
         return None  # nothing left to save: the result decides
-    best = min(measured)
+    best, bounded_by = min(_shown_speeds(report, samples, settings, good))
     elapsed = sum(s.seconds or 0.0 for s in after) / concurrency
     best_case_s = elapsed + remaining * best / concurrency
     good_at_best = len(measured) + remaining
     best_rate = good_at_best * 3600.0 / best_case_s if best_case_s > 0 else math.inf
     saved_min = remaining * statistics.fmean(measured) / concurrency / 60.0
     return EarlyCheck(requested, measured, remaining, concurrency, best_rate, saved_min,
-                      saved_min / 60.0 * pool.max_price_usd_per_hour)
+                      saved_min / 60.0 * pool.max_price_usd_per_hour, best, bounded_by)
+
+
+def _shown_speeds(report: InstanceReport, samples: Sequence[ProofSample], settings: EarlyVerdictSettings,
+                  good: Sequence[ProofSample]) -> list[tuple[float, str]]:
+    """(seconds, which proof) of every good proof the machine has shown: measured, the batch's warm-up proofs, the
+    worker's warm-up phase (its `warmup done` event: `details.seconds`, the one discarded proof)."""
+    shown = [(float(s.seconds), f"measured proof {s.index}") for s in good if s.seconds]
+    shown += [(float(s.seconds), f"warm-up proof {s.index} of the batch") for s in samples
+              if s.index <= settings.warmup_proofs and s.ok and s.seconds and s.seconds > 0]
+    warm = report.first("warmup", "done")
+    seconds = _num(warm.details.get("seconds")) if warm is not None else None
+    label = warm.details.get("label") if warm is not None else None
+    if seconds is not None and seconds > 0 and (label is None or str(label).upper() == "COMPLETED"):
+        shown.append((seconds, "the warm-up proof"))
+    return shown
 
 
 def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSettings,
@@ -445,15 +518,17 @@ def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSe
     check = early_check(report, pool, settings)
     if check is None or check.best_case_proofs_per_hour >= pool.min_rate_proofs_per_hour:
         return None
-    best = min(check.measured)
-    reason = (f"{EARLY}: benchmark after {len(check.measured)} measured of {check.requested} proofs: best case "
-              f"{check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h (best {best:.1f} "
-              f"s/proof, -j {check.concurrency}); ended early: saved ~{check.saved_minutes:.1f} min, <= "
-              f"${check.saved_usd_at_most:.2f}")
+    count = len(check.measured)
+    reason = (f"{EARLY}: benchmark after {count} measured {'proof' if count == 1 else 'proofs'} of {check.requested}: "
+              f"best case {check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h even at the "
+              f"fastest proof it showed ({check.best_seconds:.1f} s/proof, {check.bounded_by}; -j {check.concurrency})"
+              f"; ended early: saved ~{check.saved_minutes:.1f} min, <= ${check.saved_usd_at_most:.2f}")
     evidence = {
         "stage": "admission", "early": {
             "measured_seconds": [round(s, 2) for s in check.measured], "remaining": check.remaining,
             "requested": check.requested, "concurrency": check.concurrency,
+            "best_seconds": round(check.best_seconds, 2), "bounded_by": check.bounded_by,
+            "min_measured_proofs": settings.min_measured_proofs,
             "best_case_proofs_per_hour": round(check.best_case_proofs_per_hour, 2)},
         "saved": {"minutes": round(check.saved_minutes, 1), "usd_at_most": round(check.saved_usd_at_most, 2),
                   "price_basis": f"pool max ${pool.max_price_usd_per_hour:g}/h"},
@@ -502,7 +577,7 @@ def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: 
     """Per live instance: stop once any verdict on it failed (or its machine is excluded), serve once its
     admission passed, else wait. A banned machine's instance stops whatever its benchmark says, judged or
     not (its machine id is the provisioner's claim, checked at registration). Recomputed from the records
-    every pass (crash-safe, idempotent)."""
+    every pass (crash-safe, idempotent); the warm pass recomputes only the instances it must (domain/due.py)."""
     entries: dict[str, list[BenchmarkEntry]] = {}
     machine_of: dict[str, MachineRecord] = {}
     for rec in records.machines.values():
@@ -510,31 +585,35 @@ def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: 
             entries.setdefault(b.instance_id, []).append(b)
             machine_of[b.instance_id] = rec
     out: dict[str, Directive] = {}
-    hb = settings.heartbeat_minutes * 60.0
     for report in reports:
         if report.destroyed_at is not None:
             continue
-        mine = entries.get(report.instance_id, [])
-        # A serving verdict held by a guard (kill budget) keeps the machine serving: stopping it would leave
-        # the slot idle without a replacement. A failed admission never serves.
-        failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)),
-                       None)
         machine = machine_of.get(report.instance_id) or (
             records.machines.get(report.machine_id) if report.machine_id is not None else None)
-        standing = machine.standing(now) if machine is not None else None
-        if machine is not None and standing is not None and standing.state == "banned":
-            out[report.instance_id] = Directive(report.instance_id, "stop",
-                                                f"machine {machine.machine_id}: {standing.detail}", machine.status, hb)
-        elif failing is not None:
-            out[report.instance_id] = Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
-        elif machine is not None and standing is not None and standing.excluded and mine:
-            out[report.instance_id] = Directive(report.instance_id, "stop",
-                                                f"machine {machine.machine_id}: {standing.detail}", machine.status, hb)
-        elif mine:
-            out[report.instance_id] = Directive(report.instance_id, "serve", mine[-1].reason, mine[-1].verdict, hb)
-        else:
-            out[report.instance_id] = Directive(report.instance_id, "wait", "benchmark not judged yet", None, hb)
+        out[report.instance_id] = directive_for(report, entries.get(report.instance_id, []), machine, settings, now)
     return out
+
+
+def directive_for(report: InstanceReport, mine: Sequence[BenchmarkEntry], machine: MachineRecord | None,
+                  settings: ServingSettings, now: datetime) -> Directive:
+    """One live instance's directive: `mine`, the record entries naming it (in the records' order); `machine`, the
+    last record naming it, else its own machine's record."""
+    hb = settings.heartbeat_minutes * 60.0
+    # A serving verdict held by a guard (kill budget) keeps the machine serving: stopping it would leave
+    # the slot idle without a replacement. A failed admission never serves.
+    failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)), None)
+    standing = machine.standing(now) if machine is not None else None
+    if machine is not None and standing is not None and standing.state == "banned":
+        return Directive(report.instance_id, "stop", f"machine {machine.machine_id}: {standing.detail}",
+                         machine.status, hb)
+    if failing is not None:
+        return Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
+    if machine is not None and standing is not None and standing.excluded and mine:
+        return Directive(report.instance_id, "stop", f"machine {machine.machine_id}: {standing.detail}",
+                         machine.status, hb)
+    if mine:
+        return Directive(report.instance_id, "serve", mine[-1].reason, mine[-1].verdict, hb)
+    return Directive(report.instance_id, "wait", "benchmark not judged yet", None, hb)
 
 
 # --- expiry and probation --------------------------------------------------------------------------------
