@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from reconciler.adapters.git import GitReader, GitStoreError
 from reconciler.adapters.record_files import parse_machine_record
 from reconciler.adapters.record_history import RecordHistoryParser
+from reconciler.domain.hosts import machine_id_of_argument
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
 from reconciler.flows.why import (
@@ -27,7 +28,8 @@ from reconciler.flows.why import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("why", help="why a machine was judged as it was: its verdict commits and evidence")
-    p.add_argument("machine_id", nargs="?", help="marketplace machine id, e.g. 40213")
+    p.add_argument("machine_id", nargs="?", help="marketplace machine id, e.g. 40213, or an owned host's GPU as "
+                                                 "<host>/<GPU UUID>, e.g. gpu-a/GPU-3b2f...")
     p.add_argument("--pool", default=None, help="instead of a machine: the capacity decisions of this autoscaled "
                                                 "pool (its Fleet-Capacity commits), newest first")
     p.add_argument("--repo", type=Path, default=None, help="git checkout to read (default: the current one)")
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pool is not None or args.machine_id is None:
         return _pool_history(args)
     try:
-        machine_id = check_machine_id(args.machine_id)
+        machine_id = check_machine_id(machine_id_of_argument(args.machine_id))
     except RecordError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
         return 2
