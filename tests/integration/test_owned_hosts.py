@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.docker_engine import SdkDockerEngine
 from reconciler.adapters.marketplace.hosts import LABEL_FLEET, LABEL_GPU, LABEL_HOST, HostError, HostsMarketplace
@@ -232,8 +233,8 @@ class World:
 
     def step(self) -> PassResult:
         self.apply()
-        result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=self.image.digest,
-                          directive_sink=self.store)
+        result = run_pass(GitFleetTree(self.bot), self.store, datetime.now(UTC),
+                          desired_image_digest=self.image.digest, directive_sink=self.store)
         assert result.ok, result.headline()
         self.passes.append(result)
         return result
