@@ -257,14 +257,10 @@ class World:
         return [b.verdict for b in record.benchmarks] if record else []
 
     def serving(self, machine_id: str) -> bool:
-        """The GPU's worker is alive and its cluster client proves on it (the serve command's own lines)."""
-        for slot in self.slots().values():
-            if slot.machine_id != machine_id:
-                continue
-            container = slot.contract_id.split(".", 1)[1]
-            logs = self.rig.gpu_engine.docker("logs", "--tail", "50", container, check=False)
-            return b"serve-cmd" in logs.stdout + logs.stderr and b"COMPLETED" in logs.stdout + logs.stderr
-        return False
+        """The GPU's worker serves and the controller hears its heartbeats."""
+        return any(r.machine_id == machine_id and r.first("serve", "started") is not None and r.destroyed_at is None
+                   and sum(1 for e in r.events if e.phase == "serve" and "heartbeat" in e.details) >= 2
+                   for r in self.store.reports())
 
     def slots(self) -> dict[str, SlotOutputs]:
         from reconciler.adapters.slot_provider import load_slot_state
