@@ -290,7 +290,7 @@ def _signal_forms(signature: str) -> _Forms:
     names = "|".join(c.name for c in codes)
     texts = "|".join(re.escape(c.text) for c in codes)
     forms = _Forms(rf"(?-i:\b(?:{names})\b)|\bsignal: (?:{nums})\b|\bkilled by signal (?:{nums})\b"
-                   rf"|^(?:\S+: )?(?:line \d+: )?\s*\d+ (?:{texts})\b",
+                   rf"|^(?:\S+: )?(?:line \d+: )?\s*\d+ (?:{texts})",  # bash pads the text, or glues a long one
                    ("signal: ", "killed by signal ", *(c.name.lower() for c in codes),
                     *(c.text.lower() for c in codes)))
     bare = [c.text for c in codes if c.name in _SIGNAL_BARE]

@@ -350,3 +350,47 @@ def test_the_same_unknown_failure_twice_while_another_machine_passes_is_the_mach
     assert "decided:   by the fleet (machine: twice while others pass)" in why and "machine(s) 72002 passed" in why
     assert "retest:    of rtx4090-0-0dd001" in why and "failed again the same way" in why
     assert "retest pending" in why  # the first attempt's entry: held for the retest it got
+
+
+#: One class of each table issue 29 built whole, end to end: the real worker scripts with a stand-in that fails
+#: the way the real tool does, through the controller to the committed record, `fleet status` and `fleet why`.
+#: (case, wrapper name, wrapper body, env, (verdict, blame, signature), the specific line shown)
+TABLE_CLASSES = [
+    ("aria2c-9-disk-full", "aria2c",  # aria2/aria2#991's exception, as aria2c prints it, and its exit status
+     'for a in "$@"; do url=$a; done\n'
+     'echo "08/25 06:05:40 [ERROR] CUID#7 - Download aborted. URI=$url"\n'
+     'echo "Exception: [AbstractDiskWriter.cc:454] errNum=28 errorCode=9 Failed to write into the file /x.part, '
+     'cause: No space left on device"\nexit 9\n', {},
+     ("params-failed", "configuration", "disk-full"), "errNum=28 errorCode=9"),
+    ("errno-emfile", "cuzk-bench",  # an anyhow chain whose cause is Rust's io::Error Display for EMFILE
+     "if [[ $* == *batch* && $* == *'-c 4'* ]]; then\n"
+     "  printf '%s\\n' 'Error: failed to open c1.json' '' 'Caused by:' '    Too many open files (os error 24)' >&2\n"
+     "  exit 1\nfi\n", {"FLEET_BENCH_PROOFS": "4"},
+     ("benchmark-error", "configuration", "container-limit"), "Too many open files (os error 24)"),
+    ("signal-sigfpe", "cuzk-bench",  # the process really dies of SIGFPE: exit status 128 + 8
+     "if [[ $* == *batch* && $* == *'-c 4'* ]]; then kill -FPE $$; fi\n", {"FLEET_BENCH_PROOFS": "4"},
+     ("benchmark-error", "image", "fatal-signal"), "Floating point exception"),  # bash's own job notice
+    ("worker-69", None, "", {"FLEET_PARAMS_BASE_URL": ""},  # the worker's own exit code, its one table
+     ("params-failed", "configuration", "params-source-missing"), "no params source"),
+]
+
+
+@pytest.mark.parametrize(("case", "tool", "body", "env", "expected", "shown"), TABLE_CLASSES,
+                         ids=[c[0] for c in TABLE_CLASSES])
+def test_each_table_class_is_judged_and_shown_in_status_and_why(
+        pipeline: Callable[[str], Pipeline], capsys: pytest.CaptureFixture[str], case: str, tool: str | None,
+        body: str, env: dict[str, str], expected: tuple[str, str, str], shown: str) -> None:
+    world = pipeline(SPEC_YAML)
+    path = None
+    if tool is not None:
+        wrapper = world.tmp / f"{case}-bin"
+        real = STANDIN_DIR / tool if tool == "cuzk-bench" else world.tmp / "bin" / tool
+        _script(wrapper / tool, f"#!/usr/bin/env bash\n{body}exec {real} \"$@\"\n")
+        path = f"{wrapper}:{world.tmp / 'bin'}:{STANDIN_DIR}:{SYSTEM_PATH}"
+    run = world.run("rtx4090-0-7ab1e0", "73001", path=path, **env)
+    assert run.returncode != 0 and run.entry is not None, run.output[-3000:]
+    assert (run.entry.verdict, run.entry.blame, run.entry.signature) == expected, run.entry.reason
+    assert shown in run.entry.reason and "not recognised" not in run.entry.reason, run.entry.reason
+    assert shown in world.status(capsys)
+    why = world.why(capsys, "73001")
+    assert shown in why and f"signature: {expected[2]}" in why
