@@ -24,6 +24,7 @@ from reconciler.domain.capacity import CapacityEntry, PoolCapacityStatus, capaci
 from reconciler.domain.observations import InstanceReport, InstanceSummary, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, RecordedVerdict, RecordSet
+from reconciler.domain.retests import HELD_FOR_RETEST, retests_pending
 from reconciler.domain.serving import judge_early, saved, serving_health
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import judge, root_cause_text
@@ -233,6 +234,12 @@ def _recorded_entries(records: RecordSet, reports: Sequence[InstanceReport]) -> 
         if r.machine_id is not None:
             wanted.setdefault(r.machine_id, set()).add(r.instance_id)
     return records.instance_entries(wanted)
+
+
+def _retested(records: RecordSet, machine_id: str, entry: BenchmarkEntry) -> bool:
+    """Whether the machine has an attempt judged after `entry` (its retest, or a later rental)."""
+    found = records.records_of([machine_id])
+    return bool(found) and any(e.at > entry.at for e in found[0].benchmarks if e.instance_id != entry.instance_id)
 
 
 def _root_cause(entry: BenchmarkEntry) -> str:
@@ -463,6 +470,13 @@ def status_view(spec: FleetSpec, records: RecordSet, reports: Iterable[InstanceR
             verdict, blame, held_by, marks_bad, is_recorded = (entry.verdict, entry.blame, entry.held_by,
                                                                entry.marks_bad, True)
             cause = _root_cause(entry) if entry.verdict != "ok" else None  # evidence read only for failures
+            if held_by == HELD_FOR_RETEST and report.machine_id is not None:
+                # Pending while the machine's newest attempt is this one and the window is open (correlation.py).
+                due = retests_pending(records, spec, now, [report.machine_id]).get(report.machine_id)
+                if due is None or due.instance_id != report.instance_id:
+                    held_by = "retest done" if due is None and _retested(records, report.machine_id, entry) \
+                        else "retest not done (the machine was not rented again in time)"
+                    cause = (cause or "").replace(", retest pending)", f", {held_by})")
         elif report.pool in pools_by_name:
             judged = judge(report, pools_by_name[report.pool], now, desired_image_digest=desired_image_digest)
             if judged is not None:

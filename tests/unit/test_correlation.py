@@ -214,3 +214,21 @@ def test_a_flickering_machine_that_fails_the_same_way_again_after_passing_is_the
     v = _only(again, "rtx-pro-4000-0-c")
     assert (v.blame, v.marks_bad) == ("machine", True)
     assert v.evidence["correlation"]["rule"] == RULE_MACHINE_TWICE and "retest" not in v.evidence
+
+
+def test_status_shows_a_retest_pending_then_done_or_not_done() -> None:
+    from reconciler.domain.status import status_view
+
+    failed = error_report("rtx-pro-4000-0-a", "70001", ODD)
+    records = _merged(RecordSet(), _pass([failed], RecordSet(), 3))
+
+    def shown(records: RecordSet, hours: float) -> str:
+        (instance,) = [i for i in status_view(SPEC, records, [failed], _at(hours)).instances
+                       if i.instance_id == "rtx-pro-4000-0-a"]
+        return f"{instance.held_by} | {instance.root_cause}"
+
+    assert shown(records, 4).startswith("retest | ") and "retest pending)" in shown(records, 4)
+    # The window passed without the machine being rented again: the retest was not done.
+    assert "retest not done" in shown(records, 3 + SPEC.retest.window_hours + 1)
+    retested = _merged(records, _pass([_shifted(completed_report("rtx-pro-4000-0-b", "70001", 35.0), 2)], records, 5))
+    assert shown(retested, 6).startswith("retest done | ")
