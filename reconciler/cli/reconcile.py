@@ -41,6 +41,7 @@ from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
+from reconciler.flows.demand import DemandRecorder
 from reconciler.flows.judge import LeaderTerm, PassResult, run, run_pass
 
 if TYPE_CHECKING:
@@ -84,6 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-name", default=None, metavar="NAME",
                    help="with a PostgreSQL store: this replica's name in the lease, status and /healthz "
                         "(default: host:port of --listen, or host:pid)")
+    p.add_argument("--demand-sample", type=float, default=60.0, metavar="SECONDS",
+                   help="the leader samples each pool's demand at most this often (default: %(default)s); the samples "
+                        "go to fleet-spec/demand/ for `fleet plan --what-if` (not with --once)")
+    p.add_argument("--demand-flush", type=float, default=3600.0, metavar="SECONDS",
+                   help="commit the demand samples with the next commit, or on their own once the oldest is this old "
+                        "(default: %(default)s)")
     from reconciler.cli.controller import add_tls_arguments
 
     add_tls_arguments(p)
@@ -149,6 +156,10 @@ def run_command(args: argparse.Namespace) -> int:
     if args.lease <= 0:
         print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
         return 2
+    if args.demand_sample <= 0 or args.demand_flush < 0:
+        print(f"fleet reconcile: --demand-sample must be > 0 and --demand-flush >= 0 seconds, got "
+              f"{args.demand_sample:g} and {args.demand_flush:g}", file=sys.stderr)
+        return 2
     replicated = is_database_uri(args.controller_db)
     if args.listen is None and not replicated and not Path(args.controller_db).is_file():
         print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
@@ -185,6 +196,8 @@ def run_command(args: argparse.Namespace) -> int:
                 return 2
         # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
         record_cache = None if args.once else RecordCache()
+        # The leader's demand samples (one pass has no tile to measure: --once records none).
+        demand = None if args.once else DemandRecorder(resolution_s=args.demand_sample, flush_s=args.demand_flush)
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
@@ -203,7 +216,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return _standby(git, keeper, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, prices=prices, term=term)
+                            directive_sink=store, queue_reader=queue, prices=prices, term=term, demand=demand)
 
         shown_standby: list[str] = []
 

@@ -493,6 +493,16 @@ def decide_all(spec: FleetSpec, entries: Mapping[str, CapacityEntry], reports: S
                queues: Mapping[str, QueueSnapshot], now: datetime, *, prices: Mapping[str, float] | None = None,
                paused_pools: Iterable[str] = (), exhausted_pools: Iterable[str] = ()) -> list[CapacityDecision]:
     """Every ranged pool's decision, in spec order; the spend cap is shared out in that order."""
+    signals = {pool.name: signals_for(pool, reports, queues.get(pool.name) if pool.queue else None, spec.serving,
+                                      prices or {}, now)
+               for pool in spec.pools if pool.min_count is not None}
+    return decide_signals(spec, entries, signals, now, paused_pools=paused_pools, exhausted_pools=exhausted_pools)
+
+
+def decide_signals(spec: FleetSpec, entries: Mapping[str, CapacityEntry], signals: Mapping[str, PoolSignals],
+                   now: datetime, *, paused_pools: Iterable[str] = (),
+                   exhausted_pools: Iterable[str] = ()) -> list[CapacityDecision]:
+    """`decide_all` on signals already measured (one per ranged pool): `domain.whatif` replays the recorded ones."""
     paused, exhausted = set(paused_pools), set(exhausted_pools)
     desired = {p.name: p.count if p.min_count is None else within_bounds(p, entries.get(p.name))[2]
                for p in spec.pools}
@@ -504,9 +514,7 @@ def decide_all(spec: FleetSpec, entries: Mapping[str, CapacityEntry], reports: S
         if spec.max_total_dph is not None:
             others = sum(desired[p.name] * p.max_price_usd_per_hour for p in spec.pools if p.name != pool.name)
             room = spec.max_total_dph - others - desired[pool.name] * pool.max_price_usd_per_hour
-        sig = signals_for(pool, reports, queues.get(pool.name) if pool.queue else None, spec.serving,
-                          prices or {}, now)
-        decision = decide_pool(pool, entries.get(pool.name), sig, now, spend_room_usd=room,
+        decision = decide_pool(pool, entries.get(pool.name), signals[pool.name], now, spend_room_usd=room,
                                paused=pool.name in paused, kill_budget_exhausted=pool.name in exhausted)
         desired[pool.name] = decision.after
         out.append(decision)

@@ -6,11 +6,11 @@ tree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
 
-from reconciler.domain.breaker import KillBudget, apply_guards
+from reconciler.domain.breaker import GuardOutcome, KillBudget, apply_guards
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import (
     ImageSuspectRecord,
@@ -111,11 +111,12 @@ class PassDecision:
 
 def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
            judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
-           judged_serving_ids: Iterable[str] = ()) -> PassDecision:
+           judged_serving_ids: Iterable[str] = (), prices: Mapping[str, float] | None = None) -> PassDecision:
     """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
 
     A benchmark still running may get an early verdict; an instance that passed and serves may get a
-    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers)."""
+    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers).
+    `prices`: instance -> $/h (the provisioner's slot state, when the leader has it), kept in each entry."""
     reports = list(reports)
     judged = set(judged_instance_ids)
     judged_serving = set(judged_serving_ids)
@@ -206,20 +207,36 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         else:
             candidates.append(verdict)
             by_machine.setdefault(machine_id, []).append(verdict)
-    guarded = apply_guards(spec, records, candidates, now)
-    notes += guarded.notes
-    changed: dict[str, MachineRecord] = {}
-    for v in guarded.verdicts:
-        assert v.machine_id is not None  # candidates all have a checked machine id
-        current = changed.get(v.machine_id) or machines.get(v.machine_id) or MachineRecord(v.machine_id)
-        entry, note = with_expiry(v, current, spec.record_expiry, now)
-        if note:
-            notes.append(note)
-        changed[v.machine_id] = current.with_entry(entry, host_id=v.host_id, gpu_name=v.gpu_name)
+    guarded, changed, recorded_notes = guard_and_record(spec, records, candidates, now, prices=prices)
+    notes += recorded_notes
     return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
                         image_records=guarded.image_records,
                         pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,
                         quarantined=tuple(quarantined))
+
+
+def guard_and_record(spec: FleetSpec, records: RecordSet, candidates: Sequence[Verdict], now: datetime, *,
+                     prices: Mapping[str, float] | None = None) -> tuple[GuardOutcome, dict[str, MachineRecord],
+                                                                         list[str]]:
+    """The judged verdicts (each with a checked machine id) through the circuit breaker and the kill budget, then
+    into their machines' records (expiry and probation stamped): the guards' outcome, the changed records and the
+    notes. `decide` ends with it; `domain.whatif` replays recorded verdicts through it.
+
+    `prices`: instance -> $/h it was rented at (when the leader knows it): kept in the record entry."""
+    guarded = apply_guards(spec, records, candidates, now)
+    notes = list(guarded.notes)
+    changed: dict[str, MachineRecord] = {}
+    for v in guarded.verdicts:
+        assert v.machine_id is not None  # candidates all have a checked machine id
+        current = changed.get(v.machine_id) or records.machines.get(v.machine_id) or MachineRecord(v.machine_id)
+        entry, note = with_expiry(v, current, spec.record_expiry, now)
+        if note:
+            notes.append(note)
+        price = prices.get(v.instance_id) if prices else None
+        if price is not None:
+            entry = replace(entry, price_usd_per_hour=price)
+        changed[v.machine_id] = current.with_entry(entry, host_id=v.host_id, gpu_name=v.gpu_name)
+    return guarded, changed, notes
 
 
 def awaiting_evidence(spec: FleetSpec, reports: Iterable[InstanceReport], judged_instance_ids: Iterable[str],

@@ -45,6 +45,7 @@ from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.serving import directives
 from reconciler.domain.spec import FleetSpec, QueueSource, SpecError
 from reconciler.domain.verdict import Verdict
+from reconciler.flows.demand import DemandRecorder, demand_trailers
 
 SPEC_DIR = "fleet-spec"
 SPEC_FILE = f"{SPEC_DIR}/fleet.yaml"
@@ -236,6 +237,20 @@ def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports:
     return decisions, FileChange(capacity_file, render_capacity(merged))
 
 
+def with_demand(request: CommitRequest | None, demand_files: Sequence[FileChange],
+                leader_epoch: int | None = None) -> CommitRequest | None:
+    """`request` with the demand day files added (or a commit of them alone), each named in a `Fleet-Demand`
+    trailer."""
+    if not demand_files:
+        return request
+    trailers = demand_trailers(demand_files)
+    if request is None:
+        pools = sorted({path.split("/")[-2] for _, path in trailers})
+        return CommitRequest(f"fleet demand: samples of {', '.join(pools) or 'no pool'}", "",
+                             (*trailers, *leader_trailer(leader_epoch)), tuple(demand_files))
+    return replace(request, trailers=(*request.trailers, *trailers), changes=(*request.changes, *demand_files))
+
+
 def _prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
     if read is None:
         return {}
@@ -269,7 +284,8 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
              record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
-             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None) -> PassResult:
+             term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None,
+             demand: DemandRecorder | None = None) -> PassResult:
     """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
@@ -284,13 +300,17 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
-    replica whose term ended (paused past its lease, or cut off from the database) writes nothing."""
+    replica whose term ended (paused past its lease, or cut off from the database) writes nothing.
+
+    `demand`: the leader's demand recorder (kept by the loop): samples of each pool's demand from the capacity
+    step, committed to fleet-spec/demand/ for `fleet plan --what-if`."""
     try:
         reports = tuple(source.reports())
     except Exception as exc:  # any failure to observe must never become a verdict
         return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}", reason=errors.OBSERVATION_FAILED)
 
     outcome: dict[str, Any] = {}
+    pass_prices = _prices(prices)
 
     def build(workdir: Path) -> CommitRequest | None:
         outcome.clear()
@@ -307,25 +327,38 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
             outcome["observation_error"] = f"{type(exc).__name__}: {exc}"
             return None
         decision = decide(spec, evidence, records, judged, desired_image_digest, now,
-                          judged_serving_ids=store.trailer_values(SERVING_TRAILER))
+                          judged_serving_ids=store.trailer_values(SERVING_TRAILER), prices=pass_prices)
         outcome["decision"] = decision
         after = RecordSet(machines={**records.machines, **decision.machine_records})
         capacity, capacity_file = capacity_step(
             spec, workdir / spec_file, str(Path(spec_file).parent / CAPACITY_FILE), reports, records,
-            decision.kill_budgets, desired_image_digest, now, queue_reader, _prices(prices))
+            decision.kill_budgets, desired_image_digest, now, queue_reader, pass_prices)
         outcome["capacity"] = capacity
         outcome["directives"] = with_drains(
             {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
             reports)
-        return commit_request(decision, capacity, capacity_file, term.epoch if term is not None else None)
+        epoch = term.epoch if term is not None else None
+        request = commit_request(decision, capacity, capacity_file, epoch)
+        if demand is None:
+            return request
+        spec_dir = workdir / Path(spec_file).parent
+        taken = demand.take(spec, spec_dir, reports, records, capacity,
+                            [name for name, b in decision.kill_budgets.items() if b.exhausted], pass_prices,
+                            desired_image_digest, now)
+        files = demand.changes(spec_dir, str(Path(spec_file).parent), taken, now, committing=request is not None)
+        outcome["demand"] = (taken, bool(files))
+        return with_demand(request, files, epoch)
 
     started = monotonic()
     try:
         published = store.publish(build) if term is None else store.publish(build, before_push=term.fence)
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
+        _demand_done(demand, outcome, published=False)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
+        _demand_done(demand, outcome, published=False)
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
+    _demand_done(demand, outcome, published=True)
     if "observation_error" in outcome:
         return PassResult(at=now, observation_error=outcome["observation_error"], reason=errors.OBSERVATION_FAILED,
                           attempts=published.attempts)
@@ -349,6 +382,12 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
                       capacity=tuple(outcome.get("capacity", ())),
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=monotonic() - started if published.commit else None)
+
+
+def _demand_done(demand: DemandRecorder | None, outcome: Mapping[str, Any], *, published: bool) -> None:
+    if demand is not None and "demand" in outcome:
+        taken, flushed = outcome["demand"]
+        demand.done(taken, flushed=flushed and published)
 
 
 def with_whole_rings(source: ReportSource, reports: Sequence[InstanceReport],

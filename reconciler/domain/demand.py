@@ -1,0 +1,209 @@
+"""Demand samples: each pool's demand, capacity, work and spend, pass by pass, in a few numbers (pure).
+
+Place in the flow: the leader's pass (`flows.judge.run_pass`, its capacity step) hands the pool signals it has
+just measured to `flows.demand.DemandRecorder`, which takes a sample per pool at most once per resolution (and
+at every pass whose capacity decision changed fleet-spec/capacity.yaml), and commits them, compacted, to one file
+per pool per day (`adapters.demand_files`). `fleet plan --what-if` (`domain.whatif`) replays them: the demand
+the fleet saw, fed to the same capacity decision under another spec. No I/O, no clock.
+
+A sample covers the *tile* since the pool's previous sample (`span_s`): the busy and heartbeat-covered
+machine-seconds of its serving machines in that tile (summed over tiles, utilization over any window, to the
+resolution of the tiles), the proofs they completed, and, as of the pass, the slot counts, the queue (waiting
+tasks by type, the oldest one's age), the spend rate and the signals the capacity decision itself read
+(utilization over the spec's up and down windows), so replaying the unchanged spec feeds the decision exactly
+what it saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from reconciler.domain.capacity import PoolSignals, QueueSnapshot, Utilization, slot_states
+from reconciler.domain.observations import InstanceReport
+from reconciler.domain.serving import heartbeats
+from reconciler.domain.spec import PoolSpec, ServingSettings
+
+#: A tile longer than this (a leader that was down, a new leader that knows no earlier sample) is cut to it:
+#: the replay counts the rest as time without samples.
+MAX_TILE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class DemandSample:
+    """One pool at one pass, and its tile: the time since the pool's previous sample."""
+
+    pool: str
+    at: datetime
+    span_s: float
+    desired: int  # the count the pool should have after this pass (capacity's desired, or the spec's count)
+    slots: int  # slots it has (draining ones included)
+    draining: int  # slots draining
+    serving: int  # slots whose newest instance serves (draining ones included)
+    on_the_way: int  # ... is in params/benchmark
+    stopped: int  # ... stopped (failed, drained, lost) but not destroyed yet: still billed
+    draining_serving: int  # draining slots whose worker still serves
+    busy_s: float  # busy machine-seconds of the serving (not draining) machines in the tile (`tile`)
+    wall_s: float  # machine-seconds their heartbeats covered in the tile
+    proofs: int  # proofs the pool's serving machines completed in the tile (heartbeat deltas)
+    usd_per_hour: float  # what the pool's rented instances cost per hour at `at`
+    unpriced: int  # rented instances without a known price (counted at the pool's max price)
+    #: curio's queue for a pool with a queue source (None: no queue source; `queue_error`: it could not be read).
+    waiting: Mapping[str, int] | None = None
+    running: Mapping[str, int] | None = None
+    oldest_wait_s: float | None = None
+    queue_error: bool = False
+    upcoming: int | None = None
+    #: The signals the capacity decision read (autoscaled pools; None for a fixed count).
+    up: Utilization | None = None
+    down: Utilization | None = None
+    paused: bool = False  # the circuit breaker paused the pool at this pass
+    exhausted: bool = False  # its kill budget was exhausted
+    image: str = ""  # the desired image digest's first 12 hex digits ("" unknown)
+    changed: bool = False  # this pass's capacity decision changed capacity.yaml
+    extra: Mapping[str, str] = field(default_factory=dict)  # columns a newer writer added (kept, not read)
+
+    @property
+    def rented(self) -> int:
+        """Instances billed at `at`."""
+        return self.serving + self.on_the_way + self.stopped
+
+    @property
+    def total_waiting(self) -> int:
+        return sum(self.waiting.values()) if self.waiting else 0
+
+    def queue(self, now: datetime | None = None) -> QueueSnapshot | None:
+        """The queue as the pass read it (None: the pool has no queue source)."""
+        if self.waiting is None and not self.queue_error:
+            return None
+        if self.queue_error:
+            return QueueSnapshot(error="recorded as unavailable")
+        at = now or self.at
+        oldest = at - timedelta(seconds=self.oldest_wait_s) if self.oldest_wait_s is not None else None
+        return QueueSnapshot(dict(self.waiting or {}), dict(self.running or {}), oldest, upcoming=self.upcoming)
+
+    def steady_with(self, later: DemandSample) -> bool:
+        """Whether `later` says nothing this sample does not (the same counts, queue, spend, signals and busy
+        share, no decision): the two are merged into one line of a longer tile."""
+        if self.changed or later.changed:
+            return False
+        same = (self.desired, self.slots, self.draining, self.serving, self.on_the_way, self.stopped,
+                self.draining_serving, self.usd_per_hour, self.unpriced, self.waiting, self.running,
+                self.oldest_wait_s, self.queue_error, self.upcoming, self.paused, self.exhausted, self.image,
+                self.extra)
+        if same != (later.desired, later.slots, later.draining, later.serving, later.on_the_way, later.stopped,
+                    later.draining_serving, later.usd_per_hour, later.unpriced, later.waiting, later.running,
+                    later.oldest_wait_s, later.queue_error, later.upcoming, later.paused, later.exhausted,
+                    later.image, later.extra):
+            return False
+        return _share(self.busy_s, self.wall_s) == _share(later.busy_s, later.wall_s) and \
+            _value(self.up) == _value(later.up) and _value(self.down) == _value(later.down)
+
+    def merged(self, later: DemandSample) -> DemandSample:
+        return replace(later, span_s=self.span_s + later.span_s, busy_s=self.busy_s + later.busy_s,
+                       wall_s=self.wall_s + later.wall_s, proofs=self.proofs + later.proofs)
+
+
+def _share(busy: float, wall: float) -> float | None:
+    return round(busy / wall, 6) if wall > 0 else None
+
+
+def _value(u: Utilization | None) -> tuple[float | None, int, float] | None:
+    return None if u is None else (_share(u.busy_s, u.wall_s), u.machines, u.window_s)
+
+
+def compact(samples: Iterable[DemandSample]) -> list[DemandSample]:
+    """Samples in time order, each run of steady ones (`steady_with`) merged into one."""
+    out: list[DemandSample] = []
+    for s in sorted(samples, key=lambda s: s.at):
+        if out and out[-1].at == s.at:
+            out[-1] = s  # the same pass sampled twice (a retried publish): the later word
+        elif out and out[-1].steady_with(s):
+            out[-1] = out[-1].merged(s)
+        else:
+            out.append(s)
+    return out
+
+
+@dataclass(frozen=True)
+class Tile:
+    """What serving workers' heartbeats say about one tile: busy and covered machine-seconds, proofs done."""
+
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    proofs: int = 0
+
+
+def tile(reports: Iterable[InstanceReport], end: datetime, span: timedelta) -> Tile:
+    """The heartbeat intervals that end in (end - span, end], each counted whole in the tile where it ends (so
+    tiles add up to the covered time exactly, whatever the heartbeat interval), busy by the trapezoid of its two
+    ends as `capacity.utilization` counts it; and the proofs those heartbeats report."""
+    busy = wall = 0.0
+    proofs = 0
+    for report in reports:
+        beats = heartbeats(report, reach=span + timedelta(hours=1))
+        previous = None
+        for hb in beats:
+            if hb.at > end:
+                break
+            if end - hb.at < span:
+                proofs += hb.completed or 0
+                if previous is not None and hb.interval_s:
+                    wall += hb.interval_s
+                    busy += hb.interval_s * (int(previous.busy) + int(hb.busy)) / 2
+            previous = hb
+    return Tile(busy, wall, proofs)
+
+
+def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: ServingSettings,
+                prices: Mapping[str, float], now: datetime, span: timedelta, *,
+                signals: PoolSignals | None = None, queue: QueueSnapshot | None = None, desired: int | None = None,
+                changed: bool = False, paused: bool = False, exhausted: bool = False,
+                image_digest: str | None = None) -> DemandSample:
+    """The sample of `pool` at `now` over the tile `span`.
+
+    `signals`: what the capacity decision measured this pass (autoscaled pools): its slot states and up/down
+    utilization are recorded as they were; without it (a fixed count) the slot states are measured here."""
+    states = signals.slots if signals is not None else tuple(slot_states(pool, reports, serving, prices, now))
+    if signals is not None and queue is None:
+        queue = signals.queue
+    draining = set(pool.draining)
+    by_instance = {s.instance_id: s for s in states if s.instance_id}
+    live = [r for r in reports if r.instance_id in by_instance and by_instance[r.instance_id].state == "serving"]
+    demand = tile([r for r in live if by_instance[r.instance_id].slot not in draining], now, span)
+    rented = [s for s in states if s.state in ("serving", "on-the-way", "stopped") and s.instance_id]
+    usd = sum(prices.get(s.instance_id or "", pool.max_price_usd_per_hour) for s in rented)
+    unpriced = sum(1 for s in rented if (s.instance_id or "") not in prices)
+    waiting = running = None
+    oldest = None
+    error = False
+    upcoming = None
+    if queue is not None:
+        error = queue.error is not None
+        if not error:
+            waiting, running = dict(queue.waiting), dict(queue.running)
+            upcoming = queue.upcoming
+            if queue.oldest_waiting_at is not None:
+                oldest = round(max(0.0, (now - queue.oldest_waiting_at).total_seconds()), 3)
+    return DemandSample(
+        pool=pool.name, at=now, span_s=round(span.total_seconds(), 3),
+        desired=desired if desired is not None else (pool.desired_count if pool.desired_count is not None
+                                                     else pool.count),
+        slots=len(states), draining=len(draining),
+        serving=sum(1 for s in states if s.state == "serving"),
+        on_the_way=sum(1 for s in states if s.state == "on-the-way"),
+        stopped=sum(1 for s in states if s.state == "stopped"),
+        draining_serving=sum(1 for s in states if s.state == "serving" and s.slot in draining),
+        busy_s=round(demand.busy_s, 3), wall_s=round(demand.wall_s, 3),
+        proofs=tile([r for r in live if by_instance[r.instance_id].slot in draining], now, span).proofs + demand.proofs,
+        usd_per_hour=round(usd, 4), unpriced=unpriced, waiting=waiting, running=running, oldest_wait_s=oldest,
+        queue_error=error, upcoming=upcoming,
+        up=signals.utilization_up if signals is not None else None,
+        down=signals.utilization_down if signals is not None else None,
+        paused=paused, exhausted=exhausted, image=short_image(image_digest), changed=changed)
+
+
+def short_image(digest: str | None) -> str:
+    """A digest's first 12 hex digits (what a sample records), "" when unknown."""
+    return digest.removeprefix("sha256:")[:12] if digest else ""

@@ -1,0 +1,106 @@
+"""The leader's demand recorder: a thin hook on the pass's capacity step that keeps compact demand samples in git.
+
+Place in the flow: `flows.judge.run_pass` (on the leader) hands the recorder what its capacity step measured;
+`take` returns this pass's samples (a sample per pool at most once per `resolution_s`, and one at every pass
+whose capacity decision changed capacity.yaml); `changes` renders the day files to commit with the pass (with
+any commit the pass makes anyway, else once the oldest uncommitted sample is `flush_s` old); `done` is told
+what was published. The loop keeps one recorder between passes (a new leader starts where the day file ends).
+Samples not yet committed when a leader dies are lost: the replay counts the gap, it never fills it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from reconciler.adapters.demand_files import day_path, last_sample_at, merged_day, stale_days
+from reconciler.adapters.git import FileChange
+from reconciler.domain.capacity import CapacityDecision
+from reconciler.domain.demand import MAX_TILE_S, DemandSample, pool_sample
+from reconciler.domain.observations import InstanceReport
+from reconciler.domain.planner import pool_pause
+from reconciler.domain.records import RecordSet
+from reconciler.domain.spec import FleetSpec
+
+DEMAND_TRAILER = "Fleet-Demand"
+
+
+@dataclass
+class DemandRecorder:
+    """Samples taken and not yet committed, and each pool's newest sample time (its next tile starts there)."""
+
+    resolution_s: float = 60.0
+    flush_s: float = 3600.0
+    keep_days: int = 40
+
+    def __post_init__(self) -> None:
+        self._last: dict[str, datetime] = {}
+        self._pending: list[DemandSample] = []
+
+    @property
+    def pending(self) -> tuple[DemandSample, ...]:
+        return tuple(self._pending)
+
+    def take(self, spec: FleetSpec, spec_dir: Path, reports: Sequence[InstanceReport], records: RecordSet,
+             capacity: Sequence[CapacityDecision], exhausted: Sequence[str], prices: Mapping[str, float],
+             desired_image_digest: str | None, now: datetime) -> tuple[DemandSample, ...]:
+        """This pass's samples (the recorder itself is unchanged until `done`: a retried build takes them again)."""
+        decided = {d.pool: d for d in capacity}
+        out = []
+        for pool in spec.pools:
+            decision = decided.get(pool.name)
+            last = self._last.get(pool.name)
+            if last is None:
+                last = last_sample_at(spec_dir, pool.name, now)
+                if last is not None:
+                    self._last[pool.name] = last
+            gap = (now - last).total_seconds() if last is not None else None
+            if gap is not None and gap <= 0:
+                continue  # this pass (or a later one, by another clock) is sampled already
+            if gap is not None and gap < self.resolution_s and not (decision is not None and decision.changed):
+                continue
+            span = gap if gap is not None and gap <= MAX_TILE_S else self.resolution_s
+            out.append(pool_sample(
+                pool, reports, spec.serving, prices, now, timedelta(seconds=span),
+                signals=decision.signals if decision is not None else None,
+                desired=decision.after if decision is not None else None,
+                changed=decision is not None and decision.changed,
+                paused=pool_pause(pool.name, records, desired_image_digest) is not None,
+                exhausted=pool.name in exhausted, image_digest=desired_image_digest))
+        return tuple(out)
+
+    def changes(self, spec_dir: Path, spec_dir_name: str, taken: Sequence[DemandSample], now: datetime, *,
+                committing: bool) -> tuple[FileChange, ...]:
+        """The day files (and the deletions of files past the retention) to commit with this pass: when the pass
+        commits anyway, or once the oldest uncommitted sample is `flush_s` old; else nothing."""
+        samples = [*self._pending, *taken]
+        if not samples:
+            return ()
+        if not committing and (now - min(s.at for s in samples)).total_seconds() < self.flush_s:
+            return ()
+        by_file: dict[str, list[DemandSample]] = {}
+        for s in samples:
+            by_file.setdefault(day_path(s.pool, s.at.date()), []).append(s)
+        out = []
+        for rel, new in sorted(by_file.items()):
+            path = spec_dir / rel
+            existing = path.read_text(encoding="utf-8") if path.is_file() else None
+            out.append(FileChange(f"{spec_dir_name}/{rel}", merged_day(existing, new[0].pool, rel, new)))
+        keep_from = (now - timedelta(days=self.keep_days)).date()
+        out += [FileChange(f"{spec_dir_name}/{rel}", None) for rel in stale_days(spec_dir, keep_from)]
+        return tuple(out)
+
+    def done(self, taken: Sequence[DemandSample], *, flushed: bool) -> None:
+        """After the publish: `taken` are this pass's samples; `flushed`: the day files went out with it."""
+        for s in taken:
+            if s.at > self._last.get(s.pool, s.at - timedelta(seconds=1)):
+                self._last[s.pool] = s.at
+        self._pending = [] if flushed else [*self._pending, *taken]
+
+
+def demand_trailers(changes: Sequence[FileChange]) -> tuple[tuple[str, str], ...]:
+    """`Fleet-Demand: demand/rtx4090/2026-12-01.csv` for each day file a commit writes."""
+    return tuple((DEMAND_TRAILER, c.path.split("/", 1)[1] if "/" in c.path else c.path)
+                 for c in changes if c.content is not None)
