@@ -29,16 +29,17 @@ from typing import Any
 
 from bench.common import POSTGRES_SETTINGS, Figure
 from bench.data import T0, machine_id_of, make_spec, pass_reports, write_records
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.record_files import (
     RecordCache,
     load_records,
     machine_record_path,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
-from reconciler.adapters.store import REPORT_TAIL_LINES, ControllerStore, PreparedWrite, SqliteStore
-from reconciler.adapters.store_postgres import PostgresStore
+from reconciler.adapters.store.port import REPORT_TAIL_LINES, ControllerStore, PreparedWrite
+from reconciler.adapters.store.postgres import PostgresStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.judging import decide
 from reconciler.domain.records import MachineRecord
 from reconciler.domain.spec import FleetSpec

@@ -124,7 +124,7 @@ def _status_figures(tmp: Path) -> tuple[list[Figure], Path, object]:
 def _page_figures(root: Path, shape: object) -> list[Figure]:
     from starlette.testclient import TestClient
 
-    from reconciler.adapters.store import SqliteStore
+    from reconciler.adapters.store.sqlite import SqliteStore
     from reconciler.flows.live_status import LiveStatusSource
     from reconciler.render.live import ReadAccess, StatusRoutes, status_app
     from reconciler.render.metrics import fleet_metrics

@@ -98,7 +98,7 @@ def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int
     """A controller store with `instances` instances on the machines of `records` (one each, written as
     the worker protocol delivers them): most passed and serve with heartbeats; some failed (their recorded
     verdict), some were destroyed, some still benchmark, a few went silent while serving."""
-    from reconciler.adapters.store import SqliteStore
+    from reconciler.adapters.store.sqlite import SqliteStore
 
     if instances > len(records):
         raise ValueError(f"{instances} instances need as many machine records (one instance each), not {len(records)}")

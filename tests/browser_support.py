@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import InstanceReport, format_time
 from tests.html_support import FAST, FIRST, HOSTILE, NOW, RUNNING, SECOND, SLOW
 

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import SqliteStore, _SqlStore
+from reconciler.adapters.store.sql import SqlStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.tokens import instance_token, machine_claim
 
 SECRET = b"test-controller-secret-0123456789"
@@ -52,9 +53,9 @@ class Harness:
 
     def __init__(self, path: Path | str, *, allow_open_reads: bool = False, **store_options: Any):
         self.path = path
-        self.store: _SqlStore
+        self.store: SqlStore
         if isinstance(path, str):
-            from reconciler.adapters.store_postgres import PostgresStore
+            from reconciler.adapters.store.postgres import PostgresStore
 
             self.store = PostgresStore(path, now=StepClock(), **store_options)
         else:

@@ -1,6 +1,6 @@
 """Real git repositories in tmp dirs for tests: a bare "origin", a bot clone, human clones.
 
-Uses the git CLI directly (not gitpython: only reconciler/gitstore.py imports that) with a fixed human
+Uses the git CLI directly (not gitpython: only reconciler/adapters/git.py imports that) with a fixed human
 identity and no global/system config, so tests behave the same on a fresh CI machine.
 """
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconciler.adapters.record_files import machine_record_path, render_machine_record, write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.record_files import machine_record_path, render_machine_record
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reconciler.adapters.store import SqliteStore, _SqlStore
+from reconciler.adapters.store.sql import SqlStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from tests.postgres_server import PostgresServer
 
 
@@ -19,7 +20,7 @@ class StoreFactory:
         self._tmp_path = tmp_path
         self._server = server
         self._uris: dict[str, str] = {}
-        self._opened: list[_SqlStore] = []
+        self._opened: list[SqlStore] = []
 
     def location(self, name: str = "c") -> str:
         if self._server is None:
@@ -28,12 +29,12 @@ class StoreFactory:
             self._uris[name] = self._server.create_database()
         return self._uris[name]
 
-    def __call__(self, name: str = "c", **options: Any) -> _SqlStore:
-        store: _SqlStore
+    def __call__(self, name: str = "c", **options: Any) -> SqlStore:
+        store: SqlStore
         if self._server is None:
             store = SqliteStore(self.location(name), **options)
         else:
-            from reconciler.adapters.store_postgres import PostgresStore
+            from reconciler.adapters.store.postgres import PostgresStore
 
             store = PostgresStore(self.location(name), **options)
         self._opened.append(store)

@@ -1,7 +1,7 @@
 """A strict fake of the vast.ai REST API: a real HTTP server on 127.0.0.1, one for every test that needs vast.ai.
 
-Strict means at least as strict as the real API (facts and sources: /work/coord/research/vastai.md, and
-reconciler's vast.ai adapter). What it enforces:
+Strict means at least as strict as the real API (each rule below cites its source,
+as reconciler's vast.ai adapter does). What it enforces:
 - auth on EVERY route: `Authorization: Bearer KEY`. Unknown or deleted key -> 401 "Invalid user key", except the
   search `POST /api/v0/bundles/`, which answers a bad or missing key with **404** "Invalid user key" (vast-ai/docs
   api-reference/openapi/yaml/search_offers.yaml @c624622622496828c1ae58edec481bba1f5d675d); a key whose

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.settings import test_pause_point
 from reconciler.domain import errors
 from reconciler.domain.backoff import backoff_delay
@@ -601,7 +601,7 @@ class MachineTrail:
 
 #: `fleet why` hints at a commit-graph when the clone has none and its history is at least this long.
 LONG_HISTORY_COMMITS = 5_000
-#: The one-liner that gives a human's clone git's commit-graph with changed-path Bloom filters (README, the
+#: The one-liner that gives a human's clone git's commit-graph with changed-path Bloom filters (docs/records.md, the
 #: hint). Not split: it replaces a graph `git gc` wrote without filters. Later writes (gc, maintenance) keep
 #: the filters once a graph has them.
 COMMIT_GRAPH_COMMAND = "git commit-graph write --reachable --changed-paths"

@@ -97,7 +97,7 @@ class PostgresLease:
     """The lease row, on one dedicated connection (autocommit; reconnects after any failure)."""
 
     def __init__(self, uri: str, *, name: str = LEASE_NAME, timeout_s: float = 5.0) -> None:
-        from reconciler.adapters.store_postgres import redacted_uri  # psycopg only where PostgreSQL is used
+        from reconciler.adapters.store.postgres import redacted_uri  # psycopg only where PostgreSQL is used
 
         self.uri, self.name, self.timeout_s = uri, name, timeout_s
         self.location = redacted_uri(uri)  # for messages: never the password
@@ -110,7 +110,7 @@ class PostgresLease:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         timeout_ms = max(100, int(self.timeout_s * 1000))
-        # The `fleet_lease` table is part of the store's schema (store_postgres.MIGRATIONS): whoever holds a lease
+        # The `fleet_lease` table is part of the store's schema (store.schema): whoever holds a lease
         # opened the store first, which migrates it under the store's own lock.
         self._conn = psycopg.connect(self.uri, autocommit=True, connect_timeout=max(1, round(self.timeout_s)),
                                      application_name="fleet-lease",
@@ -121,7 +121,7 @@ class PostgresLease:
         """One statement; LeaseUnavailable (naming the URI, never the password) on any database failure."""
         import psycopg
 
-        from reconciler.adapters.store_postgres import scrubbed
+        from reconciler.adapters.store.postgres import scrubbed
 
         with self._lock:
             try:

@@ -3,8 +3,8 @@
 infra/hosts.py declares one resource per slot with this provider. The engine runs it in the SDK's provider
 host (`python -m pulumi.dynamic`, started by the launcher `pulumi-resource-pulumi-python` in the program's
 `main:` directory), which unpickles it by module path - so `reconciler.provider` re-exports it for stacks
-created before the layout move. Facts about the host, with citations: /work/coord/research/pulumi.md and
-tests/pulumi_engine/ (which drives the real host over gRPC).
+created before the layout move. Facts about the host, cited at pulumi/pulumi@1b5949891b file:line, are in
+tests/pulumi_engine/host.py (which drives the real host over gRPC).
 
 What crosses the boundary, and how it is handled here:
 - every prop is a protobuf Struct value: numbers are doubles and None-valued keys vanish. Every read goes
@@ -38,9 +38,9 @@ from pulumi.dynamic import (
 )
 from pulumi.output import Unknown
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.controller.client import admin_client_from
 from reconciler.adapters.marketplace import build_marketplace
-from reconciler.adapters.record_files import write_text_atomic
 from reconciler.adapters.slot_provider import SlotProvider, controller_secret_from, image_login_from
 from reconciler.domain.slots import (
     UNKNOWN,

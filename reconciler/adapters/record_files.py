@@ -12,7 +12,6 @@ import gc
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
@@ -406,18 +405,3 @@ def _load_into(spec_dir: Path, cache: RecordCache | None, machines: dict[str, Ma
             problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
             continue
         images[img.image_digest] = img
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file + fsync + rename: a crash or a full disk never leaves a partial record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

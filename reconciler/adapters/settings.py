@@ -31,7 +31,7 @@ TEST_PAUSE_AT_ENV = "FLEET_TEST_PAUSE_AT"
 TEST_PAUSE_FIFO_ENV = "FLEET_TEST_PAUSE_FIFO"
 CACHE_HOME_ENV = "XDG_CACHE_HOME"
 
-#: Every variable the package reads, with what it is for (README and `fleet --help` list these).
+#: Every variable the package reads, with what it is for (`fleet --help` lists these).
 ENVIRONMENT = {
     CONTROLLER_SECRET_ENV: "HMAC key of worker tokens (>= 16 bytes); controller and provisioner must agree",
     ADMIN_TOKEN_ENV: "controller admin token: read API, POST .../destroyed",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.settings import CONTROLLER_SECRET_ENV, settings
 from reconciler.domain.marketplace import (
     Instance,

@@ -1,5 +1,5 @@
 """Which store adapter a `--db` / `--controller-db` value names: a libpq URI opens the PostgreSQL store, anything
-else is a SQLite file. The one place that knows both adapters (they share `store.py` and know nothing of each
+else is a SQLite file. The one place that knows both adapters (they share `store/sql.py` and know nothing of each
 other); psycopg is imported only when a URI is given, so the embedded default never loads it."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from reconciler.adapters.store import ControllerStore, SqliteStore
+from reconciler.adapters.store.port import ControllerStore
+from reconciler.adapters.store.sqlite import SqliteStore
 
 
 def is_database_uri(target: str | Path) -> bool:
@@ -22,7 +23,7 @@ def open_store(target: str | Path, *, ring_lines: int = 5000, now: Callable[[], 
     PGPASSWORD or ~/.pgpass, as libpq reads them) or a file path (SQLite, created if missing). Raises StoreError
     naming the target (never a password) when it cannot be opened."""
     if is_database_uri(target):
-        from reconciler.adapters.store_postgres import PostgresStore
+        from reconciler.adapters.store.postgres import PostgresStore
 
         return PostgresStore(str(target), ring_lines=ring_lines, now=now)
     return SqliteStore(Path(target), ring_lines=ring_lines, now=now)

@@ -33,9 +33,18 @@ COMMANDS = {
 COMMAND_MODULES = tuple(COMMANDS)
 
 
+def _environment_help() -> str:
+    """The environment variables the package reads, for `fleet --help` (the README points here)."""
+    from reconciler.adapters.settings import ENVIRONMENT
+
+    width = max(map(len, ENVIRONMENT))
+    return "environment:\n" + "\n".join(f"  {name:<{width}}  {meaning}" for name, meaning in ENVIRONMENT.items())
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `only`, just that command's module is imported (the others appear by name and help)."""
-    parser = argparse.ArgumentParser(prog="fleet", description="GPU proving fleet manager (spec in git).")
+    parser = argparse.ArgumentParser(prog="fleet", description="GPU proving fleet manager (spec in git).",
+                                     epilog=_environment_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         if only is None or name == only:

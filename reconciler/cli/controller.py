@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from reconciler.adapters.controller.protocol import INSTANCE_ID
 from reconciler.adapters.settings import ADMIN_TOKEN_ENV, CONTROLLER_SECRET_ENV, SettingError, secret_setting, settings
-from reconciler.adapters.store import ControllerStore, StoreError
+from reconciler.adapters.store.port import ControllerStore, StoreError
 from reconciler.adapters.stores import open_store
 from reconciler.domain.tokens import SecretError, check_secret, instance_token
 

@@ -1,7 +1,7 @@
 """`fleet db copy SRC DST`: move the embedded SQLite controller store into PostgreSQL (see
-`reconciler.adapters.store_copy`). Stop the controller first; run it again after an interruption: it inserts only
-what is missing. Exit 0 copied (or nothing left to copy), 1 a store could not be used (the message names it,
-the URI without its password), 2 usage."""
+`reconciler.adapters.store.copy_to_postgres`). Stop the controller first; run it again after an interruption: it
+inserts only what is missing. Exit 0 copied (or nothing left to copy), 1 a store could not be used (the message
+names it, the URI without its password), 2 usage."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_copy(args: argparse.Namespace) -> int:
-    from reconciler.adapters.store import StoreError
+    from reconciler.adapters.store.port import StoreError
     from reconciler.adapters.stores import is_database_uri
 
     if not is_database_uri(args.destination):
         print(f"fleet db copy: DST must be a postgresql:// URI, got {args.destination!r}", file=sys.stderr)
         return 2
-    from reconciler.adapters.store_copy import copy_store
-    from reconciler.adapters.store_postgres import redacted_uri
+    from reconciler.adapters.store.copy_to_postgres import copy_store
+    from reconciler.adapters.store.postgres import redacted_uri
 
     def progress(table: str, done: int, total: int) -> None:
         print(f"  {table}: {done:,} of {total:,} rows", flush=True)

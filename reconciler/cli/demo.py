@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from reconciler import REPO_ROOT
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.local import (
     LocalMachine,
@@ -38,10 +39,11 @@ from reconciler.adapters.marketplace.local import (
     load_local_machines,
 )
 from reconciler.adapters.params_mirror import ParamsMirrorServer, write_manifest
-from reconciler.adapters.record_files import load_records, write_text_atomic
+from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, directory_digest, load_slot_state
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import ControllerStore, SqliteStore
+from reconciler.adapters.store.port import ControllerStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs

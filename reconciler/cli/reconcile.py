@@ -1,5 +1,6 @@
 """`fleet reconcile`: the long-running judge. Each pass reads worker reports from the controller store,
-judges finished benchmarks and commits records with trailers to the fleet repo (see reconciler/loop.py).
+judges finished benchmarks and commits records with trailers to the fleet repo (`run_command` below: one
+pass, or a pass every `--interval`).
 
 Works in a dedicated bot clone (`--workdir`, cloned from `--repo` on first use; its unpushed commits and
 record-dir edits are discarded on every sync). `--once` runs one pass (exit 1 if it stalled, could not
@@ -28,6 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.lease import (
     DEFAULT_LEASE_S,
@@ -36,7 +38,7 @@ from reconciler.adapters.lease import (
     holder_id,
     replica_name,
 )
-from reconciler.adapters.record_files import RecordCache, write_text_atomic
+from reconciler.adapters.record_files import RecordCache
 from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
@@ -139,7 +141,7 @@ def _report(result: PassResult, as_json: bool) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
-    from reconciler.adapters.store import StoreError
+    from reconciler.adapters.store.port import StoreError
     from reconciler.adapters.stores import is_database_uri, open_store
 
     try:

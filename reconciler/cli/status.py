@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     view: FleetStatus | None = None
     capacity = capacity_entries(spec, spec_dir / "fleet.yaml")
     if args.controller_db is not None:
-        from reconciler.adapters.store import StoreError, StoreUnavailable
+        from reconciler.adapters.store.port import StoreError, StoreUnavailable
         from reconciler.adapters.stores import is_database_uri, open_store
         from reconciler.flows.fleet_status import triaged_view
 
@@ -166,7 +166,7 @@ def _with_live_leadership(location: str, last_pass: dict[str, Any] | None, now: 
 
 
 def _write_html(path: Path, view: FleetStatus, spec_source: Path) -> bool:
-    from reconciler.adapters.record_files import write_text_atomic
+    from reconciler.adapters.atomic_files import write_text_atomic
     from reconciler.render.html import render_html
 
     try:

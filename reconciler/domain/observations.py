@@ -1,6 +1,6 @@
 """What the controller store knows about each worker, as plain frozen data.
 
-The contract between the controller (writer: `store.py`, fed by workers over the protocol in
+The contract between the controller (writer: `adapters/store`, fed by workers over the protocol in
 `fleet-spec/schema/worker-protocol.v1.schema.json`) and everything that reads it (the loop's `decide`,
 `verdict.py`, `fleet status`). Pure data plus time helpers; no I/O.
 """

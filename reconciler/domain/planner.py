@@ -72,9 +72,9 @@ class StatusRule:
             f"replace after {self.deadline_s / 60:g} min"
 
 
-#: THE status table (README "vast.ai: statuses, pacing, orphans, spend cap" shows the same). Statuses are
-#: the marketplace port's (vast `actual_status` normalised: null/created -> loading); sources in
-#: /work/coord/research/vastai.md.
+#: THE status table (docs/vastai.md shows the same). Statuses are
+#: the marketplace port's (vast `actual_status` normalised: null/created -> loading); sources: docs.vast.ai
+#: show-instance and vast-ai/vast-cli, as tests/vast_fake.py `STATUSES` cites them.
 STATUS_RULES: Mapping[str, StatusRule] = {r.status: r for r in (
     StatusRule("running", "the worker's container runs", "GPU + storage", ACTION_KEEP, None),
     StatusRule("loading", "being provisioned, image pulling, container starting", "storage",

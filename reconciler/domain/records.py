@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar, cast
@@ -29,6 +29,8 @@ RECORD_STATUSES = ("ok", "bad", "pardoned", "banned")
 OPERATOR_STATUSES = ("banned", "pardoned")
 #: Entry stages: a verdict on the admission benchmark, or on a machine that was serving.
 STAGES = ("admission", "serving")
+#: The statuses of a machine recorded bad (`bad` until its expiry, `banned` for good): `MachineRecord.is_bad`.
+BAD_RECORD_STATUSES = ("bad", "banned")
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -87,6 +89,26 @@ class BenchmarkEntry:
     def expiry(self) -> datetime | None:
         return _time_or_none(self.expires_at)
 
+    def field_values(self) -> tuple[Any, ...]:
+        """Every field but the evidence, in field order: what `from_field_values` takes back (the record index
+        stores entries so, and reads the evidence from the record file when it is asked for)."""
+        values = self.__dict__
+        return tuple(values[name] for name in _ENTRY_FIELDS)
+
+    @classmethod
+    def from_field_values(cls, values: Sequence[Any], evidence: Mapping[str, Any]) -> BenchmarkEntry:
+        """The entry whose `field_values()` are `values`, with this evidence: equal to
+        `BenchmarkEntry(**dict(zip(names, values)), evidence=evidence)`, its fields set in one go as pickle sets
+        them, not one guarded setattr per field (a pass builds 100,000 entries from the record index: ~1/3 of
+        the cost). For values that were checked already (a schema-checked record): nothing is validated here,
+        so a check added to this class belongs in `__post_init__` and here too."""
+        entry = _new_object(cls)
+        fields_of = entry.__dict__
+        fields_of.update(zip(_BEFORE_EVIDENCE, values, strict=False))  # up to the evidence
+        fields_of["evidence"] = evidence
+        fields_of.update(zip(_AFTER_EVIDENCE, values[len(_BEFORE_EVIDENCE):], strict=True))
+        return entry
+
     def to_yaml_dict(self) -> dict[str, Any]:
         # Field by field rather than asdict(): asdict deep-copies the evidence only to have it replaced below
         # (that copy was most of the cost of rendering a record).
@@ -107,6 +129,9 @@ _T = TypeVar("_T")
 
 #: BenchmarkEntry's fields but the evidence (written last), in order: `fields()` per entry cost a tenth of a render.
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
+_EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")
+_BEFORE_EVIDENCE, _AFTER_EVIDENCE = _ENTRY_FIELDS[:_EVIDENCE_AT], _ENTRY_FIELDS[_EVIDENCE_AT:]
+_new_object = object.__new__
 
 
 class RecordedVerdict(NamedTuple):
@@ -141,7 +166,7 @@ class MachineRecord:
     @property
     def is_bad(self) -> bool:
         """Recorded bad (or banned), whatever the expiry says; `standing(now)` applies the expiry."""
-        return self.status in ("bad", "banned")
+        return self.status in BAD_RECORD_STATUSES
 
     def is_bad_at(self, now: datetime | None) -> bool:
         """Excluded from offers at `now`: banned, or bad and its newest bad entry not expired yet. Without a
@@ -294,6 +319,64 @@ class BadMachine:
 
     def standing(self, now: datetime | None) -> Standing:
         return standing_of(self.status, self.marking, now)
+
+
+#: (pool, at) of an entry that marked its machine bad: the kill budget's input.
+Mark = tuple[str | None, str]
+#: (instance id, verdict, proofs/hour, $/hour) of one entry: what the views triage and count an instance by.
+InstanceVerdict = tuple[str, str, float | None, float | None]
+
+
+class RecordSummary(NamedTuple):
+    """What every view reads of one machine record, without its entries: `summarize(record)`.
+
+    A RecordSet aggregates these (bad set, standings, kill-budget marks, perf history, prices, recorded
+    verdicts); the record index stores one per record file it parsed and answers from them without building
+    the record. A tuple: a load makes 10,000 of them."""
+
+    machine_id: str
+    status: str
+    gpu_name: str | None
+    #: Measured throughput from the passing and below-rate entries (None: no measured rate).
+    perf: MachinePerf | None
+    #: The price of the newest entry that has one.
+    last_price: float | None
+    #: Every entry that marked the machine bad, oldest first.
+    marks: tuple[Mark, ...]
+    #: Every entry, oldest first (an instance judged twice: its newest entry counts).
+    verdicts: tuple[InstanceVerdict, ...]
+    #: The machine as the bad-machine views list it (its marking and newest entries), for a record that is
+    #: bad or banned, or that passed again while on probation (its standing depends on `now`); else None.
+    listed: BadMachine | None
+
+    @property
+    def is_bad(self) -> bool:
+        """Recorded bad or banned (`MachineRecord.is_bad`)."""
+        return self.status in BAD_RECORD_STATUSES
+
+    @property
+    def passed_on_probation(self) -> bool:
+        """Status ok, and its newest bad entry has a probation period: it passed again after a bad record
+        expired (whether it is still on probation depends on `now`)."""
+        return self.listed is not None and self.status == "ok"
+
+
+def summarize(record: MachineRecord) -> RecordSummary:
+    """The one reading of a record's entries that the views share: standing (status and the bad-machine view),
+    kill-budget marks, probation, last price, recorded verdicts, performance. A new standing or a new fact the
+    views need of a record is added here, and every loader (the files, the record index) gives it."""
+    entries = record.benchmarks
+    rates = [b.proofs_per_hour for b in entries if b.proofs_per_hour is not None and b.verdict in RATE_VERDICTS]
+    perf = (MachinePerf(record.machine_id, record.gpu_name, len(rates), statistics.median(rates), rates[-1])
+            if rates else None)
+    marking = record.last_bad_entry()
+    listed = record.is_bad or (record.status == "ok" and marking is not None and marking.probation_until is not None)
+    return RecordSummary(
+        record.machine_id, record.status, record.gpu_name, perf,
+        next((b.price_usd_per_hour for b in reversed(entries) if b.price_usd_per_hour is not None), None),
+        tuple((b.pool, b.at) for b in entries if b.marks_bad),
+        tuple((b.instance_id, b.verdict, b.proofs_per_hour, b.price_usd_per_hour) for b in entries),
+        BadMachine.of(record) if listed else None)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class DirectiveSink(Protocol):
 
 
 class RecordPublisher(Protocol):
-    """What the loop needs from git (implemented by `reconciler.gitstore.GitStore`)."""
+    """What the loop needs from git (implemented by `reconciler.adapters.git.GitStore`)."""
 
     def publish(self, build: Callable[[Path], CommitRequest | None], *,
                 before_push: Callable[[], None] | None = None) -> PublishResult: ...

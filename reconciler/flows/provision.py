@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.marketplace import backend_named
-from reconciler.adapters.record_files import write_text_atomic
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.slot_provider import (
     SlotProvider,

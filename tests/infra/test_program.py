@@ -18,13 +18,13 @@ import pulumi
 import pytest
 
 from infra import program
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.pulumi_provider import SlotResourceProvider
 from reconciler.adapters.record_files import (
     image_record_path,
     machine_record_path,
     render_image_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.slot_provider import SlotProvider
 from reconciler.domain.marketplace import Offer

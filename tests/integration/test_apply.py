@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.marketplace import vastai
 from reconciler.adapters.marketplace.local import LocalMarketplace, load_local_machines
 from reconciler.adapters.record_files import (
@@ -20,7 +21,6 @@ from reconciler.adapters.record_files import (
     machine_record_path,
     render_image_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.slot_provider import directory_digest
 from reconciler.cli import main

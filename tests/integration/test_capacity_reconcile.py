@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli import main
 from tests.gitrepos import git, make_origin, origin_file
 from tests.postgres_server import PostgresServer

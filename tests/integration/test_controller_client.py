@@ -11,7 +11,7 @@ import pytest
 
 from reconciler.adapters.controller.client import ControllerAdminClient, ControllerClientError, admin_client_from
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.tokens import instance_token
 
 SECRET = b"s" * 32

@@ -22,7 +22,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from reconciler.adapters.controller.server import ControllerServer, EdgeLimits
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.tokens import instance_token
 from tests.controller_support import ADMIN, ADMIN_AUTH, SECRET, StepClock, auth, register_doc, stop_serving
 

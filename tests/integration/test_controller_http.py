@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, _protocol_validator, fast_valid
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import BenchmarkResult, PhaseEvent
 from reconciler.domain.tokens import instance_token
 from tests.controller_support import (

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.adapters.store import PreparedWrite, SqlConnection, SqliteStore, UnknownInstance
+from reconciler.adapters.store.port import PreparedWrite, SqlConnection, UnknownInstance
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.tokens import instance_token
 from tests.controller_support import SECRET, Harness, register_doc
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from tests.gitrepos import git, make_origin, origin_file
 from tests.scenarios import SPEC_YAML
 

@@ -16,7 +16,8 @@ import jsonschema
 import pytest
 
 from reconciler import SCHEMA_DIR
-from reconciler.adapters.store import SCHEMA_VERSION, SqliteStore
+from reconciler.adapters.store.schema import SCHEMA_VERSION
+from reconciler.adapters.store.sqlite import SqliteStore
 from tests.controller_support import T0, Harness, auth
 
 

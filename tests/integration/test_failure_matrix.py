@@ -26,7 +26,8 @@ import pytest
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import ControllerStore, SqliteStore
+from reconciler.adapters.store.port import ControllerStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli import main
 from reconciler.domain.records import BenchmarkEntry, RecordSet
 from reconciler.domain.tokens import instance_token, machine_claim

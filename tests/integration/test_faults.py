@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import pytest
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace import vastai
 from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
@@ -44,11 +45,10 @@ from reconciler.adapters.record_files import (
     machine_record_path,
     parse_machine_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.slot_provider import SlotProvider
 from reconciler.adapters.spec_files import check_spec_text
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli import main
 from reconciler.domain.marketplace import MarketplaceError
 from reconciler.domain.records import MachineRecord
@@ -250,7 +250,7 @@ def test_push_rejected_for_several_passes_loses_nothing_and_the_next_pass_publis
 CONTROLLER = textwrap.dedent("""
     import sys, threading
     from reconciler.adapters.controller.server import ControllerServer
-    from reconciler.adapters.store import SqliteStore
+    from reconciler.adapters.store.sqlite import SqliteStore
     store = SqliteStore(sys.argv[1])
     server = ControllerServer(store, sys.argv[2].encode(), None, "127.0.0.1", 0).start()
     print(server.url, flush=True)
@@ -325,7 +325,7 @@ RECONCILER = textwrap.dedent("""
     from datetime import datetime
     from reconciler.adapters.git import GitStore
     from reconciler.flows.judge import run_pass
-    from reconciler.adapters.store import SqliteStore
+    from reconciler.adapters.store.sqlite import SqliteStore
     result = run_pass(GitStore(sys.argv[1], max_attempts=1), SqliteStore(sys.argv[2]),
                       datetime.fromisoformat(sys.argv[3]))
     print(result.headline(), flush=True)

@@ -17,7 +17,7 @@ import pytest
 from reconciler.adapters.controller.protocol import INSTANCE_ID
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.identifiers import IMAGE_REF_DIGEST, SAFE_ID, identifier_problems, is_identifier
 from reconciler.domain.records import RecordError, check_image_digest, check_machine_id
 from reconciler.domain.tokens import is_well_formed_token

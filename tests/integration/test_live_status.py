@@ -19,7 +19,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.adapters.git import GitStore
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.surfaces import Surfaces, build_surfaces, market_view, slot_prices
 from reconciler.render.live import COOKIE_NAME
 from reconciler.render.metrics import METRIC_NAMES

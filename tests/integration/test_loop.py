@@ -167,7 +167,7 @@ def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tm
 
 
 def _seed_store(db: Path, instance_id: str = "pro-4000-0-3f9a1c") -> None:
-    from reconciler.adapters.store import SqliteStore
+    from reconciler.adapters.store.sqlite import SqliteStore
 
     # The controller's clock stamps every arrival (one clock): here a worker whose clock agrees with it, so the
     # reports arrive at the times the worker put in them.

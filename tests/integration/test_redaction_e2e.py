@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.settings import known_secret_values
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.redact import MASK, Redactor
 from reconciler.domain.tokens import instance_token
 from reconciler.flows.judge import run_pass

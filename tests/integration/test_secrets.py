@@ -32,7 +32,7 @@ from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAi
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import SlotProvider
 from reconciler.adapters.spec_files import check_spec_text
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.marketplace import InstanceRequest, MarketplaceError, OfferQuery
 from reconciler.domain.tokens import instance_token
 from reconciler.flows.judge import run_pass

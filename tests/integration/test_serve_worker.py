@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from reconciler.adapters.controller.server import ControllerServer
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from tests.worker_support import (
     INSTANCE_ID,
     SECRET,

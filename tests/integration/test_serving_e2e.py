@@ -42,7 +42,7 @@ from reconciler.adapters.params_mirror import ParamsMirrorServer
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotOutputs, SlotProvider, directory_digest
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.demo import init_origin, make_params
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import RecordSet

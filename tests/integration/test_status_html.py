@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.record_files import (
     image_record_path,
     machine_record_path,
     render_image_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.cli import main
 from reconciler.domain.judging import decide

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters import store_copy
-from reconciler.adapters.store import SqliteStore, StoreError
-from reconciler.adapters.store_copy import copy_store
-from reconciler.adapters.store_postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store import copy_to_postgres
+from reconciler.adapters.store.copy_to_postgres import copy_store
+from reconciler.adapters.store.port import StoreError
+from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.sqlite import SqliteStore
 from tests.controller_support import StepClock, register_doc
 from tests.postgres_server import PostgresServer
 
@@ -84,7 +85,7 @@ def test_a_copy_reads_back_the_same_and_replicas_carry_on_from_it(tmp_path: Path
 def test_an_interrupted_copy_run_again_gives_the_same_database_once(tmp_path: Path, postgres_db: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     source = embedded_store(tmp_path / "controller.db")
-    monkeypatch.setattr(store_copy, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(copy_to_postgres, "CHUNK_ROWS", 7)
     chunks: list[str] = []
 
     def crash_in_the_events(table: str, done: int, total: int) -> None:

@@ -22,8 +22,9 @@ import httpx
 import psycopg
 import pytest
 
-from reconciler.adapters.store import SCHEMA_VERSION, StoreError, StoreUnavailable
-from reconciler.adapters.store_postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.port import StoreError, StoreUnavailable
+from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.schema import SCHEMA_VERSION
 from tests.controller_support import SECRET, Harness, StepClock, auth, register_doc
 from tests.postgres_server import PostgresServer
 

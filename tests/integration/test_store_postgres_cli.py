@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.git import GitStore
-from reconciler.adapters.store_copy import copy_store
-from reconciler.adapters.store_postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.copy_to_postgres import copy_store
+from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
 from reconciler.cli import main
 from reconciler.flows.judge import run_pass
 from tests.gitrepos import origin_log

@@ -14,7 +14,8 @@ import pytest
 
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import REPORT_TAIL_LINES, ControllerStore, SqliteStore
+from reconciler.adapters.store.port import REPORT_TAIL_LINES, ControllerStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.tokens import machine_claim
 from reconciler.flows.judge import run_pass

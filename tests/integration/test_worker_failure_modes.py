@@ -23,7 +23,7 @@ import pytest
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.tokens import instance_token, machine_claim
 from reconciler.flows.judge import run_pass

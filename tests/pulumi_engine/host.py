@@ -4,7 +4,7 @@ speak gRPC to it the way the Pulumi engine does.
 Place in the flow: tests/pulumi_engine/test_*.py drive `reconciler.adapters.pulumi_provider` through the
 real `python -m pulumi.dynamic` of the installed SDK. The Pulumi CLI cannot be installed here, so the two
 pieces of the engine that matter are re-implemented from their documented behaviour (citations at
-pulumi/pulumi 1b5949891b, see /work/coord/research/pulumi.md):
+pulumi/pulumi@1b5949891b, file:line):
 
 - `Project` / `launch`: the engine starts the plugin `pulumi-resource-pulumi-python` with its working
   directory set to the program's `main:` directory (pkg/engine/project.go:45-71, plugin.go:597-599) and

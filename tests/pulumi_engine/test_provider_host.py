@@ -26,6 +26,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime.proto import provider_pb2
 
 from infra.hosts import pickler_restored, static_slot_props
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.params_mirror import ParamsMirrorServer
 from reconciler.adapters.pulumi_provider import SlotResourceProvider
@@ -33,11 +34,10 @@ from reconciler.adapters.record_files import (
     load_records,
     machine_record_path,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.slot_provider import directory_digest
 from reconciler.adapters.spec_files import load_spec
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.demo import make_params
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 from tests.pulumi_engine.host import (

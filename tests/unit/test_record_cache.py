@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import (
     RecordCache,
@@ -28,10 +29,9 @@ from reconciler.adapters.record_files import (
     parse_machine_record,
     render_image_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.records import ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.flows.judge import run_pass
 from tests.fakes import Sleeps

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.record_files import (
     image_record_path,
     load_records,
     machine_record_path,
     render_image_record,
     render_machine_record,
-    write_text_atomic,
 )
 from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
 from reconciler.domain.forecast import _known, known_machines

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.record_files import load_records, machine_record_path, render_machine_record, write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.record_files import load_records, machine_record_path, render_machine_record
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError, check_machine_id
 
 

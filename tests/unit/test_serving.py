@@ -383,7 +383,7 @@ def test_a_pardon_stands_until_a_new_failure() -> None:
     passed = decide(SPEC, [completed_report("i-1", "40213", 35.0)], pardoned, set(), None, at(65))
     record = passed.machine_records["40213"]
     assert record.status == "pardoned" and record.standing(at(65)).state == "pardoned"
-    # The reconciler records it bad again only on a NEW failure (README: pardoning a machine).
+    # The reconciler records it bad again only on a NEW failure (README: "When a benchmark fails", pardoning a machine).
     slow = completed_report("i-2", "40213", 20.0, registered_min=70)
     failed = decide(SPEC, [slow], RecordSet(machines=passed.machine_records), {"i-1"}, None, at(131))
     assert failed.machine_records["40213"].status == "bad"

@@ -15,7 +15,8 @@ import pytest
 
 from reconciler import REPO_ROOT
 from reconciler.adapters import spec_files
-from reconciler.adapters.record_files import machine_record_path, render_machine_record, write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.record_files import machine_record_path, render_machine_record
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 from reconciler.domain.spec import SpecError
 from tests.gitrepos import git

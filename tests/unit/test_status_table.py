@@ -1,4 +1,4 @@
-"""The status table is ONE table: the planner's STATUS_RULES, and README shows exactly it."""
+"""The status table is ONE table: the planner's STATUS_RULES, and docs/vastai.md shows exactly it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def test_every_marketplace_status_has_a_rule() -> None:
     assert set(STATUS_RULES) == set(INSTANCE_STATUSES)
 
 
-def test_readme_shows_the_table_the_code_uses() -> None:
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def test_docs_show_the_table_the_code_uses() -> None:
+    readme = (REPO_ROOT / "docs" / "vastai.md").read_text(encoding="utf-8")
     for rule in STATUS_RULES.values():
         assert f"| `{rule.status}` | {rule.meaning} | {rule.billing} | {rule.describe()} |" in readme
 

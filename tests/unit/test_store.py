@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.store import (
+from reconciler.adapters.store.port import (
     REPORT_TAIL_LINES,
     EventLimitExceeded,
     InstanceDestroyed,
     ResultConflict,
     SqlConnection,
-    SqliteStore,
     StoreError,
     UnknownInstance,
-    _SqlStore,
 )
+from reconciler.adapters.store.sql import SqlStore
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import BenchmarkResult, PhaseEvent
 from tests.controller_support import StepClock
 from tests.store_support import StoreFactory
@@ -46,11 +46,11 @@ RESULT = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T18:30:00Z", "
 
 
 @pytest.fixture
-def store(store_factory: StoreFactory) -> _SqlStore:
+def store(store_factory: StoreFactory) -> SqlStore:
     return store_factory(ring_lines=100, now=StepClock())
 
 
-def test_full_lifecycle_becomes_an_instance_report(store: _SqlStore) -> None:
+def test_full_lifecycle_becomes_an_instance_report(store: SqlStore) -> None:
     assert store.register("p-0-a", register_doc("p-0-a")) == "registered"
     assert store.add_event("p-0-a", event_doc("params", "started")) == "stored"
     assert store.add_event("p-0-a", event_doc("params", "progress", details={"bytes_done": 5})) == "stored"
@@ -92,7 +92,7 @@ def test_full_lifecycle_becomes_an_instance_report(store: _SqlStore) -> None:
     assert len(meta.event_received_at) == 3 and meta.result_received_at is not None
 
 
-def test_reregistration_is_idempotent_and_only_fills_gaps(store: _SqlStore) -> None:
+def test_reregistration_is_idempotent_and_only_fills_gaps(store: SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a", image_version=None))
     first = store.report("p-0-a")
     assert store.register("p-0-a", register_doc("p-0-a", pool="other", image_version="v7")) == "already-registered"
@@ -104,7 +104,7 @@ def test_reregistration_is_idempotent_and_only_fills_gaps(store: _SqlStore) -> N
     assert detail is not None and detail[1].registrations == 2
 
 
-def test_identical_event_resend_is_a_noop(store: _SqlStore) -> None:
+def test_identical_event_resend_is_a_noop(store: SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a"))
     assert store.add_event("p-0-a", event_doc("daemon", "failed", exit_code=1)) == "stored"
     assert store.add_event("p-0-a", event_doc("daemon", "failed", exit_code=1)) == "duplicate"
@@ -112,7 +112,7 @@ def test_identical_event_resend_is_a_noop(store: _SqlStore) -> None:
     assert store.stats()["events"] == 2
 
 
-def test_reports_for_unknown_instances_store_nothing(store: _SqlStore) -> None:
+def test_reports_for_unknown_instances_store_nothing(store: SqlStore) -> None:
     with pytest.raises(UnknownInstance, match="never registered"):
         store.add_event("ghost", event_doc("params", "started"))
     with pytest.raises(UnknownInstance):
@@ -124,7 +124,7 @@ def test_reports_for_unknown_instances_store_nothing(store: _SqlStore) -> None:
     assert store.mark_destroyed("ghost", T0) is False
 
 
-def test_result_is_accepted_once(store: _SqlStore) -> None:
+def test_result_is_accepted_once(store: SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a"))
     assert store.set_result("p-0-a", RESULT) == "stored"
     assert store.set_result("p-0-a", dict(RESULT)) == "duplicate"
@@ -134,7 +134,7 @@ def test_result_is_accepted_once(store: _SqlStore) -> None:
     assert report is not None and report.result is not None and report.result.proofs_per_hour == 94.7
 
 
-def test_destroyed_instance_keeps_its_logs_and_accepts_no_writes(store: _SqlStore) -> None:
+def test_destroyed_instance_keeps_its_logs_and_accepts_no_writes(store: SqlStore) -> None:
     store.register("p-0-a", register_doc("p-0-a"))
     store.add_logs("p-0-a", [f"l{i}" for i in range(5)])
     assert store.mark_destroyed("p-0-a", T0 + timedelta(hours=1)) is True
@@ -172,7 +172,7 @@ def test_ring_buffer_keeps_last_lines_and_counts_evictions(store_factory: StoreF
     store.close()
 
 
-def test_report_log_tail_is_the_last_lines(store: _SqlStore) -> None:
+def test_report_log_tail_is_the_last_lines(store: SqlStore) -> None:
     for iid in ("p-0-a", "p-1-b"):
         store.register(iid, register_doc(iid))
         store.add_logs(iid, [f"{iid} {i}" for i in range(80)])
@@ -183,7 +183,7 @@ def test_report_log_tail_is_the_last_lines(store: _SqlStore) -> None:
         assert r.log_tail[-1] == f"{r.instance_id} 79" and r.log_tail[0] == f"{r.instance_id} {80 - REPORT_TAIL_LINES}"
 
 
-def test_log_rings_give_the_whole_bounded_ring_and_reports_carry_the_gpu_probe(store: _SqlStore) -> None:
+def test_log_rings_give_the_whole_bounded_ring_and_reports_carry_the_gpu_probe(store: SqlStore) -> None:
     # The judge's evidence (issue 23 item 3): every stored line of the instances asked for, oldest first, within
     # the ring bound (100 here); the register body's GPU probe on the report.
     probe = ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."]
@@ -249,7 +249,7 @@ def test_everything_survives_close_and_reopen(store_factory: StoreFactory) -> No
     reopened.close()
 
 
-def test_concurrent_writers_lose_nothing(store: _SqlStore) -> None:
+def test_concurrent_writers_lose_nothing(store: SqlStore) -> None:
     for i in range(4):
         store.register(f"p-{i}-x", register_doc(f"p-{i}-x"))
 
@@ -291,8 +291,8 @@ def test_store_file_is_wal_with_schema_version(tmp_path: Path) -> None:
     store.close()
 
 
-def test_group_commit_isolates_a_broken_write(store: _SqlStore) -> None:
-    from reconciler.adapters.store import _PendingWrite
+def test_group_commit_isolates_a_broken_write(store: SqlStore) -> None:
+    from reconciler.adapters.store.sql import _PendingWrite
 
     store.register("p-0-a", register_doc("p-0-a"))
 
@@ -319,7 +319,7 @@ def test_group_commit_isolates_a_broken_write(store: _SqlStore) -> None:
     assert sorted(store.tail("p-0-a", 10)) == ["one", "two"]
 
 
-def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(store: _SqlStore) -> None:
+def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(store: SqlStore) -> None:
     """Protocol additions (issue 13): `proofs` and `daemon_log_tail` are stored (redacted) and read back."""
     store.register("p-0-a", register_doc("p-0-a"))
     daemon = ["cuzk-daemon: 2026-12-02T18:20:00.118802Z ERROR cuzk_core::engine: Phase 7: PoRep proof self-check "
@@ -338,7 +338,7 @@ def test_a_result_with_per_proof_results_and_the_daemon_log_reaches_the_judge(st
     assert report.result.daemon_log[0] == daemon[0] and "sekrit-bearer-9" not in report.result.daemon_log[1]
 
 
-def test_summaries_say_what_triage_needs_and_reports_of_loads_only_those_asked(store: _SqlStore) -> None:
+def test_summaries_say_what_triage_needs_and_reports_of_loads_only_those_asked(store: SqlStore) -> None:
     # Four instances: benchmarking, finished (result), failed a phase, serving (then a heartbeat), destroyed.
     for iid in ("a-bench", "b-done", "c-failed", "d-serving", "e-gone"):
         store.register(iid, register_doc(iid))
@@ -373,3 +373,11 @@ def test_summaries_say_what_triage_needs_and_reports_of_loads_only_those_asked(s
     for iid in many:
         store.register(iid, register_doc(iid))
     assert [r.instance_id for r in store.reports_of(many[::-1])] == many
+
+
+def test_changes_since_zero_answers_every_instance_in_registration_order(store: SqlStore) -> None:
+    for iid in ("p-0-b", "p-0-a"):
+        store.register(iid, register_doc(iid))
+    changes = store.changes_since(0)
+    assert changes.complete and changes.instance_ids == ("p-0-b", "p-0-a")
+    assert [r.instance_id for r in store.reports_of(changes.instance_ids)] == ["p-0-b", "p-0-a"]

@@ -13,14 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.adapters.store import (
-    EventLimitExceeded,
-    InstanceDestroyed,
-    SqliteStore,
-    UnknownInstance,
-    _PendingWrite,
-    _SqlStore,
-)
+from reconciler.adapters.store.port import EventLimitExceeded, InstanceDestroyed, UnknownInstance
+from reconciler.adapters.store.sql import SqlStore, _PendingWrite
+from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import PhaseEvent
 from tests.controller_support import StepClock
 from tests.store_support import StoreFactory
@@ -39,17 +34,17 @@ def worker_view(events: tuple[PhaseEvent, ...]) -> list[PhaseEvent]:
     return [replace(e, at=e.worker_at or e.at) for e in events]
 
 
-def registered(store: _SqlStore) -> _SqlStore:
+def registered(store: SqlStore) -> SqlStore:
     store.register("p-0-a", {"protocol": 1, "instance_id": "p-0-a", "at": "2026-12-02T17:59:00Z"})
     return store
 
 
-def open_store(path: Path, **options: int) -> _SqlStore:
+def open_store(path: Path, **options: int) -> SqlStore:
     return registered(SqliteStore(path, now=StepClock(), **options))
 
 
 @pytest.fixture
-def store(store_factory: StoreFactory) -> _SqlStore:
+def store(store_factory: StoreFactory) -> SqlStore:
     return registered(store_factory(now=StepClock()))
 
 
@@ -76,7 +71,7 @@ def test_batch_is_stored_in_order_like_single_events(store_factory: StoreFactory
     single.close()
 
 
-def test_replayed_batch_and_repeats_inside_a_batch_are_duplicates(store: _SqlStore) -> None:
+def test_replayed_batch_and_repeats_inside_a_batch_are_duplicates(store: SqlStore) -> None:
     store.add_event("p-0-a", progress(0))
     docs = [progress(0), progress(1), progress(1), progress(2)]
     assert store.add_events("p-0-a", docs) == ["duplicate", "stored", "duplicate", "stored"]
@@ -131,7 +126,7 @@ def test_refused_batch_in_a_shared_group_commit_leaves_the_others_alone(store_fa
     store.close()
 
 
-def test_batch_for_unknown_or_destroyed_instances_is_refused(store: _SqlStore) -> None:
+def test_batch_for_unknown_or_destroyed_instances_is_refused(store: SqlStore) -> None:
     with pytest.raises(UnknownInstance):
         store.add_events("ghost", [progress(1)])
     store.mark_destroyed("p-0-a", T0)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from reconciler.adapters.store import SCHEMA_VERSION, SqliteStore
+from reconciler.adapters.store.schema import SCHEMA_VERSION
+from reconciler.adapters.store.sqlite import SqliteStore
 from tests.controller_support import register_doc
 
 V2_EVENTS = """

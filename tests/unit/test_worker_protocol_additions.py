@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from reconciler import SCHEMA_DIR
-from reconciler.adapters.store import SqliteStore
+from reconciler.adapters.store.sqlite import SqliteStore
 
 SCHEMA = json.loads((SCHEMA_DIR / "worker-protocol.v1.schema.json").read_text(encoding="utf-8"))
 

@@ -31,7 +31,7 @@ from reconciler.adapters.controller.protocol import (
     validate_event_batch,
     validate_report,
 )
-from reconciler.adapters.store import (
+from reconciler.adapters.store.port import (
     RETRY_AFTER_S,
     ControllerStore,
     EventLimitExceeded,

@@ -17,9 +17,7 @@ from typing import Any
 import jsonschema
 
 from reconciler import SCHEMA_DIR
-from reconciler.adapters.store import (
-    InstanceMeta,
-)
+from reconciler.adapters.store.port import InstanceMeta
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, format_time, parse_time
 
 PROTOCOL_SCHEMA_PATH = SCHEMA_DIR / "worker-protocol.v1.schema.json"

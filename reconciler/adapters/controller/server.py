@@ -53,7 +53,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, PreparedReport, Request, Response
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
-from reconciler.adapters.store import ControllerStore
+from reconciler.adapters.store.port import ControllerStore
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from reconciler.adapters.record_files import write_text_atomic
+from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.domain import errors
 from reconciler.domain.marketplace import (
     Instance,

@@ -15,7 +15,7 @@ Facts this follows (vast-ai/vast-cli `vastai/api/*.py` and docs.vast.ai, API ref
 - list: `GET /api/v1/instances/` pages by `limit` (at most 25) and `after_token` = the previous
   page's `next_token`, filtered by `select_filters` (the CLI's `--label` sends `{"label": {"in": [...]}}`);
   one: `GET /api/v0/instances/{id}/` -> `{"instances": {...} | null}`; destroy: `DELETE /api/v0/instances/{id}/`.
-- errors: read the BODY, not the status (/work/coord/research/vastai.md): 401 "Invalid user key" (deleted key),
+- errors: read the BODY, not the status: 401 "Invalid user key" (deleted key),
   and **404** "Invalid user key" from the search `POST /bundles/` (vast-ai/docs search_offers.yaml), **404**
   "Session expired. Please log in again." (vast-cli vast.py), 403 a scoped key without the permission,
   404 `no_such_ask` (offer taken: try the next), 404 `no_such_instance` (gone), the older 404 `not_found`

@@ -1,13 +1,13 @@
 """The controller store on PostgreSQL: what several controller replicas on different hosts share.
 
-Where it sits: the production adapter of the store port (`store.ControllerStore`); the SQL and the transaction
-discipline are `store._SqlStore`'s, shared with the embedded SQLite adapter. This module adds what only a server
+Where it sits: the production adapter of the store port (`port.ControllerStore`); the SQL and the transaction
+discipline are `sql.SqlStore`'s, shared with the embedded SQLite adapter. This module adds what only a server
 database needs:
 - Connections: a `psycopg_pool.ConnectionPool` (autocommit connections; the shared code opens and commits its
   own transactions). A connection lost to a server restart is discarded by the pool and replaced on demand, so a
   replica reconnects by itself; meanwhile every read or write fails as `StoreUnavailable` (the API answers 503
   with Retry-After; a pass observes nothing and judges nothing).
-- Locks: a write locks the instance's row (`FOR UPDATE`) before deciding on it (see store.py's docstring).
+- Locks: a write locks the instance's row (`FOR UPDATE`) before deciding on it (see the package docstring).
 - Reads: `REPEATABLE READ READ ONLY`, one snapshot across tables, as SQLite's read transaction gives.
 - Schema (the leader lease's `fleet_lease` table included): `fleet_schema` holds the version; `migrate` upgrades
   under `pg_advisory_lock` (one replica migrates, the others wait and then find the work done) and refuses a
@@ -29,15 +29,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import psycopg
 import psycopg_pool
 
-from reconciler.adapters.store import (
-    REPORT_TAIL_LINES,
-    SCHEMA_VERSION,
-    SqlConnection,
-    SqlCursor,
-    StoreError,
-    StoreUnavailable,
-    _SqlStore,
-)
+from reconciler.adapters.store.port import REPORT_TAIL_LINES, SqlConnection, SqlCursor, StoreError, StoreUnavailable
+from reconciler.adapters.store.schema import SCHEMA_VERSION
+from reconciler.adapters.store.sql import SqlStore
 from reconciler.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -158,7 +152,7 @@ def _pg_sql(sql: str) -> str:
 
 
 class _PgConnection:
-    """A psycopg connection as the shared SQL expects one (`store.SqlConnection`)."""
+    """A psycopg connection as the shared SQL expects one (`port.SqlConnection`)."""
 
     __slots__ = ("_conn",)
 
@@ -204,7 +198,7 @@ def migrate(conn: psycopg.Connection[Any], location: str) -> int:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 
 
-class PostgresStore(_SqlStore):
+class PostgresStore(SqlStore):
     """The controller store in a PostgreSQL database (see the module docstring)."""
 
     _BEGIN_WRITE = "BEGIN"

@@ -23,8 +23,10 @@ from typing import Any
 
 import psycopg
 
-from reconciler.adapters.store import SCHEMA_VERSION, SqliteStore, StoreError
-from reconciler.adapters.store_postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.port import StoreError
+from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.schema import SCHEMA_VERSION
+from reconciler.adapters.store.sqlite import SqliteStore
 
 #: Rows per committed chunk: small enough that a kill loses little work, large enough to amortise a commit.
 CHUNK_ROWS = 2_000

@@ -1,32 +1,7 @@
-"""Controller store: what workers reported, safe across crashes and restarts. The port (`ControllerStore`) and
-its shared SQL; two adapters implement it: `SqliteStore` (here; the embedded default, one process, one file) and
-`PostgresStore` (`store_postgres.py`; production, several controller replicas on one server).
-`stores.open_store` picks one from a path or a `postgresql://` URI.
-
-Written by the controller HTTP API (`reconciler/adapters/controller/api.py`) after it has authenticated and
-validated a request; read by the reconcile loop and `fleet status` as `InstanceReport`s.
-Every write is one transaction: a request the controller answered 2xx is in the database, a rejected one
-left nothing behind. Log lines live in a bounded ring per instance (last `ring_lines`, older ones counted
-as dropped), and every free-text field is redacted (`reconciler.redact`) before it is written, so nothing
-secret is ever stored, served or committed as evidence.
-
-Clocks: `registered_at` in a report is the controller's clock at first registration (the loop compares
-it with its own `now` for deadlines; a worker's clock may be wrong); the worker's own `at` of every
-registration, event and result is kept as sent.
-
-Replay and retry semantics (v1 has no nonces): registration is idempotent; an event identical to one
-already stored is a no-op (a worker retrying after a lost response must not duplicate it), also inside
-an event batch, which is stored all or nothing (`add_events`); the result is
-accepted once, an identical resend is a no-op and a different one is a conflict; log batches are appended
-as sent (at-least-once: a retried batch can appear twice, which is harmless in a log tail). Once an
-instance is marked destroyed its token no longer writes anything, so a captured token cannot be replayed
-into a finished record, while its logs stay readable.
-
-Several writers (PostgreSQL replicas, or threads of one process): every write that reads an instance's
-state first locks its row (`SELECT ... FOR UPDATE` on PostgreSQL; SQLite has one writer at a time anyway), so
-counters, the ring's sequence numbers and the once-only result are decided on current rows; a batch takes
-its row locks in instance order, so two replicas' batches never deadlock. The database being unreachable
-is `StoreUnavailable` (temporary: the API answers 503 with Retry-After, a pass observes nothing).
+"""The SQL both store adapters run and the transaction discipline they share (`SqlStore`): group commit,
+refusals before modification, a broken write failing alone; and the CPU work of a write done before its
+transaction (redaction, canonical encoding, fingerprints). Written for SQLite's `?` placeholders and dialect,
+which the PostgreSQL adapter translates; an adapter gives a connection and says which driver errors are temporary.
 """
 
 from __future__ import annotations
@@ -34,18 +9,28 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import re
-import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from reconciler.adapters.settings import known_secret_values
-from reconciler.domain import errors
+from reconciler.adapters.store.port import (
+    REPORT_TAIL_LINES,
+    EventLimitExceeded,
+    InstanceDestroyed,
+    InstanceMeta,
+    LogView,
+    PreparedWrite,
+    ResultConflict,
+    SqlConnection,
+    StoreChanges,
+    StoreError,
+    StoreUnavailable,
+    UnknownInstance,
+)
 from reconciler.domain.observations import (
     BenchmarkResult,
     InstanceReport,
@@ -56,153 +41,7 @@ from reconciler.domain.observations import (
 )
 from reconciler.domain.redact import Redactor
 
-#: The schema this code writes. SQLite keeps it in `PRAGMA user_version`, PostgreSQL in the `fleet_schema`
-#: table; a store of a newer version is refused (never written by code that does not know its layout).
-SCHEMA_VERSION = 3
-#: Lines of the ring buffer copied into InstanceReport.log_tail (evidence for verdicts).
-REPORT_TAIL_LINES = 50
-#: What a 503 tells a worker about when to retry while the database is unreachable (seconds).
-RETRY_AFTER_S = 2
-
 _T = TypeVar("_T")
-
-log = logging.getLogger(__name__)
-
-
-_SCHEMA_V1 = """
-CREATE TABLE instances (
-    instance_id     TEXT PRIMARY KEY,
-    received_at     TEXT NOT NULL,
-    worker_at       TEXT NOT NULL,
-    pool            TEXT,
-    slot            TEXT,
-    machine_id      TEXT,
-    host_id         TEXT,
-    contract_id     TEXT,
-    gpu_name        TEXT,
-    image_digest    TEXT,
-    image_version   TEXT,
-    hostname        TEXT,
-    gpus            TEXT NOT NULL DEFAULT '[]',
-    registrations   INTEGER NOT NULL DEFAULT 1,
-    next_line_seq   INTEGER NOT NULL DEFAULT 0,
-    ring_dropped    INTEGER NOT NULL DEFAULT 0,
-    worker_dropped  INTEGER NOT NULL DEFAULT 0,
-    progress_events INTEGER NOT NULL DEFAULT 0,
-    other_events    INTEGER NOT NULL DEFAULT 0,
-    destroyed_at    TEXT
-);
-CREATE TABLE events (
-    id          INTEGER PRIMARY KEY,
-    instance_id TEXT NOT NULL REFERENCES instances(instance_id),
-    phase       TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    at          TEXT NOT NULL,
-    received_at TEXT NOT NULL,
-    exit_code   INTEGER,
-    message     TEXT,
-    log_tail    TEXT NOT NULL,
-    details     TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    UNIQUE (instance_id, fingerprint)
-);
-CREATE INDEX events_by_status ON events (instance_id, status, id);
-CREATE TABLE results (
-    instance_id TEXT PRIMARY KEY REFERENCES instances(instance_id),
-    received_at TEXT NOT NULL,
-    body        TEXT NOT NULL
-);
-CREATE TABLE log_lines (
-    instance_id TEXT NOT NULL,
-    seq         INTEGER NOT NULL,
-    line        TEXT NOT NULL,
-    PRIMARY KEY (instance_id, seq)
-) WITHOUT ROWID;
-"""
-
-#: Version 2: what the reconciler decided per instance, for workers to read (GET .../directive).
-_SCHEMA_V2 = """
-CREATE TABLE IF NOT EXISTS directives (
-    instance_id TEXT PRIMARY KEY,
-    set_at      TEXT NOT NULL,
-    body        TEXT NOT NULL
-);
-"""
-
-#: Version 3: an event's identity is keyed (instance, time, fingerprint) instead of (instance, fingerprint).
-#: The same events are distinct (the time is part of what the fingerprint covers, so it adds no new
-#: distinction), but a worker's events arrive in time order, so new keys land next to each other in the
-#: index: a batch of 20 events dirties one or two index pages instead of up to 20 random ones, and every
-#: COMMIT writes those pages to the WAL. The table is rebuilt (SQLite cannot change a table constraint).
-_SCHEMA_V3 = """
-CREATE TABLE events_v3 (
-    id          INTEGER PRIMARY KEY,
-    instance_id TEXT NOT NULL REFERENCES instances(instance_id),
-    phase       TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    at          TEXT NOT NULL,
-    received_at TEXT NOT NULL,
-    exit_code   INTEGER,
-    message     TEXT,
-    log_tail    TEXT NOT NULL,
-    details     TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    UNIQUE (instance_id, at, fingerprint)
-);
-INSERT INTO events_v3 (id, instance_id, phase, status, at, received_at, exit_code, message, log_tail, details,
-                       fingerprint)
-    SELECT id, instance_id, phase, status, at, received_at, exit_code, message, log_tail, details, fingerprint
-    FROM events ORDER BY id;
-DROP TABLE events;
-ALTER TABLE events_v3 RENAME TO events;
-CREATE INDEX events_by_status ON events (instance_id, status, id);
-"""
-
-
-
-class StoreError(errors.PermanentError):
-    """Base of everything the store refuses; the message names the instance and the reason."""
-
-    reason = errors.STORE_FAILED
-
-
-class UnknownInstance(StoreError):
-    """A report for an instance that never registered."""
-
-
-class InstanceDestroyed(StoreError):
-    """A write for an instance already marked destroyed."""
-
-
-class ResultConflict(StoreError):
-    """A second, different benchmark result for the same instance."""
-
-
-class EventLimitExceeded(StoreError):
-    """The instance sent more non-progress events than any sane worker would."""
-
-
-@dataclass(frozen=True)
-class InstanceMeta:
-    """What the read API shows beyond an InstanceReport: worker clock, counters, arrival times."""
-
-    worker_registered_at: datetime
-    registrations: int
-    hostname: str | None
-    gpus: tuple[str, ...]
-    stored_log_lines: int
-    ring_dropped: int
-    worker_dropped: int
-    event_received_at: tuple[datetime, ...]
-    result_received_at: datetime | None
-
-
-@dataclass(frozen=True)
-class LogView:
-    instance_id: str
-    lines: tuple[str, ...]
-    dropped: int
-    destroyed_at: datetime | None
 
 
 #: One encoder for every canonical dump: json.dumps with options builds a new JSONEncoder per call.
@@ -310,117 +149,8 @@ _REGISTER_FIELDS = ("pool", "slot", "machine_id", "host_id", "contract_id", "gpu
                     "image_version", "hostname")
 
 
-class StoreUnavailable(errors.TemporaryError):
-    """The database cannot be reached or refused the transaction for now (server restarting, connection lost,
-    pool exhausted, SQLite busy): nothing was stored or read; retry later."""
-
-    reason = errors.STORE_FAILED
-
-
-class SqlCursor(Protocol):
-    """What the shared SQL reads from a statement's cursor (sqlite3 and the PostgreSQL wrapper both give it)."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-
-class SqlConnection(Protocol):
-    """The connection a write or read body gets: `?` placeholders, as sqlite3 takes them (the PostgreSQL
-    adapter translates)."""
-
-    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> SqlCursor: ...
-
-    def executemany(self, sql: str, parameters: Any, /) -> SqlCursor: ...
-
-
-@dataclass(frozen=True)
-class PreparedWrite(Generic[_T]):
-    """A write whose CPU work (redaction, encoding, fingerprints) is done and whose statements are not run
-    yet: `write`/`write_all` run them. A caller that stores many reports at once (the HTTP edge's group
-    commit) prepares them all first, so the write transaction (and its row locks) lasts only for the statements.
-    `instance_id`: the instance whose row the body locks; a batch runs its writes in that order."""
-
-    body: Callable[[SqlConnection], _T]
-    instance_id: str = ""
-
-
-class ControllerStore(Protocol):
-    """The port: what the controller API, the reconcile loop, `fleet status` and the demo use of the store."""
-
-    ring_lines: int
-    clock: Callable[[], datetime]
-    #: Where the store is, safe to show (a path, or a URI without its password).
-    location: str
-    #: The database is another process reached over a socket (a write waits on round trips), not in-process.
-    remote: bool
-
-    def prepare_register(self, instance_id: str, doc: Mapping[str, Any]
-                         ) -> PreparedWrite[Literal["registered", "already-registered"]]: ...
-
-    def prepare_event(self, instance_id: str, doc: Mapping[str, Any]
-                      ) -> PreparedWrite[Literal["stored", "duplicate"]]: ...
-
-    def prepare_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]
-                       ) -> PreparedWrite[list[Literal["stored", "duplicate"]]]: ...
-
-    def prepare_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> PreparedWrite[int]: ...
-
-    def prepare_result(self, instance_id: str, doc: Mapping[str, Any]
-                       ) -> PreparedWrite[Literal["stored", "duplicate"]]: ...
-
-    def write(self, prepared: PreparedWrite[_T]) -> _T: ...
-
-    def write_all(self, prepared: Sequence[PreparedWrite[Any]]) -> list[tuple[BaseException | None, Any]]: ...
-
-    def register(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["registered", "already-registered"]: ...
-
-    def add_event(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]: ...
-
-    def add_events(self, instance_id: str, docs: Sequence[Mapping[str, Any]]
-                   ) -> list[Literal["stored", "duplicate"]]: ...
-
-    def add_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> int: ...
-
-    def set_result(self, instance_id: str, doc: Mapping[str, Any]) -> Literal["stored", "duplicate"]: ...
-
-    def mark_destroyed(self, instance_id: str, now: datetime) -> bool: ...
-
-    def set_directives(self, directives: Mapping[str, Mapping[str, Any]], now: datetime, *,
-                       fence: Callable[[SqlConnection], None] | None = None) -> int: ...
-
-    def directive(self, instance_id: str) -> dict[str, Any] | None: ...
-
-    def tail(self, instance_id: str, n: int) -> list[str]: ...
-
-    def log_rings(self, instance_ids: Sequence[str]) -> dict[str, tuple[str, ...]]: ...
-
-    def log_view(self, instance_id: str, n: int) -> LogView | None: ...
-
-    def report(self, instance_id: str) -> InstanceReport | None: ...
-
-    def detail(self, instance_id: str) -> tuple[InstanceReport, InstanceMeta] | None: ...
-
-    def reports(self, include_destroyed: bool = True) -> list[InstanceReport]: ...
-
-    def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]: ...
-
-    def instance_summaries(self) -> list[InstanceSummary]: ...
-
-    def instance_count(self) -> int: ...
-
-    def stats(self) -> dict[str, int]: ...
-
-    def close(self) -> None: ...
-
-
 class _PendingWrite:
-    """One queued write of a group commit (see _SqlStore.write_all)."""
+    """One queued write of a group commit (see SqlStore.write_all)."""
 
     __slots__ = ("body", "done", "error", "instance_id", "result")
 
@@ -432,7 +162,7 @@ class _PendingWrite:
         self.error: BaseException | None = None
 
 
-class _SqlStore:
+class SqlStore:
     """The SQL both adapters run (written for SQLite's `?` placeholders and dialect, which PostgreSQL shares
     here) and the transaction discipline: group commit, refusals before modification, a broken write failing
     alone. An adapter gives `_connection`, `_unavailable` and the statements that differ (class attributes)."""
@@ -866,6 +596,13 @@ class _SqlStore:
         found = self._snapshot(lambda conn: self._load(conn, None))
         return [r for r, _ in found if include_destroyed or r.destroyed_at is None]
 
+    def changes_since(self, since: int) -> StoreChanges:
+        """See `ControllerStore.changes_since`. Until the stores keep a change sequence (next), every answer is
+        every instance at sequence 0 (`complete`): correct for any caller, only not incremental."""
+        ids = self._snapshot(lambda conn: [row[0] for row in conn.execute(
+            "SELECT instance_id FROM instances ORDER BY received_at, instance_id").fetchall()])
+        return StoreChanges(sequence=0, instance_ids=tuple(ids), complete=True)
+
     def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]:
         """The reports of these instances only (with their events), ordered by first registration: what a view
         shows of a 10,000-instance fleet is a page of them, not all of them."""
@@ -1020,86 +757,3 @@ class _SqlStore:
                     for table in ("instances", "events", "results", "log_lines")}
 
         return self._snapshot(body)
-
-
-class SqliteStore(_SqlStore):
-    """The embedded store: one SQLite file (WAL) used by one process. Thread-safe: one connection behind a lock.
-
-    One connection and a lock rather than a connection per thread: SQLite serialises writers anyway, every
-    statement here is short, and a single connection cannot deadlock with itself on upgrade from read to write
-    locks. Other processes (`fleet status`) may read the same file concurrently (WAL); several serving
-    processes or hosts are PostgreSQL's job (`PostgresStore`).
-    """
-
-    _BEGIN_WRITE = "BEGIN IMMEDIATE"
-    _BEGIN_READ = "BEGIN"
-
-    def __init__(self, path: str | Path, ring_lines: int = 5000, *, now: Callable[[], datetime] | None = None,
-                 max_progress_events: int = 1000, max_other_events: int = 1000, redactor: Redactor | None = None):
-        super().__init__(ring_lines, now=now, max_progress_events=max_progress_events,
-                         max_other_events=max_other_events, redactor=redactor)
-        self.path = Path(path)
-        self.location = str(self.path)
-        self._lock = threading.Lock()  # guards the connection
-        try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open the controller store: {exc}") from None
-        try:
-            self._configure()
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise StoreError(f"{self.path}: not a usable controller store: {exc}") from None
-
-    def _configure(self) -> None:
-        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise sqlite3.DatabaseError(f"journal_mode is {mode!r}, WAL is required")
-        # In WAL mode, synchronous=NORMAL fsyncs only at checkpoints, not on every commit. A committed
-        # transaction survives a crash of this process (SIGKILL, OOM) because the WAL is in the OS page
-        # cache; only an OS crash or power loss can roll back the last few commits, never corrupt the
-        # file. That is the right trade for ingest speed: workers keep (and resend) their own log tail.
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._conn.execute("PRAGMA busy_timeout=10000")
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-            if version < SCHEMA_VERSION:
-                # Each step is additive: a store written by older code keeps all its data.
-                for schema in (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)[version:]:
-                    for statement in schema.split(";"):
-                        if statement.strip():
-                            self._conn.execute(statement)
-                self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version > SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: store schema version {version} is newer than this code "
-                                 f"understands ({SCHEMA_VERSION}); upgrade the fleet package")
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[SqlConnection]:
-        with self._lock:
-            yield self._conn
-
-    def _unavailable(self, exc: BaseException) -> StoreUnavailable | None:
-        # "database is locked" (another process, e.g. a copy, held the file for busy_timeout), disk I/O errors:
-        # temporary. Integrity or programming errors are bugs, never "retry later".
-        if isinstance(exc, sqlite3.OperationalError):
-            return StoreUnavailable(f"{self.path}: {exc}")
-        return None
-
-    def _rollback(self, conn: SqlConnection) -> None:
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    def integrity_check(self) -> list[str]:
-        """`PRAGMA integrity_check` rows: ['ok'] for a sound file."""
-        return [r[0] for r in self._snapshot(lambda conn: conn.execute("PRAGMA integrity_check").fetchall())]
