@@ -1,6 +1,6 @@
 """The marketplace port: what the planner and the slot provider need from a GPU rental market.
 
-Adapters: `vastai.py` (the real vast.ai REST API over httpx) and `local.py` (declared machines on this
+Adapters: `vastai/` (the real vast.ai REST API over httpx) and `local.py` (declared machines on this
 host, for the demo and tests). Both return these dataclasses; nothing above this layer sees HTTP.
 """
 

@@ -13,7 +13,7 @@ higher reliability, then machine id and offer id, so the same inputs always give
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from reconciler.domain.marketplace import Offer, OfferQuery
@@ -58,29 +58,80 @@ def offer_query(pool: PoolSpec, bad_machine_ids: Iterable[str], limit: int = 64)
     )
 
 
+@dataclass(frozen=True)
+class FitRule:
+    """One constraint a pool puts on an offer. `FIT_RULES` is the only place deciding whether an offer fits.
+
+    `misfit(offer, query)`: why the offer misses (None: it fits). `wants(query)`: the demand in words for "pool
+    wants ..." (None: this query asks nothing of it). `shortfall(query)`: how a count of misses is labelled when
+    no offer fits ("2 below reliability 0.98")."""
+
+    name: str
+    misfit: Callable[[Offer, OfferQuery], str | None]
+    wants: Callable[[OfferQuery], str | None]
+    shortfall: Callable[[OfferQuery], str]
+
+
+def _miss(ok: bool, reason: str) -> str | None:
+    return None if ok else reason
+
+
+#: Every constraint, in the order a miss is reported (the first one that fails is the reason). Backends may
+#: pre-filter on their own raw fields (vast's search body, a host's free GPUs); fit is decided here, once, by the
+#: slot provider (`rank_offers`), for every backend: a constraint added here binds them all.
+FIT_RULES: tuple[FitRule, ...] = (
+    FitRule("excluded",
+            lambda o, q: _miss(o.machine_id not in q.exclude_machine_ids, f"machine {o.machine_id} is recorded bad"),
+            lambda q: None, lambda q: "on machines recorded bad (excluded)"),
+    FitRule("gpu", lambda o, q: _miss(o.gpu_name == q.gpu_name, f"gpu {o.gpu_name!r} is not {q.gpu_name!r}"),
+            lambda q: f"gpu {q.gpu_name} x{q.num_gpus}", lambda q: f"not {q.gpu_name}"),
+    FitRule("gpus", lambda o, q: _miss(o.num_gpus == q.num_gpus, f"{o.num_gpus} GPU(s), pool wants {q.num_gpus}"),
+            lambda q: None, lambda q: f"not {q.num_gpus} GPU(s)"),
+    FitRule("price",
+            lambda o, q: _miss(o.price_usd_per_hour <= q.max_price_usd_per_hour,
+                               f"price ${o.price_usd_per_hour}/h above cap ${q.max_price_usd_per_hour}/h"),
+            lambda q: f"<= ${q.max_price_usd_per_hour}/h",
+            lambda q: f"above the price cap ${q.max_price_usd_per_hour}/h"),
+    FitRule("reliability",
+            lambda o, q: _miss(o.reliability >= q.min_reliability,
+                               f"reliability {o.reliability} below {q.min_reliability}"),
+            lambda q: f"reliability >= {q.min_reliability}", lambda q: f"below reliability {q.min_reliability}"),
+    FitRule("inet_down",
+            lambda o, q: _miss(o.inet_down_mbps >= q.min_inet_down_mbps,
+                               f"inet_down {o.inet_down_mbps} Mbps below {q.min_inet_down_mbps}"),
+            lambda q: f"inet_down >= {q.min_inet_down_mbps} Mbps",
+            lambda q: f"below inet_down {q.min_inet_down_mbps} Mbps"),
+    FitRule("disk", lambda o, q: _miss(o.disk_gb >= q.min_disk_gb, f"disk {o.disk_gb} GB below {q.min_disk_gb}"),
+            lambda q: f"disk >= {q.min_disk_gb:g} GB", lambda q: f"below disk {q.min_disk_gb:g} GB"),
+    FitRule("host_ram",
+            lambda o, q: _miss(o.cpu_ram_gb >= q.min_cpu_ram_gb,
+                               f"host RAM {o.cpu_ram_gb} GB below {q.min_cpu_ram_gb}"),
+            lambda q: f"host RAM >= {q.min_cpu_ram_gb:g} GB", lambda q: f"below host RAM {q.min_cpu_ram_gb:g} GB"),
+    FitRule("cuda", lambda o, q: _miss(o.cuda_max_good >= q.min_cuda, f"CUDA {o.cuda_max_good} below {q.min_cuda}"),
+            lambda q: f"CUDA >= {q.min_cuda}", lambda q: f"below CUDA {q.min_cuda}"),
+    FitRule("verified", lambda o, q: _miss(o.verified or not q.verified_only, "host not verified"),
+            lambda q: "verified hosts only" if q.verified_only else None, lambda q: "on unverified hosts"),
+)
+
+
+def misfit(offer: Offer, query: OfferQuery) -> tuple[FitRule, str] | None:
+    """The first rule `offer` breaks and why, or None when it fits `query`."""
+    for rule in FIT_RULES:
+        why = rule.misfit(offer, query)
+        if why is not None:
+            return rule, why
+    return None
+
+
 def mismatch(offer: Offer, query: OfferQuery) -> str | None:
     """Why `offer` does not satisfy `query`, or None when it does."""
-    if offer.machine_id in query.exclude_machine_ids:
-        return f"machine {offer.machine_id} is recorded bad"
-    if offer.gpu_name != query.gpu_name:
-        return f"gpu {offer.gpu_name!r} is not {query.gpu_name!r}"
-    if offer.num_gpus != query.num_gpus:
-        return f"{offer.num_gpus} GPU(s), pool wants {query.num_gpus}"
-    if offer.price_usd_per_hour > query.max_price_usd_per_hour:
-        return f"price ${offer.price_usd_per_hour}/h above cap ${query.max_price_usd_per_hour}/h"
-    if offer.reliability < query.min_reliability:
-        return f"reliability {offer.reliability} below {query.min_reliability}"
-    if offer.inet_down_mbps < query.min_inet_down_mbps:
-        return f"inet_down {offer.inet_down_mbps} Mbps below {query.min_inet_down_mbps}"
-    if offer.disk_gb < query.min_disk_gb:
-        return f"disk {offer.disk_gb} GB below {query.min_disk_gb}"
-    if offer.cpu_ram_gb < query.min_cpu_ram_gb:
-        return f"host RAM {offer.cpu_ram_gb} GB below {query.min_cpu_ram_gb}"
-    if offer.cuda_max_good < query.min_cuda:
-        return f"CUDA {offer.cuda_max_good} below {query.min_cuda}"
-    if query.verified_only and not offer.verified:
-        return "host not verified"
-    return None
+    found = misfit(offer, query)
+    return None if found is None else found[1]
+
+
+def describe_wants(query: OfferQuery) -> str:
+    """Everything `query` asks, in the rules' words: "gpu RTX 4090 x1, <= $0.6/h, reliability >= 0.98, ..."."""
+    return ", ".join(w for rule in FIT_RULES if (w := rule.wants(query)) is not None)
 
 
 def expected_rate(offer: Offer, measured: Mapping[str, float], priors: Mapping[str, float]) -> tuple[float | None, str]:

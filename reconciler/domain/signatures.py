@@ -45,6 +45,14 @@ from functools import lru_cache
 from reconciler.domain import cuda_errors, xid
 from reconciler.domain.verdicts import BLAMES
 
+#: How much a signature's line says (issue 29 item 1). A specific line names the failure itself: a tool's own error
+#: code with the description that goes with it, a kernel or driver line, a loader line, an errno. A generic line
+#: is a wrapper's word that something failed ("Download aborted", "exited with code N", a tool's "unknown error"):
+#: it is shown when nothing better was logged, but it never decides blame (`verdict.py` judges it `unknown`).
+SPECIFIC = "specific"
+GENERIC = "generic"
+STRENGTHS = (SPECIFIC, GENERIC)
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -62,17 +70,30 @@ class Signature:
     #: Lower-case literals, one of which every match of `pattern` contains: a line that has none of them is
     #: not searched (tests/unit/test_signature_prefilter.py proves this from the parsed pattern).
     needs: tuple[str, ...] = ()
+    #: SPECIFIC or GENERIC. Every generic signature ranks below every specific one (PRIORITY_GENERIC_BELOW), so
+    #: the strongest line of the whole evidence is the most specific one, whatever its priority.
+    strength: str = SPECIFIC
 
     def __post_init__(self) -> None:
         if self.blame not in BLAMES or self.blame == "none":
             raise ValueError(f"signature {self.name!r}: blame {self.blame!r} not a failure blame in {BLAMES}")
+        if self.strength not in STRENGTHS:
+            raise ValueError(f"signature {self.name!r}: strength {self.strength!r} not one of {STRENGTHS}")
+        if (self.strength == GENERIC) != (self.priority < PRIORITY_GENERIC_BELOW):
+            raise ValueError(f"signature {self.name!r}: a {self.strength} signature needs a priority "
+                             f"{'below' if self.strength == GENERIC else 'of at least'} {PRIORITY_GENERIC_BELOW}, "
+                             f"not {self.priority}")
+
+    @property
+    def generic(self) -> bool:
+        return self.strength == GENERIC
 
 
 def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str],
          setting: str | None = None, explains: str | None = None, whole_line: bool = False,
-         flags: int = re.IGNORECASE) -> Signature:
+         flags: int = re.IGNORECASE, strength: str = SPECIFIC) -> Signature:
     return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line,
-                     tuple(dict.fromkeys(needs)))
+                     tuple(dict.fromkeys(needs)), strength)
 
 
 # How decisive a line is: the highest priority found anywhere in the evidence names the cause
@@ -90,6 +111,8 @@ PRIORITY_NETWORK = 60     # the machine's network while fetching
 PRIORITY_MARKETPLACE = 55  # stopped from outside
 PRIORITY_PANIC = 50       # a generic panic in our binaries
 PRIORITY_SYMPTOM = 30     # cascade symptoms: our daemon gone, an RPC that failed because of it
+PRIORITY_GENERIC_BELOW = 20  # every GENERIC signature (a wrapper's "failed") ranks below this, every SPECIFIC one not
+PRIORITY_GENERIC = 10
 
 # Settings named by configuration/params verdicts (fleet-spec/schema/fleet.schema.json).
 SETTING_VRAM = "pools[].gpu_name (a GPU with more memory) or pools[].benchmark.concurrency"
@@ -146,7 +169,10 @@ CUDA_SOFTWARE = tuple(c for c in cuda_errors.codes_with_blame("image") if c not 
 ARIA2_NOT_FOUND = (3, 4)
 ARIA2_DISK_FULL = (9,)
 ARIA2_DNS = (19,)
-ARIA2_NETWORK = (1, 2, 5, 6, 7, 8, 22)
+ARIA2_NETWORK = (2, 5, 6, 8, 22)
+#: aria2c's codes that say only that it stopped: 1 "an unknown error occurred" (also every socket error it does
+#: not classify: the cause is in its `-> [...]` lines), 7 "unfinished downloads" (it was stopped by a signal).
+ARIA2_GENERIC = (1, 7)
 ARIA2_CHECKSUM = (32,)
 ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
                  5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
@@ -547,13 +573,19 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          needs=(*_CURL_NEEDS, "connection refused", "couldn't connect to server")),
     _sig("download-failed-network", "network", 60,
          rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
-         "the download failed on the network (aria2c 1/2/5/6/7/8/22, curl 16/18/35/52/55/56/92)",
+         "the download failed on the network (aria2c 2/5/6/8/22, curl 16/18/35/52/55/56/92)",
          explains="aria2c/curl network failure", needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
-    _sig("download-aborted", "network", 58, r"Download aborted|download failed",
-         "a download was aborted (aria2c's line before its errorCode)", needs=("download aborted", "download failed")),
-    _sig("params-too-slow", "network", 60, r"params fetch exceeded FLEET_PARAMS_TIMEOUT_S",
-         "the params fetch did not finish before its deadline",
+    # The worker's own deadline: it says the fetch was slow, not whether the machine's network or the mirror was.
+    # The fleet decides (the same mirror slow on K machines, the same machine slow twice: domain/correlation.py).
+    _sig("params-too-slow", "unknown", 60, r"params fetch exceeded FLEET_PARAMS_TIMEOUT_S",
+         "the params fetch did not finish before its deadline: the machine's network or the mirror was too slow",
          needs=("params fetch exceeded fleet_params_timeout_s",)),
+    # --- generic: a wrapper's word that a download stopped; shown when nothing better was logged -------------
+    _sig("download-failed-generic", "unknown", PRIORITY_GENERIC,
+         rf"Download aborted|download failed|{_aria2(ARIA2_GENERIC)}",
+         "a download stopped without saying why (aria2c's `Download aborted`, its exit 1 `unknown error` or 7 "
+         "`unfinished downloads`): the cause, if any, is another line", strength=GENERIC,
+         needs=("download aborted", "download failed", *_ARIA2_NEEDS)),
     # --- 55: the marketplace or host stopped the worker -----------------------------------------------
     _sig("process-sigkill", "configuration", PRIORITY_MARKETPLACE - 1, rf"\bSIGKILL\b|{_exit_code(137)}",
          "a process was SIGKILLed (exit 137) with no kernel line saying why: on a rental nearly always the OOM "
@@ -611,6 +643,11 @@ class SignatureMatch:
     @property
     def priority(self) -> int:
         return self.signature.priority
+
+    @property
+    def decisive(self) -> bool:
+        """Whether this line may decide blame: a SPECIFIC signature (a GENERIC one is only the best line shown)."""
+        return not self.signature.generic
 
     def text(self) -> str:
         """The line, with the meaning of a bare numeric code appended (`sppark::Error #-2 [= ...: out of memory]`,

@@ -27,7 +27,7 @@ from reconciler.domain.planner import (
     pool_pause,
     replace_reason,
 )
-from reconciler.domain.ranking import RankedOffer, mismatch, offer_query
+from reconciler.domain.ranking import RankedOffer, describe_wants, misfit, offer_query
 from reconciler.domain.records import RecordSet
 from reconciler.domain.spec import FleetSpec, ParamsSettings, PoolSpec, fleet_label_prefix
 
@@ -467,10 +467,7 @@ def slot_diff(old: SlotOutputs, new: SlotInputs, now: float | None = None) -> Sl
 
 
 def describe_constraints(pool: PoolSpec) -> str:
-    return (f"gpu {pool.gpu_name} x{pool.gpus_per_instance}, <= ${pool.max_price_usd_per_hour}/h, reliability >= "
-            f"{pool.min_reliability}, inet_down >= {pool.min_inet_down_mbps} Mbps, disk >= {pool.disk_gb} GB, "
-            f"host RAM >= {pool.min_host_ram_gb} GB, CUDA >= {pool.min_cuda}"
-            + (", verified hosts only" if pool.verified_only else ""))
+    return describe_wants(offer_query(pool, ()))
 
 
 def broad_query(pool: PoolSpec, limit: int = 200) -> OfferQuery:
@@ -490,25 +487,19 @@ def describe_shortfall(pool: PoolSpec, bad_machine_ids: frozenset[str], offers: 
         return f"the market lists no {pool.gpu_name} x{pool.gpus_per_instance} offer right now (GPU short)"
     counts: dict[str, int] = {}
     over_cap: list[float] = []
+    price_key = ""
     for offer in listed:
-        why = mismatch(offer, query)
-        if why is None:
+        found = misfit(offer, query)
+        if found is None:
             continue
-        if why.startswith("machine "):
-            key = "on machines recorded bad (excluded)"
-        elif why.startswith("price"):
-            key = f"above the price cap ${pool.max_price_usd_per_hour}/h"
+        key = found[0].shortfall(query)
+        if found[0].name == "price":
             over_cap.append(offer.price_usd_per_hour)
-        else:
-            key = why.split(" ")[0] if not why.startswith("host") else " ".join(why.split(" ")[:2])
-            key = {"reliability": f"below reliability {pool.min_reliability}",
-                   "inet_down": f"below inet_down {pool.min_inet_down_mbps} Mbps",
-                   "disk": f"below disk {pool.disk_gb} GB", "host RAM": f"below host RAM {pool.min_host_ram_gb} GB",
-                   "CUDA": f"below CUDA {pool.min_cuda}", "host not": "on unverified hosts"}.get(key, why)
+            price_key = key
         counts[key] = counts.get(key, 0) + 1
     parts = []
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
-        if key.startswith("above the price cap"):
+        if key == price_key:
             key += f" (cheapest of them ${min(over_cap):.2f}/h)"
         parts.append(f"{n} {key}")
     fitting = len(listed) - sum(counts.values())

@@ -57,6 +57,8 @@ HELD_BY_KILL_BUDGET = "kill-budget"
 SIGNATURE_INTERMITTENT_SELF_CHECK = "proof-self-check-intermittent"
 #: Part of every signature `unrecognized_signature` makes.
 UNRECOGNIZED = "-unrecognized-"
+#: How a failure that no specific signature explains starts its cause: the best line follows (issue 29 item 2).
+NOT_RECOGNISED = "not recognised"
 
 #: Failed phases that end the benchmark attempt by themselves. A failed tunnel (Lotus API, not needed by
 #: the standalone benchmark) or report/serve step does not: the result or the deadline decides.
@@ -298,46 +300,74 @@ def _rated(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Atte
                     spp=spp)
 
 
+@dataclass(frozen=True)
+class _Cause:
+    """Why an attempt failed, as far as the evidence says: `match` is the decisive (SPECIFIC) signature, if any;
+    without one the blame is `unknown` and `line` is the best line there is (a GENERIC signature's, else the last
+    error-like line), shown after NOT_RECOGNISED."""
+
+    match: SignatureMatch | None
+    blame: str
+    line: str
+    generic: SignatureMatch | None = None
+
+    @property
+    def shown(self) -> str:
+        return self.line if self.match is not None else f"{NOT_RECOGNISED}: {self.line}"
+
+
+def _cause(attempt: _Attempt, *fallbacks: str | None, known_cause: str | None = None) -> _Cause | None:
+    """The decisive line of the whole evidence; else (with `fallbacks` or `known_cause`) the best line, blame
+    unknown: a generic line never decides blame. None when nothing at all explains it and no fallback was given."""
+    match = classify(attempt.evidence, include_tunnel=attempt.include_tunnel)
+    if match is not None and match.decisive:
+        return _Cause(match, match.blame, match.text())
+    best = match.text() if match is not None else error_line(attempt.evidence, include_tunnel=attempt.include_tunnel)
+    line = best or next((f for f in fallbacks if f), None) or known_cause
+    if line is None:
+        return None
+    if known_cause and line != known_cause:
+        line = f"{known_cause}; last error: {line}"
+    return _Cause(None, "unknown", line, match)
+
+
 def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt, failed: int,
                    proofs: Sequence[ProofResult], rate: float | None, spp: float | None) -> Verdict:
     """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
     labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
-    match = classify(attempt.evidence)
-    blame = match.blame if match else "unknown"
     what = f"{failed} {'/'.join(labels)}"
-    cause = match.text() if match else (error_line(attempt.evidence) or f"{what}; no reason in the daemon log")
+    why = _cause(attempt, f"{what}; no reason in the daemon log")
+    assert why is not None  # a fallback was given
+    match, blame, cause = why.match, why.blame, why.shown
     signature = match.name if match else \
-        unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, cause)
+        unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, why.line)
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
         # Some proofs verify and some do not on the same inputs: the GPU computes wrong results at times.
         blame, signature = "machine", SIGNATURE_INTERMITTENT_SELF_CHECK
     return _failed_verdict(report, pool, now, "benchmark-error", attempt, blame, match, signature,
                            f"{_clip(redact_line(cause))} [{what}]", rate=rate if attempt.completed else None,
-                           spp=spp if attempt.completed else None)
+                           spp=spp if attempt.completed else None, unexplained=why)
 
 
 def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, attempt: _Attempt, *,
              message: str | None = None, prior_params_failures: int = 0, known_cause: str | None = None) -> Verdict:
     """`known_cause`: what we established ourselves; `message`: the worker's own summary (used when the log
-    says nothing)."""
-    match = classify(attempt.evidence, include_tunnel=attempt.include_tunnel)
-    if match is not None:
-        blame, cause = match.blame, match.text()
-    else:
-        blame = "network" if verdict == "params-failed" else "unknown"
-        cause = (error_line(attempt.evidence, include_tunnel=attempt.include_tunnel) or message or known_cause
-                 or "no log lines")
-        if known_cause and cause != known_cause:
-            cause = f"{known_cause}; last error: {cause}"
-    signature = match.name if match else unrecognized_signature(verdict, attempt.phase, attempt.exit_code, cause)
-    return _failed_verdict(report, pool, now, verdict, attempt, blame, match, signature,
-                           _clip(redact_line(cause)), prior_params_failures=prior_params_failures)
+    says nothing). Without a specific line the failure is `unknown` in every phase, params included: no
+    network strike is counted on a guess (issue 29 item 2)."""
+    why = _cause(attempt, message, "no log lines", known_cause=known_cause)
+    assert why is not None  # a fallback was given
+    signature = why.match.name if why.match else \
+        unrecognized_signature(verdict, attempt.phase, attempt.exit_code, why.line)
+    return _failed_verdict(report, pool, now, verdict, attempt, why.blame, why.match, signature,
+                           _clip(redact_line(why.shown)), prior_params_failures=prior_params_failures,
+                           unexplained=why)
 
 
 def _failed_verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str, attempt: _Attempt,
                     blame: str, match: SignatureMatch | None, signature: str | None, cause: str, *,
                     prior_params_failures: int = 0, rate: float | None = None, spp: float | None = None,
-                    extra: Mapping[str, Any] | None = None, head: str | None = None) -> Verdict:
+                    extra: Mapping[str, Any] | None = None, head: str | None = None,
+                    unexplained: _Cause | None = None) -> Verdict:
     marks = blame_class(blame).marks_machine
     suffix = ""
     if marks == "strike":
@@ -353,9 +383,15 @@ def _failed_verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdi
     setting = _setting(match, pool) if blame in ("configuration", "params", "image") else None
     reason = f"{head or verdict}: {_where(attempt)}: {cause}{suffix}"
     if match is None and signature and UNRECOGNIZED in signature:
+        line = _clip(redact_line(unexplained.line)) if unexplained is not None else cause
+        generic = unexplained.generic if unexplained is not None else None
         extra = {**(extra or {}), "signature": {
-            "name": signature, "blame": blame, "line": cause, "normalised": normalise_error_line(cause),
-            "means": "no catalogued signature explains it: keyed by phase, exit code and the normalised error line"}}
+            "name": signature, "blame": blame, "line": line, "normalised": normalise_error_line(line),
+            "means": f"{NOT_RECOGNISED}: no specific signature explains it"
+                     + (f" (the best line is a generic one: {generic.name}, {generic.signature.description})"
+                        if generic is not None else "")
+                     + "; keyed by phase, exit code and the normalised error line",
+            **({"generic": generic.name} if generic is not None else {})}}
     return _verdict(report, pool, now, verdict=verdict, blame=blame, marks_bad=marks_bad, reason=reason,
                     attempt=attempt, match=match, signature=signature, rate=rate, spp=spp, setting=setting,
                     extra=extra)
@@ -368,26 +404,31 @@ def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _
     all_done = requested > 0 and completed >= requested
     if rate is None and started is not None and ended > started and not all_done:
         rate = completed * 3600.0 / (ended - started).total_seconds()
-    match = classify(attempt.evidence)
+    why = _cause(attempt)
+    match = why.match if why is not None else None
+    unexplained: _Cause | None = None
     if match is not None:
         blame = match.blame
         cause = match.text()
     elif all_done and result_lost:
         blame, cause = "unknown", "every proof reported done, but the result never reached the controller"
     elif completed > 0 and rate is not None and rate < min_rate:
+        # A slow machine's partial rate is a measurement of that machine (no error line says otherwise).
         blame, cause = "machine", f"{rate:.1f}/h partial < {min_rate:g}/h"
     else:
-        blame = "unknown"
-        cause = error_line(attempt.evidence) or "no result and no error in the log"
+        unexplained = why or _Cause(None, "unknown", "no result and no error in the log")
+        blame, cause = "unknown", unexplained.shown
     partial = (f" ({rate:.1f}/h partial, min {min_rate:g}/h)"
                if rate is not None and not all_done and "partial" not in cause else "")
     head = f"timeout after {pool.benchmark.timeout_minutes:g} min"
     # A slow machine's partial rate is a measurement of that machine, not an unexplained failure.
     signature = match.name if match else "timeout" if blame == "machine" else \
-        unrecognized_signature("timeout", attempt.phase, attempt.exit_code, cause)
+        unrecognized_signature("timeout", attempt.phase, attempt.exit_code,
+                               unexplained.line if unexplained is not None else cause)
     return _failed_verdict(report, pool, now, "timeout", attempt, blame, match,
                            signature, _clip(redact_line(cause)) + partial, rate=rate,
-                           extra={"completed": completed, "requested": requested}, head=head)
+                           extra={"completed": completed, "requested": requested}, head=head,
+                           unexplained=unexplained)
 
 
 #: What an unexplained failure's signature is made of (`unrecognized_signature`): the variable parts of its

@@ -295,7 +295,7 @@ def test_apply_with_vastai_backend_rents_by_digest_and_replaces_bad(tmp_path: Pa
     monkeypatch.setenv("FLEET_CONTROLLER_SECRET", "vast-test-controller-secret")
     with VastFake(api_key="test-vast-key") as fake:
         # The client deep inside `fleet apply` paces and backs off on the fake's clock: no real wait.
-        monkeypatch.setattr(vastai, "TIME", vastai.TimeSource(fake.clock, fake.clock.sleep))
+        monkeypatch.setattr(vastai.client, "TIME", vastai.TimeSource(fake.clock, fake.clock.sleep))
         argv = ["apply", "--spec", str(spec_dir / "fleet.yaml"), "--backend", "vastai", "--state-dir",
                 str(tmp_path / "state"), "--vast-base-url", fake.base_url,
                 "--image", f"registry.example/worker@{digest}"]

@@ -193,7 +193,7 @@ def test_fleet_apply_cli_says_nothing_changed_when_the_market_is_down(rig: Apply
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VAST_API_KEY", VAST_KEY)
     monkeypatch.setenv("FLEET_CONTROLLER_SECRET", SECRET.decode())
-    monkeypatch.setattr(vastai, "TIME", vastai.TimeSource(rig.fake.clock, rig.fake.clock.sleep))
+    monkeypatch.setattr(vastai.client, "TIME", vastai.TimeSource(rig.fake.clock, rig.fake.clock.sleep))
     state_before = rig.state.read_bytes()
     # Every attempt of every read fails (the backoff sleeps on the fake's clock).
     rig.fake.inject(Fault("status", 500, {"success": False, "msg": "Internal Server Error"}, {"Retry-After": "0"},

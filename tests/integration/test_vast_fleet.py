@@ -123,7 +123,7 @@ def fake() -> Iterator[VastFake]:
 
 def test_a_key_revoked_mid_apply_stops_it_and_drops_destroys_records_nothing(
         fake: VastFake, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vastai, "TIME", vastai.TimeSource(fake.clock, fake.clock.sleep))
+    monkeypatch.setattr(vastai.client, "TIME", vastai.TimeSource(fake.clock, fake.clock.sleep))
     monkeypatch.setenv("VAST_API_KEY", KEY)
     monkeypatch.setenv("FLEET_CONTROLLER_SECRET", SECRET.decode())
     rig = Rig(tmp_path, fake, spec_text(4))

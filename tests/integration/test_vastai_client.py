@@ -37,6 +37,7 @@ from reconciler.domain.marketplace import (
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
+from reconciler.domain.ranking import mismatch
 from tests.vast_fake import Fault, VastFake, VirtualClock, make_offer, offer_matches
 
 API_KEY = "vk-7f3e9a1c5b2d4e6f8091a2b3c4d5e6f7"
@@ -170,24 +171,33 @@ def test_non_numeric_machine_ids_are_sent_as_strings(fake: VastFake, client: Vas
     assert fake.requests[0].body["machine_id"] == {"notin": [41001, "m-legacy"]}
 
 
-def test_client_filters_what_the_api_ignored(
+def test_what_the_api_ignored_is_filtered_once_by_the_fit_rule(
     fake: VastFake, client: VastAiMarketplace, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The server drops these filters (the real API only warns on fields it does not know).
+    # The server drops these filters (the real API only warns on fields it does not know). The adapter does not
+    # decide fit (no second copy of the rule): it returns what is for rent, and the one fit rule the slot provider
+    # ranks with (reconciler.domain.ranking) drops the rest, bad machine first.
     fake.ignored_fields = {"machine_id", "reliability", "verified", "cpu_ram", "gpu_name", "dph_total"}
-    caplog.set_level(logging.INFO, logger="reconciler.adapters.marketplace.vastai")
-    offers = client.search_offers(
-        OfferQuery(
-            gpu_name="RTX 4090",
-            max_price_usd_per_hour=0.5,
-            min_cpu_ram_gb=128,
-            exclude_machine_ids=frozenset({"41002"}),
-        )
-    )
-    assert [o.machine_id for o in offers] == ["41001"]
-    assert "machine 41002 is excluded" in caplog.text
-    assert "reliability 0.81 < 0.95" in caplog.text
-    assert "gpu_name 'RTX PRO 4000'" in caplog.text
+    query = OfferQuery(gpu_name="RTX 4090", max_price_usd_per_hour=0.5, min_cpu_ram_gb=128,
+                       exclude_machine_ids=frozenset({"41002"}))
+    offers = client.search_offers(query)
+    assert {o.machine_id for o in offers} > {"41001", "41002"}
+    reasons = {o.machine_id: mismatch(o, query) for o in offers}
+    assert [m for m, why in reasons.items() if why is None] == ["41001"]
+    assert reasons["41002"] == "machine 41002 is recorded bad"
+    assert any(why and why.startswith("reliability 0.81 below 0.95") for why in reasons.values())
+    assert any(why and why.startswith("gpu 'RTX PRO 4000'") for why in reasons.values())
+
+
+def test_rows_not_for_rent_are_dropped_by_the_adapter(fake: VastFake, client: VastAiMarketplace) -> None:
+    # `rented` is no server-side filter (the CLI filters the rows itself): the adapter drops such rows, as it
+    # drops rows vast marks not rentable, whatever the pool wants.
+    rows = [make_offer(9201, 44001, 701, rented=True), make_offer(9202, 44002, 702, rentable=False),
+            make_offer(9203, 44003, 703)]
+    fake.fail_next(status=200, body={"offers": rows}, method="POST")
+    offers = client.search_offers(OfferQuery(gpu_name="RTX 4090"))
+    assert [o.offer_id for o in offers] == ["9203"]
+    assert getattr(offers, "dropped", None) == 2
 
 
 def test_malformed_offers_are_skipped_with_a_warning(
@@ -204,8 +214,11 @@ def test_malformed_offers_are_skipped_with_a_warning(
     ]
     fake.fail_next(status=200, body={"offers": rows}, method="POST")
     caplog.set_level(logging.WARNING, logger="reconciler.adapters.marketplace.vastai")
-    offers = client.search_offers(OfferQuery(gpu_name="RTX 4090"))
-    assert [o.offer_id for o in offers] == ["9101"]
+    query = OfferQuery(gpu_name="RTX 4090")
+    offers = client.search_offers(query)
+    assert [o.offer_id for o in offers] == ["9105", "9101"]
+    # unknown reliability reads as 0.0, which the fit rule refuses
+    assert [o.offer_id for o in offers if mismatch(o, query) is None] == ["9101"]
     assert "skipping malformed offer #0: offer is not an object" in caplog.text
     assert "#1: missing host_id" in caplog.text
     assert "#2: dph_total is not a number: 'cheap'" in caplog.text
@@ -214,7 +227,7 @@ def test_malformed_offers_are_skipped_with_a_warning(
 
 def test_search_reads_reliability2_when_reliability_is_absent() -> None:
     raw = make_offer(1, 2, 3, reliability=None, reliability2=0.97)
-    [offer] = parse_offers({"offers": [raw]}, OfferQuery(gpu_name="RTX 4090"))
+    [offer] = parse_offers({"offers": [raw]})
     assert offer.reliability == 0.97
 
 

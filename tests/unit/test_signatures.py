@@ -149,8 +149,10 @@ EXAMPLES: dict[str, list[str]] = {
     "network-timeout": ["curl: (28) Operation timed out after 600000 milliseconds with 1 out of 2 bytes received"],
     "connection-failed": [
         "curl: (7) Failed to connect to params.example.com port 443 after 41 ms: Couldn't connect to server"],
-    "download-failed-network": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 7)"],
-    "download-aborted": ["12/03 06:05:01 [ERROR] CUID#7 - Download aborted. URI=https://m/v28.params"],
+    "download-failed-network": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 6)"],
+    "download-failed-generic": ["12/03 06:05:01 [ERROR] CUID#7 - Download aborted. URI=https://m/v28.params",
+                                "fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 7)",
+                                "fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 1)"],
     "params-too-slow": ["fleet: ERROR: params fetch exceeded FLEET_PARAMS_TIMEOUT_S=3600s while downloading x"],
     "worker-stopped": ["fleet: received SIGTERM during phase benchmark"],
     "rust-panic": [f"{PANIC} b_g2_msm caught exception"],
@@ -349,9 +351,9 @@ def test_cuda_codes_decode_in_both_forms(code: int) -> None:
     ("fleet: ERROR: aria2c failed to download https://m/x (exit code 3)", "params"),
     ("fleet: ERROR: aria2c failed to download https://m/x (exit code 9)", "configuration"),
     ("fleet: ERROR: aria2c failed to download https://m/x (exit code 19)", "network"),
-    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 1)", "network"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 1)", "unknown"),  # generic: "unknown error"
     ("fleet: ERROR: aria2c failed to download https://m/x (exit code 6)", "network"),
-    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 7)", "network"),
+    ("fleet: ERROR: aria2c failed to download https://m/x (exit code 7)", "unknown"),  # generic: stopped by a signal
     ("fleet: ERROR: could not download https://m/manifest.txt (curl exit code 22)", "params"),
     ("fleet: ERROR: could not download https://m/manifest.txt (curl exit code 6)", "network"),
     ("fleet: ERROR: curl failed to download https://m/x (exit code 23)", "configuration"),

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from reconciler.domain.breaker import verdict_failure
 from reconciler.domain.observations import BenchmarkResult
 from reconciler.domain.verdict import PARAMS_FAILURES_BEFORE_BAD, judge
 from tests.scenarios import (
@@ -88,8 +89,9 @@ def test_completed_without_throughput_line_is_a_benchmark_error() -> None:
 
 
 def test_params_failure_gets_one_network_strike_then_marks_bad() -> None:
-    tail = ["Exception: [AbstractCommand.cc:351] errorCode=1 URI=https://proofs.filecoin.io/v28-stacked.params",
-            "02/12 18:14:00 [ERROR] CUID#7 - Download aborted."]
+    tail = ["02/12 18:14:00 [ERROR] CUID#7 - Download aborted. URI=https://proofs.filecoin.io/v28-stacked.params",
+            "Exception: [AbstractCommand.cc:351] errorCode=1 URI=https://proofs.filecoin.io/v28-stacked.params",
+            "  -> [SocketCore.cc:1019] errorCode=1 Failed to receive data, cause: Connection reset by peer"]
     first = judge(params_failed_report("pro-0-g", "40213", tail), POOL, LATER)
     second = judge(params_failed_report("pro-0-h", "40213", tail), POOL, LATER,
                    prior_params_failures=PARAMS_FAILURES_BEFORE_BAD - 1)
@@ -98,6 +100,24 @@ def test_params_failure_gets_one_network_strike_then_marks_bad() -> None:
     assert (second.blame, second.marks_bad) == ("network", True)
     assert "strike 1 of 2" in first.reason and "strike 2 of 2" in second.reason
     assert first.phase == "params" and first.exit_code == 22
+
+
+def test_a_params_failure_with_only_generic_lines_is_unknown_held_and_never_a_strike() -> None:
+    # aria2c's own words say only that it stopped (`Download aborted`, errorCode=1 "unknown error"): nothing
+    # names the network, so no strike is counted on a guess, whatever the machine's history (issue 29 item 2).
+    tail = ["02/12 18:14:00 [ERROR] CUID#7 - Download aborted. URI=https://proofs.filecoin.io/v28-stacked.params",
+            "Exception: [AbstractCommand.cc:351] errorCode=1 URI=https://proofs.filecoin.io/v28-stacked.params",
+            "fleet: ERROR: aria2c failed to download https://proofs.filecoin.io/v28-stacked.params (exit code 1)"]
+    v = judge(params_failed_report("pro-0-g", "40213", tail), POOL, LATER,
+              prior_params_failures=PARAMS_FAILURES_BEFORE_BAD - 1)
+    assert v is not None
+    assert (v.verdict, v.blame, v.marks_bad, v.held_by) == ("params-failed", "unknown", False, None)
+    assert "strike" not in v.reason
+    assert v.reason.startswith("params-failed: params exit 22, 0/10 proofs: not recognised: "), v.reason
+    assert "Download aborted" in v.reason or "exit code 1" in v.reason
+    assert v.signature is not None and v.signature.startswith("params-failed-unrecognized-params-exit-22-")
+    assert v.evidence["signature"]["generic"] == "download-failed-generic"
+    assert verdict_failure(v) is not None  # counted by the circuit breaker
 
 
 def test_params_failure_with_image_signature_blames_the_image() -> None:
@@ -145,8 +165,8 @@ def test_never_started_deadline_counts_from_registration_and_blames_params() -> 
     assert judge(report, POOL, T0 + timedelta(minutes=119)) is None
     v = judge(report, POOL, T0 + timedelta(minutes=121))
     assert v is not None
-    assert (v.verdict, v.blame, v.marks_bad) == ("params-failed", "network", False)
-    assert "not fetched 120 min after registration" in v.reason
+    assert (v.verdict, v.blame, v.marks_bad) == ("params-failed", "unknown", False)
+    assert "not fetched 120 min after registration" in v.reason and "not recognised" in v.reason
 
 
 def test_failure_on_a_stale_image_is_never_the_machines_fault() -> None:

@@ -39,7 +39,6 @@ from reconciler.domain.marketplace import (
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
-from reconciler.domain.ranking import mismatch
 from reconciler.domain.records import RecordError, check_machine_id
 
 STATE_FILE = "marketplace.json"
@@ -259,10 +258,13 @@ class LocalMarketplace:
     def search_offers(self, query: OfferQuery) -> Sequence[Offer]:
         with self._locked() as state:
             rented = {rec["machine_id"] for rec in state["instances"].values()}
-        offers = [m.offer() for m in self.machines.values() if m.machine_id not in rented]
-        fitting = [o for o in offers if mismatch(o, query) is None]
-        fitting.sort(key=lambda o: (o.price_usd_per_hour, o.machine_id))
-        return fitting[: query.limit]
+        # A pre-filter on the raw fields a market's search takes (GPU model and count, exclusions), cheapest first,
+        # as vast's server answers; whether an offer fits the pool is the ranking's to decide (domain/ranking.py).
+        offers = [m.offer() for m in self.machines.values() if m.machine_id not in rented
+                  and m.gpu_name == query.gpu_name and m.num_gpus == query.num_gpus
+                  and m.machine_id not in query.exclude_machine_ids]
+        offers.sort(key=lambda o: (o.price_usd_per_hour, o.machine_id))
+        return offers[: query.limit]
 
     def create_instance(self, offer_id: str, request: InstanceRequest) -> str:
         machine = next((m for m in self.machines.values() if m.offer_id == offer_id), None)
