@@ -760,8 +760,11 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
             continue
         start = cold.get(pool.name) or timedelta(minutes=pool.scaling.cold_start_minutes if pool.scaling else 15.0)
         serving_gap = _serving_gap(state, at, start)
+        # Instances billed beyond history's: the replay's slots beyond history's (each slot holds an instance
+        # unless history's was empty), so a pool draining in history is not counted twice.
+        slots = pool.count if pool.min_count is None else len(within_bounds(pool, entries.get(pool.name))[0])
         _account(run.pools.setdefault(pool.name, PoolRun(pool.name)), state, pool, sample, serving_gap,
-                 _gap_now(state), at)
+                 max(slots - sample.slots, -sample.rented), at)
         state.signals = _signals(pool, entries.get(pool.name), sample, state, serving_gap, at)
         signals[pool.name] = state.signals
     ranged = [p for p in spec.pools if p.min_count is not None and p.name in samples]

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 
 from reconciler.domain.breaker import signatures_of
+from reconciler.domain.capacity import within_bounds
 from reconciler.domain.observations import format_time
 from reconciler.domain.replay import (
     JUDGED,
@@ -228,8 +229,8 @@ def _flips(base: Run, pr: Run, found: Sequence[Attempt], base_spec: FleetSpec, p
         seen.add(key)
         b, p = _fate_of(base, a), _fate_of(pr, a)
         fb, fp = fate(b), fate(p)
-        if fb == fp:
-            continue
+        if _kind(b) == _kind(p):
+            continue  # the same verdict (a guard holding it or not is a difference of the guards: `_holds`)
         e = a.entry
         verdict = p.verdict if p is not None and p.verdict is not None else None
         reason = verdict.root_cause() if verdict is not None else (p.why if p is not None else "")
@@ -237,6 +238,10 @@ def _flips(base: Run, pr: Run, found: Sequence[Attempt], base_spec: FleetSpec, p
             a.instance_id, a.machine_id, e.pool, a.at, "serving" if a.serving else "admission", fb, fp,
             e.proofs_per_hour, e.price_usd_per_hour, _min(base_spec, e.pool), _min(pr_spec, e.pool), reason))
     return out
+
+
+def _kind(j: Judged | None) -> str:
+    return j.verdict.verdict if j is not None and j.outcome == JUDGED and j.verdict is not None else fate(j)
 
 
 def _fate_of(run: Run, a: Attempt) -> Judged | None:
@@ -376,9 +381,12 @@ def recorded_changes(history: History) -> list[tuple[datetime, str, int, int]]:
     """The capacity changes history made: (time, pool, before, after) of each sample whose pass changed the
     desired count."""
     out = []
+    first = history.spec_at(history.since)
     for pool, samples in history.demand.items():
         start = history.capacity_start.get(pool)
-        before = start.desired if start is not None else None
+        spec_pool = next((p for p in first.pools if p.name == pool), None)
+        before = start.desired if start is not None else \
+            within_bounds(spec_pool, None)[2] if spec_pool is not None and spec_pool.min_count is not None else None
         for s in samples:
             if before is not None and s.desired != before and s.changed:
                 out.append((s.at, pool, before, s.desired))

@@ -5,7 +5,8 @@ Place in the flow: `flows.judge.run_pass` (on the leader) hands the recorder wha
 whose capacity decision changed capacity.yaml); `changes` renders the day files to commit with the pass (with
 any commit the pass makes anyway, else once the oldest uncommitted sample is `flush_s` old); `done` is told
 what was published. The loop keeps one recorder between passes (a new leader starts where the day file ends).
-Samples not yet committed when a leader dies are lost: the replay counts the gap, it never fills it.
+Samples not yet committed when a leader dies are lost: the replay counts the gap, it never fills it. The
+recorder also remembers the price of each instance the provisioner's slot state showed (`known_prices`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from reconciler.domain.records import RecordSet
 from reconciler.domain.spec import FleetSpec
 
 DEMAND_TRAILER = "Fleet-Demand"
+#: Instances whose price the recorder remembers (far more than a fleet has instances between passes).
+MAX_PRICES = 100_000
 
 
 @dataclass
@@ -38,6 +41,18 @@ class DemandRecorder:
     def __post_init__(self) -> None:
         self._last: dict[str, datetime] = {}
         self._pending: list[DemandSample] = []
+        self._prices: dict[str, float] = {}
+
+    def known_prices(self, current: Mapping[str, float]) -> dict[str, float]:
+        """`current` (instance -> $/h from the provisioner's slot state) with the prices of instances seen in earlier
+        passes: the provisioner forgets an instance once it replaced it, often before the pass that judges it,
+        and the record entry (and the replay's price-cap check) needs its price. Bounded: the oldest go first."""
+        for instance_id, price in current.items():
+            self._prices.pop(instance_id, None)
+            self._prices[instance_id] = price
+        while len(self._prices) > MAX_PRICES:
+            del self._prices[next(iter(self._prices))]
+        return dict(self._prices)
 
     @property
     def pending(self) -> tuple[DemandSample, ...]:

@@ -310,7 +310,7 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
         return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}", reason=errors.OBSERVATION_FAILED)
 
     outcome: dict[str, Any] = {}
-    pass_prices = _prices(prices)
+    pass_prices = _prices(prices) if demand is None else demand.known_prices(_prices(prices))
 
     def build(workdir: Path) -> CommitRequest | None:
         outcome.clear()

@@ -29,8 +29,11 @@ class Header:
 
 
 def _n(value: float | None, digits: int = 1) -> str:
+    """A number to `digits` decimals (two more below 1, so a small difference never shows as 0)."""
     if value is None:
         return "?"
+    if digits and 0 < abs(value) < 1:
+        digits += 2
     text = f"{value:,.{digits}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
 

@@ -101,7 +101,8 @@ def machine(tmp: Path, machine_id: str, gpu: str, price: float, seconds_per_proo
                              "STANDIN_SECONDS_PER_PROOF": str(seconds_per_proof),
                              "STANDIN_SERVE_SECONDS_PER_PROOF": "0.25",
                              "STANDIN_STATE_DIR": str(home / "standin"), "STANDIN_DAEMON_STARTUP_S": "0.2",
-                             "FLEET_PARAMS_DIR": str(home / "params"), "FLEET_BENCH_C1": str(home / "params" / "c1.json"),
+                             "FLEET_PARAMS_DIR": str(home / "params"),
+                             "FLEET_BENCH_C1": str(home / "params" / "c1.json"),
                              "FLEET_DAEMON_POLL_S": "0.2", "FLEET_LOG_SHIP_INTERVAL_S": "0.3",
                              "FLEET_PROGRESS_INTERVAL_S": "1", "FLEET_DIRECTIVE_POLL_S": "0.3",
                              "FLEET_VERDICT_WAIT_S": "60", "FLEET_SERVE_CMD": "proving-load",
@@ -302,3 +303,125 @@ def test_the_unchanged_spec_reproduces_every_recorded_verdict_hold_and_capacity_
     assert cap["recorded"] >= 2 and cap["exact"] == cap["recorded"], cap  # up to 3, back down to 1
     assert doc["spec_changed"] is False and doc["flips"] == []
     assert doc["replayed"]["demand_samples"] > 0
+
+
+def _admissions(h: History, pool: str | None = None) -> list[tuple[str, Any]]:
+    """(machine id, entry) of every recorded admission verdict (of `pool`)."""
+    return [(m, e) for m, r in records_of(h).machines.items() for e in r.benchmarks
+            if e.stage != "serving" and (pool is None or e.pool == pool)]
+
+
+def test_a_raised_minimum_shows_the_machines_it_would_have_rejected_with_their_rates_and_prices(
+        history: History, capsys: pytest.CaptureFixture[str]) -> None:
+    passed = [(m, e) for m, e in _admissions(history) if e.verdict == "ok"]
+    rates = sorted({e.proofs_per_hour for _, e in passed})
+    assert len(rates) >= 2, passed  # the history has fast and slower passing machines
+    new_min = rates[-1] - 1  # every passing machine but the fastest measured below it
+
+    def raise_min(doc: dict[str, Any]) -> None:
+        for pool in doc["pools"]:
+            pool["min_rate_proofs_per_hour"] = new_min
+
+    doc = what_if(history, capsys, raise_min)
+    assert doc["self_check"]["ok"]
+    flips = {f["instance_id"]: f for f in doc["flips"] if f["stage"] == "admission"}
+    below = [(m, e) for m, e in passed if e.proofs_per_hour < new_min]
+    for machine_id, e in below:
+        f = flips[e.instance_id]
+        assert (f["machine_id"], f["base"], f["rate"], f["price"]) == (machine_id, "ok", e.proofs_per_hour,
+                                                                       e.price_usd_per_hour)
+        # Rejected (the kill budget may hold it: then it is not marked bad, but it does not pass either).
+        assert f["pr"].split(" (held by")[0] in ("below-min-rate", "early-below-min-rate") and f["pr_min"] == new_min
+    kept = {e.instance_id for _, e in passed if e.proofs_per_hour >= new_min}
+    assert kept and not kept & {i for i, f in flips.items() if f["base"] == "ok"}
+    # Per pool: how many it would have rejected, the proofs/h they measured and the $/h they cost.
+    for pool in doc["pools"]:
+        mine = [e for _, e in below if e.pool == pool["pool"]]
+        lost = pool["rejected_by_pr"]
+        assert lost["machines"] == len(mine)
+        assert lost["proofs_per_hour"] == pytest.approx(sum(e.proofs_per_hour for e in mine))
+        assert lost["usd_per_hour"] == pytest.approx(sum(e.price_usd_per_hour or 0 for e in mine))
+        assert lost["unpriced"] == sum(1 for e in mine if e.price_usd_per_hour is None) == 0
+
+
+def test_a_lower_price_cap_drops_the_machines_rented_above_it(
+        history: History, capsys: pytest.CaptureFixture[str]) -> None:
+    fast = _admissions(history, "fast")
+    prices = sorted({e.price_usd_per_hour for _, e in fast})
+    assert None not in prices and len(prices) >= 2  # the leader recorded what each machine cost
+    cap = prices[-1] - 0.01
+
+    def lower_cap(doc: dict[str, Any]) -> None:
+        doc["pools"][0]["max_price_usd_per_hour"] = cap
+
+    doc = what_if(history, capsys, lower_cap)
+    above = {e.instance_id for _, e in fast if e.price_usd_per_hour > cap}
+    dropped = {f["instance_id"]: f for f in doc["flips"] if f["pr"] == "not rented"}
+    assert set(dropped) == above
+    assert all("above the pool's max price" in f["reason"] for f in dropped.values())
+    pool = next(p for p in doc["pools"] if p["pool"] == "fast")
+    assert pool["pr"]["not_rented"] == len(above) and pool["base"]["not_rented"] == 0
+    assert any("which offer would have filled" in limit["what"] or "would not have rented" in limit["what"]
+               for limit in doc["limits"])
+
+
+def test_slower_scaling_windows_save_gpu_hours_and_cost_task_waits(
+        history: History, capsys: pytest.CaptureFixture[str]) -> None:
+    def slower(doc: dict[str, Any]) -> None:
+        doc["pools"][0]["scaling"]["scale_up_after_minutes"] *= 3
+
+    doc = what_if(history, capsys, slower)
+    fast = next(p for p in doc["pools"] if p["pool"] == "fast")
+    base, pr = fast["base"], fast["pr"]
+    assert base["ups"] >= 1  # history grew on its queue
+    assert pr["gpu_hours"] < base["gpu_hours"]
+    assert pr["max_wait_s"] >= base["max_wait_s"] and pr["p95_wait_s"] >= base["p95_wait_s"]
+    assert doc["self_check"]["ok"] and doc["flips"] == []  # scaling changes no verdict
+
+
+def test_a_tighter_breaker_trips_on_the_failing_image_and_pauses_the_pool(
+        history: History, capsys: pytest.CaptureFixture[str]) -> None:
+    failures = sorted((e.at, m, e) for m, e in _admissions(history, "mixed") if e.blame == "image")
+    machines = {m for _, m, _ in failures}
+    assert len(machines) == 2 and len({e.signature for *_, e in failures}) == 1  # two machines, one signature
+    # History: the breaker needs 3 machines and never tripped. The PR's needs 2: it trips at the first failure
+    # of the second machine.
+    second = next(at for at, m, _ in failures if m != failures[0][1])
+
+    def tighter(doc: dict[str, Any]) -> None:
+        doc["circuit_breaker"]["distinct_machines"] = 2
+
+    doc = what_if(history, capsys, tighter)
+    assert doc["guards"]["trips_base_only"] == []
+    (trip,) = doc["guards"]["trips_pr_only"]
+    assert (trip["at"], trip["signature"], trip["pools"], trip["machines"]) == (
+        second, failures[0][2].signature, ["mixed"], 2)
+    held = {h["instance_id"] for h in doc["guards"]["holds_pr_only"] if h["held_by"] == "circuit-breaker"}
+    assert failures[1][2].instance_id in held  # the failure that tripped it is held, not blamed on the machine
+    # Paused: what history rented into the pool on that image after the trip, the PR would not have rented.
+    pool = next(p for p in doc["pools"] if p["pool"] == "mixed")
+    assert pool["pr"]["trips"] == 1 and pool["pr"]["not_rented"] >= 1 and pool["base"]["not_rented"] == 0
+    assert all("was paused" in f["reason"] or "excluded" in f["reason"]
+               for f in doc["flips"] if f["pr"] == "not rented")
+
+
+def test_the_pr_comment_section_and_the_text_say_the_same(
+        history: History, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = history.checkout / "fleet-spec" / "fleet.yaml"
+    doc = yaml.safe_load(spec_path.read_text())
+    doc["pools"][1]["min_rate_proofs_per_hour"] = 8000
+    spec_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        capsys.readouterr()
+        argv = ["plan", "--spec", str(spec_path), "--what-if", "--since", "1d", "--at", history.until]
+        assert main([*argv, "--format", "markdown"]) == 0
+        markdown = capsys.readouterr().out
+        assert main(argv) == 0
+        text = capsys.readouterr().out
+    finally:
+        git(history.checkout, "checkout", "--quiet", "--", "fleet-spec/fleet.yaml")
+    assert "### What would this PR have done? (last 1 days)" in markdown
+    assert "self-check passed" in markdown and "self-check passed" in text
+    ok1 = next(e for m, e in _admissions(history, "mixed") if m == "ok1" and e.verdict == "ok")
+    assert f"| {ok1.at} | mixed | ok1 |" in markdown and "<details><summary>" in markdown
+    assert f"mixed machine ok1 ({ok1.instance_id})" in text
