@@ -153,3 +153,10 @@ def test_a_new_leader_starts_its_tile_where_the_day_file_ends(tmp_path: Path) ->
     path.write_text(render_day([_sample(30)]))
     taken = DemandRecorder().take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(36))
     assert [s.span_s for s in taken] == [360.0]
+
+
+def test_the_recorder_remembers_prices_of_instances_the_provisioner_has_forgotten() -> None:
+    recorder = DemandRecorder()
+    assert recorder.known_prices({"a": 0.3, "b": 0.4}) == {"a": 0.3, "b": 0.4}
+    # "a" was replaced (gone from the slot state) before the pass that judges it: its price is still known.
+    assert recorder.known_prices({"b": 0.45, "c": 0.5}) == {"a": 0.3, "b": 0.45, "c": 0.5}
