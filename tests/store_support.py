@@ -6,9 +6,11 @@ reaches the database."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+from reconciler.adapters.store.schema import SQLITE_HISTORY
 from reconciler.adapters.store.sql import SqlStore
 from reconciler.adapters.store.sqlite import SqliteStore
 from tests.postgres_server import PostgresServer
@@ -56,3 +58,28 @@ class StoreFactory:
     def close_all(self) -> None:
         for store in self._opened:
             store.close()  # (closing twice is harmless: a test may have closed it already)
+
+
+def sqlite_store_at(path: Path, version: int) -> None:
+    """An empty SQLite store as code of schema `version` (1 to 3) created it."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for step in SQLITE_HISTORY[:version]:
+        conn.executescript(step)
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.close()
+
+
+def back_to_version_3(path: Path) -> None:
+    """A closed SQLite store of the current version, its rows kept, returned to version 3's layout (before the
+    change sequence): how a file written by that code looks, with rows today's code wrote for the test."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript("""
+        BEGIN;
+        DROP INDEX instances_by_change;
+        DROP INDEX directives_by_change;
+        ALTER TABLE instances DROP COLUMN change_seq;
+        ALTER TABLE directives DROP COLUMN change_seq;
+        DROP TABLE change_sequence;
+        PRAGMA user_version=3;
+        COMMIT;""")
+    conn.close()

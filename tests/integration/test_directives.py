@@ -19,6 +19,7 @@ from reconciler import SCHEMA_DIR
 from reconciler.adapters.store.schema import SCHEMA_VERSION
 from reconciler.adapters.store.sqlite import SqliteStore
 from tests.controller_support import T0, Harness, auth
+from tests.store_support import sqlite_store_at
 
 
 @pytest.fixture
@@ -60,12 +61,10 @@ def test_directive_needs_the_instances_own_token(harness: Harness) -> None:
 
 def test_a_v1_store_is_upgraded_in_place_and_keeps_its_data(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    store = SqliteStore(path)
-    store.register("p-0-a", {"protocol": 1, "instance_id": "p-0-a", "at": "2026-12-02T17:59:00Z"})
-    store.close()
+    sqlite_store_at(path, 1)
     conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE directives")
-    conn.execute("PRAGMA user_version=1")
+    conn.execute("INSERT INTO instances (instance_id, received_at, worker_at) VALUES "
+                 "('p-0-a', '2026-12-02T17:59:01+00:00', '2026-12-02T17:59:00+00:00')")
     conn.commit()
     conn.close()
     store = SqliteStore(path)
@@ -77,5 +76,5 @@ def test_a_v1_store_is_upgraded_in_place_and_keeps_its_data(tmp_path: Path) -> N
     finally:
         store.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3  # v3: event keys (issue 14)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4  # v4: the change sequence
     conn.close()

@@ -14,6 +14,7 @@ import pytest
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.store.copy_to_postgres import copy_store
 from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
+from reconciler.adapters.store.schema import SCHEMA_VERSION
 from reconciler.cli import main
 from reconciler.flows.judge import run_pass
 from tests.gitrepos import origin_log
@@ -73,7 +74,8 @@ def test_reconcile_and_status_refuse_a_bad_database_with_one_clear_line(
         out = capsys.readouterr()
         assert why in out.out + out.err and password not in out.out + out.err, what
     assert origin_log(origin) == before  # nothing committed, nothing pushed
-    assert postgres_server.execute("SELECT version FROM fleet_schema ORDER BY version", newer_name) == [(3,), (99,)]
+    assert postgres_server.execute("SELECT version FROM fleet_schema ORDER BY version", newer_name) == [
+        (SCHEMA_VERSION,), (99,)]
     assert postgres_server.execute("SELECT count(*) FROM instances", newer_name) == [(0,)]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from reconciler.adapters.store.schema import SCHEMA_VERSION
 from reconciler.adapters.store.sqlite import SqliteStore
 from tests.controller_support import register_doc
+from tests.store_support import back_to_version_3
 
 V2_EVENTS = """
 CREATE TABLE events (
@@ -40,6 +41,7 @@ def make_v2_store(path: Path) -> None:
     assert store.add_events("p-0-a", [event(k) for k in range(5)]) == ["stored"] * 5
     assert store.add_event("p-0-a", event(9, "failed")) == "stored"
     store.close()
+    back_to_version_3(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     conn.execute("ALTER TABLE events RENAME TO events_copy")
@@ -60,7 +62,7 @@ def test_a_v2_store_is_rekeyed_in_place_and_replays_stay_duplicates(tmp_path: Pa
     store = SqliteStore(path)
     try:
         conn = sqlite3.connect(path)
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert conn.execute("SELECT * FROM events ORDER BY id").fetchall() == before
         table_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'events'").fetchone()[0]
         assert "UNIQUE (instance_id, at, fingerprint)" in table_sql

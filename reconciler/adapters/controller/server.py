@@ -556,6 +556,9 @@ async def _read_body(receive: Receive, length: int, timeout_s: float) -> bytes:
 
 
 _INTERNAL_ERROR = Response(500, {"error": "internal error", "detail": None}, close=True)
+#: Threads that write turns to a store across a network: one runs a transaction while the others' turns wait in
+#: the store's group-commit queue, to be stored together by the next one.
+WRITER_THREADS = 4
 
 
 class GroupCommit:
@@ -566,20 +569,19 @@ class GroupCommit:
     sent only after that COMMIT: a 2xx still means "in the database"; the database being unavailable is a 503
     with Retry-After for every report of the turn (workers retry).
 
-    A store across a network (`store.remote`: PostgreSQL) is written from a thread of its own: a transaction
-    there waits on round trips to the server, and meanwhile the loop parses, validates and redacts the next
-    reports, which the next transaction stores together when this one ends (the busier the server, the bigger
-    the batch, rather than a loop stalled on a socket). An embedded store (SQLite) is written in the loop's
-    own turn: its statements run in-process and a thread hand-over would cost more than it saves.
+    A store across a network (`store.remote`: PostgreSQL) is written from writer threads: a transaction there
+    waits on round trips to the server, and meanwhile the loop parses, validates and redacts the next reports;
+    their turns queue in the store's own group commit (`SqlStore.write_all`), which stores them together when
+    the transaction under way ends (the busier the server, the bigger the batch, rather than a loop stalled on a
+    socket). An embedded store (SQLite) is written in the loop's own turn: its statements run in-process and a
+    thread hand-over would cost more than it saves.
     """
 
     def __init__(self, api: ControllerApi):
         self.api = api
         self._queue: list[tuple[Request, BodyNeeded, bytes, Callable[[Response], None]]] = []
-        self._pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         self._scheduled = False
-        self._writing = False
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer") \
+        self._writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="store-writer") \
             if api.store.remote else None
         self.flushes = 0
         self.writes = 0
@@ -614,6 +616,7 @@ class GroupCommit:
         self.writes += len(batch)
         # First the CPU work of every report (parse, validate, redact), outside the write transaction, so its
         # row locks are held only while statements run. Refusals are answered at once.
+        pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         for request, step, body, deliver in batch:
             try:
                 item = self.api.prepare(request, step, body)
@@ -623,29 +626,23 @@ class GroupCommit:
             if isinstance(item, Response):
                 self._deliver(deliver, item)
             else:
-                self._pending.append((item, deliver))
-        if self._pending and not self._writing:  # (else the transaction under way starts the next one)
-            self._write()
-
-    def _write(self) -> None:
-        """Every pending write in one transaction (no savepoints: a write refuses before it modifies anything,
-        and one that fails otherwise is rolled back and the others stored without it; see write_all)."""
-        pending, self._pending = self._pending, []
-        if self._writer is None:
-            self._answer(pending, self._store([item for item, _ in pending]))
+                pending.append((item, deliver))
+        if not pending:
             return
-        self._writing = True
-        written = asyncio.get_running_loop().run_in_executor(self._writer, self._store, [item for item, _ in pending])
+        # The turn's writes in one transaction, with whatever other turns queued meanwhile (the store's group
+        # commit; no savepoints: a write refuses before it modifies anything, and one that fails otherwise is
+        # rolled back and the others stored without it).
+        items = [item for item, _ in pending]
+        if self._writers is None:
+            self._answer(pending, self._store(items))
+            return
+        written = asyncio.get_running_loop().run_in_executor(self._writers, self._store, items)
         written.add_done_callback(partial(self._written, pending))
 
     def _written(self, pending: list[tuple[PreparedReport, Callable[[Response], None]]],
                  written: asyncio.Future[list[Response]]) -> None:
-        self._writing = False
-        if written.cancelled():  # the loop is closing: the server is stopping
-            return
-        self._answer(pending, written.result())
-        if self._pending:
-            self._write()
+        if not written.cancelled():  # (cancelled: the loop is closing, the server is stopping)
+            self._answer(pending, written.result())
 
     def _store(self, items: list[PreparedReport]) -> list[Response]:
         try:

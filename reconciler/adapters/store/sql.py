@@ -117,6 +117,10 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         daemon_log=tuple(doc.get("daemon_log_tail") or ()))
 
 
+#: What a write sets a row's `change_seq` to: changed by this transaction, whose sequence is taken just before it
+#: commits (`SqlStore._sequence_changes`); never committed.
+CHANGED = -1
+
 _INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
                  "details, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                  "ON CONFLICT (instance_id, at, fingerprint) DO NOTHING")
@@ -128,7 +132,7 @@ class _StoredEvent:
 
     progress: bool
     fingerprint: str
-    #: The event's time as stored (`at` column; part of its key, see _SCHEMA_V3).
+    #: The event's time as stored (`at` column; part of its key, see schema.LAYOUT).
     at: str
     #: phase, status, at, received_at, exit_code, message, log_tail, details, fingerprint
     row: tuple[Any, ...]
@@ -189,6 +193,9 @@ class SqlStore:
         self._writer = threading.Lock()  # one batch of this process at a time (the group commit's committer)
         self._queue_lock = threading.Lock()  # guards the group-commit queue
         self._queue: list[_PendingWrite] = []
+        #: Stored directives as of change sequence `_directives_at` (see _stored_directives).
+        self._directive_bodies: dict[str, str] = {}
+        self._directives_at: int | None = None
 
     # --- what an adapter provides ------------------------------------------------------------------------
 
@@ -276,6 +283,7 @@ class SqlStore:
                 except StoreError as exc:
                     item.error = exc
             current = None
+            self._sequence_changes(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
             self._rollback(conn)
@@ -294,6 +302,24 @@ class SqlStore:
         finally:
             for item in batch:
                 item.done = True
+
+    @staticmethod
+    def _sequence_changes(conn: SqlConnection) -> None:
+        """Give the rows this transaction changed (`change_seq` = CHANGED) the next change sequence, as its last
+        statements before COMMIT; nothing when it changed none.
+
+        The sequence is taken by updating the one `change_sequence` row, whose lock is then held until COMMIT:
+        of several writers (PostgreSQL replicas), the next one's update waits until this one has committed, so
+        sequences are taken in commit order and a reader that sees sequence N committed sees every write at or
+        below N (a sequence drawn from a PostgreSQL SEQUENCE could commit after a higher one a reader already
+        passed, and be missed for good). Taken last, the lock serialises only the commits, not the writes; SQLite
+        has one writer at a time anyway. A transaction that rolls back gives its sequence back, unseen."""
+        row = conn.execute(f"UPDATE change_sequence SET sequence = sequence + 1 WHERE EXISTS (SELECT 1 FROM instances "  # noqa: S608
+                           f"WHERE change_seq = {CHANGED}) OR EXISTS (SELECT 1 FROM directives WHERE change_seq = "
+                           f"{CHANGED}) RETURNING sequence").fetchone()
+        if row is not None:
+            for table in ("instances", "directives"):
+                conn.execute(f"UPDATE {table} SET change_seq = ? WHERE change_seq = {CHANGED}", (row[0],))  # noqa: S608
 
     def _rollback(self, conn: SqlConnection) -> None:
         with contextlib.suppress(Exception):  # none open (it failed to begin), or the connection is gone
@@ -332,7 +358,7 @@ class SqlStore:
             # (its insert waits for the first's commit, then does nothing) re-registers below.
             inserted = conn.execute(
                 f"INSERT INTO instances (instance_id, received_at, worker_at, {', '.join(_REGISTER_FIELDS)}, "  # noqa: S608
-                f"gpus) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?) "
+                f"gpus, change_seq) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?, {CHANGED}) "
                 "ON CONFLICT (instance_id) DO NOTHING",
                 (instance_id, received, worker_at, *values, gpus)).rowcount
             if inserted:
@@ -343,8 +369,8 @@ class SqlStore:
                 raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
                                         "it cannot register again")
             fill = ", ".join(f"{name} = COALESCE({name}, ?)" for name in _REGISTER_FIELDS)
-            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill} "  # noqa: S608
-                         "WHERE instance_id = ?", (*values, instance_id))
+            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill}, "  # noqa: S608
+                         f"change_seq = {CHANGED} WHERE instance_id = ?", (*values, instance_id))
             return "already-registered"
 
         return PreparedWrite(body, instance_id)
@@ -361,9 +387,11 @@ class SqlStore:
             state = self._writable(conn, instance_id)
             counts = [state[1], state[2]]
             status = self._insert_event(conn, instance_id, event, counts)
-            if counts != [state[1], state[2]]:
+            if status == "stored":
                 column = "progress_events" if event.progress else "other_events"
-                conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
+                # (a progress event at the ring's limit evicted the oldest: the count stays)
+                count = f"{column} = {column} + 1, " if counts != [state[1], state[2]] else ""
+                conn.execute(f"UPDATE instances SET {count}change_seq = {CHANGED} WHERE instance_id = ?",  # noqa: S608
                              (instance_id,))
             return status
 
@@ -419,8 +447,8 @@ class SqlStore:
                     conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE instance_id = ? "
                                  "AND status = 'progress' ORDER BY id LIMIT ?)", (instance_id, evicted))
                 progress_count, other_count = progress_count + new_progress - evicted, other_count + new_other
-            conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
-                         (progress_count, other_count, instance_id))
+            conn.execute(f"UPDATE instances SET progress_events = ?, other_events = ?, change_seq = {CHANGED} "  # noqa: S608
+                         "WHERE instance_id = ?", (progress_count, other_count, instance_id))
             return statuses
 
         return PreparedWrite(body, instance_id)
@@ -478,8 +506,8 @@ class SqlStore:
             next_seq = start + len(clean)
             evicted = conn.execute("DELETE FROM log_lines WHERE instance_id = ? AND seq < ?",
                                    (instance_id, next_seq - self.ring_lines)).rowcount
-            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "
-                         "worker_dropped = worker_dropped + ? WHERE instance_id = ?",
+            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "  # noqa: S608
+                         f"worker_dropped = worker_dropped + ?, change_seq = {CHANGED} WHERE instance_id = ?",
                          (next_seq, evicted + skipped, dropped, instance_id))
             return int(evicted + skipped)
 
@@ -504,6 +532,7 @@ class SqlStore:
                                      f"(received {row[1]}); a result is accepted once")
             conn.execute("INSERT INTO results (instance_id, received_at, body) VALUES (?, ?, ?)",
                          (instance_id, received, canonical))
+            conn.execute(f"UPDATE instances SET change_seq = {CHANGED} WHERE instance_id = ?", (instance_id,))  # noqa: S608
             return "stored"
 
         return PreparedWrite(body, instance_id)
@@ -511,7 +540,8 @@ class SqlStore:
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool:
         """Mark the instance destroyed (first time wins). False if it never registered."""
         def body(conn: SqlConnection) -> bool:
-            cur = conn.execute("UPDATE instances SET destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
+            cur = conn.execute(f"UPDATE instances SET change_seq = CASE WHEN destroyed_at IS NULL THEN {CHANGED} "  # noqa: S608
+                               "ELSE change_seq END, destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
                                (_iso(now), instance_id))
             return cur.rowcount > 0
 
@@ -527,12 +557,31 @@ class SqlStore:
         def body(conn: SqlConnection) -> int:
             if fence is not None:
                 fence(conn)
+            stored = self._stored_directives(conn)
+            changed = [row for row in rows if stored.get(row[0]) != row[2]]
+            if not changed:
+                return 0
             return conn.executemany(
-                "INSERT INTO directives (instance_id, set_at, body) VALUES (?, ?, ?) ON CONFLICT (instance_id) "
-                "DO UPDATE SET set_at = excluded.set_at, body = excluded.body "
-                "WHERE directives.body != excluded.body", rows).rowcount
+                f"INSERT INTO directives (instance_id, set_at, body, change_seq) VALUES (?, ?, ?, {CHANGED}) "  # noqa: S608
+                "ON CONFLICT (instance_id) DO UPDATE SET set_at = excluded.set_at, body = excluded.body, "
+                "change_seq = excluded.change_seq WHERE directives.body != excluded.body", changed).rowcount
 
         return self._transaction(body) if rows else 0
+
+    def _stored_directives(self, conn: SqlConnection) -> dict[str, str]:
+        """Every stored directive's body, kept in memory and brought up to date from the directives changed since
+        the last call (by the change sequence): a pass stores 10,000 directives of which a few changed, and
+        comparing them here costs a fraction of sending all of them to the database. Run inside a write (under
+        the group commit's writer lock): the sequence is read first, so every row at or below it is then
+        visible, and a rolled-back write leaves the memory as the database is."""
+        sequence = conn.execute("SELECT sequence FROM change_sequence").fetchone()[0]
+        if self._directives_at is None or sequence < self._directives_at:  # first call, or not the same store
+            self._directive_bodies = dict(conn.execute("SELECT instance_id, body FROM directives").fetchall())
+        elif sequence > self._directives_at:
+            self._directive_bodies.update(conn.execute(
+                "SELECT instance_id, body FROM directives WHERE change_seq > ?", (self._directives_at,)).fetchall())
+        self._directives_at = sequence
+        return self._directive_bodies
 
     def directive(self, instance_id: str) -> dict[str, Any] | None:
         """The directive stored for the instance, with `at` (when it was set), or None."""
@@ -597,11 +646,22 @@ class SqlStore:
         return [r for r, _ in found if include_destroyed or r.destroyed_at is None]
 
     def changes_since(self, since: int) -> StoreChanges:
-        """See `ControllerStore.changes_since`. Until the stores keep a change sequence (next), every answer is
-        every instance at sequence 0 (`complete`): correct for any caller, only not incremental."""
-        ids = self._snapshot(lambda conn: [row[0] for row in conn.execute(
-            "SELECT instance_id FROM instances ORDER BY received_at, instance_id").fetchall()])
-        return StoreChanges(sequence=0, instance_ids=tuple(ids), complete=True)
+        """See `ControllerStore.changes_since` (and `_sequence_changes` for why none is missed). One snapshot:
+        the sequence, then the instances whose rows or directives carry a higher one (both indexed)."""
+        def body(conn: SqlConnection) -> StoreChanges:
+            sequence = conn.execute("SELECT sequence FROM change_sequence").fetchone()[0]
+            if since <= 0 or since > sequence:
+                rows = conn.execute("SELECT instance_id FROM instances ORDER BY received_at, instance_id").fetchall()
+                return StoreChanges(sequence, tuple(row[0] for row in rows), complete=True)
+            if since == sequence:
+                return StoreChanges(sequence, (), complete=False)
+            rows = conn.execute(
+                "SELECT instance_id, received_at FROM instances WHERE change_seq > ? UNION "
+                "SELECT i.instance_id, i.received_at FROM directives d JOIN instances i "
+                "ON i.instance_id = d.instance_id WHERE d.change_seq > ? ORDER BY 2, 1", (since, since)).fetchall()
+            return StoreChanges(sequence, tuple(row[0] for row in rows), complete=False)
+
+        return self._snapshot(body)
 
     def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]:
         """The reports of these instances only (with their events), ordered by first registration: what a view

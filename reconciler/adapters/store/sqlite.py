@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from reconciler.adapters.store.port import SqlConnection, StoreError, StoreUnavailable
-from reconciler.adapters.store.schema import SCHEMA_VERSION, SQLITE_STEPS
+from reconciler.adapters.store.schema import SCHEMA_VERSION, statements
 from reconciler.adapters.store.sql import SqlStore
 from reconciler.domain.redact import Redactor
 
@@ -62,10 +62,8 @@ class SqliteStore(SqlStore):
             version = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if version < SCHEMA_VERSION:
                 # Each step is additive: a store written by older code keeps all its data.
-                for schema in SQLITE_STEPS[version:]:
-                    for statement in schema.split(";"):
-                        if statement.strip():
-                            self._conn.execute(statement)
+                for statement in statements("sqlite", version):
+                    self._conn.execute(statement)
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path}: store schema version {version} is newer than this code "
