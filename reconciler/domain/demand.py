@@ -1,9 +1,10 @@
 """Demand samples: each pool's demand, capacity, work and spend, pass by pass, in a few numbers (pure).
 
 Place in the flow: the leader's pass (`flows.judge.run_pass`, its capacity step) hands the pool signals it has
-just measured to `flows.demand.DemandRecorder`, which takes a sample per pool at most once per resolution (and
-at every pass whose capacity decision changed fleet-spec/capacity.yaml), and commits them, compacted, to one file
-per pool per day (`adapters.demand_files`). `fleet plan --what-if` (`domain.whatif`) replays them: the demand
+just measured to `flows.demand.DemandRecorder`, which takes a sample per pool per change: at every pass whose
+capacity decision changed fleet-spec/capacity.yaml, when something a decision turns on moved (`differs_from`,
+at most once per resolution), and at least once per longest spacing; it commits them, compacted, to one file per
+pool per day (`adapters.demand_files`). `fleet plan --what-if` (`domain.whatif`) replays them: the demand
 the fleet saw, fed to the same capacity decision under another spec. No I/O, no clock.
 
 A sample covers the *tile* since the pool's previous sample (`span_s`): the busy and heartbeat-covered
@@ -28,6 +29,10 @@ from reconciler.domain.spec import PoolSpec, ServingSettings
 #: A tile longer than this (a leader that was down, a new leader that knows no earlier sample) is cut to it:
 #: the replay counts the rest as time without samples.
 MAX_TILE_S = 3600.0
+#: A pool is sampled again before its longest spacing only when one of these moved (`differs_from`): the replay
+#: decides at samples, so between two of them nothing a decision turns on changed by more than this.
+UTILIZATION_CHANGE = 0.02
+QUEUE_CHANGE = 0.1
 
 
 @dataclass(frozen=True)
@@ -100,9 +105,39 @@ class DemandSample:
         return _share(self.busy_s, self.wall_s) == _share(later.busy_s, later.wall_s) and \
             _value(self.up) == _value(later.up) and _value(self.down) == _value(later.down)
 
+    def differs_from(self, earlier: DemandSample) -> str | None:
+        """What changed materially since `earlier` (None: nothing a capacity decision could turn on): a count, a
+        decision, a guard, the queue (from or to empty, an error, the waiting tasks or the oldest one's age by
+        more than QUEUE_CHANGE), or utilization over either window by more than UTILIZATION_CHANGE."""
+        if self.changed:
+            return "a capacity decision"
+        counts = ("desired", "slots", "draining", "serving", "on_the_way", "stopped", "draining_serving", "unpriced",
+                  "paused", "exhausted", "image", "queue_error", "upcoming")
+        for name in counts:
+            if getattr(self, name) != getattr(earlier, name):
+                return name
+        if (self.waiting is None) != (earlier.waiting is None) or \
+                _moved(self.total_waiting, earlier.total_waiting) or \
+                (self.oldest_wait_s is None) != (earlier.oldest_wait_s is None) or \
+                _moved(self.oldest_wait_s or 0.0, earlier.oldest_wait_s or 0.0):
+            return "queue"
+        for name in ("up", "down"):
+            now, then = getattr(self, name), getattr(earlier, name)
+            if (now is None) != (then is None) or (now is not None and then is not None and (
+                    now.covered != then.covered or abs((now.value or 0.0) - (then.value or 0.0)) > UTILIZATION_CHANGE)):
+                return f"utilization ({name})"
+        return None
+
     def merged(self, later: DemandSample) -> DemandSample:
         return replace(later, span_s=self.span_s + later.span_s, busy_s=self.busy_s + later.busy_s,
                        wall_s=self.wall_s + later.wall_s, proofs=self.proofs + later.proofs)
+
+
+def _moved(now: float, then: float) -> bool:
+    """From or to zero, or by more than QUEUE_CHANGE of the larger."""
+    if (now == 0) != (then == 0):
+        return True
+    return abs(now - then) > QUEUE_CHANGE * max(abs(now), abs(then))
 
 
 def _share(busy: float, wall: float) -> float | None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.domain.breaker import counts, kill_budgets
+from reconciler.domain.breaker import KillBudget, counts, kill_budgets
 from reconciler.domain.capacity import (
     CapacityEntry,
     PoolSignals,
@@ -103,28 +103,22 @@ class History:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One recorded verdict in the window, with its machine's identity."""
+    """One recorded verdict in the window, with its machine's identity and its times (read once)."""
 
     machine_id: str
     host_id: str | None
     gpu_name: str | None
     entry: BenchmarkEntry
+    at: datetime  # when it was judged
+    registered_at: datetime  # when its instance registered (the judged time if not recorded)
 
     @property
     def instance_id(self) -> str:
         return self.entry.instance_id
 
     @property
-    def at(self) -> datetime:
-        return _time(self.entry.at) or datetime.min
-
-    @property
     def serving(self) -> bool:
         return self.entry.stage == "serving" or self.entry.verdict in SERVING_VERDICTS
-
-    @property
-    def registered_at(self) -> datetime:
-        return _phase(self.entry, "registered") or self.at
 
 
 def attempts(history: History) -> list[Attempt]:
@@ -134,7 +128,7 @@ def attempts(history: History) -> list[Attempt]:
         for e in rec.benchmarks:
             at = _time(e.at)
             if at is not None and history.since <= at <= history.until:
-                out.append(Attempt(rec.machine_id, rec.host_id, rec.gpu_name, e))
+                out.append(Attempt(rec.machine_id, rec.host_id, rec.gpu_name, e, at, _phase(e, "registered") or at))
     out.sort(key=lambda a: (a.at, a.serving, a.instance_id))
     return out
 
@@ -276,7 +270,11 @@ def candidate(attempt: Attempt, spec: FleetSpec, recorded: FleetSpec) -> Candida
         result = report.result
         assert result is not None
         started = _phase(e, "benchmark-started")
-        if started is not None and result.proofs:
+        # Under the early-verdict settings and minimum of its time, the early verdict did not come (the loop saw
+        # every proof): judged again only where they differ.
+        early_may_differ = then is None or spec.early_verdict != recorded.early_verdict or \
+            pool.min_rate_proofs_per_hour != then.min_rate_proofs_per_hour
+        if early_may_differ and started is not None and result.proofs:
             early = first_early(attempt, pool, spec, [(p.index, True, p.seconds) for p in result.proofs], started,
                                 result.requested, result.concurrency)
             if early is not None:
@@ -320,6 +318,7 @@ class ReplayRecords:
         self.images: dict[str, ImageSuspectRecord] = dict(images)
         self._failures: list[tuple[datetime, str]] = []  # (time, machine) of every counting failure
         self._marks: list[tuple[str, str, str | None]] = []  # (at, machine, pool) of every bad mark
+        self.marks_version = 0  # counts every change of the bad marks (what the kill budget reads)
         for rec in self.machines.values():
             self._index(rec, rec.benchmarks)
         self._failures.sort()
@@ -334,6 +333,7 @@ class ReplayRecords:
                 bisect.insort(self._failures, (at, rec.machine_id))
             if e.marks_bad:
                 bisect.insort(self._marks, (e.at, rec.machine_id, e.pool))
+                self.marks_version += 1
 
     def put(self, rec: MachineRecord) -> None:
         old = self.machines.get(rec.machine_id)
@@ -345,6 +345,7 @@ class ReplayRecords:
         self._index(rec, rec.benchmarks[known:])
 
     def remove(self, machine_id: str) -> None:
+        self.marks_version += 1
         if self.machines.pop(machine_id, None) is not None:
             self._failures = [f for f in self._failures if f[1] != machine_id]
             self._marks = [m for m in self._marks if m[1] != machine_id]
@@ -479,7 +480,6 @@ class _PoolState:
     departed: float = 0.0  # tasks the replay has started, in arrival order
     waiting: int | None = None  # history's waiting tasks at the previous sample
     rate: float | None = None  # proofs per busy machine-second, as recently measured
-    signals: PoolSignals | None = None  # the newest signals (the spend cap reads every pool's)
 
 
 def _gap_now(state: _PoolState) -> int:
@@ -498,22 +498,66 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
 
 
 def _synth_slots(pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
-                 draining_serving: int) -> tuple[SlotState, ...]:
+                 draining_serving: int, states: dict[tuple[str, int, str], SlotState] | None = None
+                 ) -> tuple[SlotState, ...]:
     """Slot states for the replay's entry from counts: serving first, then on the way, then empty; draining slots
-    serving as many as history had, the rest stopped. Samples keep counts, not which index was which."""
+    serving as many as history had, the rest stopped. Samples keep counts, not which index was which.
+    `states`: SlotState objects to reuse (a slot in a state is the same value every time)."""
     slots, draining, _ = within_bounds(pool, entry)
+    drained = set(draining)
+    made = {} if states is None else states
     out = []
-    n = 0
+    active = drains = 0
     for i in slots:
-        if i in draining:
-            continue
-        state = "serving" if n < serving else "on-the-way" if n < serving + on_the_way else "empty"
-        out.append(SlotState(f"{pool.name}-{i}", i, None if state == "empty" else f"{pool.name}-{i}", state))
-        n += 1
-    for k, i in enumerate(draining):
-        out.append(SlotState(f"{pool.name}-{i}", i, f"{pool.name}-{i}", "serving" if k < draining_serving
-                             else "stopped"))
-    return tuple(sorted(out, key=lambda s: s.index))
+        if i in drained:
+            state = "serving" if drains < draining_serving else "stopped"
+            drains += 1
+        else:
+            state = "serving" if active < serving else "on-the-way" if active < serving + on_the_way else "empty"
+            active += 1
+        found = made.get((pool.name, i, state))
+        if found is None:
+            found = made[(pool.name, i, state)] = SlotState(
+                f"{pool.name}-{i}", i, None if state == "empty" else f"{pool.name}-{i}", state)
+        out.append(found)
+    return tuple(out)
+
+
+class _Memo:
+    """What a replay computes again and again from the same few inputs (a pool's bounds applied to its entry, the
+    slot states of the same counts): computed once per distinct input. Entries change only at decisions."""
+
+    def __init__(self) -> None:
+        self._bounds: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+        self._slots: dict[tuple[object, ...], tuple[SlotState, ...]] = {}
+        self._states: dict[tuple[str, int, str], SlotState] = {}
+
+    @staticmethod
+    def _key(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[object, ...]:
+        return (pool.name, pool.bounds) if entry is None else \
+            (pool.name, pool.bounds, entry.desired, entry.slots, entry.draining)
+
+    def bounds(self, pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        key = self._key(pool, entry)
+        found = self._bounds.get(key)
+        if found is None:
+            if len(self._bounds) > 10_000:
+                self._bounds.clear()
+            found = self._bounds[key] = within_bounds(pool, entry)
+        return found
+
+    def desired(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
+        return pool.count if pool.min_count is None else self.bounds(pool, entries.get(pool.name))[2]
+
+    def slots(self, pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
+              draining_serving: int) -> tuple[SlotState, ...]:
+        key = (*self._key(pool, entry), serving, on_the_way, draining_serving)
+        found = self._slots.get(key)
+        if found is None:
+            if len(self._slots) > 2_000:
+                self._slots.clear()
+            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, self._states)
+        return found
 
 
 def _window(state: _PoolState, now: datetime, window_s: float) -> tuple[float, float]:
@@ -586,6 +630,11 @@ class Run:
     steps: int = 0
     limits: Counter[str] = field(default_factory=Counter)
     paused: Counter[str] = field(default_factory=Counter)  # capacity steps a pool spent paused by the breaker
+    #: (instance, serving, time) -> its candidate and the spec it was judged under (a later run may reuse it).
+    candidates: dict[tuple[str, bool, datetime], tuple[Candidate, FleetSpec]] = field(default_factory=dict)
+    #: (pool, time) -> (the inputs, the entry decided, before, after) of decisions on history's own signals.
+    decisions: dict[tuple[str, datetime], tuple[tuple[object, ...], CapacityEntry, int, int]] = field(
+        default_factory=dict)
     exhausted: Counter[str] = field(default_factory=Counter)  # ... with its kill budget exhausted
 
     def admission(self, instance_id: str) -> Judged | None:
@@ -596,36 +645,43 @@ class Run:
             yield from fates
 
 
-def measured_cold_start(found: Sequence[Attempt], pool: str) -> timedelta | None:
-    """The median time from registration to a passing admission verdict of the pool's machines (how long a new
-    machine took to serve), None when none passed in the window."""
-    spans = sorted((a.at - a.registered_at).total_seconds() for a in found
-                   if a.entry.pool == pool and not a.serving and a.entry.verdict == "ok" and a.at > a.registered_at)
-    return timedelta(seconds=spans[len(spans) // 2]) if spans else None
+def measured_cold_starts(found: Sequence[Attempt]) -> dict[str, timedelta]:
+    """Per pool, the median time from registration to a passing admission verdict (how long a new machine took
+    to serve); pools where none passed in the window are left out."""
+    spans: dict[str, list[float]] = {}
+    for a in found:
+        if a.entry.pool and not a.serving and a.entry.verdict == "ok" and a.at > a.registered_at:
+            spans.setdefault(a.entry.pool, []).append((a.at - a.registered_at).total_seconds())
+    return {pool: timedelta(seconds=sorted(v)[len(v) // 2]) for pool, v in spans.items()}
 
 
 def replay(history: History, spec_at: Callable[[datetime], FleetSpec], label: str, *,
-           found: Sequence[Attempt] | None = None) -> Run:
-    """History under the policy `spec_at` (the spec in force at each moment)."""
+           found: Sequence[Attempt] | None = None, follow: Run | None = None) -> Run:
+    """History under the policy `spec_at` (the spec in force at each moment). `follow`: an earlier run of the same
+    history whose capacity decisions this one takes where its inputs are exactly the same (`_capacity_step`)."""
     found = attempts(history) if found is None else found
     run = Run(label)
     machines, images = records_at_start(history, found)
     records = ReplayRecords(machines, images)
     entries: dict[str, CapacityEntry] = dict(history.capacity_start)
-    cold = {p.name: measured_cold_start(found, p.name) for p in spec_at(history.since).pools}
+    cold = measured_cold_starts(found)
     pools: dict[str, _PoolState] = {}
+    memo = _Memo()
+    guards = _Guards()
     start_spec, then = spec_at(history.since), history.spec_at(history.since)
     for pool in start_spec.pools:  # machines the policy has beyond history's from the start (its own bounds)
         was = _pool(then, pool.name)
         if was is not None:
-            gap = _desired(pool, entries) - _desired(was, entries)
+            gap = memo.desired(pool, entries) - memo.desired(was, entries)
             pools[pool.name] = _PoolState(gaps=[(history.since, gap)])
 
     # In time order; at one moment: human edits, rentals, the verdict pass, then capacity (as a pass orders them).
     events: list[tuple[datetime, int, int, Any]] = [(e.at, 0, i, e) for i, e in enumerate(history.edits)]
     passes: dict[datetime, list[Candidate]] = {}
     for a in found:
-        c = candidate(a, spec_at(a.at), history.spec_at(a.at))
+        spec = spec_at(a.at)
+        c = _reused_candidate(follow, a, spec) or candidate(a, spec, history.spec_at(a.at))
+        run.candidates[(a.instance_id, a.serving, a.at)] = (c, spec)
         passes.setdefault(c.at, []).append(c)
         if not a.serving:
             events.append((a.registered_at, 1, len(events), c))
@@ -649,17 +705,29 @@ def replay(history: History, spec_at: Callable[[datetime], FleetSpec], label: st
                 run.judged.setdefault(payload.attempt.instance_id, []).append(
                     Judged(payload.attempt, NOT_RENTED, why=why))
         elif kind == 2:
-            _verdict_pass(run, records, entries, payload, at, spec_at(at), admitted, dropped)
+            _verdict_pass(run, records, guards.applied(spec_at(at), entries), payload, at, spec_at(at), admitted,
+                          dropped)
         else:
-            _capacity_step(run, records, entries, payload, at, spec_at(at), pools, cold)
+            _capacity_step(run, records, entries, payload, at, spec_at(at), pools, cold, memo, guards, follow)
     for name, state in pools.items():
         if name in run.pools:
             _finish_waits(run.pools[name], state, history.until)
     return run
 
 
-def _desired(pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
-    return pool.count if pool.min_count is None else within_bounds(pool, entries.get(pool.name))[2]
+def _reused_candidate(follow: Run | None, a: Attempt, spec: FleetSpec) -> Candidate | None:
+    """The earlier run's candidate for `a`, when what `candidate` reads of the spec is the same (its pool, the
+    early-verdict and serving settings): the same judge on the same report gives the same verdict."""
+    if follow is None:
+        return None
+    kept = follow.candidates.get((a.instance_id, a.serving, a.at))
+    if kept is None:
+        return None
+    c, then = kept
+    name = a.entry.pool
+    if (_pool(spec, name), spec.early_verdict, spec.serving) != (_pool(then, name), then.early_verdict, then.serving):
+        return None
+    return c
 
 
 def _apply_edit(records: ReplayRecords, edit: RecordEdit) -> None:
@@ -697,9 +765,8 @@ def _not_rented(records: ReplayRecords, c: Candidate, spec: FleetSpec, at: datet
     return None
 
 
-def _verdict_pass(run: Run, records: ReplayRecords, entries: Mapping[str, CapacityEntry],
-                  group: Sequence[Candidate], at: datetime, spec: FleetSpec, admitted: dict[str, Judged],
-                  dropped: set[str]) -> None:
+def _verdict_pass(run: Run, records: ReplayRecords, applied: FleetSpec, group: Sequence[Candidate], at: datetime,
+                  spec: FleetSpec, admitted: dict[str, Judged], dropped: set[str]) -> None:
     verdicts: list[Verdict] = []
     kept: dict[str, Candidate] = {}
     for c in group:
@@ -727,7 +794,7 @@ def _verdict_pass(run: Run, records: ReplayRecords, entries: Mapping[str, Capaci
     run.passes += 1
     view = records.view(at, {v.machine_id for v in verdicts if v.machine_id}, spec.circuit_breaker.window_hours,
                         spec.kill_budget.window_hours)
-    guarded, changed, _ = guard_and_record(apply_entries(spec, entries), view, verdicts, at)
+    guarded, changed, _ = guard_and_record(applied, view, verdicts, at)
     for v in guarded.verdicts:
         c = kept[v.instance_id]
         j = Judged(c.attempt, JUDGED, v, as_recorded=c.as_recorded)
@@ -747,49 +814,113 @@ def _verdict_pass(run: Run, records: ReplayRecords, entries: Mapping[str, Capaci
 
 def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, CapacityEntry],
                    samples: Mapping[str, DemandSample], at: datetime, spec: FleetSpec,
-                   pools: dict[str, _PoolState], cold: Mapping[str, timedelta | None]) -> None:
-    """One pass's capacity: each sampled pool's tile accounted, then `decide_signals` on the replay's signals."""
+                   pools: dict[str, _PoolState], cold: Mapping[str, timedelta], memo: _Memo,
+                   guards: _Guards, follow: Run | None) -> None:
+    """One pass's capacity: each sampled pool's tile accounted, then `decide_signals` on the replay's signals.
+
+    `follow`: an earlier run of the same history (the base's) whose decisions this one takes over wherever it
+    would decide on exactly the same inputs: the pool's spec, its entry, history's own signals (no machine and no
+    task more or less than history), the same guards, and no spend cap tying the pools together."""
     run.steps += 1
     signals: dict[str, PoolSignals] = {}
+    own: set[str] = set()  # pools deciding on history's own signals
     for pool in spec.pools:
-        state = pools.setdefault(pool.name, _PoolState())
         sample = samples.get(pool.name)
         if sample is None:
-            if state.signals is not None:
-                signals[pool.name] = state.signals  # decided at its own samples; the spend cap still reads it
             continue
+        state = pools.setdefault(pool.name, _PoolState())
         start = cold.get(pool.name) or timedelta(minutes=pool.scaling.cold_start_minutes if pool.scaling else 15.0)
         serving_gap = _serving_gap(state, at, start)
         # Instances billed beyond history's: the replay's slots beyond history's (each slot holds an instance
         # unless history's was empty), so a pool draining in history is not counted twice.
-        slots = pool.count if pool.min_count is None else len(within_bounds(pool, entries.get(pool.name))[0])
+        slots = pool.count if pool.min_count is None else len(memo.bounds(pool, entries.get(pool.name))[0])
         _account(run.pools.setdefault(pool.name, PoolRun(pool.name)), state, pool, sample, serving_gap,
                  max(slots - sample.slots, -sample.rented), at)
-        state.signals = _signals(pool, entries.get(pool.name), sample, state, serving_gap, at)
-        signals[pool.name] = state.signals
-    ranged = [p for p in spec.pools if p.min_count is not None and p.name in samples]
-    if ranged and all(p.name in signals for p in spec.pools if p.min_count is not None):
-        applied = apply_entries(spec, entries)
-        budgets = kill_budgets(applied, records.view(at, (), 0.0, spec.kill_budget.window_hours), at)
+        if pool.min_count is not None:
+            signals[pool.name] = _signals(pool, entries.get(pool.name), sample, state, serving_gap, at, memo)
+            if serving_gap == 0 and _gap_now(state) == 0 and abs(state.backlog) < 1e-9:
+                own.add(pool.name)
+    if signals:
         images = RecordSet(images=records.images)
-        paused = [p.name for p in ranged if pool_pause(p.name, images, _digest(records, samples[p.name]))]
-        exhausted = [p.name for p in ranged if budgets[p.name].exhausted]
+        paused = [name for name in signals if pool_pause(name, images, _digest(records, samples[name]))]
+        exhausted = [name for name in signals if name in guards.exhausted(spec, entries, records, at)]
         run.paused.update(paused)
         run.exhausted.update(exhausted)
-        for d in decide_signals(spec, entries, signals, at, paused_pools=paused, exhausted_pools=exhausted):
-            if d.pool not in samples:
-                continue  # its decision is taken at its own sample
-            entries[d.pool] = d.entry
-            if d.scaled:
-                run.capacity.append(CapacityChange(at, d.pool, d.before, d.after, d.entry.direction or "",
-                                                   d.entry.reason))
-                run.pools[d.pool].changes.append((at, d.before, d.after, d.entry.direction or ""))
-    elif ranged:
-        run.limits["capacity decisions not replayed: an autoscaled pool had no sample yet"] += 1
+        decided: list[tuple[str, CapacityEntry, int, int]] = []  # (pool, entry, before, after)
+        reused: set[str] = set()
+        if follow is not None and spec.max_total_dph is None:
+            for name in own:
+                kept = follow.decisions.get((name, at))
+                key = (_entry_key(entries.get(name)), spec.pool(name), name in paused, name in exhausted, None)
+                if kept is not None and kept[0] == key:
+                    reused.add(name)
+                    decided.append((name, kept[1], kept[2], kept[3]))
+        deciding_signals = {n: sig for n, sig in signals.items() if n not in reused}
+        if deciding_signals:
+            # Each pool is decided at its own samples: one not sampled now decided no change at this pass (a change
+            # is always sampled). It enters as a fixed count at its desired: all the spend cap reads of it.
+            deciding = replace(spec, pools=tuple(
+                p if p.name in deciding_signals or p.min_count is None else
+                replace(p, count=memo.desired(p, entries), min_count=None, max_count=None) for p in spec.pools))
+            keys = {n: (_entry_key(entries.get(n)), spec.pool(n), n in paused, n in exhausted, spec.max_total_dph)
+                    for n in deciding_signals}
+            for d in decide_signals(deciding, entries, deciding_signals, at, paused_pools=paused,
+                                    exhausted_pools=exhausted):
+                decided.append((d.pool, d.entry, d.before, d.after))
+                if d.pool in own:
+                    run.decisions[(d.pool, at)] = (keys[d.pool], d.entry, d.before, d.after)
+        for name, entry, before, after in decided:
+            guards.entries_version += _entry_key(entries.get(name)) != _entry_key(entry)
+            entries[name] = entry
+            if after != before:
+                run.capacity.append(CapacityChange(at, name, before, after, entry.direction or "", entry.reason))
+                run.pools[name].changes.append((at, before, after, entry.direction or ""))
     for pool in spec.pools:
         sample = samples.get(pool.name)
         if sample is not None:
-            pools[pool.name].gaps.append((at, _desired(pool, entries) - sample.desired))
+            pools[pool.name].gaps.append((at, memo.desired(pool, entries) - sample.desired))
+
+
+def _entry_key(entry: CapacityEntry | None) -> tuple[object, ...] | None:
+    """What of an entry a decision reads: its counts, slots, and the last change (the cooldown)."""
+    return None if entry is None else (entry.desired, entry.slots, entry.draining, entry.changed_at, entry.direction)
+
+
+class _Guards:
+    """What the capacity decision reads of the guards, kept between passes: the spec with the replay's capacity
+    entries applied (again only when an entry changed) and each pool's kill budget (`breaker.kill_budgets`, again
+    only when a bad mark was added or removed, or one left the window; the pool's allowance follows its count)."""
+
+    def __init__(self) -> None:
+        self.entries_version = 0  # bumped by whoever changes the entries
+        self._applied: tuple[tuple[int, int], FleetSpec] | None = None
+        self._key: tuple[int, int] | None = None
+        self._until: datetime | None = None
+        self._used: dict[str, tuple[str, ...]] = {}
+        self._answer: tuple[int, frozenset[str]] | None = None
+
+    def applied(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> FleetSpec:
+        key = (id(spec), self.entries_version)
+        if self._applied is None or self._applied[0] != key:
+            self._applied = (key, apply_entries(spec, entries))
+        return self._applied[1]
+
+    def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
+                  at: datetime) -> frozenset[str]:
+        applied = self.applied(spec, entries)
+        key = (id(spec), records.marks_version)
+        if key != self._key or self._until is None or at >= self._until:
+            window = timedelta(hours=spec.kill_budget.window_hours)
+            budgets = kill_budgets(applied, records.view(at, (), 0.0, spec.kill_budget.window_hours), at)
+            self._used = {name: b.used for name, b in budgets.items()}
+            marks = [_time(when) for _, _, when in records.marks_since(at - window)]
+            leaving = [m + window for m in marks if m is not None and m + window > at]
+            self._key, self._until = key, min(leaving, default=at + window)
+            self._answer = None
+        if self._answer is None or self._answer[0] != self.entries_version:
+            self._answer = (self.entries_version, frozenset(p.name for p in applied.pools if KillBudget(
+                p.name, applied.kill_budget.allowed(p.count), self._used.get(p.name, ())).exhausted))
+        return self._answer[1]
 
 
 def _digest(records: ReplayRecords, sample: DemandSample) -> str | None:
@@ -893,7 +1024,7 @@ def _finish_waits(prun: PoolRun, state: _PoolState, until: datetime) -> None:
 
 
 def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: DemandSample, state: _PoolState, serving_gap: int,
-             at: datetime) -> PoolSignals:
+             at: datetime, memo: _Memo) -> PoolSignals:
     """What the capacity decision reads at this sample in the replay: history's own signals where the replay has
     not moved away from history (its windows, no machine more or less, no task more or less waiting); otherwise
     rebuilt from the replay's tiles (heartbeat intervals counted whole in the tile where they end: windows to the
@@ -913,7 +1044,7 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: DemandSample, state
         oldest = _arrival_time(state, state.arrived[-1] - total) if total > 0 and state.arrived else None
         queue = replace(queue, waiting=_spread(dict(s.waiting or {}), total, pool), oldest_waiting_at=oldest)
     on_the_way = max(0, s.on_the_way + (_gap_now(state) - serving_gap))
-    return PoolSignals(up, down, queue, _synth_slots(pool, entry, machines, on_the_way, s.draining_serving))
+    return PoolSignals(up, down, queue, memo.slots(pool, entry, machines, on_the_way, s.draining_serving))
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:

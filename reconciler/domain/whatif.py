@@ -23,6 +23,7 @@ from reconciler.domain.replay import (
     NOT_JUDGED,
     NOT_RENTED,
     Attempt,
+    CapacityChange,
     History,
     Judged,
     PoolRun,
@@ -191,7 +192,7 @@ def what_if(history: History, base: FleetSpec, pr: FleetSpec) -> WhatIf:
     recorded = replay(history, history.spec_at, "recorded", found=found)
     unchanged = all(_same(v.spec, base) for v in history.specs)
     base_run = recorded if unchanged else replay(history, lambda _t: base, "base", found=found)
-    pr_run = base_run if _same(pr, base) else replay(history, lambda _t: pr, "PR", found=found)
+    pr_run = base_run if _same(pr, base) else replay(history, lambda _t: pr, "PR", found=found, follow=base_run)
     flips = _flips(base_run, pr_run, found, base, pr)
     pools = _pool_deltas(history, base_run, pr_run, base, pr, flips)
     return WhatIf(
@@ -400,27 +401,27 @@ def _capacity_check(history: History, run: Run) -> tuple[CapacityCheck, list[tup
                for a, b in pairwise(samples)]
     resolution = statistics.median(spacing) if spacing else None
     reach = 2 * (resolution or 0.0)
-    free = list(run.capacity)
+    free: dict[tuple[str, int, int], list[CapacityChange]] = {}
+    for c in run.capacity:
+        free.setdefault((c.pool, c.before, c.after), []).append(c)
     exact = near = 0
     shift = 0.0
     problems = []
     for at, pool, before, after in wanted:
-        best = None
-        for c in free:
-            if c.pool == pool and (c.before, c.after) == (before, after):
-                d = abs((c.at - at).total_seconds())
-                if d <= reach and (best is None or d < abs((best.at - at).total_seconds())):
-                    best = c
-        if best is None:
+        candidates = free.get((pool, before, after), [])
+        best = min(candidates, key=lambda c: abs((c.at - at).total_seconds()), default=None)
+        if best is None or abs((best.at - at).total_seconds()) > reach:
             problems.append((at, f"capacity {pool} {before} -> {after}: recorded, not replayed"))
             continue
-        free.remove(best)
+        candidates.remove(best)
         d = abs((best.at - at).total_seconds())
         exact += d == 0
         near += d > 0
         shift = max(shift, d)
-    for c in free:
-        problems.append((c.at, f"capacity {c.pool} {c.before} -> {c.after}: replayed, never recorded ({c.reason})"))
+    for left in free.values():
+        for c in left:
+            problems.append((c.at, f"capacity {c.pool} {c.before} -> {c.after}: replayed, never recorded "
+                                   f"({c.reason})"))
     return CapacityCheck(len(wanted), exact, near, shift, resolution), problems
 
 

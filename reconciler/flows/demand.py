@@ -1,12 +1,13 @@
 """The leader's demand recorder: a thin hook on the pass's capacity step that keeps compact demand samples in git.
 
 Place in the flow: `flows.judge.run_pass` (on the leader) hands the recorder what its capacity step measured;
-`take` returns this pass's samples (a sample per pool at most once per `resolution_s`, and one at every pass
-whose capacity decision changed capacity.yaml); `changes` renders the day files to commit with the pass (with
-any commit the pass makes anyway, else once the oldest uncommitted sample is `flush_s` old); `done` is told
-what was published. The loop keeps one recorder between passes (a new leader starts where the day file ends).
-Samples not yet committed when a leader dies are lost: the replay counts the gap, it never fills it. The
-recorder also remembers the price of each instance the provisioner's slot state showed (`known_prices`).
+`take` returns this pass's samples (per pool and per change: at every pass whose capacity decision changed
+capacity.yaml, when a signal moved but at most once per `resolution_s`, at least once per `spacing_s`);
+`changes` renders the day files to commit with the pass (with any commit the pass makes anyway, else once the
+oldest uncommitted sample is `flush_s` old); `done` is told what was published. The loop keeps one recorder
+between passes (a new leader starts where the day file ends). Samples not yet committed when a leader dies are
+lost: the replay counts the gap, it never fills it. The recorder also remembers the price of each instance the
+provisioner's slot state showed (`known_prices`).
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ MAX_PRICES = 100_000
 class DemandRecorder:
     """Samples taken and not yet committed, and each pool's newest sample time (its next tile starts there)."""
 
-    resolution_s: float = 60.0
+    resolution_s: float = 60.0  # samples of one pool at least this far apart (unless a decision changed it)
+    spacing_s: float = 900.0  # ... and at most this far apart (spend and work are counted per tile)
     flush_s: float = 3600.0
     keep_days: int = 40
 
     def __post_init__(self) -> None:
         self._last: dict[str, datetime] = {}
+        self._taken: dict[str, DemandSample] = {}  # each pool's newest sample (what a change is measured from)
         self._pending: list[DemandSample] = []
         self._prices: dict[str, float] = {}
 
@@ -74,16 +77,21 @@ class DemandRecorder:
             gap = (now - last).total_seconds() if last is not None else None
             if gap is not None and gap <= 0:
                 continue  # this pass (or a later one, by another clock) is sampled already
-            if gap is not None and gap < self.resolution_s and not (decision is not None and decision.changed):
+            changed = decision is not None and decision.changed
+            if gap is not None and gap < self.resolution_s and not changed:
                 continue
             span = gap if gap is not None and gap <= MAX_TILE_S else self.resolution_s
-            out.append(pool_sample(
+            sample = pool_sample(
                 pool, reports, spec.serving, prices, now, timedelta(seconds=span),
                 signals=decision.signals if decision is not None else None,
-                desired=decision.after if decision is not None else None,
-                changed=decision is not None and decision.changed,
+                desired=decision.after if decision is not None else None, changed=changed,
                 paused=pool_pause(pool.name, records, desired_image_digest) is not None,
-                exhausted=pool.name in exhausted, image_digest=desired_image_digest))
+                exhausted=pool.name in exhausted, image_digest=desired_image_digest)
+            earlier = self._taken.get(pool.name)
+            if gap is not None and gap < self.spacing_s and earlier is not None and \
+                    sample.differs_from(earlier) is None:
+                continue  # nothing moved: the next sample's tile covers this time too
+            out.append(sample)
         return tuple(out)
 
     def changes(self, spec_dir: Path, spec_dir_name: str, taken: Sequence[DemandSample], now: datetime, *,
@@ -112,6 +120,7 @@ class DemandRecorder:
         for s in taken:
             if s.at > self._last.get(s.pool, s.at - timedelta(seconds=1)):
                 self._last[s.pool] = s.at
+                self._taken[s.pool] = s
         self._pending = [] if flushed else [*self._pending, *taken]
 
 

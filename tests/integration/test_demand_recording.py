@@ -29,7 +29,7 @@ def _store(tmp_path: Path) -> tuple[Path, GitStore]:
 
 def test_samples_ride_with_the_pass_commit_or_go_alone_once_due(tmp_path: Path) -> None:
     origin, store = _store(tmp_path)
-    recorder = DemandRecorder(resolution_s=60.0, flush_s=600.0)
+    recorder = DemandRecorder(resolution_s=60.0, spacing_s=60.0, flush_s=600.0)  # a sample a minute, changed or not
     worker = serving("pro-0-a", "rtx-pro-4000-0", [True] * 12, pool="rtx-pro-4000")
     source = FakeReports([worker])
     assert run_pass(store, source, at(29)).pushed  # its admission verdict (no recorder yet)
@@ -68,9 +68,9 @@ def test_samples_ride_with_the_pass_commit_or_go_alone_once_due(tmp_path: Path) 
 def test_a_new_leader_continues_the_day_file(tmp_path: Path) -> None:
     origin, store = _store(tmp_path)
     worker = serving("pro-0-a", "rtx-pro-4000-0", [True] * 12, pool="rtx-pro-4000")
-    run_pass(store, FakeReports([worker]), at(30), demand=DemandRecorder(flush_s=0.0))
+    run_pass(store, FakeReports([worker]), at(30), demand=DemandRecorder(flush_s=0.0, spacing_s=60.0))
     # Another process (a replica that now leads): its first tile starts at the file's newest sample.
-    run_pass(store, FakeReports([worker]), at(35), demand=DemandRecorder(flush_s=0.0))
+    run_pass(store, FakeReports([worker]), at(35), demand=DemandRecorder(flush_s=0.0, spacing_s=60.0))
     samples, _ = parse_day(origin_file(origin, FILE) or "", "rtx-pro-4000", FILE)
     assert [(s.at, s.span_s) for s in samples] == [(at(30), 60.0), (at(35), 300.0)]
     assert samples[1].at - samples[0].at == timedelta(minutes=5)

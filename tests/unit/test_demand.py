@@ -19,7 +19,7 @@ from reconciler.adapters.demand_files import (
     parse_day,
     render_day,
 )
-from reconciler.domain.capacity import QueueSnapshot, signals_for
+from reconciler.domain.capacity import QueueSnapshot, Utilization, signals_for
 from reconciler.domain.demand import DemandSample, Tile, compact, pool_sample, tile
 from reconciler.domain.records import RecordSet
 from reconciler.flows.demand import DemandRecorder, demand_trailers
@@ -124,8 +124,8 @@ def test_load_demand_reads_the_window_of_every_pool(tmp_path: Path) -> None:
     assert last_sample_at(tmp_path, "rtx4090", at(10)) == at(3)
 
 
-def test_the_recorder_samples_once_per_resolution_and_at_every_decision_and_commits_when_due(tmp_path: Path) -> None:
-    recorder = DemandRecorder(resolution_s=60.0, flush_s=300.0)
+def test_the_recorder_samples_at_most_once_per_resolution_and_commits_when_due(tmp_path: Path) -> None:
+    recorder = DemandRecorder(resolution_s=60.0, spacing_s=60.0, flush_s=300.0)
     records = RecordSet()
     first = recorder.take(SPEC, tmp_path, _reports(), records, (), (), {}, None, at(36))
     assert [s.span_s for s in first] == [60.0]  # nothing earlier: one resolution
@@ -151,7 +151,7 @@ def test_a_new_leader_starts_its_tile_where_the_day_file_ends(tmp_path: Path) ->
     path = tmp_path / day_path("rtx4090", at(0).date())
     path.parent.mkdir(parents=True)
     path.write_text(render_day([_sample(30)]))
-    taken = DemandRecorder().take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(36))
+    taken = DemandRecorder(spacing_s=60.0).take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(36))
     assert [s.span_s for s in taken] == [360.0]
 
 
@@ -160,3 +160,25 @@ def test_the_recorder_remembers_prices_of_instances_the_provisioner_has_forgotte
     assert recorder.known_prices({"a": 0.3, "b": 0.4}) == {"a": 0.3, "b": 0.4}
     # "a" was replaced (gone from the slot state) before the pass that judges it: its price is still known.
     assert recorder.known_prices({"b": 0.45, "c": 0.5}) == {"a": 0.3, "b": 0.45, "c": 0.5}
+
+
+def test_between_its_spacing_a_pool_is_sampled_only_when_something_a_decision_turns_on_moved() -> None:
+    earlier = _sample(1, busy_s=60.0, up=Utilization(540.0, 600.0, 1, 600.0), waiting={"PoRep": 10})
+    assert _sample(2, busy_s=60.0, up=Utilization(545.0, 600.0, 1, 600.0), waiting={"PoRep": 10}).differs_from(
+        earlier) is None  # 0.90 -> 0.908
+    assert _sample(2, up=Utilization(560.0, 600.0, 1, 600.0), waiting={"PoRep": 10}).differs_from(
+        earlier) == "utilization (up)"  # 0.90 -> 0.93
+    assert _sample(2, up=earlier.up, waiting={"PoRep": 12}).differs_from(earlier) == "queue"  # +20%
+    assert _sample(2, up=earlier.up, waiting={"PoRep": 10}, serving=3).differs_from(earlier) == "serving"
+    assert _sample(2, up=earlier.up, waiting={"PoRep": 10}, changed=True).differs_from(earlier) == \
+        "a capacity decision"
+    assert _sample(2, up=earlier.up, waiting={}).differs_from(earlier) == "queue"  # to empty
+
+
+def test_the_recorder_skips_a_pass_where_nothing_moved_until_its_spacing(tmp_path: Path) -> None:
+    recorder = DemandRecorder(resolution_s=60.0, spacing_s=600.0)
+    first = recorder.take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(36))
+    recorder.done(first, flushed=False)
+    assert recorder.take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(38)) == ()  # nothing moved
+    later = recorder.take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(46))  # 10 min: spacing
+    assert [s.span_s for s in later] == [600.0]  # its tile covers the skipped passes too
