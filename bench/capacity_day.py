@@ -285,8 +285,9 @@ def autoscaled_day(tasks: list[float], workdir: Path, publish: Callable[[Callabl
         queue.snapshot = fleet.snapshot(now)
         entries = load_capacity(spec_path)[0]
         spec = apply_entries(base, entries)
-        decisions, change = capacity_step(spec, spec_path, "fleet-spec/capacity.yaml", fleet.reports(now),
-                                          RecordSet(machines={}), {}, None, at(now), queue)
+        plan = capacity_step(spec, entries, "fleet-spec/capacity.yaml", fleet.reports(now), RecordSet(machines={}),
+                             {}, None, at(now), queue)
+        decisions, change = list(plan.decisions), plan.file
         if change is not None:
             request = commit_request(PassDecision(), decisions, change)
 

@@ -35,6 +35,8 @@ class StackConfig:
     registry_username: str | None
     registry_password: pulumi.Output[str] | None
     pool_data_dir: Path = REPO_ROOT / ".fleet" / "pulumi" / "pool-data"
+    #: Owned Docker hosts (fleet-spec/hosts.yaml): a backend of their own, or beside the market.
+    hosts_file: Path | None = None
 
 
 def _path(value: str | None, default: str | None = None) -> Path | None:
@@ -48,10 +50,11 @@ def _path(value: str | None, default: str | None = None) -> Path | None:
 def load_stack_config(cfg: pulumi.Config | None = None) -> StackConfig:
     cfg = cfg or pulumi.Config()
     backend = cfg.get("backend") or "vastai"
-    if backend not in ("vastai", "local"):
-        raise ValueError(f"stack config {PROJECT}:backend: got {backend!r}, expected vastai or local")
+    if backend not in ("vastai", "local", "hosts"):
+        raise ValueError(f"stack config {PROJECT}:backend: got {backend!r}, expected vastai, local or hosts")
     spec_path = _path(cfg.get("specPath"), "fleet-spec/fleet.yaml")
     assert spec_path is not None
+    hosts_file = _path(cfg.get("hostsFile")) or (spec_path.parent / "hosts.yaml")
     return StackConfig(
         spec_path=spec_path,
         backend=backend,
@@ -62,6 +65,7 @@ def load_stack_config(cfg: pulumi.Config | None = None) -> StackConfig:
         registry_username=cfg.get("registryUsername") or None,
         registry_password=cfg.get_secret("registryPassword"),
         pool_data_dir=_path(cfg.get("poolDataDir")) or Path(default_pool_data_dir(REPO_ROOT)),
+        hosts_file=hosts_file if hosts_file.is_file() or backend == "hosts" else None,
     )
 
 
@@ -74,10 +78,14 @@ def backend_settings(conf: StackConfig, controller_url: str | None = None) -> di
             raise ValueError(f"stack config {PROJECT}:localMachinesFile is required when {PROJECT}:backend is local")
         settings = {"kind": "local", "state_dir": str(conf.local_state_dir),
                     "machines_file": str(conf.local_machines_file)}
+    elif conf.backend == "hosts":
+        settings = {"kind": "hosts"}
     else:
         settings = {"kind": "vastai"}
         if conf.vast_base_url:
             settings["base_url"] = conf.vast_base_url
+    if conf.hosts_file is not None:
+        settings["hosts_file"] = str(conf.hosts_file)
     if controller_url:
         settings["controller_url"] = controller_url
     settings["pool_data_dir"] = str(conf.pool_data_dir)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from reconciler.domain.capacity import Utilization
 from reconciler.domain.demand import DemandSample, compact
@@ -231,25 +231,25 @@ def parse_history(texts: Mapping[str, Iterable[tuple[str, str]]], since: datetim
     return DemandHistory(samples, files, tuple(problems))
 
 
-def stale_days(spec_dir: Path, keep_before: date) -> list[str]:
-    """Day files older than `keep_before` (relative paths): the recorder deletes them (bounded tree)."""
-    root = spec_dir / DEMAND_DIR
-    if not root.is_dir():
-        return []
+def stale_days(names: Iterable[str], keep_before: date) -> list[str]:
+    """Of day-file paths (relative to the spec directory), those older than `keep_before`: the recorder deletes
+    them (a bounded tree)."""
     out = []
-    for file in sorted(root.glob("*/*.csv")):
-        m = _DAY.fullmatch(file.name)
-        if m and m.group(1) < keep_before.isoformat():
-            out.append(f"{DEMAND_DIR}/{file.parent.name}/{file.name}")
-    return out
+    for name in names:
+        path = PurePosixPath(name)
+        m = _DAY.fullmatch(path.name)
+        if m and path.parts[0] == DEMAND_DIR and m.group(1) < keep_before.isoformat():
+            out.append(name)
+    return sorted(out)
 
 
-def last_sample_at(spec_dir: Path, pool: str, now: datetime) -> datetime | None:
-    """The newest sample of `pool` in today's or yesterday's file (where a new leader's first tile starts)."""
+def last_sample_at(read: Callable[[str], str | None], pool: str, now: datetime) -> datetime | None:
+    """The newest sample of `pool` in today's or yesterday's file (`read`: a file of the spec directory, None when
+    absent): where a new leader's first tile starts."""
     for day in (now.date(), now.date() - timedelta(days=1)):
-        path = spec_dir / day_path(pool, day)
-        if path.is_file():
-            got, _ = parse_day(path.read_text(encoding="utf-8"), pool, str(path))
+        text = read(day_path(pool, day))
+        if text is not None:
+            got, _ = parse_day(text, pool, day_path(pool, day))
             older = [s.at for s in got if s.at <= now]
             if older:
                 return max(older)

@@ -1,4 +1,5 @@
-"""Fleet spec files: load `fleet-spec/fleet.yaml`, validate it (JSON Schema + semantic checks), freeze it.
+"""Fleet spec files: load `fleet-spec/fleet.yaml` (and the owned-hosts inventory `hosts.yaml` beside it), validate
+them (JSON Schema + semantic checks, then the two together), freeze them.
 
 First step of every flow (`fleet validate`, `plan`, `apply`, `reconcile`, the Pulumi program): nothing
 downstream reads YAML. Validation reports every problem at once, each naming the file, the line, the
@@ -15,6 +16,7 @@ import os
 import pickle
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +26,7 @@ from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.capacity_files import capacity_path, load_capacity
 from reconciler.domain.capacity import apply_entries
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
+from reconciler.domain.hosts import DockerTls, HostSelector, OwnedHost
 from reconciler.domain.spec import (
     PROOF_TASK_TYPES,
     TASK_TYPE_OF_PROOF,
@@ -55,6 +58,8 @@ if TYPE_CHECKING:
 # validated (load_spec_cached) imports neither (~0.1 s of a read-only command's start).
 
 SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
+HOSTS_SCHEMA_PATH = SCHEMA_DIR / "hosts.schema.json"
+HOSTS_FILE = "hosts.yaml"
 
 
 # --- loading -------------------------------------------------------------------------------------------
@@ -62,9 +67,13 @@ SPEC_SCHEMA_PATH = SCHEMA_DIR / "fleet.schema.json"
 
 @cache
 def _spec_validator() -> jsonschema.Draft202012Validator:
+    return strict_validator(json.loads(SPEC_SCHEMA_PATH.read_text()))
+
+
+def strict_validator(schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    """A Draft 2020-12 validator for `schema` in which 1.0 is not an integer."""
     import jsonschema
 
-    schema = json.loads(SPEC_SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     # JSON Schema counts 1.0 as an integer; a slot count of 1.0 would then break range() downstream.
     checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
@@ -371,7 +380,9 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
 
 def _pool(p: dict[str, Any]) -> PoolSpec:
     benchmark = BenchmarkSettings(**p.get("benchmark", {}))
-    fields = {k: v for k, v in p.items() if k not in ("benchmark", "count", "scaling", "queue")}
+    fields = {k: v for k, v in p.items() if k not in ("benchmark", "count", "scaling", "queue", "hosts")}
+    if isinstance(p.get("hosts"), dict):
+        fields["hosts"] = HostSelector(labels=dict(p["hosts"].get("labels", {})))
     count = p["count"]
     if not isinstance(count, dict):
         return PoolSpec(**fields, count=count, benchmark=benchmark)
@@ -394,43 +405,52 @@ def _first_alias(text: str) -> yaml.AliasEvent | None:
                 None)
 
 
-def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, list[SpecProblem]]:
-    """Validate spec text. Returns (spec or None, every problem found: errors and warnings)."""
+def checked_yaml(text: str, file: str, validator: jsonschema.protocols.Validator, what: str,
+                 ) -> tuple[dict[str, Any] | None, dict[tuple[Any, ...], int], list[SpecProblem]]:
+    """Parse YAML text and check it against a JSON Schema: (document or None, line of every JSON path, problems).
+    The fleet spec and the hosts inventory share it: aliases refused, every schema problem named with its line."""
     import yaml
 
     try:
         alias = _first_alias(text)
         if alias is not None:
             # Aliases let a few hundred bytes expand into gigabytes (an "alias bomb") in every consumer of
-            # the spec; a fleet spec has no need for them, so they are refused before anything expands.
-            return None, [SpecProblem(file, "$", f"YAML aliases are not allowed in a fleet spec (found *{alias.anchor}"
-                                      "); write the values out",
-                                      alias.start_mark.line + 1 if alias.start_mark else None)]
+            # the file; a fleet spec has no need for them, so they are refused before anything expands.
+            return None, {}, [SpecProblem(file, "$", f"YAML aliases are not allowed in a fleet spec (found "
+                                          f"*{alias.anchor}); write the values out",
+                                          alias.start_mark.line + 1 if alias.start_mark else None)]
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         reason = getattr(exc, "problem", None) or str(exc)
-        return None, [SpecProblem(file, "$", f"not valid YAML: {reason}", line)]
+        return None, {}, [SpecProblem(file, "$", f"not valid YAML: {reason}", line)]
     except RecursionError:
-        return None, [SpecProblem(file, "$", "not valid YAML: nested too deeply")]
+        return None, {}, [SpecProblem(file, "$", "not valid YAML: nested too deeply")]
     except (ValueError, IndexError, TypeError, AttributeError, OverflowError) as exc:
         # PyYAML raises these, not YAMLError, for some explicit tags on bad values (`!!int `, `!!float x`).
-        return None, [SpecProblem(file, "$", f"not valid YAML: {type(exc).__name__}: {exc}")]
+        return None, {}, [SpecProblem(file, "$", f"not valid YAML: {type(exc).__name__}: {exc}")]
     if not isinstance(doc, dict):
         kind = "empty" if doc is None else type(doc).__name__
-        return None, [SpecProblem(file, "$", f"expected a mapping with version/image/controller/pools, got {kind}",
-                                  1)]
+        return None, {}, [SpecProblem(file, "$", f"expected a mapping with {what}, got {kind}", 1)]
     lines = dict(_line_index(root)) if root is not None else {}
     problems = []
-    found = (_specific(e) for e in _spec_validator().iter_errors(doc))
+    found = (_specific(e) for e in validator.iter_errors(doc))
     for error in sorted(found, key=lambda e: [str(p) for p in e.absolute_path]):
         path = _problem_path(error)
         line = lines.get(path) or lines.get(tuple(error.absolute_path))
         problems.append(SpecProblem(file, format_json_path(path), _describe(error), line))
-    problems += _semantic_problems(doc, file, lines)
     problems += _duplicate_keys(root, file) if root is not None else []
+    return doc, lines, problems
+
+
+def check_spec_text(text: str, file: str = "<spec>") -> tuple[FleetSpec | None, list[SpecProblem]]:
+    """Validate spec text. Returns (spec or None, every problem found: errors and warnings)."""
+    doc, lines, problems = checked_yaml(text, file, _spec_validator(), "version/image/controller/pools")
+    if doc is None:
+        return None, problems
+    problems += _semantic_problems(doc, file, lines)
     if any(p.severity == "error" for p in problems):
         return None, problems
     return _build(doc, file, problems), problems
@@ -448,7 +468,7 @@ def load_spec(path: str | Path) -> FleetSpec:
     spec, problems = check_spec_text(text, str(path))
     if spec is None:
         raise SpecError(problems)
-    return with_capacity(spec, path)
+    return with_hosts(with_capacity(spec, path), path)
 
 
 def with_capacity(spec: FleetSpec, spec_path: Path) -> FleetSpec:
@@ -459,6 +479,115 @@ def with_capacity(spec: FleetSpec, spec_path: Path) -> FleetSpec:
     if problems:
         raise SpecError(problems)
     return apply_entries(spec, entries)
+
+
+# --- the owned-hosts inventory (fleet-spec/hosts.yaml): optional, checked with the spec it sits beside -------------
+
+def hosts_path(spec_path: Path) -> Path:
+    """The inventory beside a spec file (fleet-spec/hosts.yaml beside fleet-spec/fleet.yaml)."""
+    return Path(spec_path).parent / HOSTS_FILE
+
+
+@cache
+def _hosts_validator() -> jsonschema.Draft202012Validator:
+    return strict_validator(json.loads(HOSTS_SCHEMA_PATH.read_text()))
+
+
+def check_hosts_text(text: str, file: str = "<hosts>") -> tuple[tuple[OwnedHost, ...] | None, list[SpecProblem]]:
+    """Validate inventory text: (hosts or None, every problem)."""
+    doc, lines, problems = checked_yaml(text, file, _hosts_validator(), "version/hosts")
+    if doc is None or problems:
+        return None, problems
+    names: dict[str, int] = {}
+    endpoints: dict[str, int] = {}
+    for i, host in enumerate(doc["hosts"]):
+        def add(key: str, message: str, i: int = i) -> None:
+            path = ("hosts", i, key)
+            problems.append(SpecProblem(file, format_json_path(path), message, lines.get(path)))
+
+        if host["name"] in names:
+            add("name", f"duplicate host name {host['name']!r} (first at $.hosts[{names[host['name']]}])")
+        names.setdefault(host["name"], i)
+        if host["docker"] in endpoints:
+            add("docker", f"{host['docker']} is also $.hosts[{endpoints[host['docker']]}]: one Docker engine is one "
+                "host (its GPUs would be offered twice)")
+        endpoints.setdefault(host["docker"], i)
+        if host["docker"].startswith("tcp://") and "tls" not in host:
+            add("docker", f"got {host['docker']}: a tcp:// endpoint needs tls (ca, cert, key); Docker's API without "
+                "TLS gives root on the host to anyone who can reach the port")
+        if host["docker"].startswith("ssh://") and "tls" in host:
+            add("tls", "has no effect on an ssh:// endpoint (SSH authenticates and encrypts it)")
+    if problems:
+        return None, problems
+    return tuple(_host(h) for h in doc["hosts"]), problems
+
+
+def _host(h: dict[str, Any]) -> OwnedHost:
+    gpus = h["gpus"]
+    uuids = tuple(gpus) if isinstance(gpus, list) else ()
+    tls = DockerTls(**h["tls"]) if isinstance(h.get("tls"), dict) else None
+    return OwnedHost(name=h["name"], docker=h["docker"], gpu_name=h["gpu_name"], gpu_uuids=uuids,
+                     gpu_count=len(uuids) if uuids else int(gpus), ram_gb=float(h["ram_gb"]),
+                     disk_gb=float(h["disk_gb"]), cost_usd_per_gpu_hour=float(h["cost_usd_per_gpu_hour"]),
+                     labels=dict(h.get("labels", {})), state=h.get("state", "active"),
+                     network=h.get("network", "bridge"), gpu_access=h.get("gpu_access", "runtime"), tls=tls)
+
+
+def cross_problems(spec: FleetSpec, hosts: tuple[OwnedHost, ...], spec_file: str,
+                   hosts_file: str) -> list[SpecProblem]:
+    """The two files together: every pool on owned hosts must have a host that can serve it."""
+    problems = []
+    for i, pool in enumerate(spec.pools):
+        if pool.hosts is None:
+            continue
+        where = f"$.pools[{i}].hosts"
+        if pool.gpus_per_instance != 1:
+            problems.append(SpecProblem(spec_file, f"$.pools[{i}].gpus_per_instance", f"got "
+                                        f"{pool.gpus_per_instance}: a pool on owned hosts runs one GPU per slot"))
+        serving = [h for h in hosts if h.serves(pool.gpu_name, pool.hosts)]
+        active = [h for h in serving if h.state == "active"]
+        if not hosts:
+            problems.append(SpecProblem(spec_file, where, f"pool {pool.name} runs on owned hosts, but there is no "
+                                        f"{hosts_file}"))
+        elif not serving:
+            problems.append(SpecProblem(spec_file, where, f"no host in {hosts_file} can serve pool {pool.name}: none "
+                                        f"has GPU {pool.gpu_name!r} and labels {pool.hosts.describe()}"))
+        elif not active:
+            problems.append(SpecProblem(spec_file, where, f"every host that can serve pool {pool.name} is drained or "
+                                        f"banned ({', '.join(h.name for h in serving)})", severity="warning"))
+        else:
+            gpus = sum(h.gpu_count for h in active)
+            _, high = pool.bounds
+            if gpus < high:
+                problems.append(SpecProblem(spec_file, f"$.pools[{i}].count", f"pool {pool.name} wants up to {high} "
+                                            f"slot(s) but its active hosts ({', '.join(h.name for h in active)}) "
+                                            f"have {gpus} GPU(s): {high - gpus} slot(s) will stay empty",
+                                            severity="warning"))
+    return problems
+
+
+def load_hosts(path: Path) -> tuple[OwnedHost, ...] | None:
+    """The inventory at `path`, None when there is no such file; SpecError with every problem when it is bad."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([SpecProblem(str(path), "$", f"cannot read: {exc}")]) from None
+    hosts, problems = check_hosts_text(text, str(path))
+    if hosts is None:
+        raise SpecError(problems)
+    return hosts
+
+
+def with_hosts(spec: FleetSpec, spec_path: Path) -> FleetSpec:
+    """The spec with the inventory beside it; SpecError when either file (or the two together) is wrong."""
+    path = hosts_path(spec_path)
+    hosts = load_hosts(path) or ()
+    problems = [p for p in cross_problems(spec, hosts, str(spec_path), str(path)) if p.severity == "error"]
+    if problems:
+        raise SpecError(problems)
+    return replace(spec, hosts=hosts) if hosts else spec
 
 
 # --- the validated-spec cache ------------------------------------------------------------------------------------
@@ -477,6 +606,7 @@ def _validation_inputs() -> bytes:
 
     h = hashlib.sha256(f"{_SPEC_CACHE_FORMAT}\0{sys.version}\0".encode())
     h.update(SPEC_SCHEMA_PATH.read_bytes())
+    h.update(HOSTS_SCHEMA_PATH.read_bytes())
     h.update(Path(__file__).read_bytes())
     for source in sorted(Path(reconciler.domain.__file__).parent.glob("*.py")):
         h.update(source.name.encode() + b"\0" + source.read_bytes())
@@ -507,6 +637,8 @@ def load_spec_cached(path: str | Path, cache: Path | None = None) -> FleetSpec:
         return load_spec(path)  # its error names the file and the problem
     with contextlib.suppress(OSError):  # the leader's capacity.yaml decides autoscaled pools' slots: cached too
         raw += b"\0capacity\0" + capacity_path(path).read_bytes()
+    with contextlib.suppress(OSError):  # so does the owned-hosts inventory beside it
+        raw += b"\0hosts\0" + hosts_path(path).read_bytes()
     key = hashlib.sha256(raw + b"\0" + str(path).encode() + b"\0" + _validation_inputs()).hexdigest()
     cache = cache if cache is not None else spec_cache_path(path)
     try:

@@ -10,12 +10,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace
+from reconciler.adapters.marketplace import BACKENDS, backend_named, build_marketplace, settings_with_hosts
 from reconciler.adapters.slot_provider import (
     SLOT_STATE_FILE,
     SlotProvider,
     describe_error,
 )
+from reconciler.adapters.spec_files import hosts_path
 from reconciler.domain.marketplace import Marketplace, MarketplaceAuthError, MarketplaceError
 from reconciler.domain.slots import SlotError
 from reconciler.domain.sweep import DEFAULT_GRACE_S
@@ -35,9 +36,12 @@ from reconciler.flows.provision import (
 def make_marketplace(args: argparse.Namespace, state_dir: Path,
                      say: Callable[[str], None] | None = None) -> Marketplace:
     """`say`: where the adapter tells about its waits (pacing, rate limits, late commits)."""
+    if getattr(args, "hosts", None) is None and hosts_path(args.spec).is_file():
+        args.hosts = hosts_path(args.spec)  # the inventory beside the spec: its hosts are the fleet's too
     try:
         backend = backend_named(args.backend)
-        market = build_marketplace(backend.settings_from_options(vars(args), state_dir), {})
+        market = build_marketplace(settings_with_hosts(backend.settings_from_options(vars(args), state_dir),
+                                                       vars(args)), {})
     except (ValueError, MarketplaceError) as exc:
         raise ApplyError(str(exc)) from None
     if say is not None and hasattr(market, "notify"):
@@ -56,6 +60,9 @@ def add_backend_arguments(p: argparse.ArgumentParser, *, required: bool) -> None
                                    "vastai: repo@sha256:... reference")
     p.add_argument("--image-digest", help="desired image digest (local default: sha256 over the image directory)")
     p.add_argument("--vast-base-url", default=None, help="vast.ai API base URL (tests point it at a fake)")
+    p.add_argument("--hosts", type=Path, default=None,
+                   help="owned Docker hosts inventory, beside any backend (default: hosts.yaml beside the spec, "
+                        "when there is one)")
     p.add_argument("--worker-command", help=argparse.SUPPRESS)  # tests: a trivial stand-in for entrypoint.sh
 
 

@@ -31,6 +31,7 @@ import yaml
 
 from reconciler import REPO_ROOT
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.local import (
     LocalMachine,
@@ -343,8 +344,8 @@ class _Loop:
                 applied_at = head if not report.failed else None
             self.sleep(self.settings.poll_s)
             _print_progress(self.store.reports(), self.seen, self.say)
-            result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=image.digest,
-                              directive_sink=self.store)
+            result = run_pass(GitFleetTree(self.bot), self.store, datetime.now(UTC),
+                              desired_image_digest=image.digest, directive_sink=self.store)
             self.passes += 1
             self.on_pass(result)
             _print_pass(result, self.say)

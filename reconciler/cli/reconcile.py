@@ -1,5 +1,5 @@
 """`fleet reconcile`: the long-running judge. Each pass reads worker reports from the controller store,
-judges finished benchmarks and commits records with trailers to the fleet repo (`run_command` below: one
+judges finished benchmarks and commits records with trailers to the fleet repo (reconciler/flows/judge.py: one
 pass, or a pass every `--interval`).
 
 Works in a dedicated bot clone (`--workdir`, cloned from `--repo` on first use; its unpushed commits and
@@ -30,6 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore, GitStoreError, TemporaryGitError
 from reconciler.adapters.lease import (
     DEFAULT_LEASE_S,
@@ -44,7 +45,7 @@ from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
 from reconciler.flows.demand import DemandRecorder
-from reconciler.flows.judge import LeaderTerm, PassResult, run, run_pass
+from reconciler.flows.judge import LeaderTerm, PassMemory, PassResult, follow, run, run_pass
 
 if TYPE_CHECKING:
     from reconciler.cli.surfaces import Surfaces
@@ -88,8 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with a PostgreSQL store: this replica's name in the lease, status and /healthz "
                         "(default: host:port of --listen, or host:pid)")
     p.add_argument("--demand-sample", type=float, default=60.0, metavar="SECONDS",
-                   help="the leader samples each pool's demand at most this often (default: %(default)s); the samples "
-                        "go to fleet-spec/demand/ for `fleet plan --what-if` (not with --once)")
+                   help="the leader samples a pool's demand when it changed, at most this often (default: %(default)s) "
+                        "and at least every 15 min; the samples go to fleet-spec/demand/ for `fleet plan --what-if` "
+                        "(not with --once)")
     p.add_argument("--demand-flush", type=float, default=3600.0, metavar="SECONDS",
                    help="commit the demand samples with the next commit, or on their own once the oldest is this old "
                         "(default: %(default)s)")
@@ -109,15 +111,12 @@ def _open_git(args: argparse.Namespace) -> GitStore:
     return GitStore.clone(args.repo, workdir, branch=args.branch)
 
 
-def _standby(git: GitStore, keeper: LeaseKeeper, now: datetime) -> PassResult:
+def _standby(tree: GitFleetTree, store: Any, keeper: LeaseKeeper, memory: PassMemory | None,
+             now: datetime) -> PassResult:
     """A follower's pass: no judging, no writes anyone else sees; only its own clone follows the branch, so the
-    page and status it serves show the records the leader pushed."""
-    notes: tuple[str, ...] = ()
-    try:
-        git.sync()
-    except (GitStoreError, TemporaryGitError) as exc:
-        notes = (f"clone not refreshed (the page shows older records): {exc}",)
-    return PassResult(at=now, standby=_leadership_line(keeper), notes=notes)
+    page and status it serves show the records the leader pushed, and its memory follows the store (flows `follow`):
+    when it takes over, its first pass is a warm one."""
+    return PassResult(at=now, standby=_leadership_line(keeper), notes=follow(tree, store, memory))
 
 
 def _leadership_line(keeper: LeaseKeeper) -> str:
@@ -142,7 +141,7 @@ def _report(result: PassResult, as_json: bool) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
     from reconciler.adapters.store.port import StoreError
-    from reconciler.adapters.stores import is_database_uri, open_store
+    from reconciler.adapters.stores import StoreTargetError, is_database_uri, open_store, shown_target, store_target
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -162,14 +161,19 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"fleet reconcile: --demand-sample must be > 0 and --demand-flush >= 0 seconds, got "
               f"{args.demand_sample:g} and {args.demand_flush:g}", file=sys.stderr)
         return 2
-    replicated = is_database_uri(args.controller_db)
-    if args.listen is None and not replicated and not Path(args.controller_db).is_file():
-        print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
+    try:
+        target = store_target(args.controller_db)
+    except StoreTargetError as exc:
+        print(f"fleet reconcile: --controller-db {exc}", file=sys.stderr)
+        return 2
+    replicated = is_database_uri(target)
+    if args.listen is None and not replicated and not Path(target).is_file():
+        print(f"fleet reconcile: {shown_target(target)}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
         return 1
     try:
         git = _open_git(args)
-        store = open_store(args.controller_db)
+        store = open_store(target)
     except (GitStoreError, TemporaryGitError, StoreError) as exc:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
@@ -182,7 +186,7 @@ def run_command(args: argparse.Namespace) -> int:
     keeper: LeaseKeeper | None = None
     if replicated:
         name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
-        keeper = LeaseKeeper(PostgresLease(str(args.controller_db), timeout_s=min(5.0, args.lease / 3)),
+        keeper = LeaseKeeper(PostgresLease(str(target), timeout_s=min(5.0, args.lease / 3)),
                              holder_id(name), args.lease, poll_s=min(args.lease / 3, args.interval),
                              on_gain=wake.set)
     try:
@@ -196,8 +200,11 @@ def run_command(args: argparse.Namespace) -> int:
             server = _start_controller(store, args.listen, args, surfaces.routes, health=partial(_health, keeper))
             if server is None:
                 return 2
-        # The loop keeps parsed records between passes and re-parses only changed files; one pass has no use for it.
-        record_cache = None if args.once else RecordCache()
+        # The loop keeps parsed records between passes and re-parses only changed files, and what it read of the
+        # store and decided (its memory): each pass reads and judges only what changed or fell due. One pass
+        # (--once) has no use for either.
+        tree = GitFleetTree(git, record_cache=None if args.once else RecordCache())
+        memory = None if args.once else PassMemory()
         # The leader's demand samples (one pass has no tile to measure: --once records none).
         demand = None if args.once else DemandRecorder(resolution_s=args.demand_sample, flush_s=args.demand_flush)
 
@@ -215,10 +222,10 @@ def run_command(args: argparse.Namespace) -> int:
             if keeper is not None:
                 epoch = keeper.term()
                 if epoch is None:  # another replica leads: serve workers, judge and write nothing
-                    return _standby(git, keeper, now)
+                    return _standby(tree, store, keeper, memory, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
-            return run_pass(git, store, now, desired_image_digest=desired, record_cache=record_cache,
-                            directive_sink=store, queue_reader=queue, prices=prices, term=term, demand=demand)
+            return run_pass(tree, store, now, desired_image_digest=desired, directive_sink=store, queue_reader=queue,
+                            prices=prices, term=term, memory=memory, demand=demand)
 
         shown_standby: list[str] = []
 

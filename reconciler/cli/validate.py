@@ -1,4 +1,5 @@
-"""`fleet validate [PATH]`: the PR check for the fleet spec. Every problem, one line each, exit 1."""
+"""`fleet validate [PATH]`: the PR check for the fleet spec and the owned-hosts inventory beside it (hosts.yaml),
+alone and together. Every problem, one line each, exit 1."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from reconciler.adapters.spec_files import check_spec_text
-from reconciler.domain.spec import SpecProblem
+from reconciler.adapters.spec_files import check_hosts_text, check_spec_text, cross_problems, hosts_path
+from reconciler.domain.hosts import OwnedHost
+from reconciler.domain.spec import FleetSpec, SpecProblem
 
 DEFAULT_SPEC = Path("fleet-spec/fleet.yaml")
 
@@ -18,6 +20,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", nargs="?", type=Path, default=DEFAULT_SPEC, help="spec file (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
+
+
+def _check_hosts(spec_path: Path, spec: FleetSpec | None) -> tuple[list[SpecProblem], tuple[OwnedHost, ...] | None]:
+    """The owned-hosts inventory beside the spec, alone and together with the spec (when both parsed)."""
+    path = hosts_path(spec_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        hosts: tuple[OwnedHost, ...] | None = ()
+        problems: list[SpecProblem] = []
+    except (OSError, UnicodeDecodeError) as exc:
+        return [SpecProblem(str(path), "$", f"cannot read: {exc}")], None
+    else:
+        hosts, problems = check_hosts_text(text, str(path))
+    if spec is not None and hosts is not None:
+        problems += cross_problems(spec, hosts, str(spec_path), str(path))
+    return problems, hosts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
             capacity_problems = load_capacity(path)[1]
             problems += capacity_problems
             spec = None if capacity_problems else spec
+        hosts_problems, hosts = _check_hosts(path, spec)
+        problems += hosts_problems
+        if any(p.severity == "error" for p in hosts_problems):
+            spec = None
     errors = [p for p in problems if p.severity == "error"]
     if args.json:
         json.dump({"valid": spec is not None, "problems": [p.to_json() for p in problems]}, sys.stdout, indent=2)
@@ -47,7 +70,14 @@ def run(args: argparse.Namespace) -> int:
             slots = sum(pool.count for pool in spec.pools)
             print(f"{path}: ok: {len(spec.pools)} pool(s), {slots} slot(s)"
                   + (f", {len(problems)} warning(s)" if problems else ""))
+            if hosts:
+                gpus = sum(h.gpu_count for h in hosts)
+                print(f"{hosts_path(path)}: ok: {len(hosts)} owned host(s), {gpus} GPU(s)")
             for pool in spec.pools:
+                if pool.hosts is not None:
+                    serving = [h.name for h in hosts or () if h.serves(pool.gpu_name, pool.hosts) and
+                               h.state == "active"]
+                    print(f"  pool {pool.name}: on owned hosts ({pool.hosts.describe()}): {', '.join(serving)}")
                 if pool.min_count is not None:
                     low, high = pool.bounds
                     print(f"  pool {pool.name}: {low}..{high} slots (autoscaled): up to "

@@ -22,11 +22,9 @@ from reconciler.domain.records import (
 from reconciler.domain.serving import (
     EARLY,
     SERVING_VERDICTS,
-    fleet_heard_again,
-    is_serving,
+    FleetSignals,
     judge_early,
     judge_serving,
-    last_signal,
     with_expiry,
 )
 from reconciler.domain.spec import FleetSpec, PoolSpec
@@ -109,15 +107,18 @@ class PassDecision:
         return tuple(out)
 
 
-def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
-           judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
-           judged_serving_ids: Iterable[str] = (), prices: Mapping[str, float] | None = None) -> PassDecision:
-    """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
+@dataclass(frozen=True)
+class JudgedSets:
+    """What the history says was judged: every judged instance (trailers and records), those judged while serving,
+    and those whose admission passed (from the records)."""
 
-    A benchmark still running may get an early verdict; an instance that passed and serves may get a
-    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers).
-    `prices`: instance -> $/h (the provisioner's slot state, when the leader has it), kept in each entry."""
-    reports = list(reports)
+    judged: frozenset[str]
+    serving: frozenset[str]
+    passed: frozenset[str]
+
+
+def judged_sets(records: RecordSet, judged_instance_ids: Iterable[str],
+                judged_serving_ids: Iterable[str] = ()) -> JudgedSets:
     judged = set(judged_instance_ids)
     judged_serving = set(judged_serving_ids)
     passed: set[str] = set()
@@ -126,9 +127,26 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         judged.update(rec_judged)
         judged_serving.update(rec_serving)
         passed.update(rec_passed)
-    # Newest signal first, for `judge_serving`'s "anyone heard from since?": only once an instance serves.
-    signals: list[tuple[datetime, str]] | None = None
-    heard: dict[str, datetime] = {}  # each instance's newest signal, with `signals`
+    return JudgedSets(frozenset(judged), frozenset(judged_serving), frozenset(passed))
+
+
+def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
+           judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
+           judged_serving_ids: Iterable[str] = (), fleet: FleetSignals | None = None,
+           sets: JudgedSets | None = None, prices: Mapping[str, float] | None = None) -> PassDecision:
+    """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
+
+    A benchmark still running may get an early verdict; an instance that passed and serves may get a
+    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers).
+
+    `fleet`: when the controller last heard every worker, for the serving verdicts (None: from `reports`; the warm
+    pass judges a few reports against the whole fleet's signals). `sets`: `judged_sets` of these inputs when the
+    caller has them already. `prices`: instance -> $/h (the provisioner's slot state, when the leader has it), kept
+    in each entry (a replay's price-cap check reads it)."""
+    reports = list(reports)
+    sets = sets or judged_sets(records, judged_instance_ids, judged_serving_ids)
+    judged, judged_serving, passed = sets.judged, sets.serving, sets.passed
+    fleet = fleet or FleetSignals(reports)
     lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
     fleet_back: tuple[datetime | None] | None = None  # (`fleet_heard_again`,) once computed
     machines: dict[str, MachineRecord] = dict(records.machines)
@@ -160,17 +178,11 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             if serving:
                 others = None
                 if report.first("serve", "started") is not None:  # else judge_serving never reads it
-                    if signals is None:
-                        signals = sorted(((last_signal(r), r.instance_id) for r in reports), reverse=True)
-                        heard = {i: t for t, i in signals}
-                    if fleet_back is None and now - heard[report.instance_id] > lost_after:
+                    if fleet_back is None and now - fleet.heard(report.instance_id) > lost_after:
                         # Only when a serving worker has been silent that long: the fleet's signals since the
                         # oldest such silence began (judged ones are never judged again: not counted).
-                        silent = [heard[r.instance_id] for r in reports if is_serving(r)
-                                  and r.instance_id not in judged_serving and now - heard[r.instance_id] > lost_after]
-                        fleet_back = (fleet_heard_again(reports, lost_after,
-                                                        min(silent, default=heard[report.instance_id])),)
-                    others = next((t for t, i in signals if i != report.instance_id), None)
+                        fleet_back = (fleet.heard_again(report.instance_id, now, lost_after, judged_serving),)
+                    others = fleet.newest_except(report.instance_id)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others,
                                         fleet_back=fleet_back[0] if fleet_back else None)
             else:
@@ -220,7 +232,7 @@ def guard_and_record(spec: FleetSpec, records: RecordSet, candidates: Sequence[V
                                                                          list[str]]:
     """The judged verdicts (each with a checked machine id) through the circuit breaker and the kill budget, then
     into their machines' records (expiry and probation stamped): the guards' outcome, the changed records and the
-    notes. `decide` ends with it; `domain.whatif` replays recorded verdicts through it.
+    notes. `decide` ends with it; `domain.replay` replays recorded verdicts through it.
 
     `prices`: instance -> $/h it was rented at (when the leader knows it): kept in the record entry."""
     guarded = apply_guards(spec, records, candidates, now)

@@ -78,6 +78,9 @@ class OfferQuery:
     verified_only: bool = True
     exclude_machine_ids: frozenset[str] = frozenset()
     limit: int = 64
+    #: True: the pool runs on owned hosts (offers of the `hosts` adapter) carrying every one of `host_labels`.
+    owned_hosts: bool = False
+    host_labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class Offer:
     cuda_max_good: float = 0.0
     verified: bool = True
     geolocation: str | None = None
+    #: One GPU of an owned host (the `hosts` adapter), not a marketplace rental; `labels` are the host's.
+    owned: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 class OfferList(list[Offer]):

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from reconciler.domain.hosts import excluded_by_hosts, host_of_machine
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import ImageSuspectRecord, RecordSet
 from reconciler.domain.spec import FleetSpec, PoolSpec
@@ -262,7 +263,9 @@ def replace_reason(machine_id: str, image_digest: str | None, status: str, bad_m
     if by_status is not None:
         return by_status
     if machine_id in set(bad_machine_ids):
-        return REASON_MACHINE_BAD, f"machine {machine_id} is recorded bad"
+        host = host_of_machine(machine_id)
+        return REASON_MACHINE_BAD, (f"machine {machine_id} is recorded bad" if host is None else
+                                    f"GPU {machine_id} (host {host}) is recorded bad or its host is banned")
     if desired_digest is not None and image_digest != desired_digest:
         return REASON_IMAGE_CHANGED, f"image {short_digest(image_digest)} -> {short_digest(desired_digest)}"
     return None
@@ -279,6 +282,8 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
          now: datetime) -> SlotPlan:
     """The actions that make `observed` match `spec`, given the records and the desired image digest."""
     bad = records.bad_machine_ids(now)  # expired records are on probation: their machines may be rented
+    # A host banned by a PR (fleet-spec/hosts.yaml state: banned): every GPU of it, as if each were banned.
+    bad = bad | excluded_by_hosts(spec.hosts, (s.machine_id for s in observed.values()))
     wanted = desired_slots(spec)
     pauses = {p.name: pause for p in spec.pools if (pause := pool_pause(p.name, records, desired_digest))}
     actions: list[SlotAction] = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from reconciler.domain.hosts import labels_match
 from reconciler.domain.marketplace import Offer, OfferQuery
 from reconciler.domain.spec import PoolSpec
 from reconciler.domain.workload import ram_need
@@ -55,6 +56,8 @@ def offer_query(pool: PoolSpec, bad_machine_ids: Iterable[str], limit: int = 64)
         verified_only=pool.verified_only,
         exclude_machine_ids=frozenset(str(m) for m in bad_machine_ids),
         limit=limit,
+        owned_hosts=pool.hosts is not None,
+        host_labels=tuple(sorted(pool.hosts.labels.items())) if pool.hosts is not None else (),
     )
 
 
@@ -70,6 +73,8 @@ class FitRule:
     misfit: Callable[[Offer, OfferQuery], str | None]
     wants: Callable[[OfferQuery], str | None]
     shortfall: Callable[[OfferQuery], str]
+    #: A marketplace's own statistic (reliability, verification, ...): owned hosts are not measured by it.
+    markets_only: bool = False
 
 
 def _miss(ok: bool, reason: str) -> str | None:
@@ -80,6 +85,16 @@ def _miss(ok: bool, reason: str) -> str | None:
 #: pre-filter on their own raw fields (vast's search body, a host's free GPUs); fit is decided here, once, by the
 #: slot provider (`rank_offers`), for every backend: a constraint added here binds them all.
 FIT_RULES: tuple[FitRule, ...] = (
+    FitRule("placement",
+            lambda o, q: _miss(o.owned == q.owned_hosts, "a GPU of an owned host, the pool rents" if o.owned
+                               else "a rented machine, the pool runs on owned hosts"),
+            lambda q: "owned hosts" if q.owned_hosts else None,
+            lambda q: "rented machines (the pool runs on owned hosts)" if q.owned_hosts else "on owned hosts"),
+    FitRule("host_labels",
+            lambda o, q: _miss(labels_match(dict(o.labels), dict(q.host_labels)),
+                               f"host labels {_labels(o.labels)} lack {_labels(q.host_labels)}"),
+            lambda q: f"host labels {_labels(q.host_labels)}" if q.host_labels else None,
+            lambda q: f"on hosts without labels {_labels(q.host_labels)}"),
     FitRule("excluded",
             lambda o, q: _miss(o.machine_id not in q.exclude_machine_ids, f"machine {o.machine_id} is recorded bad"),
             lambda q: None, lambda q: "on machines recorded bad (excluded)"),
@@ -95,12 +110,13 @@ FIT_RULES: tuple[FitRule, ...] = (
     FitRule("reliability",
             lambda o, q: _miss(o.reliability >= q.min_reliability,
                                f"reliability {o.reliability} below {q.min_reliability}"),
-            lambda q: f"reliability >= {q.min_reliability}", lambda q: f"below reliability {q.min_reliability}"),
+            lambda q: f"reliability >= {q.min_reliability}", lambda q: f"below reliability {q.min_reliability}",
+            markets_only=True),
     FitRule("inet_down",
             lambda o, q: _miss(o.inet_down_mbps >= q.min_inet_down_mbps,
                                f"inet_down {o.inet_down_mbps} Mbps below {q.min_inet_down_mbps}"),
             lambda q: f"inet_down >= {q.min_inet_down_mbps} Mbps",
-            lambda q: f"below inet_down {q.min_inet_down_mbps} Mbps"),
+            lambda q: f"below inet_down {q.min_inet_down_mbps} Mbps", markets_only=True),
     FitRule("disk", lambda o, q: _miss(o.disk_gb >= q.min_disk_gb, f"disk {o.disk_gb} GB below {q.min_disk_gb}"),
             lambda q: f"disk >= {q.min_disk_gb:g} GB", lambda q: f"below disk {q.min_disk_gb:g} GB"),
     FitRule("host_ram",
@@ -108,15 +124,18 @@ FIT_RULES: tuple[FitRule, ...] = (
                                f"host RAM {o.cpu_ram_gb} GB below {q.min_cpu_ram_gb}"),
             lambda q: f"host RAM >= {q.min_cpu_ram_gb:g} GB", lambda q: f"below host RAM {q.min_cpu_ram_gb:g} GB"),
     FitRule("cuda", lambda o, q: _miss(o.cuda_max_good >= q.min_cuda, f"CUDA {o.cuda_max_good} below {q.min_cuda}"),
-            lambda q: f"CUDA >= {q.min_cuda}", lambda q: f"below CUDA {q.min_cuda}"),
+            lambda q: f"CUDA >= {q.min_cuda}", lambda q: f"below CUDA {q.min_cuda}", markets_only=True),
     FitRule("verified", lambda o, q: _miss(o.verified or not q.verified_only, "host not verified"),
-            lambda q: "verified hosts only" if q.verified_only else None, lambda q: "on unverified hosts"),
+            lambda q: "verified hosts only" if q.verified_only else None, lambda q: "on unverified hosts",
+            markets_only=True),
 )
 
 
 def misfit(offer: Offer, query: OfferQuery) -> tuple[FitRule, str] | None:
     """The first rule `offer` breaks and why, or None when it fits `query`."""
     for rule in FIT_RULES:
+        if rule.markets_only and offer.owned:
+            continue
         why = rule.misfit(offer, query)
         if why is not None:
             return rule, why
@@ -131,7 +150,12 @@ def mismatch(offer: Offer, query: OfferQuery) -> str | None:
 
 def describe_wants(query: OfferQuery) -> str:
     """Everything `query` asks, in the rules' words: "gpu RTX 4090 x1, <= $0.6/h, reliability >= 0.98, ..."."""
-    return ", ".join(w for rule in FIT_RULES if (w := rule.wants(query)) is not None)
+    return ", ".join(w for rule in FIT_RULES if not (rule.markets_only and query.owned_hosts)
+                     and (w := rule.wants(query)) is not None)
+
+
+def _labels(labels: Iterable[tuple[str, str]]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels)) or "(none)"
 
 
 def expected_rate(offer: Offer, measured: Mapping[str, float], priors: Mapping[str, float]) -> tuple[float | None, str]:

@@ -43,7 +43,7 @@ from reconciler.domain.demand import DemandSample
 from reconciler.domain.judging import guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.planner import pool_pause
-from reconciler.domain.records import BadMachine, BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet
 from reconciler.domain.serving import EARLY, SERVING_VERDICTS, judge_early
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import HELD_BY_KILL_BUDGET, Verdict, judge
@@ -362,18 +362,14 @@ class ReplayRecords:
 
     def view(self, now: datetime, machine_ids: Iterable[str], breaker_hours: float,
              kill_hours: float) -> RecordSet:
-        """What the guards read at `now` for verdicts on `machine_ids`: the records of those machines and of every
-        machine with a counting failure in the breaker's window, every bad mark within reach of the kill budget's
-        window, the image records."""
+        """What the guards read at `now` for verdicts on `machine_ids`: the records of those machines, of every
+        machine with a counting failure in the breaker's window and of every machine marked bad within reach of
+        the kill budget's window (the others cannot change what `apply_guards` decides), and the image records."""
         since = now - timedelta(hours=breaker_hours)
         i = bisect.bisect_left(self._failures, (since, ""))
         wanted = {m for _, m in self._failures[i:]} | set(machine_ids)
-        subset = {m: self.machines[m] for m in wanted if m in self.machines}
-        marks = self.marks_since(now - timedelta(hours=kill_hours))
-        bad = [BadMachine.of(r) for _, r in sorted(subset.items()) if r.is_bad]
-        return RecordSet.with_views(subset, dict(self.images), (), frozenset(),
-                                    bad_machine_ids=frozenset(b.machine_id for b in bad), perf={}, status_counts={},
-                                    bad_marks=lambda: marks, bad_machines=lambda: bad)
+        wanted |= {m for m, _, _ in self.marks_since(now - timedelta(hours=kill_hours))}
+        return RecordSet({m: self.machines[m] for m in sorted(wanted) if m in self.machines}, dict(self.images))
 
     def excluded(self, machine_id: str, now: datetime) -> bool:
         rec = self.machines.get(machine_id)

@@ -23,10 +23,11 @@ marketplace unless the worker's last words carry a signature (e.g. an Xid: machi
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -163,6 +164,11 @@ def _ago(now: datetime, then: datetime) -> str:
     return f"{s}s ago" if s < 120 else f"{s // 60} min ago" if s < 7200 else f"{s // 3600} h ago"
 
 
+def health_reach(settings: ServingSettings) -> timedelta:
+    """How far back from the newest heartbeat `serving_health` reads (the heartbeats that can matter)."""
+    return timedelta(minutes=settings.degraded_after_minutes + 2 * settings.heartbeat_minutes + settings.window_minutes)
+
+
 def serving_health(report: InstanceReport, pool: PoolSpec, settings: ServingSettings) -> ServingHealth:
     """Rolling rate at the newest heartbeat, and since when it has been below the threshold.
 
@@ -172,7 +178,7 @@ def serving_health(report: InstanceReport, pool: PoolSpec, settings: ServingSett
     in the history. `below_since` therefore reaches back at most that far."""
     window = timedelta(minutes=settings.window_minutes)
     period = timedelta(minutes=settings.degraded_after_minutes + settings.heartbeat_minutes)
-    beats = heartbeats(report, reach=period + window + timedelta(minutes=settings.heartbeat_minutes))
+    beats = heartbeats(report, reach=health_reach(settings))
     threshold = pool.min_rate_proofs_per_hour * (1 - settings.degraded_margin)
     rate = None
     below_since: datetime | None = None
@@ -235,6 +241,47 @@ def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta, sin
         if newer > since and newer - older > silence:
             back = newer
     return back
+
+
+class FleetSignals:
+    """When the controller last heard each worker of the fleet: what `judge_serving` needs to know of the others
+    ("anyone heard from since?", "when was the fleet heard again after an outage?").
+
+    Built from every report (`decide` builds it from the reports it judges when given none); the leader's warm
+    pass keeps each worker's last signal between passes and builds it from those (`last_heard`), so judging the
+    few instances that changed does not walk every report's events. Each answer is worked out on first use."""
+
+    def __init__(self, reports: Sequence[InstanceReport], last_heard: Mapping[str, datetime] | None = None) -> None:
+        self.reports = reports
+        self._heard = dict(last_heard) if last_heard is not None else None
+        self._newest: list[tuple[datetime, str]] | None = None
+        self._back: dict[tuple[datetime, timedelta], datetime | None] = {}
+
+    def last_heard(self) -> Mapping[str, datetime]:
+        """Every worker's newest signal (`last_signal`), by instance id."""
+        if self._heard is None:
+            self._heard = {r.instance_id: last_signal(r) for r in self.reports}
+        return self._heard
+
+    def heard(self, instance_id: str) -> datetime:
+        return self.last_heard()[instance_id]
+
+    def newest_except(self, instance_id: str) -> datetime | None:
+        """The newest signal of any OTHER worker (`judge_serving`'s `fleet_last_signal`)."""
+        if self._newest is None:
+            self._newest = heapq.nlargest(2, ((t, i) for i, t in self.last_heard().items()))
+        return next((t for t, i in self._newest if i != instance_id), None)
+
+    def heard_again(self, instance_id: str, now: datetime, silence: timedelta,
+                    judged_serving: Collection[str]) -> datetime | None:
+        """`fleet_heard_again` from the oldest silence of a serving worker not judged yet (this one's when none is
+        silent that long): worked out once per pass, at the first silent worker judged."""
+        key = (now, silence)
+        if key not in self._back:
+            silent = [self.heard(r.instance_id) for r in self.reports if is_serving(r)
+                      and r.instance_id not in judged_serving and now - self.heard(r.instance_id) > silence]
+            self._back[key] = fleet_heard_again(self.reports, silence, min(silent, default=self.heard(instance_id)))
+        return self._back[key]
 
 
 def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime, *,
@@ -505,7 +552,7 @@ def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: 
     """Per live instance: stop once any verdict on it failed (or its machine is excluded), serve once its
     admission passed, else wait. A banned machine's instance stops whatever its benchmark says, judged or
     not (its machine id is the provisioner's claim, checked at registration). Recomputed from the records
-    every pass (crash-safe, idempotent)."""
+    every pass (crash-safe, idempotent); the warm pass recomputes only the instances it must (domain/due.py)."""
     entries: dict[str, list[BenchmarkEntry]] = {}
     machine_of: dict[str, MachineRecord] = {}
     for rec in records.machines.values():
@@ -513,31 +560,35 @@ def directives(reports: Iterable[InstanceReport], records: RecordSet, settings: 
             entries.setdefault(b.instance_id, []).append(b)
             machine_of[b.instance_id] = rec
     out: dict[str, Directive] = {}
-    hb = settings.heartbeat_minutes * 60.0
     for report in reports:
         if report.destroyed_at is not None:
             continue
-        mine = entries.get(report.instance_id, [])
-        # A serving verdict held by a guard (kill budget) keeps the machine serving: stopping it would leave
-        # the slot idle without a replacement. A failed admission never serves.
-        failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)),
-                       None)
         machine = machine_of.get(report.instance_id) or (
             records.machines.get(report.machine_id) if report.machine_id is not None else None)
-        standing = machine.standing(now) if machine is not None else None
-        if machine is not None and standing is not None and standing.state == "banned":
-            out[report.instance_id] = Directive(report.instance_id, "stop",
-                                                f"machine {machine.machine_id}: {standing.detail}", machine.status, hb)
-        elif failing is not None:
-            out[report.instance_id] = Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
-        elif machine is not None and standing is not None and standing.excluded and mine:
-            out[report.instance_id] = Directive(report.instance_id, "stop",
-                                                f"machine {machine.machine_id}: {standing.detail}", machine.status, hb)
-        elif mine:
-            out[report.instance_id] = Directive(report.instance_id, "serve", mine[-1].reason, mine[-1].verdict, hb)
-        else:
-            out[report.instance_id] = Directive(report.instance_id, "wait", "benchmark not judged yet", None, hb)
+        out[report.instance_id] = directive_for(report, entries.get(report.instance_id, []), machine, settings, now)
     return out
+
+
+def directive_for(report: InstanceReport, mine: Sequence[BenchmarkEntry], machine: MachineRecord | None,
+                  settings: ServingSettings, now: datetime) -> Directive:
+    """One live instance's directive: `mine`, the record entries naming it (in the records' order); `machine`, the
+    last record naming it, else its own machine's record."""
+    hb = settings.heartbeat_minutes * 60.0
+    # A serving verdict held by a guard (kill budget) keeps the machine serving: stopping it would leave
+    # the slot idle without a replacement. A failed admission never serves.
+    failing = next((b for b in reversed(mine) if b.verdict != "ok" and (b.stage != "serving" or b.marks_bad)), None)
+    standing = machine.standing(now) if machine is not None else None
+    if machine is not None and standing is not None and standing.state == "banned":
+        return Directive(report.instance_id, "stop", f"machine {machine.machine_id}: {standing.detail}",
+                         machine.status, hb)
+    if failing is not None:
+        return Directive(report.instance_id, "stop", failing.reason, failing.verdict, hb)
+    if machine is not None and standing is not None and standing.excluded and mine:
+        return Directive(report.instance_id, "stop", f"machine {machine.machine_id}: {standing.detail}",
+                         machine.status, hb)
+    if mine:
+        return Directive(report.instance_id, "serve", mine[-1].reason, mine[-1].verdict, hb)
+    return Directive(report.instance_id, "wait", "benchmark not judged yet", None, hb)
 
 
 # --- expiry and probation --------------------------------------------------------------------------------

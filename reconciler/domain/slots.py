@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.domain import errors
+from reconciler.domain.hosts import excluded_by_hosts
 from reconciler.domain.marketplace import Offer, OfferQuery
 from reconciler.domain.planner import (
     REASON_IMAGE_CHANGED,
@@ -392,7 +393,8 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
     prior = spec.prior_proofs_per_hour(pool.gpu_name)
     return SlotInputs(
         slot=slot, pool=pool, image=image, image_digest=image_digest, controller_url=spec.controller.url,
-        params=spec.params, bad_machine_ids=records.bad_machine_ids(now), measured=measured,
+        params=spec.params, bad_machine_ids=records.bad_machine_ids(now) | excluded_by_hosts(spec.hosts),
+        measured=measured,
         priors={pool.gpu_name: prior} if prior is not None else {},
         paused_reason=pause.describe() if pause else None, params_dir=params_dir, label_prefix=spec.label_prefix,
         max_total_dph=spec.max_total_dph, draining=draining)
@@ -471,9 +473,10 @@ def describe_constraints(pool: PoolSpec) -> str:
 
 
 def broad_query(pool: PoolSpec, limit: int = 200) -> OfferQuery:
-    """The pool's GPU model and count only: what the market has at all, to say what a failed search lacked."""
+    """The pool's GPU model and count only (and where it runs: owned hosts or the market): what there is at all,
+    to say what a failed search lacked."""
     return OfferQuery(gpu_name=pool.gpu_name, num_gpus=pool.gpus_per_instance, max_price_usd_per_hour=1e9,
-                      min_reliability=0.0, verified_only=False, limit=limit)
+                      min_reliability=0.0, verified_only=False, limit=limit, owned_hosts=pool.hosts is not None)
 
 
 def describe_shortfall(pool: PoolSpec, bad_machine_ids: frozenset[str], offers: Iterable[Offer]) -> str:

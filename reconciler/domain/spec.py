@@ -13,6 +13,7 @@ from typing import Any
 
 from reconciler.domain import errors
 from reconciler.domain.gpus import GPU_PRIOR_PROOFS_PER_HOUR
+from reconciler.domain.hosts import HostSelector, OwnedHost
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,9 @@ class PoolSpec:
     draining: tuple[str, ...] = ()
     #: What capacity.yaml says the leader wants (None: no decision yet); count - desired slots are draining.
     desired_count: int | None = None
+    #: Set: the pool runs on owned Docker hosts (fleet-spec/hosts.yaml) picked by GPU model and these labels,
+    #: one GPU per slot; None: it rents from the marketplace.
+    hosts: HostSelector | None = None
 
     @property
     def autoscaled(self) -> bool:
@@ -250,6 +254,8 @@ class FleetSpec:
     #: Fleet spend cap, $/hour over all pools (None: no cap).
     max_total_dph: float | None = None
     notifications: NotificationSettings = field(default_factory=NotificationSettings)
+    #: Owned Docker hosts (fleet-spec/hosts.yaml beside the spec; empty without that file).
+    hosts: tuple[OwnedHost, ...] = ()
     source: str = "<memory>"
     warnings: tuple[SpecProblem, ...] = ()
 

@@ -12,12 +12,11 @@ provisioner's slot state showed (`known_prices`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 
-from reconciler.adapters.demand_files import day_path, last_sample_at, merged_day, stale_days
+from reconciler.adapters.demand_files import DEMAND_DIR, day_path, last_sample_at, merged_day, stale_days
 from reconciler.adapters.git import FileChange
 from reconciler.domain.capacity import CapacityDecision
 from reconciler.domain.demand import MAX_TILE_S, DemandSample, pool_sample
@@ -61,17 +60,18 @@ class DemandRecorder:
     def pending(self) -> tuple[DemandSample, ...]:
         return tuple(self._pending)
 
-    def take(self, spec: FleetSpec, spec_dir: Path, reports: Sequence[InstanceReport], records: RecordSet,
-             capacity: Sequence[CapacityDecision], exhausted: Sequence[str], prices: Mapping[str, float],
-             desired_image_digest: str | None, now: datetime) -> tuple[DemandSample, ...]:
-        """This pass's samples (the recorder itself is unchanged until `done`: a retried build takes them again)."""
+    def take(self, spec: FleetSpec, read: Callable[[str], str | None], reports: Sequence[InstanceReport],
+             records: RecordSet, capacity: Sequence[CapacityDecision], exhausted: Sequence[str],
+             prices: Mapping[str, float], desired_image_digest: str | None, now: datetime) -> tuple[DemandSample, ...]:
+        """This pass's samples (the recorder itself is unchanged until `done`: a retried build takes them again).
+        `read`: a file of the spec directory at the pass's tip (where a new leader finds the last sample)."""
         decided = {d.pool: d for d in capacity}
         out = []
         for pool in spec.pools:
             decision = decided.get(pool.name)
             last = self._last.get(pool.name)
             if last is None:
-                last = last_sample_at(spec_dir, pool.name, now)
+                last = last_sample_at(read, pool.name, now)
                 if last is not None:
                     self._last[pool.name] = last
             gap = (now - last).total_seconds() if last is not None else None
@@ -94,10 +94,11 @@ class DemandRecorder:
             out.append(sample)
         return tuple(out)
 
-    def changes(self, spec_dir: Path, spec_dir_name: str, taken: Sequence[DemandSample], now: datetime, *,
-                committing: bool) -> tuple[FileChange, ...]:
+    def changes(self, read: Callable[[str], str | None], names: Callable[[str], list[str]], spec_dir: str,
+                taken: Sequence[DemandSample], now: datetime, *, committing: bool) -> tuple[FileChange, ...]:
         """The day files (and the deletions of files past the retention) to commit with this pass: when the pass
-        commits anyway, or once the oldest uncommitted sample is `flush_s` old; else nothing."""
+        commits anyway, or once the oldest uncommitted sample is `flush_s` old; else nothing. `read`/`names`: a
+        file, the files of a directory, of the spec directory `spec_dir` at the pass's tip."""
         samples = [*self._pending, *taken]
         if not samples:
             return ()
@@ -106,13 +107,10 @@ class DemandRecorder:
         by_file: dict[str, list[DemandSample]] = {}
         for s in samples:
             by_file.setdefault(day_path(s.pool, s.at.date()), []).append(s)
-        out = []
-        for rel, new in sorted(by_file.items()):
-            path = spec_dir / rel
-            existing = path.read_text(encoding="utf-8") if path.is_file() else None
-            out.append(FileChange(f"{spec_dir_name}/{rel}", merged_day(existing, new[0].pool, rel, new)))
+        out = [FileChange(f"{spec_dir}/{rel}", merged_day(read(rel), new[0].pool, rel, new))
+               for rel, new in sorted(by_file.items())]
         keep_from = (now - timedelta(days=self.keep_days)).date()
-        out += [FileChange(f"{spec_dir_name}/{rel}", None) for rel in stale_days(spec_dir, keep_from)]
+        out += [FileChange(f"{spec_dir}/{rel}", None) for rel in stale_days(names(DEMAND_DIR), keep_from)]
         return tuple(out)
 
     def done(self, taken: Sequence[DemandSample], *, flushed: bool) -> None:

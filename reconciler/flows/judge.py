@@ -1,8 +1,21 @@
-"""The reconcile pass: load (spec + records from git, reports from the controller store) -> decide -> apply.
+"""The reconcile pass as named steps: observe -> load -> evidence -> decide -> capacity -> directives -> publish.
 
-`reconciler.domain.judging.decide` is pure; `run_pass` is the shell: it reads the reports through the
-`ReportSource` port, then hands `GitStore.publish` a build function that loads the spec and records of the
-freshly synced tree and decides on THAT tree (so a human's pardon merged a second ago is respected).
+Each step is a function with a typed input and result (Flux's ordered sub-reconcilers); `run_pass` runs them in
+order and writes one summary, the `PassResult`, once. The decisions inside the steps are pure and take `now`
+(`domain.judging.decide`, `domain.capacity.decide_all`, `domain.serving.directives`).
+
+- observe: the worker reports, from the controller store (the `ReportSource` port), before the tree is synced;
+- load: spec, records, capacity entries and what the history already judged, from the fleet tree (the
+  `FleetTree` port, a unit of work as cosmicpython's: `adapters.fleet_tree.GitFleetTree` over git, a fake in
+  tests). The tree calls back with a `FleetTreeView` of its freshly synced tip, so a human's pardon merged a
+  second ago is respected; after a refused push it syncs again and the steps run again on the new tip;
+- evidence: the instances about to be judged get their whole stored log ring instead of the report's tail;
+- decide: verdicts, record changes, breaker and kill budget (`domain.judging.decide`);
+- capacity: the autoscaled pools' counts (`domain.capacity.decide_all`) and the new capacity.yaml;
+- demand (a thin hook on capacity, the leader only): each pool's demand sample for `fleet plan --what-if`
+  (`flows.demand.DemandRecorder`), committed with the pass;
+- directives: what each live worker is told (serve, stop, wait, drain);
+- publish: the commit (records + capacity.yaml) pushed by the tree, then the directives stored.
 """
 
 from __future__ import annotations
@@ -10,28 +23,36 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from pathlib import Path
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
-from reconciler.adapters.capacity_files import CAPACITY_FILE, load_capacity, render_capacity
+from reconciler.adapters.capacity_files import CAPACITY_FILE, render_capacity
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
-from reconciler.adapters.record_files import RecordCache, render_image_record, render_machine_record
-from reconciler.adapters.record_index import load_for_pass
-from reconciler.adapters.spec_files import load_spec
+from reconciler.adapters.record_files import render_image_record, render_machine_record
 from reconciler.domain import errors
 from reconciler.domain.capacity import (
     CapacityDecision,
+    CapacityEntry,
     QueueSnapshot,
     capacity_json,
     capacity_summary,
     capacity_trailers,
     decide_all,
 )
+from reconciler.domain.demand import DemandSample
+from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
-from reconciler.domain.judging import INSTANCE_TRAILER, SERVING_TRAILER, PassDecision, awaiting_evidence, decide
+from reconciler.domain.judging import (
+    INSTANCE_TRAILER,
+    SERVING_TRAILER,
+    JudgedSets,
+    PassDecision,
+    awaiting_evidence,
+    judged_sets,
+)
 from reconciler.domain.leadership import LeaseLost, leader_trailer
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.planner import pool_pause
@@ -42,13 +63,16 @@ from reconciler.domain.records import (
     RecordSet,
 )
 from reconciler.domain.redact import redact_line, redact_lines
-from reconciler.domain.serving import directives
+from reconciler.domain.serving import FleetSignals, last_signal
 from reconciler.domain.spec import FleetSpec, QueueSource, SpecError
 from reconciler.domain.verdict import Verdict
 from reconciler.flows.demand import DemandRecorder, demand_trailers
 
 SPEC_DIR = "fleet-spec"
 SPEC_FILE = f"{SPEC_DIR}/fleet.yaml"
+
+
+# --- ports ---------------------------------------------------------------------------------------------
 
 
 class ReportSource(Protocol):
@@ -65,6 +89,29 @@ class LogRingSource(Protocol):
     def log_rings(self, instance_ids: Sequence[str]) -> Mapping[str, Sequence[str]]: ...
 
 
+class StoreChanges(Protocol):
+    """A change feed's answer (adapters/store `StoreChanges`)."""
+
+    @property
+    def sequence(self) -> int: ...
+
+    @property
+    def instance_ids(self) -> Sequence[str]: ...
+
+    @property
+    def complete(self) -> bool: ...
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """A report source that keeps a change sequence (both controller stores, `ControllerStore.changes_since`): a
+    warm pass reads the reports of the instances written to since the sequence its memory holds, not all of them."""
+
+    def changes_since(self, since: int) -> StoreChanges: ...
+
+    def reports_of(self, instance_ids: Sequence[str]) -> Sequence[InstanceReport]: ...
+
+
 class DirectiveSink(Protocol):
     """Where the directives for workers go (the controller store; workers read them over HTTP)."""
 
@@ -72,13 +119,47 @@ class DirectiveSink(Protocol):
                        fence: Callable[[Any], None] | None = None) -> int: ...
 
 
-class RecordPublisher(Protocol):
-    """What the loop needs from git (implemented by `reconciler.adapters.git.GitStore`)."""
+class FleetTreeView(Protocol):
+    """The fleet tree at the tip the pass works on. Each read raises what its adapter raises: `spec()` a
+    SpecError for a spec a human must fix (the pass stalls); the others only on a broken clone."""
 
-    def publish(self, build: Callable[[Path], CommitRequest | None], *,
+    #: The spec directory inside the repository (`fleet-spec`): where the files a commit writes go.
+    spec_dir: str
+
+    def spec(self) -> FleetSpec: ...
+
+    def records(self) -> RecordSet: ...
+
+    def capacity(self) -> Mapping[str, CapacityEntry]: ...
+
+    def trailer_values(self, key: str) -> frozenset[str]: ...
+
+    def text(self, path: str) -> str | None:
+        """A file under `spec_dir` at this tip (None: there is none): the demand recorder's day files."""
+        ...
+
+    def names(self, directory: str) -> list[str]:
+        """The files under `spec_dir`/`directory` at this tip, as paths relative to `spec_dir`."""
+        ...
+
+
+class FleetTree(Protocol):
+    """The fleet repository as one pass's unit of work (`adapters.fleet_tree.GitFleetTree`; a fake in tests).
+
+    `publish` brings the tree to the branch tip, calls `build` with a view of it, and commits and pushes the
+    request `build` returns (nothing for None: no empty commits). When the push is refused it brings the tree to
+    the new tip and calls `build` again, so the change is recomputed over a human's edit, never rebased blindly
+    over it. `before_push` runs right before each push (a replica's lease check) and may raise to push nothing.
+    Raises TemporaryGitError (retry next pass), GitStoreError (stall) or what `before_push` raised."""
+
+    def publish(self, build: Callable[[FleetTreeView], CommitRequest | None], *,
                 before_push: Callable[[], None] | None = None) -> PublishResult: ...
 
-    def trailer_values(self, key: str) -> set[str]: ...
+
+class QueueReader(Protocol):
+    """curio's task queue (adapters.curio_queue.CurioQueue); failures come back as the snapshot's error."""
+
+    def read(self, source: QueueSource) -> QueueSnapshot: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +175,7 @@ class LeaderTerm:
     store_fence: Callable[[Any], None] | None = None
 
 
-# --- the pass (shell) -----------------------------------------------------------------------------------
+# --- the summary ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -110,7 +191,7 @@ class PassResult:
     notes: tuple[str, ...] = ()
     stalled: str | None = None  # permanent: bad spec, unusable clone; a human must act
     observation_error: str | None = None  # the controller store failed: nothing judged
-    error: str | None = None  # temporary: fetch/push failed; the next pass retries
+    error: str | None = None  # temporary: fetch/push failed, or the lease was lost (`not-leader: ...`); retried
     reason: str | None = None  # the error taxonomy's reason constant when the pass did not finish
     image_records: tuple[ImageSuspectRecord, ...] = ()  # image-suspect records this pass wrote
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
@@ -134,7 +215,7 @@ class PassResult:
         if self.observation_error:
             return f"observation failed, nothing judged: {self.observation_error}"
         if self.error:
-            return f"will retry: {self.error}"
+            return self.error if self.reason == errors.LEASE_LOST else f"will retry: {self.error}"
         recorded = [v for v in self.verdicts if v.machine_id]
         if self.commit:
             return f"committed {self.commit[:12]}: {len(recorded)} verdict(s); {len(self.pending)} pending"
@@ -174,6 +255,246 @@ class PassResult:
         }
 
 
+
+# --- the steps and their results -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Halted:
+    """A step that could not go on: the pass judges and writes nothing. `stalled`: permanent (a human must act:
+    a bad spec); otherwise the observation failed and the next pass tries again."""
+
+    reason: str
+    message: str
+    stalled: bool = False
+
+    def result(self, at: datetime, attempts: int = 0) -> PassResult:
+        if self.stalled:
+            return PassResult(at=at, stalled=self.message, reason=self.reason, attempts=attempts)
+        return PassResult(at=at, observation_error=self.message, reason=self.reason, attempts=attempts)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """observe: every worker report (by instance id), read before the tree is synced. `changed`: the instances
+    written to since the pass whose state `memory` holds (None: every one is new to this pass: no memory, a
+    restart, a new leader, a source without a change sequence); `sequence`: the store's change sequence that
+    covers (None without one)."""
+
+    reports: Mapping[str, InstanceReport]
+    changed: frozenset[str] | None = None
+    sequence: int | None = None
+
+    @classmethod
+    def of(cls, reports: Iterable[InstanceReport]) -> Observed:
+        """Every report new to the pass (a full read)."""
+        return cls(_by_id(reports))
+
+    @cached_property
+    def all(self) -> tuple[InstanceReport, ...]:
+        return tuple(self.reports.values())
+
+
+def observe(source: ReportSource, memory: PassMemory | None = None) -> Observed | Halted:
+    """The reports. With a memory and a store that keeps a change sequence (`ChangeFeed`), only the instances
+    written to since the memory's pass are read, and the memory holds the rest; else one bulk read."""
+    try:
+        if memory is None or not isinstance(source, ChangeFeed):
+            return Observed.of(source.reports())
+        changes = source.changes_since(memory.sequence)
+        if changes.complete or not memory.reports:  # a restart, a new leader, another store: one bulk read
+            return Observed(_by_id(source.reports()), None, changes.sequence)
+        fresh = source.reports_of(list(changes.instance_ids)) if changes.instance_ids else ()
+        return Observed({**memory.reports, **_by_id(fresh)}, frozenset(changes.instance_ids), changes.sequence)
+    except Exception as exc:  # any failure to observe must never become a verdict
+        return Halted(errors.OBSERVATION_FAILED, f"{type(exc).__name__}: {exc}")
+
+
+def _by_id(reports: Iterable[InstanceReport]) -> dict[str, InstanceReport]:
+    return {r.instance_id: r for r in reports}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """load: what the fleet tree says at the tip the pass works on."""
+
+    spec: FleetSpec
+    records: RecordSet
+    capacity: Mapping[str, CapacityEntry]
+    spec_dir: str
+    judged: frozenset[str]  # Fleet-Instance trailers: instances judged at admission
+    judged_serving: frozenset[str]  # Fleet-Serving-Instance trailers: instances judged while serving
+
+    @cached_property
+    def sets(self) -> JudgedSets:
+        """What the history judged, from the trailers and the records."""
+        return judged_sets(self.records, self.judged, self.judged_serving)
+
+
+def load(view: FleetTreeView) -> Loaded | Halted:
+    try:
+        spec = view.spec()
+    except SpecError as exc:
+        return Halted(exc.reason, str(exc), stalled=True)
+    return Loaded(spec, view.records(), view.capacity(), view.spec_dir, view.trailer_values(INSTANCE_TRAILER),
+                  view.trailer_values(SERVING_TRAILER))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """evidence: the reports decide reads (those it judges carry their whole stored log ring) and which instances
+    are due this pass (None: every one)."""
+
+    reports: Mapping[str, InstanceReport]
+    due: frozenset[str] | None = None
+    changed: frozenset[str] | None = None  # `Observed.changed`
+
+
+def gather_evidence(source: ReportSource, observed: Observed, loaded: Loaded, inputs: PassInputs, now: datetime,
+                    memory: PassMemory | None = None) -> Evidence | Halted:
+    due = None
+    if memory is not None and memory.judge is not None and observed.changed is not None:
+        found = memory.judge.due(loaded.spec, inputs.desired_image_digest, loaded.sets, observed.changed,
+                                 observed.reports, now)
+        due = frozenset(found) if found is not None else None
+    candidates = observed.all if due is None else [observed.reports[i] for i in due]
+    try:
+        awaiting = awaiting_evidence(loaded.spec, candidates, loaded.sets.judged, now)
+        reports = observed.reports
+        if awaiting and isinstance(source, LogRingSource):
+            rings = source.log_rings(awaiting)
+            reports = {**reports, **{i: replace(reports[i], log_tail=tuple(rings[i])) for i in awaiting
+                                     if rings.get(i)}}
+    except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
+        return Halted(errors.OBSERVATION_FAILED, f"{type(exc).__name__}: {exc}")
+    return Evidence(reports, due, observed.changed)
+
+
+def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: datetime,
+                memory: PassMemory | None = None) -> Decided:
+    """decide: `judging.decide` over the due instances (every one without a memory), and what to remember of it."""
+    heard = None  # each worker's last signal: the memory's, brought up to date (else worked out from every report)
+    if memory is not None and memory.judge is not None and evidence.changed is not None:
+        heard = {**memory.last_heard, **{i: last_signal(evidence.reports[i]) for i in evidence.changed
+                                         if i in evidence.reports}}
+    fleet = FleetSignals(tuple(evidence.reports.values()), heard)
+    decision, remembered = decide_due(
+        loaded.spec, evidence.reports, evidence.due, loaded.records, loaded.judged, inputs.desired_image_digest, now,
+        judged_serving_ids=loaded.judged_serving, memory=memory.judge if memory is not None else None, fleet=fleet,
+        sets=loaded.sets, prices=inputs.prices)
+    return Decided(decision, remembered, fleet.last_heard())
+
+
+@dataclass(frozen=True)
+class Decided:
+    """decide's result: the decision, and what the next warm pass starts from (each worker's last signal too)."""
+
+    decision: PassDecision
+    memory: JudgeMemory
+    last_heard: Mapping[str, datetime]
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """capacity: each autoscaled pool's decision, and capacity.yaml when anything changed (None: unchanged)."""
+
+    decisions: tuple[CapacityDecision, ...] = ()
+    file: FileChange | None = None
+
+
+def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacity_file: str,
+                  reports: Iterable[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
+                  desired_image_digest: str | None, now: datetime, queue_reader: QueueReader | None,
+                  prices: Mapping[str, float] | None = None) -> CapacityPlan:
+    """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it), and the new
+    capacity.yaml when anything changed. Only the reports of those pools are read."""
+    ranged = [p for p in spec.pools if p.min_count is not None]
+    if not ranged:
+        return CapacityPlan()
+    names = {p.name for p in ranged}
+    queues = {}
+    for pool in ranged:
+        if pool.queue is not None:
+            queues[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
+                                 else QueueSnapshot(error="no queue reader in this process"))
+    paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
+    exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
+    decisions = decide_all(spec, entries, [r for r in reports if r.pool in names], queues, now, prices=prices,
+                           paused_pools=paused, exhausted_pools=exhausted)
+    if not any(d.changed for d in decisions):
+        return CapacityPlan(tuple(decisions))
+    merged = {**entries, **{d.pool: d.entry for d in decisions}}
+    merged = {name: e for name, e in merged.items() if name in names}
+    return CapacityPlan(tuple(decisions), FileChange(capacity_file, render_capacity(merged)))
+
+
+def read_prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
+    if read is None:
+        return {}
+    try:
+        return read()
+    except Exception:  # an unreadable slot state only loses the prices: the pool's max price stands in
+        return {}
+
+
+def with_drains(directive_docs: Mapping[str, Mapping[str, Any]], spec: FleetSpec,
+                decisions: Sequence[CapacityDecision],
+                reports: Iterable[InstanceReport]) -> Mapping[str, Mapping[str, Any]]:
+    """`drain` for every serving worker on a draining slot: finish the current proofs, take no new work, stop.
+    `directive_docs` is not changed: the docs with the drains are a new mapping (the same one if none drains)."""
+    draining: dict[str, CapacityDecision] = {}
+    for d in decisions:
+        pool = spec.pool(d.pool)
+        for index in d.entry.draining:
+            draining[f"{pool.name}-{index}"] = d
+    if not draining:
+        return directive_docs
+    out = dict(directive_docs)
+    for report in reports:
+        doc = out.get(report.instance_id)
+        why = draining.get(report.slot or "")
+        if why is None or doc is None or doc.get("action") != "serve":
+            continue
+        out[report.instance_id] = {
+            **doc, "action": "drain",
+            "reason": f"capacity: pool {why.pool} {why.before} -> {why.after} ({why.entry.reason}): finish the current "
+                      "proofs, take no new work, then stop"}
+    return out
+
+
+@dataclass(frozen=True)
+class DirectivePlan:
+    """directives: what every live worker is told (`docs`, drains included), the same before the drains (`base`:
+    what the next warm pass starts from) and what to remember of it."""
+
+    docs: Mapping[str, Mapping[str, Any]]
+    base: Mapping[str, Mapping[str, Any]]
+    memory: DirectiveMemory
+
+
+def directives_step(loaded: Loaded, evidence: Evidence, decision: PassDecision, capacity: CapacityPlan,
+                    now: datetime, memory: PassMemory | None = None) -> DirectivePlan:
+    """directives: per live worker, what the records say once this pass's decision is in them (serve, stop,
+    wait), and `drain` on the slots capacity is shrinking. With a memory, only the directives that can have changed
+    are worked out again (domain/due.py `directives_due`)."""
+    after = RecordSet(machines={**loaded.records.machines, **decision.machine_records})
+    previous = memory.directives if memory is not None and evidence.changed is not None else None
+    told, recomputed, remembered = directives_due(evidence.reports, evidence.changed or (), after,
+                                                  loaded.spec.serving, now, previous)
+    base: dict[str, Mapping[str, Any]]
+    if previous is None or memory is None:
+        base = {i: d.to_json() for i, d in told.items()}
+    else:
+        base = dict(memory.base_docs)
+        for iid in recomputed:
+            if iid in told:
+                base[iid] = told[iid].to_json()
+            else:
+                base.pop(iid, None)
+    return DirectivePlan(with_drains(base, loaded.spec, capacity.decisions, evidence.reports.values()), base,
+                         remembered)
+
+
 def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[FileChange, ...]:
     """The record files a decision writes, rendered as they are committed."""
     machines = [FileChange(f"{spec_dir}/{MACHINES_DIR}/{mid}.yaml", render_machine_record(rec))
@@ -184,7 +505,8 @@ def record_changes(decision: PassDecision, spec_dir: str = SPEC_DIR) -> tuple[Fi
 
 
 def commit_request(decision: PassDecision, capacity: Sequence[CapacityDecision] = (),
-                   capacity_file: FileChange | None = None, leader_epoch: int | None = None) -> CommitRequest | None:
+                   capacity_file: FileChange | None = None, leader_epoch: int | None = None,
+                   spec_dir: str = SPEC_DIR) -> CommitRequest | None:
     """The commit that publishes a decision (records and, when it changed, capacity.yaml), or None when it
     changed nothing (no empty commits). `leader_epoch`: the leadership term writing it (replicas), carried as the
     `Fleet-Leader-Epoch` trailer."""
@@ -199,42 +521,83 @@ def commit_request(decision: PassDecision, capacity: Sequence[CapacityDecision] 
                  + (f"; released {', '.join(d.released)}" if d.released else "") for d in changed]
         body = "\n".join(x for x in (body, *lines) if x)
     trailers = (*decision.trailers(), *capacity_trailers(capacity))
-    changes = (*record_changes(decision), *((capacity_file,) if capacity_file is not None else ()))
+    changes = (*record_changes(decision, spec_dir), *((capacity_file,) if capacity_file is not None else ()))
     # Everything in a decision comes from redacted reports; the commit text is redacted once more because
     # a commit message, once pushed, cannot be taken back.
     return CommitRequest(redact_line(summary), "\n".join(redact_lines(body.splitlines())),
                          (*trailers, *leader_trailer(leader_epoch)), changes)
 
 
-class QueueReader(Protocol):
-    """curio's task queue (adapters.curio_queue.CurioQueue); failures come back as the snapshot's error."""
+@dataclass(frozen=True)
+class Built:
+    """Everything the steps concluded on one tip of the tree, and the commit that publishes it."""
 
-    def read(self, source: QueueSource) -> QueueSnapshot: ...
+    loaded: Loaded
+    decided: Decided
+    capacity: CapacityPlan
+    directives: DirectivePlan
+    request: CommitRequest | None
+    demand: DemandTaken | None = None
+
+    @property
+    def decision(self) -> PassDecision:
+        return self.decided.decision
 
 
-def capacity_step(spec: FleetSpec, spec_path: Path, capacity_file: str, reports: Sequence[InstanceReport],
-                  records: RecordSet, kill_budgets: Mapping[str, Any], desired_image_digest: str | None, now: datetime,
-                  queue_reader: QueueReader | None,
-                  prices: Mapping[str, float] | None = None) -> tuple[list[CapacityDecision], FileChange | None]:
-    """Capacity decisions for the autoscaled pools, and the new capacity.yaml when anything changed."""
-    ranged = [p for p in spec.pools if p.min_count is not None]
-    if not ranged:
-        return [], None
-    queues = {}
-    for pool in ranged:
-        if pool.queue is not None:
-            queues[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
-                                 else QueueSnapshot(error="no queue reader in this process"))
-    entries, _ = load_capacity(spec_path)  # load_spec refused a broken file already
-    paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
-    exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
-    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
-                           exhausted_pools=exhausted)
-    if not any(d.changed for d in decisions):
-        return decisions, None
-    merged = {**entries, **{d.pool: d.entry for d in decisions}}
-    merged = {name: e for name, e in merged.items() if name in {p.name for p in ranged}}
-    return decisions, FileChange(capacity_file, render_capacity(merged))
+@dataclass(frozen=True)
+class PassInputs:
+    """What a pass is given besides the tree, the store and `now` (see `run_pass`)."""
+
+    desired_image_digest: str | None = None
+    queue_reader: QueueReader | None = None
+    prices: Mapping[str, float] | None = None
+    leader_epoch: int | None = None
+    demand: DemandRecorder | None = None  # the leader's demand recorder (kept by the loop)
+
+
+def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs, now: datetime,
+          memory: PassMemory | None = None) -> Built | Halted:
+    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request.
+    `memory`: the leader's warm state (read, never changed here)."""
+    loaded = load(view)
+    if isinstance(loaded, Halted):
+        return loaded
+    evidence = gather_evidence(source, observed, loaded, inputs, now, memory)
+    if isinstance(evidence, Halted):
+        return evidence
+    decided = decide_step(loaded, evidence, inputs, now, memory)
+    decision = decided.decision
+    capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
+                             loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
+                             inputs.queue_reader, inputs.prices)
+    told = directives_step(loaded, evidence, decision, capacity, now, memory)
+    request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
+    taken = demand_step(view, loaded, observed, capacity, decision, inputs, now, committing=request is not None)
+    if taken is not None:
+        request = with_demand(request, taken.files, inputs.leader_epoch)
+    return Built(loaded, decided, capacity, told, request, taken)
+
+
+@dataclass(frozen=True)
+class DemandTaken:
+    """demand: this pass's samples and the day files that go with its commit (none: not due yet)."""
+
+    samples: tuple[DemandSample, ...]
+    files: tuple[FileChange, ...]
+
+
+def demand_step(view: FleetTreeView, loaded: Loaded, observed: Observed, capacity: CapacityPlan,
+                decision: PassDecision, inputs: PassInputs, now: datetime, *, committing: bool) -> DemandTaken | None:
+    """demand (a thin hook on capacity): each pool's demand sample when due, and the day files to commit with the
+    pass (with any commit it makes anyway, else once due). None without a recorder (`--once`, tests)."""
+    recorder = inputs.demand
+    if recorder is None:
+        return None
+    exhausted = [name for name, b in decision.kill_budgets.items() if b.exhausted]
+    samples = recorder.take(loaded.spec, view.text, observed.all, loaded.records, capacity.decisions, exhausted,
+                            inputs.prices or {}, inputs.desired_image_digest, now)
+    files = recorder.changes(view.text, view.names, loaded.spec_dir, samples, now, committing=committing)
+    return DemandTaken(samples, files)
 
 
 def with_demand(request: CommitRequest | None, demand_files: Sequence[FileChange],
@@ -251,49 +614,143 @@ def with_demand(request: CommitRequest | None, demand_files: Sequence[FileChange
     return replace(request, trailers=(*request.trailers, *trailers), changes=(*request.changes, *demand_files))
 
 
-def _prices(read: Callable[[], Mapping[str, float]] | None) -> Mapping[str, float]:
-    if read is None:
-        return {}
+@dataclass(frozen=True)
+class Published:
+    """publish: what reached git and the store."""
+
+    commit: str | None
+    pushed: bool
+    attempts: int
+    seconds: float | None  # wall time of commit + push (with retries), when it committed
+    notes: tuple[str, ...] = ()  # what could not be stored (the directives: workers ask again)
+    directives_stored: bool = False
+
+
+def store_directives(sink: DirectiveSink | None, told: Mapping[str, Mapping[str, Any]], now: datetime,
+                     term: LeaderTerm | None, stored: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[str, ...]:
+    """The directives into the store, fenced by the leader's term; notes on what could not be stored. `stored`:
+    what this leader wrote last (its memory, same term): only the directives that differ are written. Raises
+    LeaseLost when the term ended: the new leader computes them from the same records on its first pass."""
+    if sink is None:
+        return ()
+    if stored is not None:
+        told = {i: doc for i, doc in told.items() if stored.get(i) != doc}
+        if not told:
+            return ()
     try:
-        return read()
-    except Exception:  # an unreadable slot state only loses the prices: the pool's max price stands in
-        return {}
+        if term is None:
+            sink.set_directives(told, now)
+        else:
+            sink.set_directives(told, now, fence=term.store_fence or _fenced(term))
+    except LeaseLost:
+        raise
+    except Exception as exc:  # the records are published; workers learn their verdict next pass
+        return (f"directives not stored (workers ask again): {type(exc).__name__}: {exc}",)
+    return ()
 
 
-def with_drains(directive_docs: dict[str, dict[str, Any]], spec: FleetSpec,
-                decisions: Sequence[CapacityDecision], reports: Sequence[InstanceReport]) -> dict[str, dict[str, Any]]:
-    """`drain` for every serving worker on a draining slot: finish the current proofs, take no new work, stop."""
-    draining: dict[str, CapacityDecision] = {}
-    for d in decisions:
-        pool = spec.pool(d.pool)
-        for index in d.entry.draining:
-            draining[f"{pool.name}-{index}"] = d
-    for report in reports:
-        doc = directive_docs.get(report.instance_id)
-        why = draining.get(report.slot or "")
-        if why is None or doc is None or doc.get("action") != "serve":
-            continue
-        directive_docs[report.instance_id] = {
-            **doc, "action": "drain",
-            "reason": f"capacity: pool {why.pool} {why.before} -> {why.after} ({why.entry.reason}): finish the current "
-                      "proofs, take no new work, then stop"}
-    return directive_docs
+def publish(tree: FleetTree, on_tip: Callable[[FleetTreeView], CommitRequest | None], sink: DirectiveSink | None,
+            directives_of: Callable[[], Mapping[str, Mapping[str, Any]] | None], now: datetime,
+            term: LeaderTerm | None, monotonic: Callable[[], float],
+            stored: Mapping[str, Mapping[str, Any]] | None = None) -> Published:
+    """The commit through the tree (the steps run in `on_tip`, again on a newer tip after a refused push), then the
+    directives the steps concluded on the last tip into the store (none when a step halted; `stored`: what this
+    leader stored last, so only the ones that differ are written). Raises what the tree raises, and LeaseLost
+    (`not-leader: ...`) whenever the term turns out to have ended: before the push, after a refused push that left
+    nothing to publish (another leader's commit is the likeliest reason), or before the directives were stored."""
+    started = monotonic()
+    try:
+        done = tree.publish(on_tip) if term is None else tree.publish(on_tip, before_push=term.fence)
+    except LeaseLost as exc:
+        raise LeaseLost(f"not-leader: push stopped by the lease check: {exc}") from None
+    seconds = monotonic() - started if done.commit else None
+    if term is not None and done.commit is None and done.attempts > 1:
+        try:  # a human's commit also refuses a push: only the lease says which
+            term.fence()
+        except LeaseLost as exc:
+            raise _LostAfterPush(f"not-leader: push refused; nothing left to publish: {exc}", done, seconds) from None
+    told = directives_of()
+    try:
+        notes = store_directives(sink, told, now, term, stored) if told is not None else ()
+    except LeaseLost as exc:
+        what = f"commit {done.commit[:12]} pushed" if done.commit and done.pushed else "nothing new to publish"
+        raise _LostAfterPush(f"not-leader: {what}; directives not stored: {exc}", done, seconds) from None
+    return Published(done.commit, done.pushed, done.attempts, seconds, notes,
+                     directives_stored=told is not None and sink is not None and not notes)
 
 
-def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
-             desired_image_digest: str | None = None, spec_file: str = SPEC_FILE,
-             record_cache: RecordCache | None = None, directive_sink: DirectiveSink | None = None,
+class _LostAfterPush(LeaseLost):
+    """The term ended once the tree had published (or found nothing to publish): what reached git stands and is
+    reported with the loss."""
+
+    def __init__(self, message: str, done: PublishResult, seconds: float | None) -> None:
+        super().__init__(message)
+        self.published = Published(done.commit, done.pushed, done.attempts, seconds)
+
+
+def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None) -> PassResult:
+    """The pass's one summary, written once. `lost`: the term ended after the steps ran (the pass says
+    `not-leader`, never Succeeded; what it pushed before is still reported)."""
+    decision = built.decision
+    return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
+                      attempts=published.attempts, pending=decision.pending, notes=(*decision.notes, *published.notes),
+                      capacity=built.capacity.decisions,
+                      image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
+                      publish_seconds=published.seconds, error=str(lost) if lost else None,
+                      reason=lost.reason if lost else None)
+
+
+class PassMemory:
+    """The leader's warm state from one pass to the next (issue 33): every report it read, the store's change
+    sequence they cover and each worker's last signal; what its last decide and directives steps left (the
+    deadline index, the pending instances, every live worker's directive); the directives it stored, and in which
+    leadership term. `run_pass` reads it and takes the pass's own only once the pass's work is published: a pass
+    that fails leaves it as it was, and the next one reads the same changes again. A new one (a restart, `--once`)
+    makes the first pass a full one: one bulk read, every instance judged."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+        self.reports: Mapping[str, InstanceReport] = {}
+        self.last_heard: Mapping[str, datetime] = {}
+        self.judge: JudgeMemory | None = None
+        self.directives: DirectiveMemory | None = None
+        self.base_docs: Mapping[str, Mapping[str, Any]] = {}
+        self.stored: Mapping[str, Mapping[str, Any]] | None = None
+        self.stored_epoch: int | None = None
+
+    def stored_in(self, epoch: int | None) -> Mapping[str, Mapping[str, Any]] | None:
+        """The directives this replica stored last, if in the same term (another leader may have written since)."""
+        return self.stored if self.stored is not None and self.stored_epoch == epoch else None
+
+    def follow(self, observed: Observed) -> None:
+        """A standby's reading of the store: the reports and their sequence, nothing judged. What a pass would
+        remember of its decisions is dropped (the leader's decisions moved on meanwhile): the pass that follows a
+        takeover judges every instance, from reports in memory and the changes since."""
+        self.sequence = observed.sequence or 0
+        self.reports = observed.reports
+        self.last_heard, self.judge, self.directives, self.base_docs = {}, None, None, {}
+
+    def keep(self, observed: Observed, built: Built, published: Published, epoch: int | None) -> None:
+        self.sequence = observed.sequence or 0
+        self.reports = observed.reports
+        self.last_heard = built.decided.last_heard
+        self.judge = built.decided.memory
+        self.directives = built.directives.memory
+        self.base_docs = built.directives.base
+        if published.directives_stored:
+            self.stored, self.stored_epoch = built.directives.docs, epoch
+
+
+def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
+             desired_image_digest: str | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
              term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None,
-             demand: DemandRecorder | None = None) -> PassResult:
-    """One pass: read reports, then publish whatever `decide` concludes on the fresh tip of the branch.
+             memory: PassMemory | None = None, demand: DemandRecorder | None = None) -> PassResult:
+    """One pass: observe, then the steps on the fresh tip of the tree (again on a newer tip if the push was
+    refused), publish, and the one summary.
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
     published records every pass (so a crash between commit and write only delays them one pass).
-
-    `record_cache`: kept by a long-running loop between its passes, so a pass parses only the record files
-    that changed since the last one (10,000 files: minutes to parse, milliseconds to stat).
-
     `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
     `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
     first (None or unknown: the pool's max price, i.e. the slowest machine first).
@@ -302,103 +759,76 @@ def run_pass(store: RecordPublisher, source: ReportSource, now: datetime, *,
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
     replica whose term ended (paused past its lease, or cut off from the database) writes nothing.
 
+    `memory`: kept by a long-running leader between its passes: the pass reads only what changed in the store
+    since the last one and judges only the instances that are due, with the same outcome as a full pass.
+
     `demand`: the leader's demand recorder (kept by the loop): samples of each pool's demand from the capacity
-    step, committed to fleet-spec/demand/ for `fleet plan --what-if`."""
+    step, committed to fleet-spec/demand/ for `fleet plan --what-if`; it also remembers the instances' prices."""
+    observed = observe(source, memory)
+    if isinstance(observed, Halted):
+        return observed.result(now)
+    current = read_prices(prices)
+    inputs = PassInputs(desired_image_digest, queue_reader, current if demand is None else demand.known_prices(current),
+                        term.epoch if term is not None else None, demand)
+    outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
+
+    def on_tip(view: FleetTreeView) -> CommitRequest | None:
+        outcome[:] = [build(view, source, observed, inputs, now, memory)]
+        return outcome[0].request if isinstance(outcome[0], Built) else None
+
+    def directives_of() -> Mapping[str, Mapping[str, Any]] | None:
+        return outcome[0].directives.docs if outcome and isinstance(outcome[0], Built) else None
+
+    stored = memory.stored_in(inputs.leader_epoch) if memory is not None else None
     try:
-        reports = tuple(source.reports())
-    except Exception as exc:  # any failure to observe must never become a verdict
-        return PassResult(at=now, observation_error=f"{type(exc).__name__}: {exc}", reason=errors.OBSERVATION_FAILED)
-
-    outcome: dict[str, Any] = {}
-    pass_prices = _prices(prices) if demand is None else demand.known_prices(_prices(prices))
-
-    def build(workdir: Path) -> CommitRequest | None:
-        outcome.clear()
-        try:
-            spec = load_spec(workdir / spec_file)
-        except SpecError as exc:
-            outcome["stalled"] = exc
-            return None
-        records = load_for_pass(workdir / Path(spec_file).parent, record_cache)
-        judged = store.trailer_values(INSTANCE_TRAILER)
-        try:
-            evidence = with_whole_rings(source, reports, awaiting_evidence(spec, reports, judged, now))
-        except Exception as exc:  # judging on part of the evidence could blame the wrong one: judge nothing
-            outcome["observation_error"] = f"{type(exc).__name__}: {exc}"
-            return None
-        decision = decide(spec, evidence, records, judged, desired_image_digest, now,
-                          judged_serving_ids=store.trailer_values(SERVING_TRAILER), prices=pass_prices)
-        outcome["decision"] = decision
-        after = RecordSet(machines={**records.machines, **decision.machine_records})
-        capacity, capacity_file = capacity_step(
-            spec, workdir / spec_file, str(Path(spec_file).parent / CAPACITY_FILE), reports, records,
-            decision.kill_budgets, desired_image_digest, now, queue_reader, pass_prices)
-        outcome["capacity"] = capacity
-        outcome["directives"] = with_drains(
-            {i: d.to_json() for i, d in directives(reports, after, spec.serving, now).items()}, spec, capacity,
-            reports)
-        epoch = term.epoch if term is not None else None
-        request = commit_request(decision, capacity, capacity_file, epoch)
-        if demand is None:
-            return request
-        spec_dir = workdir / Path(spec_file).parent
-        taken = demand.take(spec, spec_dir, reports, records, capacity,
-                            [name for name, b in decision.kill_budgets.items() if b.exhausted], pass_prices,
-                            desired_image_digest, now)
-        files = demand.changes(spec_dir, str(Path(spec_file).parent), taken, now, committing=request is not None)
-        outcome["demand"] = (taken, bool(files))
-        return with_demand(request, files, epoch)
-
-    started = monotonic()
-    try:
-        published = store.publish(build) if term is None else store.publish(build, before_push=term.fence)
+        published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic, stored)
+    except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
+        built = outcome[0]
+        assert isinstance(built, Built)
+        _demand_done(demand, built, published=exc.published.commit is not None)
+        return summarize(now, built, exc.published, exc)
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
-        _demand_done(demand, outcome, published=False)
+        _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
-        _demand_done(demand, outcome, published=False)
+        _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
-    _demand_done(demand, outcome, published=True)
-    if "observation_error" in outcome:
-        return PassResult(at=now, observation_error=outcome["observation_error"], reason=errors.OBSERVATION_FAILED,
-                          attempts=published.attempts)
-    if "stalled" in outcome:
-        spec_error: SpecError = outcome["stalled"]
-        return PassResult(at=now, stalled=str(spec_error), reason=spec_error.reason, attempts=published.attempts)
-    decision: PassDecision = outcome["decision"]
-    notes = decision.notes
-    if directive_sink is not None:
-        try:
-            if term is None:
-                directive_sink.set_directives(outcome["directives"], now)
-            else:
-                directive_sink.set_directives(outcome["directives"], now, fence=term.store_fence or _fenced(term))
-        except LeaseLost as exc:  # the new leader computes them from the same records on its first pass
-            notes = (*notes, f"directives not stored: {exc}")
-        except Exception as exc:  # the records are published; workers learn their verdict next pass
-            notes = (*notes, f"directives not stored (workers ask again): {type(exc).__name__}: {exc}")
-    return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
-                      attempts=published.attempts, pending=decision.pending, notes=notes,
-                      capacity=tuple(outcome.get("capacity", ())),
-                      image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
-                      publish_seconds=monotonic() - started if published.commit else None)
+    built = outcome[0]
+    if isinstance(built, Halted):
+        return built.result(now, published.attempts)
+    _demand_done(demand, built, published=True)
+    if memory is not None:
+        memory.keep(observed, built, published, inputs.leader_epoch)
+    return summarize(now, built, published)
 
 
-def _demand_done(demand: DemandRecorder | None, outcome: Mapping[str, Any], *, published: bool) -> None:
-    if demand is not None and "demand" in outcome:
-        taken, flushed = outcome["demand"]
-        demand.done(taken, flushed=flushed and published)
+def _demand_done(demand: DemandRecorder | None, built: Built | Halted | None, *, published: bool) -> None:
+    """Tell the recorder what the pass published: its samples, and whether their day files went out with it."""
+    if demand is not None and isinstance(built, Built) and built.demand is not None:
+        demand.done(built.demand.samples, flushed=published and bool(built.demand.files))
 
 
-def with_whole_rings(source: ReportSource, reports: Sequence[InstanceReport],
-                     instance_ids: Sequence[str]) -> tuple[InstanceReport, ...]:
-    """`reports`, those of `instance_ids` carrying their whole stored log ring instead of its tail (when the
-    source can give it: `LogRingSource`)."""
-    if not instance_ids or not isinstance(source, LogRingSource):
-        return tuple(reports)
-    rings = source.log_rings(instance_ids)
-    return tuple(replace(r, log_tail=tuple(rings[r.instance_id])) if rings.get(r.instance_id) else r
-                 for r in reports)
+def follow(tree: FleetTree, source: ReportSource, memory: PassMemory | None) -> tuple[str, ...]:
+    """A standby replica's pass: nothing judged, nothing written. Its clone follows the branch (the page it serves
+    shows the leader's records) and, with a memory, it follows the store's change sequence and keeps the records
+    parsed, so the pass it runs once it takes over reads only what changed since. Notes on what it could not do."""
+    notes: list[str] = []
+    if memory is not None:
+        observed = observe(source, memory)
+        if isinstance(observed, Halted):
+            notes.append(f"store not followed: {observed.message}")
+        else:
+            memory.follow(observed)
+
+    def read(view: FleetTreeView) -> None:  # a build that commits nothing: publish only syncs
+        if memory is not None:
+            view.records()
+
+    try:
+        tree.publish(read)
+    except (GitStoreError, TemporaryGitError) as exc:
+        notes.append(f"clone not refreshed (the page shows older records): {exc}")
+    return tuple(notes)
 
 
 def _fenced(term: LeaderTerm) -> Callable[[Any], None]:

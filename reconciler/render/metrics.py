@@ -26,6 +26,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from reconciler.domain import errors
 from reconciler.domain.capacity import PoolCapacityStatus
 from reconciler.domain.observations import parse_time
 from reconciler.domain.surfaces import MetricsState, total_usd_per_hour
@@ -188,6 +189,11 @@ PUSH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 VERDICT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 
+#: `fleet_reconcile_passes{outcome}`: not_leader = the pass found its leadership term over (lease lost before or
+#: after its push, or its push refused with nothing left to publish): it did not do its work, never "ok".
+PASS_OUTCOMES = ("ok", "stalled", "observation_error", "error", "not_leader")
+
+
 class LoopMetrics:
     """Counters and histograms of this process's reconcile passes, fed by `observe_pass` after each pass."""
 
@@ -205,13 +211,14 @@ class LoopMetrics:
                                         "failed pushes retried)", registry=registry)
         self.report_to_verdict = Histogram("fleet_report_to_verdict_seconds", "from a worker's last report to "
                                            "the verdict on it", buckets=VERDICT_BUCKETS, registry=registry)
-        for outcome in ("ok", "stalled", "observation_error", "error"):
+        for outcome in PASS_OUTCOMES:
             self.passes.labels(outcome)
 
     def observe_pass(self, result: Any, publish_seconds: float | None = None,
                      breaker_trips: int = 0) -> None:
         """`result`: a reconcile PassResult; `publish_seconds`: how long commit+push took, when it committed."""
         outcome = ("stalled" if result.stalled else "observation_error" if result.observation_error
+                   else "not_leader" if result.reason == errors.LEASE_LOST
                    else "error" if result.error else "ok")
         self.passes.labels(outcome).inc()
         if result.attempts:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from reconciler.adapters.demand_files import day_path, parse_day
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.flows.demand import DemandRecorder
 from reconciler.flows.judge import run_pass
@@ -21,10 +22,10 @@ from tests.scenarios import SPEC_YAML, completed_report
 FILE = "fleet-spec/" + day_path("rtx-pro-4000", at(0).date())
 
 
-def _store(tmp_path: Path) -> tuple[Path, GitStore]:
+def _store(tmp_path: Path) -> tuple[Path, GitFleetTree]:
     origin, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
     git(tmp_path, "clone", "--quiet", str(origin), str(tmp_path / "bot"))
-    return origin, GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(3), max_attempts=2)
+    return origin, GitFleetTree(GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(3), max_attempts=2))
 
 
 def test_samples_ride_with_the_pass_commit_or_go_alone_once_due(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ after the kill, is in the store.
 A stale leader (stopped at the point, its lease lapsing meanwhile, then resumed) never pushes: stopped right
 before the lease check while the new leader has not pushed yet, the check refuses (git could not: origin has not
 moved); stopped right after the check passed (`fenced`), git refuses its non-fast-forward push and its retry,
-recomputed on the new tip, has nothing left to write. Waiting for a lease to lapse is real time (`--lease 3`):
-the database's clock decides, as in production.
+recomputed on the new tip, has nothing left to write: that pass says `not-leader`, never Succeeded. Waiting for a
+lease to lapse is real time (`--lease 3`): the database's clock decides, as in production.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_the_leader_killed_during_a_pass_is_replaced_and_nothing_is_lost_or_doub
         assert_judged_exactly_once(cluster, epoch=3, or_later=True)
     survivor = next(f for f in followers if f.name == name)
     assert_nothing_lost(survivor, posted + after)
-    views = [httpx.get(f"{f.url}/healthz", timeout=30).json()["leadership"] for f in followers]
+    views = [admin_get(f.url, "/healthz")["leadership"] for f in followers]
     holders = {v["leader"]["holder"] for v in views}  # both see the same leader: one of the survivors
     assert len(holders) == 1 and holders.pop().split("~")[0] in {f.name for f in followers}, views
     assert [v["leading"] for v in views].count(True) <= 1 and min(v["leader"]["epoch"] for v in views) >= 3, views
@@ -155,7 +155,7 @@ def test_a_stale_leader_resumed_before_the_new_leader_pushed_is_stopped_by_the_l
 def test_a_stale_leader_resumed_after_its_lease_check_is_stopped_by_git(cluster: Cluster, gate: LeaseKeeper) -> None:
     """The window after the check: the old leader stopped between its lease check and its push; the new leader
     pushed meanwhile. Resumed, its push is not a fast-forward: git refuses it, and the retry, recomputed on the
-    new tip, has nothing left to commit."""
+    new tip, has nothing left to commit; the lease, checked again, says why: the pass reports not-leader."""
     replicas = [cluster.start(name, FLEET_TEST_PAUSE_AT="fenced") for name in ("r1", "r2")]
     worker_traffic(replicas)
     fds = cluster.open_pause_fifo()
@@ -168,7 +168,10 @@ def test_a_stale_leader_resumed_after_its_lease_check_is_stopped_by_git(cluster:
     stale.drain()
     os.kill(stale.proc.pid, signal.SIGCONT)
     resumed = next(stale.passes())
-    assert resumed["ok"] and resumed["commit"] is None and not resumed["pushed"], resumed
+    # Honest: it did not lead this pass, whatever git's refusal made of it (issue 33 item 4).
+    assert not resumed["ok"] and resumed["commit"] is None and not resumed["pushed"], resumed
+    assert resumed["condition"]["reason"] == "LeaseLost", resumed
+    assert resumed["error"].startswith("not-leader: push refused; nothing left to publish: lease epoch 2"), resumed
     assert git(cluster.origin, "rev-parse", "main") == tip
     assert_judged_exactly_once(cluster, epoch=3, or_later=True)
     later = next(stale.passes())  # from now on it follows

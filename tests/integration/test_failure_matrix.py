@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.store.port import ControllerStore
@@ -91,7 +92,7 @@ class Pipeline:
         proc = run_entrypoint(worker_env(self.tmp, self.server.url, self.mirror.url, **overrides),
                               self.tmp / "run" / instance_id, timeout_s=120)
         assert self.store.report(instance_id) is not None, proc.stdout[-3000:]
-        run_pass(self.publisher, self.store, NOW, desired_image_digest=DIGEST)
+        run_pass(GitFleetTree(self.publisher), self.store, NOW, desired_image_digest=DIGEST)
         records = load_records(self.publisher.workdir / "fleet-spec")
         record = records.machines.get(machine_id)
         entry = next((e for e in record.benchmarks if e.instance_id == instance_id), None) if record else None

@@ -37,6 +37,7 @@ import httpx
 import pytest
 
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace import vastai
 from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
@@ -224,7 +225,7 @@ def test_push_rejected_for_several_passes_loses_nothing_and_the_next_pass_publis
         arrival = next(arrivals, None)
         if arrival is not None:  # a worker reports between passes
             report_finished(store, *arrival)
-        return run_pass(git_store, store, now)
+        return run_pass(GitFleetTree(git_store), store, now)
 
     results = run(one_pass, interval_s=60, stop_event=threading.Event(), clock=lambda: next(clock),
                   sleep=sleeps, max_passes=3)
@@ -236,11 +237,11 @@ def test_push_rejected_for_several_passes_loses_nothing_and_the_next_pass_publis
     assert len(store.reports()) == 3  # the controller store still holds everything
 
     hook.unlink()
-    result = run_pass(git_store, store, LATER + timedelta(hours=1))
+    result = run_pass(GitFleetTree(git_store), store, LATER + timedelta(hours=1))
     assert result.ok and result.pushed
     assert sorted(trailer_list(origin, "Fleet-Instance")) == ["pro-0-aaaaaa", "pro-0-cccccc", "pro-1-bbbbbb"]
     assert len(origin_log(origin)) == len(before) + 1  # one commit, not one per failed attempt
-    again = run_pass(git_store, store, LATER + timedelta(hours=2))
+    again = run_pass(GitFleetTree(git_store), store, LATER + timedelta(hours=2))
     assert again.ok and again.commit is None
     store.close()
 
@@ -304,7 +305,7 @@ def test_controller_killed_mid_ingest_then_loop_judges_what_was_acknowledged(ori
     git_store = GitStore(bot_clone(origin, tmp_path / "bot"), sleep=Sleeps())
     # The controller process stamps registrations with the real clock; judge well within the deadline.
     now = datetime.now(UTC) + timedelta(minutes=1)
-    first = run_pass(git_store, store, now)
+    first = run_pass(GitFleetTree(git_store), store, now)
     assert first.ok and [v.instance_id for v in first.verdicts] == ["pro-0-aaaaaa"]  # pro-1 has no result yet
     store.close()
 
@@ -312,7 +313,7 @@ def test_controller_killed_mid_ingest_then_loop_judges_what_was_acknowledged(ori
         assert post(client, "pro-1-bbbbbb", "result", result_doc(35.0)).json()["status"] == "stored"
         assert post(client, "pro-0-aaaaaa", "result", result_doc(20.0)).json()["status"] == "duplicate"
     store = SqliteStore(db)
-    second = run_pass(git_store, store, now + timedelta(minutes=5))
+    second = run_pass(GitFleetTree(git_store), store, now + timedelta(minutes=5))
     assert second.ok and [v.instance_id for v in second.verdicts] == ["pro-1-bbbbbb"]
     assert trailer_list(origin, "Fleet-Instance") == ["pro-1-bbbbbb", "pro-0-aaaaaa"]
     store.close()
@@ -323,10 +324,11 @@ def test_controller_killed_mid_ingest_then_loop_judges_what_was_acknowledged(ori
 RECONCILER = textwrap.dedent("""
     import sys
     from datetime import datetime
+    from reconciler.adapters.fleet_tree import GitFleetTree
     from reconciler.adapters.git import GitStore
     from reconciler.flows.judge import run_pass
     from reconciler.adapters.store.sqlite import SqliteStore
-    result = run_pass(GitStore(sys.argv[1], max_attempts=1), SqliteStore(sys.argv[2]),
+    result = run_pass(GitFleetTree(GitStore(sys.argv[1], max_attempts=1)), SqliteStore(sys.argv[2]),
                       datetime.fromisoformat(sys.argv[3]))
     print(result.headline(), flush=True)
 """)
@@ -378,10 +380,10 @@ def test_reconciler_killed_while_pushing_is_recovered_exactly_once(origin: Path,
     hook.unlink()
     store = SqliteStore(db)
     restarted = GitStore(bot, sleep=Sleeps())
-    result = run_pass(restarted, store, LATER + timedelta(minutes=1))
+    result = run_pass(GitFleetTree(restarted), store, LATER + timedelta(minutes=1))
     assert result.ok and result.pushed and [v.instance_id for v in result.verdicts] == ["pro-0-aaaaaa"]
     assert trailer_list(origin, "Fleet-Instance") == ["pro-0-aaaaaa"]
-    assert run_pass(restarted, store, LATER + timedelta(minutes=2)).commit is None
+    assert run_pass(GitFleetTree(restarted), store, LATER + timedelta(minutes=2)).commit is None
     store.close()
 
 
@@ -394,7 +396,7 @@ def test_half_written_record_files_left_by_a_kill_are_discarded(origin: Path, tm
     # What a kill during write_text_atomic (temp file) or by a non-atomic writer (truncated YAML) leaves.
     (machines / ".123.yaml.x1y2z3.tmp").write_text("machine_id: '123'\nstatus: ba")
     (machines / "123.yaml").write_text("machine_id: '123'\nstatus: bad\nbenchmarks:\n- instance_id: pro-0-")
-    result = run_pass(GitStore(bot, sleep=Sleeps()), store, LATER)
+    result = run_pass(GitFleetTree(GitStore(bot, sleep=Sleeps())), store, LATER)
     assert result.ok and result.pushed
     record = parse_machine_record(origin_file(origin, machine_file("123")) or "", Path("123.yaml"))
     assert record.status == "bad" and [b.instance_id for b in record.benchmarks] == ["pro-0-aaaaaa"]
@@ -461,8 +463,9 @@ def test_disk_full_on_record_write_is_a_clear_error_with_no_partial_file(origin:
         git_store = FillsDiskAfterSync(bot, sleep=Sleeps())
         git_store.disk = disk
         before = origin_log(origin)
-        result = run_pass(git_store, store, LATER)  # returns, never raises: `fleet reconcile --once` must not
-        assert not result.ok and result.error is not None  # print a traceback
+        # Returns, never raises: `fleet reconcile --once` must not print a traceback.
+        result = run_pass(GitFleetTree(git_store), store, LATER)
+        assert not result.ok and result.error is not None
         assert result.error == "cannot write fleet-spec/machines/123.yaml: No space left on device"
         machines = bot / "fleet-spec" / "machines"
         assert not (machines / "123.yaml").exists()  # no partial record
@@ -472,7 +475,7 @@ def test_disk_full_on_record_write_is_a_clear_error_with_no_partial_file(origin:
 
         assert git_store.filler is not None
         git_store.filler.unlink()  # space is back
-        again = run_pass(git_store, store, LATER + timedelta(minutes=1))
+        again = run_pass(GitFleetTree(git_store), store, LATER + timedelta(minutes=1))
         assert again.ok and again.pushed
         assert trailer_list(origin, "Fleet-Instance") == ["pro-0-aaaaaa"]
     store.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.controller.protocol import INSTANCE_ID
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.store.sqlite import SqliteStore
@@ -116,7 +117,7 @@ def test_a_report_that_cannot_be_judged_is_quarantined_and_never_stalls_the_othe
         store = SqliteStore(h.path)
         now = T0 + timedelta(hours=3)
         for attempt in range(2):  # and again: the quarantine does not wedge later passes either
-            result = run_pass(bot, store, now + timedelta(minutes=attempt))
+            result = run_pass(GitFleetTree(bot), store, now + timedelta(minutes=attempt))
             assert result.ok, result.headline()
             notes = "\n".join(result.notes)
             assert "rtx4090-9-bad001" in notes and "'73100\\n'" in notes and "not a valid id" in notes

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.lease import LeaseKeeper, PostgresLease, holder_id
 from reconciler.adapters.stores import open_store
@@ -161,7 +162,7 @@ def test_a_pass_in_a_live_term_commits_with_its_epoch_as_a_trailer(postgres_db: 
     a = keeper(postgres_db, "a:8080")
     epoch = a.tick()
     assert epoch == 1
-    result = run_pass(store, FakeReports([completed_report("pro-0-a", "123", 20.0)]), LATER,
+    result = run_pass(GitFleetTree(store), FakeReports([completed_report("pro-0-a", "123", 20.0)]), LATER,
                       term=LeaderTerm(epoch, lambda: a.fence(epoch)))
     assert result.ok and result.pushed
     assert trailers(origin, LEADER_EPOCH_TRAILER) == ["1"]
@@ -190,14 +191,14 @@ def test_a_pass_whose_term_ended_before_the_push_pushes_nothing_and_stores_no_di
     assert b.tick() == 2  # another replica took over while A's pass was under way
     sink = Directives()
     before = origin_log(origin)
-    result = run_pass(store, FakeReports([completed_report("pro-0-a", "123", 20.0)]), LATER,
+    result = run_pass(GitFleetTree(store), FakeReports([completed_report("pro-0-a", "123", 20.0)]), LATER,
                       directive_sink=sink, term=LeaderTerm(epoch, lambda: a.fence(epoch)))
     assert not result.ok and result.reason == LEASE_LOST and not result.pushed
     assert "epoch 1 is no longer held" in (result.error or "")
     assert origin_log(origin) == before and sink.written == []
     # The new leader's pass judges the same report once, in its own term.
     reports = FakeReports([completed_report("pro-0-a", "123", 20.0)])
-    b_result = run_pass(GitStore(store.workdir, sleep=Sleeps()), reports, LATER, directive_sink=sink,
+    b_result = run_pass(GitFleetTree(GitStore(store.workdir, sleep=Sleeps())), reports, LATER, directive_sink=sink,
                         term=LeaderTerm(2, lambda: b.fence(2)))
     assert b_result.pushed and trailers(origin, LEADER_EPOCH_TRAILER) == ["2"]
     assert trailers(origin, "Fleet-Instance") == ["pro-0-a"] and len(sink.written) == 1

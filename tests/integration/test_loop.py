@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import BOT_NAME, GitStore
 from reconciler.adapters.record_files import parse_machine_record
 from reconciler.cli import main
@@ -54,7 +55,7 @@ def bot_store(origin: Path, tmp_path: Path, cls: type[GitStore] = GitStore) -> G
 def test_verdicts_land_as_bot_commits_with_trailers_and_a_rerun_is_a_no_op(origin: Path, tmp_path: Path) -> None:
     store = bot_store(origin, tmp_path)
     source = FakeReports([completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0)])
-    result = run_pass(store, source, LATER)
+    result = run_pass(GitFleetTree(store), source, LATER)
     assert result.ok and result.pushed and result.commit is not None
     assert origin_log(origin)[0] == (f"{BOT_NAME}|fleet: machine 123 below-min-rate: benchmark exit 0, 10/10 proofs: "
                                      "20.0/h < 29/h (180.0 s/proof) (blame: machine) [2 verdicts; 1 bad: machine 123]")
@@ -65,7 +66,7 @@ def test_verdicts_land_as_bot_commits_with_trailers_and_a_rerun_is_a_no_op(origi
     assert record.benchmarks[0].evidence["proofs_per_hour"] == 20.0
 
     before = origin_log(origin)
-    again = run_pass(store, source, LATER + timedelta(minutes=1))
+    again = run_pass(GitFleetTree(store), source, LATER + timedelta(minutes=1))
     assert again.ok and again.commit is None and again.verdicts == ()
     assert origin_log(origin) == before
 
@@ -73,34 +74,34 @@ def test_verdicts_land_as_bot_commits_with_trailers_and_a_rerun_is_a_no_op(origi
 def test_crash_between_commit_and_push_is_recovered_by_the_next_pass(origin: Path, tmp_path: Path) -> None:
     source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
     with pytest.raises(ProcessDied):
-        run_pass(bot_store(origin, tmp_path, DiesBeforePush), source, LATER)
+        run_pass(GitFleetTree(bot_store(origin, tmp_path, DiesBeforePush)), source, LATER)
     bot = tmp_path / "bot"
     assert "[1 verdict" in git(bot, "log", "-1", "--format=%s")  # committed locally...
     assert origin_file(origin, M123) is None  # ...never pushed
 
     restarted = bot_store(origin, tmp_path)
-    result = run_pass(restarted, source, LATER + timedelta(minutes=1))
+    result = run_pass(GitFleetTree(restarted), source, LATER + timedelta(minutes=1))
     assert result.pushed and [v.instance_id for v in result.verdicts] == ["pro-0-a"]
     assert trailers(origin, "Fleet-Instance") == ["pro-0-a"]  # exactly once
-    assert run_pass(restarted, source, LATER + timedelta(minutes=2)).commit is None
+    assert run_pass(GitFleetTree(restarted), source, LATER + timedelta(minutes=2)).commit is None
 
 
 def test_rejected_push_is_a_temporary_error_and_the_next_pass_publishes(origin: Path, tmp_path: Path) -> None:
     store = bot_store(origin, tmp_path)
     source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
     hook = install_rejecting_hook(origin)
-    result = run_pass(store, source, LATER)
+    result = run_pass(GitFleetTree(store), source, LATER)
     assert not result.ok and result.error is not None and "rejected" in result.error
     assert result.stalled is None and origin_file(origin, M123) is None
     hook.unlink()
-    assert run_pass(store, source, LATER).pushed
+    assert run_pass(GitFleetTree(store), source, LATER).pushed
     assert origin_file(origin, M123) is not None
 
 
 def test_observation_failure_produces_no_verdicts(origin: Path, tmp_path: Path) -> None:
     store = bot_store(origin, tmp_path)
     before = origin_log(origin)
-    result = run_pass(store, FakeReports(error=OSError("database is locked")), LATER)
+    result = run_pass(GitFleetTree(store), FakeReports(error=OSError("database is locked")), LATER)
     assert result.observation_error == "OSError: database is locked"
     assert result.verdicts == () and result.commit is None and not result.ok
     assert origin_log(origin) == before
@@ -111,7 +112,8 @@ def test_bad_spec_stalls_with_its_reason_and_writes_nothing(origin: Path, tmp_pa
     human_commit(human, {"fleet-spec/fleet.yaml": SPEC_YAML.replace("min_rate_proofs_per_hour: 29",
                                                                     "min_rate_proofs_per_hour: fast")})
     before = origin_log(origin)
-    result = run_pass(bot_store(origin, tmp_path), FakeReports([completed_report("pro-0-a", "123", 20.0)]), LATER)
+    source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
+    result = run_pass(GitFleetTree(bot_store(origin, tmp_path)), source, LATER)
     assert result.stalled is not None
     assert "fleet.yaml" in result.stalled and "min_rate_proofs_per_hour" in result.stalled
     assert "fast" in result.stalled
@@ -122,15 +124,15 @@ def test_bad_spec_stalls_with_its_reason_and_writes_nothing(origin: Path, tmp_pa
 def test_pardon_is_respected_until_a_new_failure(origin: Path, tmp_path: Path) -> None:
     store = bot_store(origin, tmp_path)
     source = FakeReports([completed_report("pro-0-a", "123", 20.0)])
-    assert run_pass(store, source, LATER).pushed
+    assert run_pass(GitFleetTree(store), source, LATER).pushed
     human = clone(origin, tmp_path / "human")
     human_commit(human, {M123: None}, "pardon machine 123: PSU replaced")
 
-    assert run_pass(store, source, LATER + timedelta(minutes=5)).commit is None
+    assert run_pass(GitFleetTree(store), source, LATER + timedelta(minutes=5)).commit is None
     assert origin_file(origin, M123) is None
 
     source.items.append(completed_report("pro-0-b", "123", 21.0))
-    result = run_pass(store, source, LATER + timedelta(minutes=10))
+    result = run_pass(GitFleetTree(store), source, LATER + timedelta(minutes=10))
     assert [v.instance_id for v in result.verdicts] == ["pro-0-b"]
     record = parse_machine_record(origin_file(origin, M123) or "", Path(M123))
     assert record.status == "bad" and [b.instance_id for b in record.benchmarks] == ["pro-0-b"]
@@ -152,7 +154,7 @@ def test_run_repeats_passes_on_the_injected_clock_until_stopped(origin: Path, tm
     def one_pass(now: datetime) -> PassResult:
         if len(seen) == 1:
             raise RuntimeError("controller store vanished")  # an unexpected bug must not end the loop
-        return run_pass(store, source, now)
+        return run_pass(GitFleetTree(store), source, now)
 
     results = run(one_pass, interval_s=30, stop_event=stop, clock=lambda: next(ticks), sleep=sleeps,
                   on_pass=on_pass)

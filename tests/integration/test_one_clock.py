@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.flows.judge import run_pass
 from tests.controller_support import ADMIN_AUTH, Harness
@@ -59,7 +60,7 @@ def test_a_skewed_worker_clock_neither_reorders_the_timeline_nor_hides_its_skew(
 
     bare, _ = make_origin(tmp_path, {"fleet-spec/fleet.yaml": SPEC_YAML})
     git(tmp_path, "clone", "--quiet", str(bare), str(tmp_path / "bot"))
-    outcome = run_pass(GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(1)), h.store,
+    outcome = run_pass(GitFleetTree(GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(1))), h.store,
                        T0 + timedelta(hours=3))
     assert outcome.ok and outcome.pushed, outcome.headline()
     record = yaml.safe_load(origin_file(bare, "fleet-spec/machines/4242.yaml") or "")

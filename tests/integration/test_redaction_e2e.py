@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.settings import known_secret_values
 from reconciler.adapters.store.sqlite import SqliteStore
@@ -136,7 +137,7 @@ def test_no_secret_of_any_kind_survives_into_git_or_the_api(
     tmp = tmp_path_factory.mktemp("origin")
     bare, _ = make_origin(tmp, {"fleet-spec/fleet.yaml": SPEC_YAML})
     git(tmp, "clone", "--quiet", str(bare), str(tmp / "bot"))
-    outcome = run_pass(GitStore(tmp / "bot", sleep=Sleeps()), store, T0 + timedelta(hours=4))
+    outcome = run_pass(GitFleetTree(GitStore(tmp / "bot", sleep=Sleeps())), store, T0 + timedelta(hours=4))
     assert outcome.ok and outcome.pushed, outcome.headline()
     committed = all_git_text(bare)
     assert f"fleet-spec/machines/{machine}.yaml" in committed and MASK in committed

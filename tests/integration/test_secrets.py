@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.vastai import RetryPolicy, Timeouts, VastAiMarketplace
 from reconciler.adapters.record_files import load_records
@@ -106,7 +107,8 @@ def test_secrets_in_worker_logs_never_reach_git(controller: Controller, tmp_path
               "completed": 1, "failed": 0, "image_digest": "sha256:" + "a1" * 32, "log_tail": tail}
     assert controller.post(iid, "result", result).status_code == 200
 
-    outcome = run_pass(GitStore(bot_clone(bare, tmp_path / "bot"), sleep=Sleeps()), controller.store, LATER)
+    bot = GitFleetTree(GitStore(bot_clone(bare, tmp_path / "bot"), sleep=Sleeps()))
+    outcome = run_pass(bot, controller.store, LATER)
     assert outcome.ok and outcome.pushed and [v.instance_id for v in outcome.verdicts] == [iid]
     everything = all_git_text(bare)
     assert "fleet-spec/machines/40213.yaml" in git(bare, "ls-tree", "-r", "--name-only", "main")
@@ -138,7 +140,7 @@ def test_machine_id_with_path_tricks_never_becomes_a_path(controller: Controller
                                            "log_tail": CUDA_TAIL}).status_code == 200
     bot = bot_clone(bare, tmp_path / "bot")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if ".git" not in p.parts)
-    outcome = run_pass(GitStore(bot, sleep=Sleeps()), controller.store, LATER)
+    outcome = run_pass(GitFleetTree(GitStore(bot, sleep=Sleeps())), controller.store, LATER)
     assert outcome.ok and outcome.commit is None
     assert any("missing or unsafe" in note for note in outcome.notes), outcome.notes
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if ".git" not in p.parts)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records, parse_image_record, parse_machine_record
 from reconciler.domain.judging import decide
@@ -78,7 +79,7 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
     store = GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(1))
     source = FakeReports([FIRST])
 
-    first = run_pass(store, source, LATER, desired_image_digest=DIGEST)
+    first = run_pass(GitFleetTree(store), source, LATER, desired_image_digest=DIGEST)
     assert first.pushed
     _check_first_record(load_records(store.workdir / "fleet-spec"))
     # The commit subject leads with the root cause (issue 14): the operator sees why without digging.
@@ -87,7 +88,7 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
         "connecting to 127.0.0.1:9820 (blame: image) [1 verdict]")
 
     source.items.append(SECOND)
-    second = run_pass(store, source, LATER + timedelta(minutes=10), desired_image_digest=DIGEST)
+    second = run_pass(GitFleetTree(store), source, LATER + timedelta(minutes=10), desired_image_digest=DIGEST)
     assert second.pushed
     summary = origin_log(origin, "%s")[0]
     assert summary.startswith("fleet: machine 51877 benchmark-error: benchmark exit 1, 0/10 proofs: Error: connection")
@@ -99,7 +100,7 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
     assert "circuit breaker tripped" in git(origin, "log", "-1", "--format=%b", "main")
 
     source.items += [SLOW, THIRD]
-    third = run_pass(store, source, LATER + timedelta(hours=1), desired_image_digest=DIGEST)
+    third = run_pass(GitFleetTree(store), source, LATER + timedelta(hours=1), desired_image_digest=DIGEST)
     assert third.pushed
     assert origin_log(origin, "%s")[0].startswith(
         "fleet: machine 62001 below-min-rate: benchmark exit 0, 10/10 proofs: 20.0/h < 29/h")
@@ -111,7 +112,7 @@ def test_seed_incident_through_the_loop_with_a_real_origin(tmp_path: Path) -> No
     assert on_origin.machines["73002"].benchmarks[0].held_by == "circuit-breaker"
     assert set(trailers(origin, "Fleet-Instance")) == {r.instance_id for r in (FIRST, SECOND, SLOW, THIRD)}
 
-    assert run_pass(store, source, LATER + timedelta(hours=2), desired_image_digest=DIGEST).commit is None
+    assert run_pass(GitFleetTree(store), source, LATER + timedelta(hours=2), desired_image_digest=DIGEST).commit is None
 
 
 def test_status_after_the_incident_shows_pause_budget_timelines_and_root_causes() -> None:
@@ -170,7 +171,7 @@ def test_the_seed_incident_on_three_machines_pauses_the_pools_and_marks_no_machi
         pool = "rtx4090" if instance.startswith("rtx4090") else "rtx-pro-4000"
         source.items.append(error_report(instance, machine, ARIA2C_PROGRESS_ONLY, host_id=host, pool=pool,
                                          registered_min=5 * n))
-        result = run_pass(store, source, LATER + timedelta(minutes=10 * n), desired_image_digest=DIGEST)
+        result = run_pass(GitFleetTree(store), source, LATER + timedelta(minutes=10 * n), desired_image_digest=DIGEST)
         assert result.pushed
         (verdict,) = result.verdicts
         assert (verdict.verdict, verdict.marks_bad) == ("benchmark-error", False)

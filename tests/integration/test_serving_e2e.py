@@ -36,6 +36,7 @@ import yaml
 
 from reconciler import REPO_ROOT
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.local import LocalMachine, LocalMarketplace
 from reconciler.adapters.params_mirror import ParamsMirrorServer
@@ -137,7 +138,7 @@ class ServingWorld:
         spec = load_spec(self.ci.workdir / "fleet-spec" / "fleet.yaml")
         apply_fleet(spec, load_records(self.ci.workdir / "fleet-spec"), self.provider, self.state_path, self.image,
                     datetime.now(UTC), echo=lambda line: None)
-        result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=self.image.digest,
+        result = run_pass(GitFleetTree(self.bot), self.store, datetime.now(UTC), desired_image_digest=self.image.digest,
                           directive_sink=self.store)
         assert result.ok, result.headline()
         self.passes.append(result)

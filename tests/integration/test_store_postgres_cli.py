@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.store.copy_to_postgres import copy_store
 from reconciler.adapters.store.postgres import PostgresStore, redacted_uri
@@ -95,7 +96,7 @@ def test_a_pass_while_the_database_is_away_observes_nothing_and_judges_nothing(
     try:
         private_postgres_server.stop()
         git = GitStore.clone(str(origin), tmp_path / "w")
-        result = run_pass(git, store, datetime(2026, 12, 3, tzinfo=UTC), desired_image_digest=DIGEST,
+        result = run_pass(GitFleetTree(git), store, datetime(2026, 12, 3, tzinfo=UTC), desired_image_digest=DIGEST,
                           directive_sink=store)
         assert not result.ok and result.observation_error is not None and result.verdicts == ()
         assert result.observation_error.startswith("StoreUnavailable: ")

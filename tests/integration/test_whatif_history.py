@@ -38,10 +38,11 @@ import yaml
 from reconciler import REPO_ROOT
 from reconciler.adapters.controller.server import ControllerServer
 from reconciler.adapters.curio_queue import CurioQueue
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.local import LocalMachine, LocalMarketplace
 from reconciler.adapters.params_mirror import ParamsMirrorServer
-from reconciler.adapters.record_files import load_records
+from reconciler.adapters.record_files import RecordCache, load_records
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotOutputs, SlotProvider, directory_digest
 from reconciler.adapters.spec_files import load_spec
 from reconciler.adapters.store.sqlite import SqliteStore
@@ -50,7 +51,7 @@ from reconciler.cli.demo import init_origin, make_params
 from reconciler.cli.surfaces import slot_prices
 from reconciler.domain.records import RecordSet
 from reconciler.flows.demand import DemandRecorder
-from reconciler.flows.judge import PassResult, run_pass
+from reconciler.flows.judge import PassMemory, PassResult, run_pass
 from reconciler.flows.provision import Image, apply_fleet
 from tests.gitrepos import git
 from tests.postgres_server import PostgresServer
@@ -146,6 +147,8 @@ class World:
         self.state_dir = self.tmp / "state"
         self.image = Image(str(WORKER_IMAGE), directory_digest(WORKER_IMAGE))
         self.demand = DemandRecorder(resolution_s=1.0, flush_s=5.0)
+        self.tree = GitFleetTree(self.bot, record_cache=RecordCache())  # the loop's: a warm pass after the first
+        self.memory = PassMemory()
         self.queue = CurioQueue({"CURIO_DB_URL": self.queue_url})
 
     def _destroyed(self, out: SlotOutputs) -> None:
@@ -157,9 +160,9 @@ class World:
         spec = load_spec(self.ci.workdir / "fleet-spec" / "fleet.yaml")
         apply_fleet(spec, load_records(self.ci.workdir / "fleet-spec"), self.provider,
                     self.state_dir / SLOT_STATE_FILE, self.image, datetime.now(UTC), echo=lambda line: None)
-        result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=self.image.digest,
+        result = run_pass(self.tree, self.store, datetime.now(UTC), desired_image_digest=self.image.digest,
                           directive_sink=self.store, queue_reader=self.queue, prices=slot_prices(self.state_dir),
-                          demand=self.demand)
+                          memory=self.memory, demand=self.demand)
         assert result.ok, result.headline()
         self.passes.append(result)
         return result

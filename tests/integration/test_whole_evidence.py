@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.store.port import REPORT_TAIL_LINES, ControllerStore
@@ -68,7 +69,7 @@ def test_a_decisive_line_far_above_the_tail_decides_the_verdict(tmp_path: Path, 
     assert not any("couldn't communicate" in line for line in report.log_tail)  # outside the 50-line tail
     assert len(report.log_tail) == REPORT_TAIL_LINES
     try:
-        result = run_pass(publisher, store, NOW, desired_image_digest=DIGEST)
+        result = run_pass(GitFleetTree(publisher), store, NOW, desired_image_digest=DIGEST)
     finally:
         store.close()
     (verdict,) = result.verdicts
@@ -95,7 +96,7 @@ def test_a_ring_that_cannot_be_read_judges_nothing(tmp_path: Path) -> None:
     store, publisher = _world(tmp_path)
     _instance(store, "rtx4090-0-e1de01", "81002", probe=[], first_line=None)
     try:
-        result = run_pass(publisher, BrokenRings(store), NOW, desired_image_digest=DIGEST)
+        result = run_pass(GitFleetTree(publisher), BrokenRings(store), NOW, desired_image_digest=DIGEST)
     finally:
         store.close()
     assert result.observation_error == "OSError: disk I/O error" and result.verdicts == () and result.commit is None

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import load_records
 from reconciler.adapters.store.sqlite import SqliteStore
@@ -83,7 +84,7 @@ def run_mode(tmp_path: Path) -> Iterator[Any]:
         result = json.loads(sent.read_text()) if sent.exists() else None
         if result is not None:
             assert report.result is not None and report.result.outcome == result["outcome"]
-        run_pass(publisher, store, NOW, desired_image_digest=DIGEST)
+        run_pass(GitFleetTree(publisher), store, NOW, desired_image_digest=DIGEST)
         record = load_records(publisher.workdir / "fleet-spec").machines.get(MACHINE)
         entry = record.benchmarks[-1] if record and record.benchmarks else None
         return Run(proc.returncode, proc.stdout + proc.stderr, result, detail.get("events", []), entry,

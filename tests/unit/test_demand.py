@@ -5,6 +5,7 @@ and committed."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -121,20 +122,27 @@ def test_load_demand_reads_the_window_of_every_pool(tmp_path: Path) -> None:
         render_day([_sample(1), _sample(2, busy_s=60.0), _sample(3)]))
     history = load_demand(tmp_path, at(1), at(3))
     assert history.files == 1 and [s.at for s in history.samples["rtx4090"]] == [at(2), at(3)]
-    assert last_sample_at(tmp_path, "rtx4090", at(10)) == at(3)
+    tree = {day_path("rtx4090", at(0).date()): (tmp_path / day_path("rtx4090", at(0).date())).read_text()}
+    assert last_sample_at(tree.get, "rtx4090", at(10)) == at(3)
 
 
-def test_the_recorder_samples_at_most_once_per_resolution_and_commits_when_due(tmp_path: Path) -> None:
+def names(tree: dict[str, str]) -> Callable[[str], list[str]]:
+    """The spec directory's files under a directory, as the pass's tree view lists them."""
+    return lambda directory: sorted(p for p in tree if p.startswith(directory + "/"))
+
+
+def test_the_recorder_samples_at_most_once_per_resolution_and_commits_when_due() -> None:
     recorder = DemandRecorder(resolution_s=60.0, spacing_s=60.0, flush_s=300.0)
     records = RecordSet()
-    first = recorder.take(SPEC, tmp_path, _reports(), records, (), (), {}, None, at(36))
+    tree: dict[str, str] = {}
+    first = recorder.take(SPEC, tree.get, _reports(), records, (), (), {}, None, at(36))
     assert [s.span_s for s in first] == [60.0]  # nothing earlier: one resolution
-    assert recorder.changes(tmp_path, "fleet-spec", first, at(36), committing=False) == ()  # not due yet
+    assert recorder.changes(tree.get, names(tree), "fleet-spec", first, at(36), committing=False) == ()  # not due yet
     recorder.done(first, flushed=False)
-    assert recorder.take(SPEC, tmp_path, _reports(), records, (), (), {}, None, at(36.5)) == ()  # within 60 s
-    later = recorder.take(SPEC, tmp_path, _reports(), records, (), (), {}, None, at(37.5))
+    assert recorder.take(SPEC, tree.get, _reports(), records, (), (), {}, None, at(36.5)) == ()  # within 60 s
+    later = recorder.take(SPEC, tree.get, _reports(), records, (), (), {}, None, at(37.5))
     assert [s.span_s for s in later] == [90.0]
-    files = recorder.changes(tmp_path, "fleet-spec", later, at(37.5), committing=True)  # a commit anyway
+    files = recorder.changes(tree.get, names(tree), "fleet-spec", later, at(37.5), committing=True)  # a commit anyway
     assert [c.path for c in files] == ["fleet-spec/" + day_path("rtx4090", at(0).date())]
     assert demand_trailers(files) == (("Fleet-Demand", day_path("rtx4090", at(0).date())),)
     written, _ = parse_day(files[0].content or "", "rtx4090", "x")
@@ -142,16 +150,14 @@ def test_the_recorder_samples_at_most_once_per_resolution_and_commits_when_due(t
     recorder.done(later, flushed=True)
     assert recorder.pending == ()
     # Nothing committed for a while: the samples go out on their own once the oldest is flush_s old.
-    recorder.done(recorder.take(SPEC, tmp_path, _reports(), records, (), (), {}, None, at(39)), flushed=False)
-    assert recorder.changes(tmp_path, "fleet-spec", (), at(43), committing=False) == ()
-    assert len(recorder.changes(tmp_path, "fleet-spec", (), at(44), committing=False)) == 1
+    recorder.done(recorder.take(SPEC, tree.get, _reports(), records, (), (), {}, None, at(39)), flushed=False)
+    assert recorder.changes(tree.get, names(tree), "fleet-spec", (), at(43), committing=False) == ()
+    assert len(recorder.changes(tree.get, names(tree), "fleet-spec", (), at(44), committing=False)) == 1
 
 
-def test_a_new_leader_starts_its_tile_where_the_day_file_ends(tmp_path: Path) -> None:
-    path = tmp_path / day_path("rtx4090", at(0).date())
-    path.parent.mkdir(parents=True)
-    path.write_text(render_day([_sample(30)]))
-    taken = DemandRecorder(spacing_s=60.0).take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(36))
+def test_a_new_leader_starts_its_tile_where_the_day_file_ends() -> None:
+    tree = {day_path("rtx4090", at(0).date()): render_day([_sample(30)])}
+    taken = DemandRecorder(spacing_s=60.0).take(SPEC, tree.get, _reports(), RecordSet(), (), (), {}, None, at(36))
     assert [s.span_s for s in taken] == [360.0]
 
 
@@ -175,10 +181,11 @@ def test_between_its_spacing_a_pool_is_sampled_only_when_something_a_decision_tu
     assert _sample(2, up=earlier.up, waiting={}).differs_from(earlier) == "queue"  # to empty
 
 
-def test_the_recorder_skips_a_pass_where_nothing_moved_until_its_spacing(tmp_path: Path) -> None:
+def test_the_recorder_skips_a_pass_where_nothing_moved_until_its_spacing() -> None:
     recorder = DemandRecorder(resolution_s=60.0, spacing_s=600.0)
-    first = recorder.take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(36))
+    tree: dict[str, str] = {}
+    first = recorder.take(SPEC, tree.get, _reports(), RecordSet(), (), (), {}, None, at(36))
     recorder.done(first, flushed=False)
-    assert recorder.take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(38)) == ()  # nothing moved
-    later = recorder.take(SPEC, tmp_path, _reports(), RecordSet(), (), (), {}, None, at(46))  # 10 min: spacing
+    assert recorder.take(SPEC, tree.get, _reports(), RecordSet(), (), (), {}, None, at(38)) == ()  # nothing moved
+    later = recorder.take(SPEC, tree.get, _reports(), RecordSet(), (), (), {}, None, at(46))  # 10 min: spacing
     assert [s.span_s for s in later] == [600.0]  # its tile covers the skipped passes too

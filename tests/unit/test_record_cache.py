@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.record_files import (
     RecordCache,
@@ -216,8 +217,8 @@ def test_the_loop_with_a_cache_builds_on_a_human_edit_merged_between_passes(tmp_
     store = GitStore(tmp_path / "bot", sleep=Sleeps(), rng=random.Random(3), max_attempts=2)
     cache = RecordCache(clock_ns=ahead)
     source = FakeReports([completed_report("pro-0-a", "123", 20.0), completed_report("pro-1-a", "456", 35.0)])
-    assert run_pass(store, source, LATER, record_cache=cache).pushed
-    assert run_pass(store, source, LATER, record_cache=cache).commit is None
+    assert run_pass(GitFleetTree(store, record_cache=cache), source, LATER).pushed
+    assert run_pass(GitFleetTree(store, record_cache=cache), source, LATER).commit is None
     assert (cache.parsed, cache.reused) == (2, 0)  # written by pass 1 after its load: new to the cache
 
     human = clone(origin, tmp_path / "human")
@@ -225,7 +226,7 @@ def test_the_loop_with_a_cache_builds_on_a_human_edit_merged_between_passes(tmp_
     edited = (origin_file(origin, path) or "").replace("status: bad", "status: pardoned\nnote: PSU replaced")
     human_commit(human, {path: edited}, "pardon machine 123: PSU replaced")
     source.items.append(completed_report("pro-0-b", "123", 21.0))
-    result = run_pass(store, source, LATER, record_cache=cache)
+    result = run_pass(GitFleetTree(store, record_cache=cache), source, LATER)
     assert [v.instance_id for v in result.verdicts] == ["pro-0-b"]
     assert (cache.parsed, cache.reused) == (1, 1)  # only the human's edit was parsed again
     record = parse_machine_record(origin_file(origin, path) or "", Path(path))

@@ -8,6 +8,7 @@ from typing import Any, cast
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.cli.surfaces import Surfaces
+from reconciler.domain.errors import LEASE_LOST
 from reconciler.domain.judging import decide
 from reconciler.domain.records import RecordSet
 from reconciler.flows.judge import PassResult
@@ -77,3 +78,15 @@ def test_a_provisioner_run_announces_destroyed_orphans_and_the_spend_cap() -> No
     assert again[1].idempotency_key == events[1].idempotency_key
     quiet = SimpleNamespace(destroyed=(), plan=SimpleNamespace(capped=()), slots={})
     assert provisioner_events(quiet, SimpleNamespace(max_total_dph=1.0), NOW) == []
+
+
+def test_a_pass_that_lost_its_term_is_counted_as_not_leader() -> None:
+    metrics = fleet_metrics(lambda: None)
+    surfaces = Surfaces(routes=[], metrics=metrics, source=cast(Any, None))
+    surfaces.on_pass(PassResult(at=NOW, attempts=2, reason=LEASE_LOST,
+                                error="not-leader: push refused; nothing left to publish: lease epoch 2 is no longer "
+                                      "held by r1; not writing"))
+    got = samples(metrics.exposition().decode())
+    assert got[("fleet_reconcile_passes_total", (("outcome", "not_leader"),))] == 1
+    assert got[("fleet_reconcile_passes_total", (("outcome", "ok"),))] == 0
+    assert got[("fleet_reconcile_passes_total", (("outcome", "error"),))] == 0

@@ -2,7 +2,9 @@
 
 `BACKENDS` is the one place to add a backend: its name, how to build it from plain settings (what a
 pickled Pulumi provider and `fleet apply` can carry) plus secrets, how the CLI's options become those
-settings, and whether it runs a worker-image directory (local) or a registry image pinned by digest.
+settings, and whether it runs a worker-image directory (local) or a registry image pinned by digest. Owned Docker
+hosts (`hosts`) are a backend of their own, or sit beside a rental market (`hosts_file` in any backend's settings:
+`combined.py` routes each pool's search to one of them).
 Adapters are imported when built, so importing this package pulls in no HTTP library.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.settings import settings
 from reconciler.domain.marketplace import (
@@ -27,6 +29,9 @@ from reconciler.domain.marketplace import (
     PermanentMarketplaceError,
     TemporaryMarketplaceError,
 )
+
+if TYPE_CHECKING:
+    from reconciler.adapters.marketplace.hosts import HostsMarketplace
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,36 @@ def _vastai_settings(options: Mapping[str, Any], _state_dir: Path) -> dict[str, 
     return {"kind": "vastai", "base_url": options.get("vast_base_url")}
 
 
+def _load_owned(hosts_file: str) -> HostsMarketplace:
+    from reconciler.adapters.marketplace.docker_engine import SdkDockerEngine  # the docker SDK: only when used
+    from reconciler.adapters.marketplace.hosts import HostsMarketplace
+    from reconciler.adapters.spec_files import load_hosts
+    from reconciler.domain.spec import SpecError
+
+    try:
+        hosts = load_hosts(Path(hosts_file))
+    except SpecError as exc:
+        raise PermanentMarketplaceError(str(exc)) from None
+    if hosts is None:
+        raise PermanentMarketplaceError(f"{hosts_file}: file not found (the owned-hosts inventory)")
+    return HostsMarketplace(hosts, SdkDockerEngine)
+
+
+def _build_hosts(backend: Mapping[str, Any], _secrets: Mapping[str, str]) -> Marketplace:
+    if not backend.get("hosts_file"):
+        raise PermanentMarketplaceError("the hosts backend needs hosts_file (the owned-hosts inventory)")
+    return _load_owned(str(backend["hosts_file"]))
+
+
+def _hosts_settings(options: Mapping[str, Any], _state_dir: Path) -> dict[str, Any]:
+    if not options.get("hosts"):
+        raise ValueError("the hosts backend needs --hosts FILE (fleet-spec/hosts.yaml)")
+    return {"kind": "hosts"}
+
+
 BACKENDS: dict[str, Backend] = {
+    "hosts": Backend("hosts", "owned Docker hosts (--hosts, default fleet-spec/hosts.yaml), one worker per GPU",
+                     _build_hosts, _hosts_settings, runs_image_directory=False),
     "local": Backend("local", "declared machines on this host, each instance a worker process (demo, tests)",
                      _build_local, _local_settings, runs_image_directory=True),
     "vastai": Backend("vastai", "vast.ai REST API (API key from the stack config or $VAST_API_KEY)",
@@ -95,8 +129,21 @@ def backend_named(name: object) -> Backend:
 
 
 def build_marketplace(backend: Mapping[str, Any], secret_values: Mapping[str, str]) -> Marketplace:
-    """A marketplace adapter from plain settings (`{"kind": NAME, ...}`) and secrets."""
-    return backend_named(backend.get("kind")).build(backend, secret_values)
+    """A marketplace adapter from plain settings (`{"kind": NAME, ...}`) and secrets. With `hosts_file` beside a
+    rental backend, pools on owned hosts are served by the hosts adapter and the others by the rental market."""
+    market = backend_named(backend.get("kind")).build(backend, secret_values)
+    if backend.get("hosts_file") and backend.get("kind") != "hosts":
+        from reconciler.adapters.marketplace.combined import CombinedMarketplace
+
+        return CombinedMarketplace(market, _load_owned(str(backend["hosts_file"])))
+    return market
+
+
+def settings_with_hosts(settings: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """`--hosts FILE` (any backend): the owned-hosts inventory beside the market."""
+    if options.get("hosts"):
+        settings["hosts_file"] = str(Path(options["hosts"]).resolve())
+    return settings
 
 
 __all__ = [
@@ -115,4 +162,5 @@ __all__ = [
     "TemporaryMarketplaceError",
     "backend_named",
     "build_marketplace",
+    "settings_with_hosts",
 ]
