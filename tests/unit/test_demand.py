@@ -19,6 +19,7 @@ from reconciler.adapters.demand_files import (
     load_demand,
     parse_day,
     render_day,
+    stale_days,
 )
 from reconciler.domain.capacity import QueueSnapshot, Utilization, signals_for
 from reconciler.domain.demand import DemandSample, Tile, compact, pool_sample, tile
@@ -189,3 +190,9 @@ def test_the_recorder_skips_a_pass_where_nothing_moved_until_its_spacing() -> No
     assert recorder.take(SPEC, tree.get, _reports(), RecordSet(), (), (), {}, None, at(38)) == ()  # nothing moved
     later = recorder.take(SPEC, tree.get, _reports(), RecordSet(), (), (), {}, None, at(46))  # 10 min: spacing
     assert [s.span_s for s in later] == [600.0]  # its tile covers the skipped passes too
+
+
+def test_day_files_past_the_retention_are_the_ones_deleted() -> None:
+    files = [day_path("rtx4090", at(0).date() - timedelta(days=d)) for d in (0, 39, 40, 41)] + ["demand/README"]
+    keep_from = at(0).date() - timedelta(days=40)
+    assert stale_days(files, keep_from) == [day_path("rtx4090", at(0).date() - timedelta(days=41))]
