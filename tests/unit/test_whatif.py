@@ -101,23 +101,26 @@ def test_the_unchanged_spec_reproduces_history_and_a_raised_minimum_flips_the_ma
 
 
 def test_a_benchmark_whose_best_case_falls_below_the_new_minimum_is_ended_early_at_that_proof() -> None:
-    # Warm-up 200 s, then 75 s proofs (48/h): above 40/h, hopeless against 60/h after the first measured proof.
+    # Warm-up 200 s, then 75 s proofs (48/h): above 40/h, hopeless against 60/h once enough proofs are measured.
     report = rated("a", "m-a", [200.0] + [75.0] * 9)
     h = history_of([(LATER, [report])])
     (a,) = attempts(h)
     c = candidate(a, with_min(60), SPEC)
     assert c.verdict is not None and c.verdict.verdict == "early-below-min-rate"
-    assert c.at == T0 + timedelta(minutes=25, seconds=275)  # after the warm-up and one measured proof
+    measured = SPEC.early_verdict.min_measured_proofs
+    assert c.at == T0 + timedelta(minutes=25, seconds=200 + 75 * measured)  # the warm-up, then that many proofs
     assert candidate(a, SPEC, SPEC).verdict.verdict == "ok"  # type: ignore[union-attr]
 
 
 def test_an_early_verdict_is_judged_again_on_its_proofs_and_unknown_where_the_run_was_cut() -> None:
-    # A benchmark cut after its second proof by an early verdict (min 60/h); its proofs are kept in the evidence.
+    # A benchmark cut by an early verdict (min 60/h) once enough proofs after the warm-up were measured; its proofs
+    # are kept in the evidence.
+    seconds = [200.0] + [75.0] * SPEC.early_verdict.min_measured_proofs
     running = make_report("a", "m-a", pool=POOL, gpu_name="RTX 4090", events=[
         ev("params", "done", 22), ev("benchmark", "started", 25, details={"requested": 10, "concurrency": 1}),
-        ev("benchmark", "progress", 29, details={"proof": {"index": 1, "label": "COMPLETED", "seconds": 200.0}}),
-        ev("benchmark", "progress", 30, details={"proof": {"index": 2, "label": "COMPLETED", "seconds": 75.0}})])
-    h = history_of([(T0 + timedelta(minutes=31), [running])], spec=with_min(60))
+        *(ev("benchmark", "progress", 29 + i, details={"proof": {"index": i + 1, "label": "COMPLETED",
+                                                                  "seconds": s}}) for i, s in enumerate(seconds))])
+    h = history_of([(T0 + timedelta(minutes=30 + len(seconds)), [running])], spec=with_min(60))
     (a,) = attempts(h)
     assert a.entry.verdict == "early-below-min-rate"
     assert candidate(a, with_min(60), with_min(60)).verdict.verdict == "early-below-min-rate"  # type: ignore
