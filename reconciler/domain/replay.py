@@ -527,6 +527,7 @@ class _Memo:
         self._bounds: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
         self._slots: dict[tuple[object, ...], tuple[SlotState, ...]] = {}
         self._states: dict[tuple[str, int, str], SlotState] = {}
+        self._fixed: dict[tuple[object, ...], PoolSpec] = {}
 
     @staticmethod
     def _key(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[object, ...]:
@@ -544,6 +545,15 @@ class _Memo:
 
     def desired(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
         return pool.count if pool.min_count is None else self.bounds(pool, entries.get(pool.name))[2]
+
+    def fixed(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> PoolSpec:
+        """An autoscaled pool as a fixed count at its desired (what the spend cap reads of a pool not decided)."""
+        desired = self.desired(pool, entries)
+        key = ("fixed", pool.name, pool.max_price_usd_per_hour, desired)
+        found = self._fixed.get(key)
+        if found is None:
+            found = self._fixed[key] = replace(pool, count=desired, min_count=None, max_count=None)
+        return found
 
     def slots(self, pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
               draining_serving: int) -> tuple[SlotState, ...]:
@@ -854,10 +864,14 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         deciding_signals = {n: sig for n, sig in signals.items() if n not in reused}
         if deciding_signals:
             # Each pool is decided at its own samples: one not sampled now decided no change at this pass (a change
-            # is always sampled). It enters as a fixed count at its desired: all the spend cap reads of it.
-            deciding = replace(spec, pools=tuple(
-                p if p.name in deciding_signals or p.min_count is None else
-                replace(p, count=memo.desired(p, entries), min_count=None, max_count=None) for p in spec.pools))
+            # is always sampled). With a spend cap it enters as a fixed count at its desired (all the cap reads of
+            # it); without one the others do not enter the decision at all.
+            if spec.max_total_dph is None:
+                deciding = replace(spec, pools=tuple(p for p in spec.pools if p.name in deciding_signals))
+            else:
+                deciding = replace(spec, pools=tuple(
+                    p if p.name in deciding_signals or p.min_count is None else memo.fixed(p, entries)
+                    for p in spec.pools))
             keys = {n: (_entry_key(entries.get(n)), spec.pool(n), n in paused, n in exhausted, spec.max_total_dph)
                     for n in deciding_signals}
             for d in decide_signals(deciding, entries, deciding_signals, at, paused_pools=paused,
