@@ -8,7 +8,7 @@ Deterministic (seeded). Nothing is hand-written that the reconciler writes itsel
 - demand: each autoscaled pool is followed by a simulated leader that passes every 5 minutes: demand in
   machine-equivalents (a daily wave, noise, PoRep tasks queueing when the pool is short), machines serving after a
   15-minute cold start, the signals a pass measures, `capacity.decide_signals` deciding, and samples taken as the
-  recorder takes them (`DemandSample.differs_from`, a decision always, at least every 15 minutes). Fixed pools are
+  recorder takes them (`PoolSample.differs_from`, a decision always, at least every 15 minutes). Fixed pools are
   sampled on the same rule. Day files rendered by `adapters.demand_files`, committed once a day.
 """
 
@@ -34,7 +34,7 @@ from reconciler.domain.capacity import (
     Utilization,
     decide_signals,
 )
-from reconciler.domain.demand import DemandSample
+from reconciler.domain.demand import PoolSample
 from reconciler.domain.judging import guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.planner import pool_pause
@@ -171,12 +171,12 @@ def _verdict_passes(spec: FleetSpec, rng: random.Random, since: datetime) -> tup
     return records, passes, attempts
 
 
-def _demand(spec: FleetSpec, rng: random.Random, since: datetime) -> tuple[dict[str, list[DemandSample]],
+def _demand(spec: FleetSpec, rng: random.Random, since: datetime) -> tuple[dict[str, list[PoolSample]],
                                                                          dict[str, CapacityEntry]]:
     """Each pool's samples over the window, from a simulated leader (autoscaled pools decide on them)."""
     start_entries = {p.name: CapacityEntry(p.name, SLOTS, tuple(range(SLOTS))) for p in spec.pools
                      if p.min_count is not None}
-    out: dict[str, list[DemandSample]] = {}
+    out: dict[str, list[PoolSample]] = {}
     for pool in spec.pools:
         phase = rng.uniform(0, 2 * math.pi)
         rate = pool.min_rate_proofs_per_hour * 1.2 / 3600  # proofs per busy second
@@ -187,8 +187,8 @@ def _demand(spec: FleetSpec, rng: random.Random, since: datetime) -> tuple[dict[
         backlog = 0.0
         oldest: datetime | None = None
         tiles: list[tuple[datetime, float, float]] = []
-        samples: list[DemandSample] = []
-        last: DemandSample | None = None
+        samples: list[PoolSample] = []
+        last: PoolSample | None = None
         last_at = since
         busy_sum = wall_sum = proofs = 0.0
         t = since
@@ -225,7 +225,7 @@ def _demand(spec: FleetSpec, rng: random.Random, since: datetime) -> tuple[dict[
                 elif d.after < desired:
                     serving = min(serving, d.after)
                 desired, entry = d.after, replace(d.entry, draining=(), slots=tuple(range(d.after)))
-            sample = DemandSample(
+            sample = PoolSample(
                 pool=pool.name, at=t, span_s=(t - last_at).total_seconds(), desired=desired,
                 slots=len(entry.slots) if entry is not None else SLOTS, draining=0, serving=int(serving),
                 on_the_way=on_the_way, stopped=0, draining_serving=0, busy_s=round(busy_sum, 3),
@@ -288,7 +288,7 @@ def build(root: Path, machines: int, seed: int = 11) -> Built:
     days = {d: [] for d in range(DAYS + 1)}  # demand files by day index, committed at the day's end
     demand_bytes = 0
     for pool, samples in demand.items():
-        by_day: dict[datetime, list[DemandSample]] = {}
+        by_day: dict[datetime, list[PoolSample]] = {}
         for s in samples:
             by_day.setdefault(datetime(s.at.year, s.at.month, s.at.day, tzinfo=UTC), []).append(s)
         for day, day_samples in by_day.items():

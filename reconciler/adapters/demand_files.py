@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,13 +26,14 @@ from datetime import date, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
 from reconciler.domain.capacity import Utilization
-from reconciler.domain.demand import DemandSample, compact
+from reconciler.domain.demand import PoolSample, compact
 from reconciler.domain.observations import format_time, parse_time
 
 DEMAND_DIR = "demand"
 COLUMNS = ("at", "span_s", "desired", "slots", "draining", "serving", "on_the_way", "stopped", "draining_serving",
            "busy_s", "wall_s", "proofs", "usd_h", "unpriced", "waiting", "running", "oldest_s", "queue", "upcoming",
-           "up", "down", "paused", "exhausted", "image", "changed")
+           "up", "down", "paused", "exhausted", "image", "changed", "heard_s", "back_s", "silent_s", "unheard",
+           "memory_s", "market")
 HEADER = ("# Demand samples of one pool for one UTC day, written by the fleet's leader (bot); read by `fleet plan "
           "--what-if`.\n# One line per tile since the previous sample; steady tiles are merged. Do not edit.\n")
 _POOL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -64,17 +66,23 @@ def _use(u: Utilization | None) -> str:
     return "" if u is None else f"{_num(u.busy_s)}/{_num(u.wall_s)}/{u.machines}/{_num(u.window_s)}"
 
 
-def _row(s: DemandSample) -> list[str]:
+def _row(s: PoolSample) -> list[str]:
     queue = "" if s.waiting is None and not s.queue_error else ("error" if s.queue_error else "ok")
     return [format_time(s.at), _num(s.span_s), str(s.desired), str(s.slots), str(s.draining), str(s.serving),
            str(s.on_the_way), str(s.stopped), str(s.draining_serving), _num(s.busy_s), _num(s.wall_s), str(s.proofs),
            _num(s.usd_per_hour), str(s.unpriced), _counts(s.waiting), _counts(s.running),
            "" if s.oldest_wait_s is None else _num(s.oldest_wait_s), queue,
            "" if s.upcoming is None else str(s.upcoming), _use(s.up), _use(s.down), str(int(s.paused)),
-           str(int(s.exhausted)), s.image, str(int(s.changed))]
+           str(int(s.exhausted)), s.image, str(int(s.changed)), _opt(s.heard_s), _opt(s.back_s), _opt(s.silent_s),
+           str(int(s.unheard)), _opt(s.memory_s),
+           "" if s.market is None else json.dumps(dict(s.market), sort_keys=True, separators=(",", ":"))]
 
 
-def render_day(samples: Iterable[DemandSample]) -> str:
+def _opt(value: float | None) -> str:
+    return "" if value is None else _num(value)
+
+
+def render_day(samples: Iterable[PoolSample]) -> str:
     """The text of one day file (the samples compacted, in time order)."""
     rows = compact(samples)
     extra = sorted({k for s in rows for k in s.extra})
@@ -87,7 +95,7 @@ def render_day(samples: Iterable[DemandSample]) -> str:
     return out.getvalue()
 
 
-def parse_day(text: str, pool: str, file: str) -> tuple[list[DemandSample], list[str]]:
+def parse_day(text: str, pool: str, file: str) -> tuple[list[PoolSample], list[str]]:
     """The samples of one day file, and a problem (file, line, what) for each line that cannot be read: such a
     line is skipped, never guessed (the replay counts it)."""
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
@@ -97,7 +105,7 @@ def parse_day(text: str, pool: str, file: str) -> tuple[list[DemandSample], list
     header = next(reader)
     if header[:2] != ["at", "span_s"]:
         return [], [f"{file}: no header line starting with at,span_s: not a demand file"]
-    samples: list[DemandSample] = []
+    samples: list[PoolSample] = []
     problems: list[str] = []
     for number, cells in enumerate(reader, start=2):
         doc = dict(zip(header, cells, strict=False))
@@ -108,7 +116,7 @@ def parse_day(text: str, pool: str, file: str) -> tuple[list[DemandSample], list
     return samples, problems
 
 
-def _sample(pool: str, doc: Mapping[str, str]) -> DemandSample:
+def _sample(pool: str, doc: Mapping[str, str]) -> PoolSample:
     def integer(key: str, default: int = 0) -> int:
         text = doc.get(key, "")
         if text == "":
@@ -156,13 +164,24 @@ def _sample(pool: str, doc: Mapping[str, str]) -> DemandSample:
         at = parse_time(at_text)
     except ValueError:
         raise DemandFileError(f"at {at_text!r} is not an RFC 3339 time") from None
+    def optional(key: str) -> float | None:
+        return number(key) if doc.get(key, "") != "" else None
+
+    market = None
+    if doc.get("market"):
+        try:
+            market = json.loads(doc["market"])
+        except ValueError:
+            raise DemandFileError(f"market {doc['market'][:60]!r} is not JSON") from None
+        if not isinstance(market, dict):
+            raise DemandFileError("market: expected a JSON object")
     queue = doc.get("queue", "")
     if queue not in ("", "ok", "error"):
         raise DemandFileError(f"queue {queue!r}: expected ok, error or nothing")
     oldest = doc.get("oldest_s", "")
     upcoming = doc.get("upcoming", "")
     extra = {k: v for k, v in doc.items() if k not in COLUMNS and v}
-    return DemandSample(
+    return PoolSample(
         pool=pool, at=at, span_s=number("span_s"), desired=integer("desired"), slots=integer("slots"),
         draining=integer("draining"), serving=integer("serving"), on_the_way=integer("on_the_way"),
         stopped=integer("stopped"), draining_serving=integer("draining_serving"), busy_s=number("busy_s"),
@@ -171,10 +190,12 @@ def _sample(pool: str, doc: Mapping[str, str]) -> DemandSample:
         oldest_wait_s=number("oldest_s") if oldest else None, queue_error=queue == "error",
         upcoming=integer("upcoming") if upcoming else None, up=use("up"), down=use("down"),
         paused=doc.get("paused") == "1", exhausted=doc.get("exhausted") == "1", image=doc.get("image", ""),
-        changed=doc.get("changed") == "1", extra=extra)
+        changed=doc.get("changed") == "1", heard_s=optional("heard_s"), back_s=optional("back_s"),
+        silent_s=optional("silent_s"), unheard=doc.get("unheard") == "1", memory_s=optional("memory_s"),
+        market=market, extra=extra)
 
 
-def merged_day(existing: str | None, pool: str, file: str, new: Iterable[DemandSample]) -> str:
+def merged_day(existing: str | None, pool: str, file: str, new: Iterable[PoolSample]) -> str:
     """A day file's text with `new` samples added (an unreadable line of the old text is dropped: it is in
     git history, and a merge must not stop the leader's commits)."""
     old, _ = parse_day(existing, pool, file) if existing else ([], [])
@@ -185,7 +206,7 @@ def merged_day(existing: str | None, pool: str, file: str, new: Iterable[DemandS
 class DemandHistory:
     """Every pool's samples in a window, read from the day files, with what could not be read."""
 
-    samples: Mapping[str, tuple[DemandSample, ...]] = field(default_factory=dict)
+    samples: Mapping[str, tuple[PoolSample, ...]] = field(default_factory=dict)
     files: int = 0
     problems: tuple[str, ...] = ()
 
@@ -217,11 +238,11 @@ def load_demand(spec_dir: Path, since: datetime, until: datetime) -> DemandHisto
 
 def parse_history(texts: Mapping[str, Iterable[tuple[str, str]]], since: datetime, until: datetime) -> DemandHistory:
     """`load_demand` from (file name, text) pairs per pool (a working tree, or blobs read from git)."""
-    samples: dict[str, tuple[DemandSample, ...]] = {}
+    samples: dict[str, tuple[PoolSample, ...]] = {}
     problems: list[str] = []
     files = 0
     for pool, items in texts.items():
-        found: list[DemandSample] = []
+        found: list[PoolSample] = []
         for name, text in items:
             files += 1
             got, bad = parse_day(text, pool, name)

@@ -20,10 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from reconciler.domain.capacity import PoolSignals, QueueSnapshot, Utilization, slot_states
 from reconciler.domain.observations import InstanceReport
-from reconciler.domain.serving import heartbeats
+from reconciler.domain.serving import FleetHearing, heartbeats
+from reconciler.domain.snark_market import MarketEconomics
 from reconciler.domain.spec import PoolSpec, ServingSettings
 
 #: A tile longer than this (a leader that was down, a new leader that knows no earlier sample) is cut to it:
@@ -36,7 +38,7 @@ QUEUE_CHANGE = 0.1
 
 
 @dataclass(frozen=True)
-class DemandSample:
+class PoolSample:
     """One pool at one pass, and its tile: the time since the pool's previous sample."""
 
     pool: str
@@ -67,6 +69,16 @@ class DemandSample:
     exhausted: bool = False  # its kill budget was exhausted
     image: str = ""  # the desired image digest's first 12 hex digits ("" unknown)
     changed: bool = False  # this pass's capacity decision changed capacity.yaml
+    #: The fleet's hearing at the pass (`serving.FleetHearing`): seconds since the newest live worker was heard,
+    #: since the fleet was heard again after its newest fleet-wide silence, and that silence's length (None: none).
+    heard_s: float | None = None
+    back_s: float | None = None
+    silent_s: float | None = None
+    unheard: bool = False  # the hearing was too little to move a count on (`FleetHearing.too_little`)
+    #: How far back the leader's own demand memory of this pool reached (None: empty, e.g. a new leader).
+    memory_s: float | None = None
+    #: The Snark Market as the decision priced it (a pool with `queue.market`): `market_fields`.
+    market: Mapping[str, Any] | None = None
     extra: Mapping[str, str] = field(default_factory=dict)  # columns a newer writer added (kept, not read)
 
     @property
@@ -88,7 +100,7 @@ class DemandSample:
         oldest = at - timedelta(seconds=self.oldest_wait_s) if self.oldest_wait_s is not None else None
         return QueueSnapshot(dict(self.waiting or {}), dict(self.running or {}), oldest, upcoming=self.upcoming)
 
-    def steady_with(self, later: DemandSample) -> bool:
+    def steady_with(self, later: PoolSample) -> bool:
         """Whether `later` says nothing this sample does not (the same counts, queue, spend, signals and busy
         share, no decision): the two are merged into one line of a longer tile."""
         if self.changed or later.changed:
@@ -96,23 +108,25 @@ class DemandSample:
         same = (self.desired, self.slots, self.draining, self.serving, self.on_the_way, self.stopped,
                 self.draining_serving, self.usd_per_hour, self.unpriced, self.waiting, self.running,
                 self.oldest_wait_s, self.queue_error, self.upcoming, self.paused, self.exhausted, self.image,
-                self.extra)
+                self.back_s, self.market, self.extra)
         if same != (later.desired, later.slots, later.draining, later.serving, later.on_the_way, later.stopped,
                     later.draining_serving, later.usd_per_hour, later.unpriced, later.waiting, later.running,
                     later.oldest_wait_s, later.queue_error, later.upcoming, later.paused, later.exhausted,
-                    later.image, later.extra):
+                    later.image, later.back_s, later.market, later.extra):
             return False
         return _share(self.busy_s, self.wall_s) == _share(later.busy_s, later.wall_s) and \
             _value(self.up) == _value(later.up) and _value(self.down) == _value(later.down)
 
-    def differs_from(self, earlier: DemandSample) -> str | None:
+    def differs_from(self, earlier: PoolSample) -> str | None:
         """What changed materially since `earlier` (None: nothing a capacity decision could turn on): a count, a
         decision, a guard, the queue (from or to empty, an error, the waiting tasks or the oldest one's age by
         more than QUEUE_CHANGE), or utilization over either window by more than UTILIZATION_CHANGE."""
         if self.changed:
             return "a capacity decision"
+        if self.total_waiting or (self.market or {}).get("waiting"):
+            return "work waiting"  # the decision reads every sample while work waits ("demand that lasted")
         counts = ("desired", "slots", "draining", "serving", "on_the_way", "stopped", "draining_serving", "unpriced",
-                  "paused", "exhausted", "image", "queue_error", "upcoming")
+                  "paused", "exhausted", "image", "queue_error", "upcoming", "unheard")
         for name in counts:
             if getattr(self, name) != getattr(earlier, name):
                 return name
@@ -121,6 +135,8 @@ class DemandSample:
                 (self.oldest_wait_s is None) != (earlier.oldest_wait_s is None) or \
                 _moved(self.oldest_wait_s or 0.0, earlier.oldest_wait_s or 0.0):
             return "queue"
+        if _priced(self.market) != _priced(earlier.market):
+            return "market"
         for name in ("up", "down"):
             now, then = getattr(self, name), getattr(earlier, name)
             if (now is None) != (then is None) or (now is not None and then is not None and (
@@ -128,9 +144,14 @@ class DemandSample:
                 return f"utilization ({name})"
         return None
 
-    def merged(self, later: DemandSample) -> DemandSample:
+    def merged(self, later: PoolSample) -> PoolSample:
         return replace(later, span_s=self.span_s + later.span_s, busy_s=self.busy_s + later.busy_s,
                        wall_s=self.wall_s + later.wall_s, proofs=self.proofs + later.proofs)
+
+
+def _priced(market: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """What decides whether the market pays: its pay, the pool's cost, whether it could be read."""
+    return None if market is None else (market.get("fil_per_proof"), market.get("usd_per_proof"), market.get("error"))
 
 
 def _moved(now: float, then: float) -> bool:
@@ -148,9 +169,9 @@ def _value(u: Utilization | None) -> tuple[float | None, int, float] | None:
     return None if u is None else (_share(u.busy_s, u.wall_s), u.machines, u.window_s)
 
 
-def compact(samples: Iterable[DemandSample]) -> list[DemandSample]:
+def compact(samples: Iterable[PoolSample]) -> list[PoolSample]:
     """Samples in time order, each run of steady ones (`steady_with`) merged into one."""
-    out: list[DemandSample] = []
+    out: list[PoolSample] = []
     for s in sorted(samples, key=lambda s: s.at):
         if out and out[-1].at == s.at:
             out[-1] = s  # the same pass sampled twice (a retried publish): the later word
@@ -195,12 +216,16 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
                 prices: Mapping[str, float], now: datetime, span: timedelta, *,
                 signals: PoolSignals | None = None, queue: QueueSnapshot | None = None, desired: int | None = None,
                 changed: bool = False, paused: bool = False, exhausted: bool = False,
-                image_digest: str | None = None) -> DemandSample:
+                image_digest: str | None = None, hearing: FleetHearing | None = None,
+                usd_per_fil: float | None = None) -> PoolSample:
     """The sample of `pool` at `now` over the tile `span`.
 
-    `signals`: what the capacity decision measured this pass (autoscaled pools): its slot states and up/down
-    utilization are recorded as they were; without it (a fixed count) the slot states are measured here."""
-    states = signals.slots if signals is not None else tuple(slot_states(pool, reports, serving, prices, now))
+    `signals`: what the capacity decision measured this pass (autoscaled pools): its slot states, up/down
+    utilization, the fleet's hearing, the leader's demand memory and the market are recorded as they were;
+    without it (a fixed count) the slot states are measured here, with `hearing` (the pass's)."""
+    heard = signals.hearing if signals is not None and signals.hearing is not None else \
+        hearing or FleetHearing(now, timedelta(minutes=serving.lost_after_minutes))
+    states = signals.slots if signals is not None else tuple(slot_states(pool, reports, serving, prices, heard))
     if signals is not None and queue is None:
         queue = signals.queue
     draining = set(pool.draining)
@@ -221,7 +246,7 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
             upcoming = queue.upcoming
             if queue.oldest_waiting_at is not None:
                 oldest = round(max(0.0, (now - queue.oldest_waiting_at).total_seconds()), 3)
-    return DemandSample(
+    return PoolSample(
         pool=pool.name, at=now, span_s=round(span.total_seconds(), 3),
         desired=desired if desired is not None else (pool.desired_count if pool.desired_count is not None
                                                      else pool.count),
@@ -236,7 +261,40 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
         queue_error=error, upcoming=upcoming,
         up=signals.utilization_up if signals is not None else None,
         down=signals.utilization_down if signals is not None else None,
-        paused=paused, exhausted=exhausted, image=short_image(image_digest), changed=changed)
+        paused=paused, exhausted=exhausted, image=short_image(image_digest), changed=changed,
+        heard_s=_ago(now, heard.newest[0][0]) if heard.newest else None, back_s=_ago(now, heard.back),
+        silent_s=round(heard.silent_for.total_seconds(), 3) if heard.silent_for is not None else None,
+        unheard=heard.too_little() is not None,
+        memory_s=_ago(now, signals.history[0].at) if signals is not None and signals.history else None,
+        market=market_fields(signals.market, now, usd_per_fil) if signals is not None and signals.market else None)
+
+
+def _ago(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else round((now - then).total_seconds(), 3)
+
+
+def market_fields(market: MarketEconomics, now: datetime, usd_per_fil: float | None) -> dict[str, Any]:
+    """What a replay needs of the market to price it again: the pay in FIL per proof (the operator's exchange rate
+    is the spec's), the pool's cost per proof, the paid proofs and the market's queue."""
+    fil = market.revenue_usd_per_proof / usd_per_fil if market.revenue_usd_per_proof is not None and usd_per_fil \
+        else None
+    return {"fil_per_proof": None if fil is None else round(fil, 9), "revenue_basis": market.revenue_basis,
+            "usd_per_proof": round(market.cost_usd_per_proof, 6), "cost_basis": market.cost_basis,
+            "served": market.served, "window_hours": market.window_hours, "waiting": market.waiting,
+            "running": market.running, "error": market.error,
+            "oldest_s": _ago(now, market.oldest_waiting_at)}
+
+
+def market_of(fields: Mapping[str, Any], now: datetime, usd_per_fil: float, min_margin: float) -> MarketEconomics:
+    """The market's economics from `market_fields`, priced at the spec's exchange rate and margin."""
+    fil = fields.get("fil_per_proof")
+    oldest = fields.get("oldest_s")
+    return MarketEconomics(
+        fil * usd_per_fil if isinstance(fil, int | float) else None, str(fields.get("revenue_basis") or ""),
+        float(fields.get("usd_per_proof") or 0.0), str(fields.get("cost_basis") or ""), min_margin,
+        int(fields.get("served") or 0), float(fields.get("window_hours") or 0.0), int(fields.get("waiting") or 0),
+        int(fields.get("running") or 0), now - timedelta(seconds=oldest) if isinstance(oldest, int | float) else None,
+        fields.get("error") if isinstance(fields.get("error"), str) else None)
 
 
 def short_image(digest: str | None) -> str:

@@ -32,20 +32,23 @@ from typing import Any
 from reconciler.domain.breaker import KillBudget, counts, kill_budgets
 from reconciler.domain.capacity import (
     CapacityEntry,
+    DemandSample,
     PoolSignals,
+    ScalingSettings,
     SlotState,
     Utilization,
     apply_entries,
     decide_signals,
+    demand_history,
     within_bounds,
 )
-from reconciler.domain.demand import DemandSample
+from reconciler.domain.demand import PoolSample, market_of
 from reconciler.domain.judging import guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet
-from reconciler.domain.serving import EARLY, SERVING_VERDICTS, judge_early
-from reconciler.domain.spec import FleetSpec, PoolSpec
+from reconciler.domain.serving import EARLY, SERVING_VERDICTS, FleetHearing, judge_early
+from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
 from reconciler.domain.verdict import HELD_BY_KILL_BUDGET, Verdict, judge
 from reconciler.domain.verdicts import blame_class
 
@@ -91,7 +94,7 @@ class History:
     #: The spec in force from each time on (oldest first; the first is in force at `since`).
     specs: tuple[SpecVersion, ...] = ()
     capacity_start: Mapping[str, CapacityEntry] = field(default_factory=dict)
-    demand: Mapping[str, tuple[DemandSample, ...]] = field(default_factory=dict)
+    demand: Mapping[str, tuple[PoolSample, ...]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
 
     def spec_at(self, at: datetime) -> FleetSpec:
@@ -476,6 +479,7 @@ class _PoolState:
     departed: float = 0.0  # tasks the replay has started, in arrival order
     waiting: int | None = None  # history's waiting tasks at the previous sample
     rate: float | None = None  # proofs per busy machine-second, as recently measured
+    history: tuple[DemandSample, ...] = ()  # the replay's own decisions' demand samples (the leader's memory)
 
 
 def _gap_now(state: _PoolState) -> int:
@@ -639,8 +643,8 @@ class Run:
     #: (instance, serving, time) -> its candidate and the spec it was judged under (a later run may reuse it).
     candidates: dict[tuple[str, bool, datetime], tuple[Candidate, FleetSpec]] = field(default_factory=dict)
     #: (pool, time) -> (the inputs, the entry decided, before, after) of decisions on history's own signals.
-    decisions: dict[tuple[str, datetime], tuple[tuple[object, ...], CapacityEntry, int, int]] = field(
-        default_factory=dict)
+    decisions: dict[tuple[str, datetime], tuple[tuple[object, ...], CapacityEntry, int, int,
+                                                DemandSample | None]] = field(default_factory=dict)
     exhausted: Counter[str] = field(default_factory=Counter)  # ... with its kill budget exhausted
 
     def admission(self, instance_id: str) -> Judged | None:
@@ -692,7 +696,7 @@ def replay(history: History, spec_at: Callable[[datetime], FleetSpec], label: st
         if not a.serving:
             events.append((a.registered_at, 1, len(events), c))
     events += [(at, 2, len(events) + i, group) for i, (at, group) in enumerate(passes.items())]
-    steps: dict[datetime, dict[str, DemandSample]] = {}
+    steps: dict[datetime, dict[str, PoolSample]] = {}
     for pool_name, samples in history.demand.items():
         for sample in samples:
             steps.setdefault(sample.at, {})[pool_name] = sample
@@ -819,7 +823,7 @@ def _verdict_pass(run: Run, records: ReplayRecords, applied: FleetSpec, group: S
 
 
 def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, CapacityEntry],
-                   samples: Mapping[str, DemandSample], at: datetime, spec: FleetSpec,
+                   samples: Mapping[str, PoolSample], at: datetime, spec: FleetSpec,
                    pools: dict[str, _PoolState], cold: Mapping[str, timedelta], memo: _Memo,
                    guards: _Guards, follow: Run | None) -> None:
     """One pass's capacity: each sampled pool's tile accounted, then `decide_signals` on the replay's signals.
@@ -843,7 +847,8 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         _account(run.pools.setdefault(pool.name, PoolRun(pool.name)), state, pool, sample, serving_gap,
                  max(slots - sample.slots, -sample.rented), at)
         if pool.min_count is not None:
-            signals[pool.name] = _signals(pool, entries.get(pool.name), sample, state, serving_gap, at, memo)
+            signals[pool.name] = _signals(pool, entries.get(pool.name), sample, state, serving_gap, at, memo,
+                                          spec.serving)
             if serving_gap == 0 and _gap_now(state) == 0 and abs(state.backlog) < 1e-9:
                 own.add(pool.name)
     if signals:
@@ -852,7 +857,8 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         exhausted = [name for name in signals if name in guards.exhausted(spec, entries, records, at)]
         run.paused.update(paused)
         run.exhausted.update(exhausted)
-        decided: list[tuple[str, CapacityEntry, int, int]] = []  # (pool, entry, before, after)
+        decided: list[tuple[str, CapacityEntry, int, int, DemandSample | None]] = []  # (pool, entry, before, after,
+        # the decision's own demand sample)
         reused: set[str] = set()
         if follow is not None and spec.max_total_dph is None:
             for name in own:
@@ -860,7 +866,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 key = (_entry_key(entries.get(name)), spec.pool(name), name in paused, name in exhausted, None)
                 if kept is not None and kept[0] == key:
                     reused.add(name)
-                    decided.append((name, kept[1], kept[2], kept[3]))
+                    decided.append((name, kept[1], kept[2], kept[3], kept[4]))
         deciding_signals = {n: sig for n, sig in signals.items() if n not in reused}
         if deciding_signals:
             # Each pool is decided at its own samples: one not sampled now decided no change at this pass (a change
@@ -876,10 +882,15 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                     for n in deciding_signals}
             for d in decide_signals(deciding, entries, deciding_signals, at, paused_pools=paused,
                                     exhausted_pools=exhausted):
-                decided.append((d.pool, d.entry, d.before, d.after))
+                decided.append((d.pool, d.entry, d.before, d.after, d.sample))
                 if d.pool in own:
-                    run.decisions[(d.pool, at)] = (keys[d.pool], d.entry, d.before, d.after)
-        for name, entry, before, after in decided:
+                    run.decisions[(d.pool, at)] = (keys[d.pool], d.entry, d.before, d.after, d.sample)
+        for name, entry, before, after, demand in decided:
+            if demand is not None:  # remembered as the leader's memory remembers it (flows.judge.DemandHistory)
+                scaling = spec.pool(name).scaling or ScalingSettings()
+                keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
+                kept_state = pools[name]
+                kept_state.history = demand_history((*kept_state.history, demand), demand.at, keep)
             guards.entries_version += _entry_key(entries.get(name)) != _entry_key(entry)
             entries[name] = entry
             if after != before:
@@ -933,14 +944,14 @@ class _Guards:
         return self._answer[1]
 
 
-def _digest(records: ReplayRecords, sample: DemandSample) -> str | None:
+def _digest(records: ReplayRecords, sample: PoolSample) -> str | None:
     """The full digest of the image record a sample's short desired digest names (None: none)."""
     if not sample.image:
         return None
     return next((d for d in records.images if d.removeprefix("sha256:").startswith(sample.image)), None)
 
 
-def _account(prun: PoolRun, state: _PoolState, pool: PoolSpec, s: DemandSample, serving_gap: int, rented_gap: int,
+def _account(prun: PoolRun, state: _PoolState, pool: PoolSpec, s: PoolSample, serving_gap: int, rented_gap: int,
              at: datetime) -> None:
     """One tile of work and money: history's, moved by the machines the replay had beyond history's.
 
@@ -990,7 +1001,7 @@ def _account(prun: PoolRun, state: _PoolState, pool: PoolSpec, s: DemandSample, 
         _waits(prun, state, s, at)
 
 
-def _waits(prun: PoolRun, state: _PoolState, s: DemandSample, at: datetime) -> None:
+def _waits(prun: PoolRun, state: _PoolState, s: PoolSample, at: datetime) -> None:
     """Task waits, first in first out: tasks arrive as history's did (done + the queue's growth) and leave in
     the replay when its queue (history's + the backlog) no longer holds them. Departures are spread evenly over
     the tile; each tile adds the waits of its first, middle and last departing task."""
@@ -1033,8 +1044,8 @@ def _finish_waits(prun: PoolRun, state: _PoolState, until: datetime) -> None:
         _add_waits(prun, state, state.departed, state.arrived[-1], until, until)
 
 
-def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: DemandSample, state: _PoolState, serving_gap: int,
-             at: datetime, memo: _Memo) -> PoolSignals:
+def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: _PoolState, serving_gap: int,
+             at: datetime, memo: _Memo, serving: ServingSettings) -> PoolSignals:
     """What the capacity decision reads at this sample in the replay: history's own signals where the replay has
     not moved away from history (its windows, no machine more or less, no task more or less waiting); otherwise
     rebuilt from the replay's tiles (heartbeat intervals counted whole in the tile where they end: windows to the
@@ -1054,7 +1065,21 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: DemandSample, state
         oldest = _arrival_time(state, state.arrived[-1] - total) if total > 0 and state.arrived else None
         queue = replace(queue, waiting=_spread(dict(s.waiting or {}), total, pool), oldest_waiting_at=oldest)
     on_the_way = max(0, s.on_the_way + (_gap_now(state) - serving_gap))
-    return PoolSignals(up, down, queue, memo.slots(pool, entry, machines, on_the_way, s.draining_serving))
+    # The fleet's hearing as the pass had it, judged with the replayed spec's lost_after.
+    hearing = FleetHearing(
+        at, timedelta(minutes=serving.lost_after_minutes),
+        ((at - timedelta(seconds=s.heard_s), ""),) if s.heard_s is not None else (),
+        at - timedelta(seconds=s.back_s) if s.back_s is not None else None,
+        timedelta(seconds=s.silent_s) if s.silent_s is not None else None)
+    market = None
+    if s.market is not None and pool.queue is not None and pool.queue.market is not None:
+        settings = pool.queue.market
+        market = market_of(s.market, at, settings.usd_per_fil, settings.min_margin)
+    # The demand the leader remembered: the replay's own samples, as far back as the leader's memory reached.
+    reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
+    history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
+    return PoolSignals(up, down, queue, memo.slots(pool, entry, machines, on_the_way, s.draining_serving), hearing,
+                       market, history, serving.heartbeat_minutes * 60.0)
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:

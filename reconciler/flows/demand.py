@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from reconciler.adapters.demand_files import DEMAND_DIR, day_path, last_sample_at, merged_day, stale_days
 from reconciler.adapters.git import FileChange
 from reconciler.domain.capacity import CapacityDecision
-from reconciler.domain.demand import MAX_TILE_S, DemandSample, pool_sample
+from reconciler.domain.demand import MAX_TILE_S, PoolSample, pool_sample
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import RecordSet
@@ -41,8 +41,8 @@ class DemandRecorder:
 
     def __post_init__(self) -> None:
         self._last: dict[str, datetime] = {}
-        self._taken: dict[str, DemandSample] = {}  # each pool's newest sample (what a change is measured from)
-        self._pending: list[DemandSample] = []
+        self._taken: dict[str, PoolSample] = {}  # each pool's newest sample (what a change is measured from)
+        self._pending: list[PoolSample] = []
         self._prices: dict[str, float] = {}
 
     def known_prices(self, current: Mapping[str, float]) -> dict[str, float]:
@@ -57,15 +57,16 @@ class DemandRecorder:
         return dict(self._prices)
 
     @property
-    def pending(self) -> tuple[DemandSample, ...]:
+    def pending(self) -> tuple[PoolSample, ...]:
         return tuple(self._pending)
 
     def take(self, spec: FleetSpec, read: Callable[[str], str | None], reports: Sequence[InstanceReport],
              records: RecordSet, capacity: Sequence[CapacityDecision], exhausted: Sequence[str],
-             prices: Mapping[str, float], desired_image_digest: str | None, now: datetime) -> tuple[DemandSample, ...]:
+             prices: Mapping[str, float], desired_image_digest: str | None, now: datetime) -> tuple[PoolSample, ...]:
         """This pass's samples (the recorder itself is unchanged until `done`: a retried build takes them again).
         `read`: a file of the spec directory at the pass's tip (where a new leader finds the last sample)."""
         decided = {d.pool: d for d in capacity}
+        hearing = next((d.signals.hearing for d in capacity if d.signals.hearing is not None), None)
         out = []
         for pool in spec.pools:
             decision = decided.get(pool.name)
@@ -86,7 +87,8 @@ class DemandRecorder:
                 signals=decision.signals if decision is not None else None,
                 desired=decision.after if decision is not None else None, changed=changed,
                 paused=pool_pause(pool.name, records, desired_image_digest) is not None,
-                exhausted=pool.name in exhausted, image_digest=desired_image_digest)
+                exhausted=pool.name in exhausted, image_digest=desired_image_digest, hearing=hearing,
+                usd_per_fil=pool.queue.market.usd_per_fil if pool.queue and pool.queue.market else None)
             earlier = self._taken.get(pool.name)
             if gap is not None and gap < self.spacing_s and earlier is not None and \
                     sample.differs_from(earlier) is None:
@@ -95,7 +97,7 @@ class DemandRecorder:
         return tuple(out)
 
     def changes(self, read: Callable[[str], str | None], names: Callable[[str], list[str]], spec_dir: str,
-                taken: Sequence[DemandSample], now: datetime, *, committing: bool) -> tuple[FileChange, ...]:
+                taken: Sequence[PoolSample], now: datetime, *, committing: bool) -> tuple[FileChange, ...]:
         """The day files (and the deletions of files past the retention) to commit with this pass: when the pass
         commits anyway, or once the oldest uncommitted sample is `flush_s` old; else nothing. `read`/`names`: a
         file, the files of a directory, of the spec directory `spec_dir` at the pass's tip."""
@@ -104,7 +106,7 @@ class DemandRecorder:
             return ()
         if not committing and (now - min(s.at for s in samples)).total_seconds() < self.flush_s:
             return ()
-        by_file: dict[str, list[DemandSample]] = {}
+        by_file: dict[str, list[PoolSample]] = {}
         for s in samples:
             by_file.setdefault(day_path(s.pool, s.at.date()), []).append(s)
         out = [FileChange(f"{spec_dir}/{rel}", merged_day(read(rel), new[0].pool, rel, new))
@@ -113,7 +115,7 @@ class DemandRecorder:
         out += [FileChange(f"{spec_dir}/{rel}", None) for rel in stale_days(names(DEMAND_DIR), keep_from)]
         return tuple(out)
 
-    def done(self, taken: Sequence[DemandSample], *, flushed: bool) -> None:
+    def done(self, taken: Sequence[PoolSample], *, flushed: bool) -> None:
         """After the publish: `taken` are this pass's samples; `flushed`: the day files went out with it."""
         for s in taken:
             if s.at > self._last.get(s.pool, s.at - timedelta(seconds=1)):

@@ -22,7 +22,7 @@ from reconciler.adapters.demand_files import (
     stale_days,
 )
 from reconciler.domain.capacity import QueueSnapshot, Utilization, signals_for
-from reconciler.domain.demand import DemandSample, Tile, compact, pool_sample, tile
+from reconciler.domain.demand import PoolSample, Tile, compact, pool_sample, tile
 from reconciler.domain.records import RecordSet
 from reconciler.flows.demand import DemandRecorder, demand_trailers
 from tests.capacity_support import at, autoscaled_spec, benchmarking, serving
@@ -67,12 +67,12 @@ def test_a_tile_counts_each_heartbeat_interval_whole_where_it_ends() -> None:
     assert sum(t.wall_s for t in per_minute) == 2100.0 and sum(t.busy_s for t in per_minute) == 1500.0
 
 
-def _sample(minute: float, **kw: object) -> DemandSample:
+def _sample(minute: float, **kw: object) -> PoolSample:
     base = dict(pool="rtx4090", at=at(minute), span_s=60.0, desired=2, slots=2, draining=0, serving=2, on_the_way=0,
                 stopped=0, draining_serving=0, busy_s=0.0, wall_s=120.0, proofs=0, usd_per_hour=1.0, unpriced=0,
                 waiting={}, running={})
     base.update(kw)
-    return DemandSample(**base)  # type: ignore[arg-type]
+    return PoolSample(**base)  # type: ignore[arg-type]
 
 
 def test_steady_tiles_merge_and_a_decision_or_any_change_starts_a_new_line() -> None:
@@ -170,16 +170,18 @@ def test_the_recorder_remembers_prices_of_instances_the_provisioner_has_forgotte
 
 
 def test_between_its_spacing_a_pool_is_sampled_only_when_something_a_decision_turns_on_moved() -> None:
-    earlier = _sample(1, busy_s=60.0, up=Utilization(540.0, 600.0, 1, 600.0), waiting={"PoRep": 10})
-    assert _sample(2, busy_s=60.0, up=Utilization(545.0, 600.0, 1, 600.0), waiting={"PoRep": 10}).differs_from(
+    earlier = _sample(1, busy_s=60.0, up=Utilization(540.0, 600.0, 1, 600.0), waiting={})
+    assert _sample(2, busy_s=60.0, up=Utilization(545.0, 600.0, 1, 600.0), waiting={}).differs_from(
         earlier) is None  # 0.90 -> 0.908
-    assert _sample(2, up=Utilization(560.0, 600.0, 1, 600.0), waiting={"PoRep": 10}).differs_from(
+    assert _sample(2, up=Utilization(560.0, 600.0, 1, 600.0), waiting={}).differs_from(
         earlier) == "utilization (up)"  # 0.90 -> 0.93
-    assert _sample(2, up=earlier.up, waiting={"PoRep": 12}).differs_from(earlier) == "queue"  # +20%
-    assert _sample(2, up=earlier.up, waiting={"PoRep": 10}, serving=3).differs_from(earlier) == "serving"
-    assert _sample(2, up=earlier.up, waiting={"PoRep": 10}, changed=True).differs_from(earlier) == \
-        "a capacity decision"
-    assert _sample(2, up=earlier.up, waiting={}).differs_from(earlier) == "queue"  # to empty
+    assert _sample(2, up=earlier.up, waiting={}, serving=3).differs_from(earlier) == "serving"
+    assert _sample(2, up=earlier.up, waiting={}, changed=True).differs_from(earlier) == "a capacity decision"
+    assert _sample(2, up=earlier.up, waiting={}, unheard=True).differs_from(earlier) == "unheard"
+    # While work waits, every pass the recorder may sample is taken: the decision reads each ("demand that lasted").
+    assert _sample(2, up=earlier.up, waiting={"PoRep": 10}).differs_from(earlier) == "work waiting"
+    assert _sample(3, up=earlier.up, waiting={}).differs_from(_sample(2, up=earlier.up, waiting={"PoRep": 1})) == \
+        "queue"  # to empty
 
 
 def test_the_recorder_skips_a_pass_where_nothing_moved_until_its_spacing() -> None:
