@@ -33,7 +33,7 @@ DEMAND_DIR = "demand"
 COLUMNS = ("at", "span_s", "desired", "slots", "draining", "serving", "on_the_way", "stopped", "draining_serving",
            "busy_s", "wall_s", "proofs", "usd_h", "unpriced", "waiting", "running", "oldest_s", "queue", "upcoming",
            "up", "down", "paused", "exhausted", "image", "changed", "heard_s", "back_s", "silent_s", "unheard",
-           "memory_s", "market")
+           "memory_s", "market", "quiet_s", "overdue")
 HEADER = ("# Demand samples of one pool for one UTC day, written by the fleet's leader (bot); read by `fleet plan "
           "--what-if`.\n# One line per tile since the previous sample; steady tiles are merged. Do not edit.\n")
 _POOL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -75,7 +75,8 @@ def _row(s: PoolSample) -> list[str]:
            "" if s.upcoming is None else str(s.upcoming), _use(s.up), _use(s.down), str(int(s.paused)),
            str(int(s.exhausted)), s.image, str(int(s.changed)), _opt(s.heard_s), _opt(s.back_s), _opt(s.silent_s),
            str(int(s.unheard)), _opt(s.memory_s),
-           "" if s.market is None else json.dumps(dict(s.market), sort_keys=True, separators=(",", ":"))]
+           "" if s.market is None else json.dumps(dict(s.market), sort_keys=True, separators=(",", ":")),
+           _opt(s.quiet_s), str(int(s.overdue))]
 
 
 def _opt(value: float | None) -> str:
@@ -192,7 +193,7 @@ def _sample(pool: str, doc: Mapping[str, str]) -> PoolSample:
         paused=doc.get("paused") == "1", exhausted=doc.get("exhausted") == "1", image=doc.get("image", ""),
         changed=doc.get("changed") == "1", heard_s=optional("heard_s"), back_s=optional("back_s"),
         silent_s=optional("silent_s"), unheard=doc.get("unheard") == "1", memory_s=optional("memory_s"),
-        market=market, extra=extra)
+        market=market, quiet_s=optional("quiet_s"), overdue=doc.get("overdue") == "1", extra=extra)
 
 
 def merged_day(existing: str | None, pool: str, file: str, new: Iterable[PoolSample]) -> str:

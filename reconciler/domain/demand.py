@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.domain.capacity import PoolSignals, QueueSnapshot, Utilization, slot_states
+from reconciler.domain.capacity import HEARTBEAT_GRACE, PoolSignals, QueueSnapshot, Utilization, slot_states
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.serving import FleetHearing, heartbeats
 from reconciler.domain.snark_market import MarketEconomics
@@ -75,6 +75,10 @@ class PoolSample:
     back_s: float | None = None
     silent_s: float | None = None
     unheard: bool = False  # the hearing was too little to move a count on (`FleetHearing.too_little`)
+    #: The longest any serving machine had not been heard (None: none serving), and whether that was longer than
+    #: a heartbeat allows (capacity then holds: idleness is shown by current data only).
+    quiet_s: float | None = None
+    overdue: bool = False
     #: How far back the leader's own demand memory of this pool reached (None: empty, e.g. a new leader).
     memory_s: float | None = None
     #: The Snark Market as the decision priced it (a pool with `queue.market`): `market_fields`.
@@ -126,7 +130,7 @@ class PoolSample:
         if self.total_waiting or (self.market or {}).get("waiting"):
             return "work waiting"  # the decision reads every sample while work waits ("demand that lasted")
         counts = ("desired", "slots", "draining", "serving", "on_the_way", "stopped", "draining_serving", "unpriced",
-                  "paused", "exhausted", "image", "queue_error", "upcoming", "unheard")
+                  "paused", "exhausted", "image", "queue_error", "upcoming", "unheard", "overdue")
         for name in counts:
             if getattr(self, name) != getattr(earlier, name):
                 return name
@@ -233,6 +237,8 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
     live = [r for r in reports if r.instance_id in by_instance and by_instance[r.instance_id].state == "serving"]
     demand = tile([r for r in live if by_instance[r.instance_id].slot not in draining], now, span)
     rented = [s for s in states if s.state in ("serving", "on-the-way", "stopped") and s.instance_id]
+    heard_at = [s.heard_at for s in states if s.state == "serving" and s.heard_at is not None]
+    quiet = round((now - min(heard_at)).total_seconds(), 3) if heard_at else None
     usd = sum(prices.get(s.instance_id or "", pool.max_price_usd_per_hour) for s in rented)
     unpriced = sum(1 for s in rented if (s.instance_id or "") not in prices)
     waiting = running = None
@@ -264,7 +270,8 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
         paused=paused, exhausted=exhausted, image=short_image(image_digest), changed=changed,
         heard_s=_ago(now, heard.newest[0][0]) if heard.newest else None, back_s=_ago(now, heard.back),
         silent_s=round(heard.silent_for.total_seconds(), 3) if heard.silent_for is not None else None,
-        unheard=heard.too_little() is not None,
+        unheard=heard.too_little() is not None, quiet_s=quiet,
+        overdue=quiet is not None and quiet > HEARTBEAT_GRACE * serving.heartbeat_minutes * 60.0,
         memory_s=_ago(now, signals.history[0].at) if signals is not None and signals.history else None,
         market=market_fields(signals.market, now, usd_per_fil) if signals is not None and signals.market else None)
 

@@ -915,15 +915,29 @@ class _Guards:
     def __init__(self) -> None:
         self.entries_version = 0  # bumped by whoever changes the entries
         self._applied: tuple[tuple[int, int], FleetSpec] | None = None
+        self._pools: dict[tuple[object, ...], PoolSpec] = {}  # (pool, its entry) -> the pool applied
         self._key: tuple[int, int] | None = None
         self._until: datetime | None = None
         self._used: dict[str, tuple[str, ...]] = {}
         self._answer: tuple[int, frozenset[str]] | None = None
 
     def applied(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> FleetSpec:
+        """`capacity.apply_entries(spec, entries)`, pool by pool: a pool whose entry did not change keeps its
+        applied spec (a change touches one pool; applying every pool again cost a fleet's slots each time)."""
         key = (id(spec), self.entries_version)
         if self._applied is None or self._applied[0] != key:
-            self._applied = (key, apply_entries(spec, entries))
+            pools = []
+            for pool in spec.pools:
+                entry = entries.get(pool.name) if pool.min_count is not None else None
+                pool_key = (id(pool), _entry_key(entry))
+                found = self._pools.get(pool_key)
+                if found is None:
+                    if len(self._pools) > 20_000:
+                        self._pools.clear()
+                    one = {pool.name: entry} if entry is not None else {}
+                    found = self._pools[pool_key] = apply_entries(replace(spec, pools=(pool,)), one).pools[0]
+                pools.append(found)
+            self._applied = (key, replace(spec, pools=tuple(pools)))
         return self._applied[1]
 
     def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
@@ -1078,8 +1092,13 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
     # The demand the leader remembered: the replay's own samples, as far back as the leader's memory reached.
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
     history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
-    return PoolSignals(up, down, queue, memo.slots(pool, entry, machines, on_the_way, s.draining_serving), hearing,
-                       market, history, serving.heartbeat_minutes * 60.0)
+    slots = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
+    if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now)
+        first = next((k for k, slot in enumerate(slots) if slot.state == "serving"), None)
+        if first is not None:
+            slots = (*slots[:first], replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),
+                     *slots[first + 1:])
+    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0)
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:

@@ -256,11 +256,16 @@ def _min(spec: FleetSpec, pool: str | None) -> float | None:
         return None
 
 
-def _totals(run: Run, pool: str) -> PoolTotals:
-    admitted = rejected = not_rented = early = holds = 0
+def _by_pool(run: Run) -> dict[str | None, list[Judged]]:
+    out: dict[str | None, list[Judged]] = {}
     for j in run.fates():
-        if j.attempt.entry.pool != pool:
-            continue
+        out.setdefault(j.attempt.entry.pool, []).append(j)
+    return out
+
+
+def _totals(run: Run, pool: str, fates: Mapping[str | None, Sequence[Judged]]) -> PoolTotals:
+    admitted = rejected = not_rented = early = holds = 0
+    for j in fates.get(pool, ()):
         v = j.verdict
         if j.outcome == NOT_RENTED:
             not_rented += 1
@@ -288,12 +293,14 @@ def _pool_deltas(history: History, base: Run, pr: Run, base_spec: FleetSpec, pr_
                                                   {q.name for q in base_spec.pools}]
     names += sorted({p for p in history.demand if p not in names})
     out = []
+    base_fates, pr_fates = _by_pool(base), _by_pool(pr)
     for name in names:
         lost = [f for f in flips if f.pool == name and f.stage == "admission" and f.admitted_in_base
                 and not f.admitted_in_pr]
         gained = [f for f in flips if f.pool == name and f.stage == "admission" and f.admitted_in_pr
                   and not f.admitted_in_base]
-        out.append(PoolDelta(name, _totals(base, name), _totals(pr, name), _sums(lost), _sums(gained)))
+        out.append(PoolDelta(name, _totals(base, name, base_fates), _totals(pr, name, pr_fates), _sums(lost),
+                             _sums(gained)))
     return tuple(out)
 
 
