@@ -238,7 +238,7 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
     demand = tile([r for r in live if by_instance[r.instance_id].slot not in draining], now, span)
     rented = [s for s in states if s.state in ("serving", "on-the-way", "stopped") and s.instance_id]
     heard_at = [s.heard_at for s in states if s.state == "serving" and s.heard_at is not None]
-    quiet = round((now - min(heard_at)).total_seconds(), 3) if heard_at else None
+    quiet = round(max(0.0, (now - min(heard_at)).total_seconds()), 3) if heard_at else None
     usd = sum(prices.get(s.instance_id or "", pool.max_price_usd_per_hour) for s in rented)
     unpriced = sum(1 for s in rented if (s.instance_id or "") not in prices)
     waiting = running = None
@@ -277,7 +277,8 @@ def pool_sample(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
 
 
 def _ago(now: datetime, then: datetime | None) -> float | None:
-    return None if then is None else round((now - then).total_seconds(), 3)
+    """Seconds from `then` to `now` (a signal stamped after `now`, another clock's: 0)."""
+    return None if then is None else round(max(0.0, (now - then).total_seconds()), 3)
 
 
 def market_fields(market: MarketEconomics, now: datetime, usd_per_fil: float | None) -> dict[str, Any]:

@@ -90,7 +90,10 @@ def test_steady_tiles_merge_and_a_decision_or_any_change_starts_a_new_line() -> 
 def test_a_day_file_reads_back_what_was_written() -> None:
     samples = [_sample(1, busy_s=30.5, proofs=2, waiting={"PoRep": 3, "WdPost": 1}, oldest_wait_s=90.0,
                        upcoming=4),
-               _sample(2, waiting=None, running=None, paused=True, exhausted=True, image="abcdef012345"),
+               _sample(2, waiting=None, running=None, paused=True, exhausted=True, image="abcdef012345",
+                       heard_s=12.5, back_s=300.0, silent_s=900.0, unheard=True, memory_s=1800.0, quiet_s=450.0,
+                       overdue=True, market={"fil_per_proof": 0.0021, "usd_per_proof": 0.011, "served": 40,
+                                             "error": None, "revenue_basis": "mean of 40 paid proofs"}),
                _sample(3, queue_error=True, waiting=None, running=None, changed=True,
                        up=signals_for(POOL, _reports(), None, SPEC.serving, {}, at(36)).utilization_up)]
     text = render_day(samples)
