@@ -100,42 +100,48 @@ def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int
     verdict), some were destroyed, some still benchmark, a few went silent while serving."""
     from reconciler.adapters.store.sqlite import SqliteStore
 
+    clock = [T0]
+    store = SqliteStore(db, now=lambda: clock[0])
+    try:
+        return fill_fleet(store, clock, records, instances, seed)
+    finally:
+        store.close()
+
+
+def fill_fleet(store: Any, clock: list[datetime], records: Sequence[MachineRecord], instances: int, seed: int = 13,
+               start: datetime = T0 + timedelta(hours=2), hours: float = 3.0) -> FleetShape:
+    """`write_fleet_store`'s instances into `store` (either adapter), whose clock reads `clock[0]`: registered from
+    `start` on (one a second), serving for `hours` - 1 until `start + hours` (the shape's `now`)."""
     if instances > len(records):
         raise ValueError(f"{instances} instances need as many machine records (one instance each), not {len(records)}")
     rng = random.Random(seed)
-    start = T0 + timedelta(hours=2)
-    now = start + timedelta(hours=3)
-    clock = [start]
+    now = start + timedelta(hours=hours)
     kinds: dict[str, list[str]] = {k: [] for k in ("serving", "failed", "destroyed", "benchmarking", "silent")}
-    store = SqliteStore(db, now=lambda: clock[0])
     destroyed_at = now - timedelta(minutes=30)
-    try:
-        batch: list[Any] = []
-        for i in range(instances):
-            rec = records[i % len(records)]
-            last = rec.benchmarks[-1]
-            pool = next(p for p in POOLS if p[0] == last.pool)
-            roll = rng.random()
-            if roll < BENCHMARKING:
-                kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
-            elif last.verdict != "ok":
-                kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
-            elif roll < BENCHMARKING + DESTROYED:
-                kind, iid = "destroyed", last.instance_id
-            elif roll < BENCHMARKING + DESTROYED + SILENT:
-                kind, iid = "silent", last.instance_id
-            else:
-                kind, iid = "serving", last.instance_id
-            kinds[kind].append(iid)
-            batch += _instance_writes(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
-            if len(batch) > 5_000:  # one transaction per few hundred instances (write_all)
-                _write(store, batch)
-                batch = []
-        _write(store, batch)
-        for iid in kinds["destroyed"]:
-            store.mark_destroyed(iid, destroyed_at)
-    finally:
-        store.close()
+    batch: list[Any] = []
+    for i in range(instances):
+        rec = records[i % len(records)]
+        last = rec.benchmarks[-1]
+        pool = next(p for p in POOLS if p[0] == last.pool)
+        roll = rng.random()
+        if roll < BENCHMARKING:
+            kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
+        elif last.verdict != "ok":
+            kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
+        elif roll < BENCHMARKING + DESTROYED:
+            kind, iid = "destroyed", last.instance_id
+        elif roll < BENCHMARKING + DESTROYED + SILENT:
+            kind, iid = "silent", last.instance_id
+        else:
+            kind, iid = "serving", last.instance_id
+        kinds[kind].append(iid)
+        batch += _instance_writes(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
+        if len(batch) > 5_000:  # one transaction per few hundred instances (write_all)
+            _write(store, batch)
+            batch = []
+    _write(store, batch)
+    for iid in kinds["destroyed"]:
+        store.mark_destroyed(iid, destroyed_at)
     return FleetShape(*(tuple(kinds[k]) for k in ("serving", "failed", "destroyed", "benchmarking", "silent")),
                       now=now)
 

@@ -92,6 +92,9 @@ def test_one_pass_is_one_commit_of_records_and_trailers_and_a_rerun_writes_nothi
     assert again.ok and again.commit is None and again.verdicts == () and len(fake.commits) == 1
     assert sink.stored[-1] == sink.stored[0]  # recomputed every pass, the same
     assert again.condition().reason == "Succeeded"
+    assert [name for name, _ in again.steps] == ["observe", "load", "evidence", "decide", "capacity", "directives",
+                                                  "render", "publish"]
+    assert all(seconds >= 0 for _, seconds in again.steps) and set(again.to_json()["steps"]) == dict(again.steps).keys()
 
 
 def test_the_steps_read_the_tree_the_push_goes_to_and_run_again_on_a_newer_tip() -> None:
@@ -283,7 +286,7 @@ def test_a_warm_pass_reads_what_changed_and_decides_what_a_full_pass_decides() -
         now = T0 + timedelta(hours=3) + offset
         cold = run_pass(cold_tree, cold_source, now, directive_sink=cold_sink)
         warm = run_pass(warm_tree, warm_source, now, directive_sink=warm_sink, memory=memory)
-        assert warm == replace(cold, commit=warm.commit, publish_seconds=warm.publish_seconds), offset
+        assert warm == replace(cold, commit=warm.commit, publish_seconds=warm.publish_seconds, steps=warm.steps), offset
         assert [c.request for c in warm_tree.commits] == [c.request for c in cold_tree.commits]
     assert fake_verdicts(warm_tree) == ["below-min-rate", "ok", "benchmark-error", "timeout"]
     assert warm_source.calls == 1  # one bulk read, then the changes only
