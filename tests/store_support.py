@@ -71,7 +71,8 @@ def sqlite_store_at(path: Path, version: int) -> None:
 
 def back_to_version_3(path: Path) -> None:
     """A closed SQLite store of the current version, its rows kept, returned to version 3's layout (before the
-    change sequence): how a file written by that code looks, with rows today's code wrote for the test."""
+    change sequence and the sessions): how a file written by that code looks, with rows today's code wrote for the
+    test."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.executescript("""
         BEGIN;
@@ -80,6 +81,8 @@ def back_to_version_3(path: Path) -> None:
         ALTER TABLE instances DROP COLUMN change_seq;
         ALTER TABLE directives DROP COLUMN change_seq;
         DROP TABLE change_sequence;
+        ALTER TABLE instances DROP COLUMN log_key_lines;
+        DROP TABLE sessions;
         PRAGMA user_version=3;
         COMMIT;""")
     conn.close()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from reconciler.adapters.controller.protocol import INSTANCE_ID
 from reconciler.adapters.settings import ADMIN_TOKEN_ENV, CONTROLLER_SECRET_ENV, SettingError, secret_setting, settings
 from reconciler.adapters.store.port import ControllerStore, StoreError
-from reconciler.adapters.stores import open_store
+from reconciler.adapters.stores import StoreTargetError, open_store, store_target
 from reconciler.domain.tokens import SecretError, check_secret, instance_token
 
 if TYPE_CHECKING:
@@ -136,10 +136,11 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.ring_lines < 1:
             raise ConfigError(f"--ring-lines must be >= 1, got {args.ring_lines}")
         tls = tls_files(args)
-        store = open_store(args.db, ring_lines=args.ring_lines)
+        target = store_target(args.db)
+        store = open_store(target, ring_lines=args.ring_lines)
     except (ConfigError, StoreError) as exc:
         print(f"fleet controller serve: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return 2 if isinstance(exc, ConfigError | StoreTargetError) else 1
     if admin_token is None:
         logging.getLogger(__name__).warning(
             "no admin token ($%s): the read API %s and POST .../destroyed is disabled", ADMIN_TOKEN_ENV,

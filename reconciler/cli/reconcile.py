@@ -133,7 +133,7 @@ def _report(result: PassResult, as_json: bool) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
     from reconciler.adapters.store.port import StoreError
-    from reconciler.adapters.stores import is_database_uri, open_store
+    from reconciler.adapters.stores import StoreTargetError, is_database_uri, open_store, shown_target, store_target
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -149,14 +149,19 @@ def run_command(args: argparse.Namespace) -> int:
     if args.lease <= 0:
         print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
         return 2
-    replicated = is_database_uri(args.controller_db)
-    if args.listen is None and not replicated and not Path(args.controller_db).is_file():
-        print(f"fleet reconcile: {args.controller_db}: no controller store there (start the controller, or "
+    try:
+        target = store_target(args.controller_db)
+    except StoreTargetError as exc:
+        print(f"fleet reconcile: --controller-db {exc}", file=sys.stderr)
+        return 2
+    replicated = is_database_uri(target)
+    if args.listen is None and not replicated and not Path(target).is_file():
+        print(f"fleet reconcile: {shown_target(target)}: no controller store there (start the controller, or "
               "pass --listen to serve it from this process)", file=sys.stderr)
         return 1
     try:
         git = _open_git(args)
-        store = open_store(args.controller_db)
+        store = open_store(target)
     except (GitStoreError, TemporaryGitError, StoreError) as exc:
         print(f"fleet reconcile: {exc}", file=sys.stderr)
         return 1
@@ -169,7 +174,7 @@ def run_command(args: argparse.Namespace) -> int:
     keeper: LeaseKeeper | None = None
     if replicated:
         name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
-        keeper = LeaseKeeper(PostgresLease(str(args.controller_db), timeout_s=min(5.0, args.lease / 3)),
+        keeper = LeaseKeeper(PostgresLease(str(target), timeout_s=min(5.0, args.lease / 3)),
                              holder_id(name), args.lease, poll_s=min(args.lease / 3, args.interval),
                              on_gain=wake.set)
     try:

@@ -70,6 +70,15 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as exc:
         print(f"fleet status: --image-digest / $FLEET_IMAGE_DIGEST: {exc}", file=sys.stderr)
         return 2
+    target: str | Path | None = None
+    if args.controller_db is not None:
+        from reconciler.adapters.stores import StoreTargetError, store_target
+
+        try:
+            target = store_target(args.controller_db)
+        except StoreTargetError as exc:
+            print(f"fleet status: --controller-db {exc}", file=sys.stderr)
+            return 2
     last_pass = None
     if args.workdir is not None:
         try:
@@ -105,19 +114,19 @@ def run(args: argparse.Namespace) -> int:
     observation_error: str | None = None
     view: FleetStatus | None = None
     capacity = capacity_entries(spec, spec_dir / "fleet.yaml")
-    if args.controller_db is not None:
+    if target is not None:
         from reconciler.adapters.store.port import StoreError, StoreUnavailable
-        from reconciler.adapters.stores import is_database_uri, open_store
+        from reconciler.adapters.stores import is_database_uri, open_store, shown_target
         from reconciler.flows.fleet_status import triaged_view
 
-        if not is_database_uri(args.controller_db) and not Path(args.controller_db).is_file():
-            observation_error = f"{args.controller_db}: no controller store there"
+        if not is_database_uri(target) and not Path(target).is_file():
+            observation_error = f"{shown_target(target)}: no controller store there"
         else:
             try:
-                store = open_store(args.controller_db)
+                store = open_store(target)
                 try:
                     summaries = store.instance_summaries()
-                    last_pass = _with_live_leadership(args.controller_db, last_pass, now)
+                    last_pass = _with_live_leadership(target, last_pass, now)
                     # Summaries of every instance (no events), then the full reports of the shown page only.
                     view, _ = triaged_view(spec, records, summaries, store.reports_of, now, query,
                                            desired_image_digest=desired, last_pass=last_pass, notes=notes,
@@ -144,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_live_leadership(location: str, last_pass: dict[str, Any] | None, now: datetime) -> dict[str, Any] | None:
+def _with_live_leadership(location: str | Path, last_pass: dict[str, Any] | None,
+                          now: datetime) -> dict[str, Any] | None:
     """With replicas (a PostgreSQL store), who leads as the database says now, instead of as of the last pass."""
     from reconciler.adapters.lease import LeaseUnavailable, PostgresLease
     from reconciler.adapters.stores import is_database_uri
@@ -152,7 +162,7 @@ def _with_live_leadership(location: str, last_pass: dict[str, Any] | None, now: 
 
     if not is_database_uri(location):
         return last_pass  # the embedded store: one process, always the leader
-    lease = PostgresLease(location)
+    lease = PostgresLease(str(location))
     try:
         leader = lease.current()
     except LeaseUnavailable as exc:

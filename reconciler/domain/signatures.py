@@ -689,7 +689,10 @@ def code_meaning(line: str) -> str | None:
 
 # --- reading a tail -------------------------------------------------------------------------------------
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+#: Terminal sequences (CSI colour, OSC ended by BEL or ST), raw as in a file or a fixture, or as the controller
+#: stores them: escaped at ingest into visible text (`\x1b[31m`, domain/redact.py's escape_controls).
+_ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-9;?]*+[A-Za-z]|\x1b\][^\x07\x1b]*+(?:\x07|\x1b\\)"
+                   r"|\\(?:x1b\[|x9b)[0-9;?]*+[A-Za-z]|\\x1b\][^\\]*+(?:\\x07|\\x1b\\)")
 _RING_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) ?")
 _TAG = re.compile(r"^(cuzk-daemon|cuzk-bench(?: status)?|tunnel): ?")
 _TRACING_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z\s+(?=(?:TRACE|DEBUG|INFO|WARN|ERROR)\b)")
@@ -720,7 +723,7 @@ class LogicalLine:
 
 def clean_line(raw: str) -> tuple[str, str]:
     """(tag, body): ring timestamp, ANSI colour, CR and the daemon's own timestamp removed."""
-    line = _ANSI.sub("", raw.replace("\r", "")).rstrip("\n")
+    line = _ANSI.sub("", raw.replace("\r", "").replace("\\x0d", "")).rstrip("\n")
     line = _RING_TS.sub("", line, count=1)
     tag = ""
     m = _TAG.match(line)

@@ -89,7 +89,8 @@ def worker_round(url: str, iid: str, n: int) -> list[int]:
 
 
 def test_256_slow_unauthenticated_connections_do_not_lock_workers_out(tmp_db: Path) -> None:
-    edge = Edge(tmp_db, EdgeLimits(head_timeout_s=120))  # deadlines out of the picture: only concurrency counts
+    # Deadlines out of the picture, and every connection from one address allowed: only the total counts.
+    edge = Edge(tmp_db, EdgeLimits(head_timeout_s=120, max_unauthenticated_per_address=1024))
     slow: list[socket.socket] = []
     try:
         with httpx.Client(base_url=edge.server.url, timeout=10) as client:
@@ -109,7 +110,7 @@ def test_256_slow_unauthenticated_connections_do_not_lock_workers_out(tmp_db: Pa
 
 
 def test_at_the_cap_the_oldest_unauthenticated_connection_makes_room(tmp_db: Path) -> None:
-    edge = Edge(tmp_db, EdgeLimits(head_timeout_s=120, max_unauthenticated=64))
+    edge = Edge(tmp_db, EdgeLimits(head_timeout_s=120, max_unauthenticated=64, max_unauthenticated_per_address=1024))
     slow: list[socket.socket] = []
     try:
         with httpx.Client(base_url=edge.server.url, timeout=10) as keeper:

@@ -118,7 +118,10 @@ def test_worker_lifecycle_over_http_becomes_the_instance_report(h: Harness) -> N
     assert detail["result"]["outcome"] == "completed" and detail["gpus"] == ["NVIDIA GeForce RTX 4090, 24564 MiB"]
     logs = h.client.get(f"/api/instance-logs/{iid}?tail=1", headers=ADMIN_AUTH).json()
     assert logs == {"instance_id": iid, "lines": ["VAST_API_KEY=[REDACTED]"], "dropped": 4, "destroyed_at": None}
-    assert h.client.get("/healthz").json() == {"status": "ok", "instances": 1}
+    # Alive to anyone; what the fleet holds only with the admin token.
+    assert h.client.get("/healthz").json() == {"status": "ok"}
+    assert h.client.get("/healthz", headers=ADMIN_AUTH).json() == {"status": "ok", "instances": 1}
+    assert h.client.get("/healthz", headers=auth(iid)).status_code == 403
 
 
 def test_logs_are_readable_after_destroy_and_the_token_stops_writing(h: Harness) -> None:

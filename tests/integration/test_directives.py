@@ -76,5 +76,5 @@ def test_a_v1_store_is_upgraded_in_place_and_keeps_its_data(tmp_path: Path) -> N
     finally:
         store.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4  # v4: the change sequence
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5  # v5: sessions
     conn.close()

@@ -106,7 +106,7 @@ def test_the_leader_killed_during_a_pass_is_replaced_and_nothing_is_lost_or_doub
         assert_judged_exactly_once(cluster, epoch=3, or_later=True)
     survivor = next(f for f in followers if f.name == name)
     assert_nothing_lost(survivor, posted + after)
-    views = [httpx.get(f"{f.url}/healthz", timeout=30).json()["leadership"] for f in followers]
+    views = [admin_get(f.url, "/healthz")["leadership"] for f in followers]
     holders = {v["leader"]["holder"] for v in views}  # both see the same leader: one of the survivors
     assert len(holders) == 1 and holders.pop().split("~")[0] in {f.name for f in followers}, views
     assert [v["leading"] for v in views].count(True) <= 1 and min(v["leader"]["epoch"] for v in views) >= 3, views

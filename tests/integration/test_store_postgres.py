@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -36,10 +37,13 @@ def progress(i: int) -> dict[str, object]:
 
 def test_a_uri_is_shown_without_its_password() -> None:
     assert redacted_uri("postgresql://fleet:s3cr%40t@db.example:5432/fleet?sslmode=require") == \
-        "postgresql://fleet@db.example:5432/fleet?sslmode=require"
+        "postgresql://fleet:[REDACTED]@db.example:5432/fleet?sslmode=require"
     assert redacted_uri("postgresql://fleet@db.example/fleet?password=hunter2&connect_timeout=3") == \
-        "postgresql://fleet@db.example/fleet?password=***&connect_timeout=3"
+        "postgresql://fleet@db.example/fleet?password=[REDACTED]&connect_timeout=3"
     assert redacted_uri("postgresql://db.example/fleet") == "postgresql://db.example/fleet"
+    # A password written with raw '@', ':' and '/' (libpq would split it elsewhere): masked whole all the same.
+    assert redacted_uri("postgresql://fleet:p@ss:w/rd@db.example:5432/fleet") == \
+        "postgresql://fleet:[REDACTED]@db.example:5432/fleet"
 
 
 # --- bad input: one clear error, the URI without its password, exit 1, nothing written --------------------------
@@ -67,7 +71,7 @@ def test_an_unreachable_server_is_one_clear_error(tmp_path: Path, postgres_serve
     closed_port = _unused_port()
     uri = f"postgresql://fleet_admin:pw-unreachable@127.0.0.1:{closed_port}/fleet"
     done = _serve(uri, tmp_path)
-    _assert_one_clear_error(done, f"postgresql://fleet_admin@127.0.0.1:{closed_port}/fleet", "pw-unreachable",
+    _assert_one_clear_error(done, redacted_uri(uri), "pw-unreachable",
                             "Connection refused")
 
 
@@ -78,7 +82,7 @@ def test_a_wrong_password_is_one_clear_error_and_writes_nothing(tmp_path: Path, 
     postgres_server.execute(f'GRANT ALL ON DATABASE "{dbname}" TO fleet_wrong_pw')
     uri = postgres_server.uri(dbname, user="fleet_wrong_pw", password="not-the-password")
     done = _serve(uri, tmp_path)
-    _assert_one_clear_error(done, postgres_server.uri(dbname, user="fleet_wrong_pw"), "not-the-password",
+    _assert_one_clear_error(done, redacted_uri(uri), "not-the-password",
                             'password authentication failed for user "fleet_wrong_pw"')
     # PGPASSWORD is read as libpq reads it: the same refusal without a password in the URI.
     done = _serve(postgres_server.uri(dbname, user="fleet_wrong_pw"), tmp_path, {"PGPASSWORD": "also-wrong"})
@@ -94,8 +98,8 @@ def test_a_database_of_a_newer_schema_is_refused_untouched(tmp_path: Path, postg
     postgres_server.execute("INSERT INTO fleet_schema (version) VALUES (99)", dbname)
     before = postgres_server.execute("SELECT version FROM fleet_schema ORDER BY version", dbname)
     shown = redacted_uri(postgres_db)
-    with pytest.raises(StoreError, match=f"^{shown}: store schema version 99 is newer than this code understands "
-                                         f"\\({SCHEMA_VERSION}\\)"):
+    with pytest.raises(StoreError, match=f"^{re.escape(shown)}: store schema version 99 is newer than this code "
+                                         f"understands \\({SCHEMA_VERSION}\\)"):
         PostgresStore(postgres_db)
     done = _serve(postgres_db, tmp_path)
     _assert_one_clear_error(done, shown, postgres_server.admin_password, "schema version 99 is newer")

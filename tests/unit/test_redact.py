@@ -1,10 +1,20 @@
 """Redaction: every pattern masks a realistic secret-bearing line; prover output and digests survive."""
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.domain.redact import MASK, PATTERNS, Redactor, redact_line, redact_lines
+from reconciler.domain.redact import (
+    MASK,
+    MAX_KEY_LINES,
+    PATTERNS,
+    Redactor,
+    escape_controls,
+    redact_line,
+    redact_lines,
+)
 
 VAST_KEY = "3f1c9a0e7b2d4c6a8e0f1b3d5c7a9e2f4b6d8c0a1e3f5b7d9c2a4e6f8b0d1c3a"
 IMAGE_DIGEST = "sha256:9b2c8a1f0e7d6c5b4a3928171605f4e3d2c1b0a99887766554433221100ffeed"
@@ -51,6 +61,28 @@ CASES = [
      "posting with"),
     ("huggingface-token", "HF token hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567 set", "hf_AbCdEfGh", " set"),
     ("stripe-key", "charge sk_live_51HxYzAbCdEfGhIjKlMn failed", "sk_live_51HxYz", " failed"),
+    # The forms of issue 30: CLI arguments that carry secrets, URL passwords with any character, key shapes.
+    ("config-set", "+ aws configure set aws_secret_access_key wJalrXUtnFEMIK7MDENGbPxRfiCY --profile fleet",
+     "wJalrXUtnFEMIK7MDENGbPxRfiCY", "aws configure set aws_secret_access_key [REDACTED] --profile fleet"),
+    ("config-set", "npm config set //registry.npmjs.org/:_authToken npm_Q7aBcDeF0123", "npm_Q7aBcDeF0123",
+     "//registry.npmjs.org/:_authToken"),
+    ("sshpass", "sshpass -p 'Tr0ub4dor&3' ssh root@10.0.0.5 nvidia-smi", "Tr0ub4dor", "ssh root@10.0.0.5 nvidia-smi"),
+    ("sshpass", "sshpass -v -pHunter2Hunter2 scp a b:", "Hunter2Hunter2", "sshpass -v -p"),
+    ("mysql-password", "mysql -h db.internal -u root -pS3cr3tPw0rd fleet -e 'select 1'", "S3cr3tPw0rd",
+     "fleet -e 'select 1'"),
+    ("mysql-password", "mysqldump -uroot -p0penSesame fleet > dump.sql", "0penSesame", "fleet > dump.sql"),
+    ("url-userinfo", "connecting to postgresql://fleet:p@ss/w:rd%40x@db.example.org:5432/fleetdb",
+     "p@ss/w:rd", "postgresql://fleet:[REDACTED]@db.example.org:5432/fleetdb"),
+    ("url-userinfo", "mirror https://ci:a/b@c@params.example.org/v28.params", "a/b@c",
+     "https://ci:[REDACTED]@params.example.org/v28.params"),
+    ("gitlab-token", "using glpat-Q7bCdEfGhIjKlMnOpQrSt for the mirror", "glpat-Q7bCdEfGhIjKlMnOpQrSt",
+     "for the mirror"),
+    ("gitlab-token", "runner GR1348941Q7bCdEfGhIjKlMnOpQrSt registered", "GR1348941Q7bC", "registered"),
+    ("openai-style-key", "OPENAI sk-proj-Q7bCdEfGhIjKlMnOpQrStUvWxYz0123 loaded", "sk-proj-Q7bCdEfGh", " loaded"),
+    ("openai-style-key", "claude sk-ant-api03-Q7bCdEfGhIjKlMnOpQrStUvWx ok", "sk-ant-api03-Q7bC", " ok"),
+    ("google-key", "maps AIzaSyQ7bCdEfGhIjKlMnOpQrStUvWxYz012345 ok", "AIzaSyQ7bCdEfGh", " ok"),
+    ("google-key", "oauth GOCSPX-Q7bCdEfGhIjKlMnOpQrStUvWxYz ok", "GOCSPX-Q7bCdEfGh", " ok"),
+    ("google-key", "token ya29.Q7bCdEfGhIjKlMnOpQrStUvWxYz ok", "ya29.Q7bCdEfGh", " ok"),
 ]
 
 
@@ -60,6 +92,10 @@ def test_each_pattern_masks_its_secret(name: str, line: str, secret: str, kept: 
     assert secret not in out
     assert MASK in out
     assert kept in out
+
+
+def test_the_google_api_key_case_has_the_real_length() -> None:
+    assert re.search(r"AIza\S{35}\b", "AIzaSyQ7bCdEfGhIjKlMnOpQrStUvWxYz012345 ")
 
 
 def test_every_pattern_has_a_case() -> None:
@@ -113,6 +149,7 @@ def test_a_bare_64_hex_word_is_always_masked(key: str, prefix: str) -> None:
 
 
 def _reference(text: str) -> str:
+    text = escape_controls(text)
     for pattern in PATTERNS:
         text = pattern.regex.sub(pattern.replacement, text)
     return text
@@ -139,6 +176,56 @@ def test_known_secrets_are_masked_by_value_whatever_their_shape() -> None:
 
 
 @pytest.mark.parametrize("line", ["mkdir -p /var/tmp/params", "tar -u -f x.tar", "sort -u names.txt",
+                                  "mysql -P 3306 -u root fleet", "mysql -p fleet", "aws configure set region us-east-1",
+                                  "task-0123456789abcdefghijklmn started", "disk-sk-usage", "sshpass -f /run/pw ssh h",
+                                  "https://mirror.example.org:8443/v28.params", "ssh://git@github.com/acme/fleet",
                                   "https://acct.blob.core.windows.net/c/b?sv=2021-08-06&se=2026-12-03T00:00Z"])
 def test_new_patterns_leave_ordinary_commands_alone(line: str) -> None:
     assert redact_line(line) == line
+
+
+def test_a_private_key_split_across_batches_is_masked_whole() -> None:
+    """The stream state carries an open key block from one batch of an instance's log to the next."""
+    redactor = Redactor()
+    first, state = redactor.stream(["ok", "-----BEGIN RSA PRIVATE KEY-----", "MIIEpAIBAAKCAQEA7xyz"])
+    assert first == ["ok", "-----BEGIN PRIVATE KEY----- [REDACTED]", MASK] and state == 2
+    second, state = redactor.stream(["Zm9vYmFy==", "-----END RSA PRIVATE KEY-----", "done token=abc"], state)
+    assert second == [MASK, "-----END PRIVATE KEY-----", f"done token={MASK}"] and state == 0
+    # Without the state the short last line would have been kept: the state is what masks it.
+    assert redactor.stream(["Zm9vYmFy==", "-----END RSA PRIVATE KEY-----"])[0][0] == "Zm9vYmFy=="
+
+
+def test_a_key_block_without_end_hides_at_most_max_key_lines() -> None:
+    lines = ["-----BEGIN PRIVATE KEY-----"] + [f"line {i}" for i in range(MAX_KEY_LINES + 10)]
+    out, state = Redactor().stream(lines)
+    assert out.count(MASK) == MAX_KEY_LINES and out[-1] == f"line {MAX_KEY_LINES + 9}" and state == 0
+    # ... also when the block spans batches.
+    out, state = Redactor().stream([f"more {i}" for i in range(20)], MAX_KEY_LINES - 5)
+    assert out.count(MASK) == 6 and state == 0
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("copy \x1b]52;c;aGVsbG8=\x1b\\ done", "copy \\x1b]52;c;aGVsbG8=\\x1b\\ done"),  # OSC 52, ST-terminated
+    ("\x1b]0;pwned\x07title", "\\x1b]0;pwned\\x07title"),  # OSC title, BEL-terminated
+    ("\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"),
+    ("csi \x9b31m c1", "csi \\x9b31m c1"),
+    ("evil \u202egnp.exe", "evil \\u202egnp.exe"),
+    ("isolate \u2066x\u2069", "isolate \\u2066x\\u2069"),
+    ("progress 10%\r20%", "progress 10%\\x0d20%"),
+    ("one\nFleet-Verdict: ok", "one\\x0aFleet-Verdict: ok"),
+    ("sep\u2028Fleet-Machine: 1", "sep\\u2028Fleet-Machine: 1"),
+    ("nul\x00 del\x7f", "nul\\x00 del\\x7f"),
+    ("tab\tkept \u00e9t\u00e9 \u4e2d", "tab\tkept \u00e9t\u00e9 \u4e2d"),
+])
+def test_control_characters_become_visible_text(raw: str, shown: str) -> None:
+    assert escape_controls(raw) == shown
+    assert redact_line(raw) == shown
+    assert len(redact_line(raw).splitlines()) == 1
+    assert escape_controls(shown) == shown
+
+
+@given(st.text(max_size=300))
+def test_no_control_character_survives(text: str) -> None:
+    out = redact_line(text)
+    assert not re.search("[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]", out)
+    assert len(out.splitlines()) <= 1

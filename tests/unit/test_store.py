@@ -286,8 +286,8 @@ def test_store_file_is_wal_with_schema_version(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "c.db")
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    # v2 added directives, v3 re-keyed events, v4 the change sequence
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    # v2 added directives, v3 re-keyed events, v4 the change sequence, v5 log stream state and sessions
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
     conn.close()
     store.close()
 

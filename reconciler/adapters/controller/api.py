@@ -240,9 +240,14 @@ class ControllerApi:
                 directive = {"protocol": 1, "action": "wait", "reason": "no verdict yet"}
             return Response(200, directive, authenticated=True)
         if path == "/healthz":
+            # Alive and answering, to anyone (a load balancer's probe); what the fleet holds and who leads only
+            # with the admin token: a stranger learns nothing about the fleet from it.
             self._require_method(request, "GET")
+            if self.admin_token is None or request.authorization is None:
+                return Response(200, {"status": "ok"})
+            self._require_admin(request)
             return Response(200, {"status": "ok", "instances": self.store.instance_count(),
-                                  **(self.health() if self.health is not None else {})})
+                                  **(self.health() if self.health is not None else {})}, authenticated=True)
         if path == "/api/instances":
             self._require_method(request, "GET")
             admin = self._require_reader(request)

@@ -8,12 +8,19 @@ What the edge adds to uvicorn, and why (uvicorn alone would let a slowloris clie
 - Head deadline: a request head must be complete `head_timeout_s` after the connection opened (or after the
   first byte of a keep-alive request). uvicorn only has an idle keep-alive timer, and every received byte
   resets it, so a client trickling one header byte at a time would hold a connection forever.
-- Body deadline: the body must arrive within `body_timeout_s` of the head (408 otherwise).
-- A cap on concurrent *unauthenticated* connections (`max_unauthenticated`): a connection counts until one
-  of its requests has authenticated (worker token or admin token). At the cap, a new connection evicts the
-  oldest unauthenticated one that is not in the middle of a request, so a flood of slow connections cannot
-  lock workers out (uvicorn's `limit_concurrency` would: it answers 503 to everyone once the count is
-  reached, authenticated or not).
+- Body deadline and size on every route: the body must arrive within `body_timeout_s` of the head (408
+  otherwise); worker reports read theirs in `_read_body`, the routes beside them (the sign-in form, the page)
+  through the `BodyLimits` middleware (Starlette's middleware stack; 413 past `route_max_body_bytes`). A
+  response that leaves a body unread closes the connection.
+- Connection caps (`ConnectionGuard`), so that no one client can hold what others need: unauthenticated
+  connections in all (`max_unauthenticated`) and per client address (`max_unauthenticated_per_address`);
+  authenticated ones per token (`max_per_token`: a connection belongs to the token of its first authenticated
+  request, a worker's from the head of its report on); every connection (`max_connections`, by default from
+  the process's open-file limit, so the server never runs out of descriptors: see docs/security.md on
+  LimitNOFILE). At a cap the new connection is admitted and the oldest one of the same group gives way, an
+  idle one (between requests, or still sending its head) before one in the middle of a request: a flood
+  from one address or one token only churns its own connections. uvicorn's `limit_concurrency` would lock
+  everyone out instead (503 to all once the count is reached, authenticated or not).
 - Head limits (100 headers, 64 KiB per line, 128 KiB in all: 431) and answers to malformed heads as JSON
   `{"error", "detail"}` with the wording of the earlier http.server-based edge; a real listen backlog
   (2048, not socketserver's 5, so a burst of workers is queued, not reset); optional TLS.
@@ -23,6 +30,14 @@ What the edge adds to uvicorn, and why (uvicorn alone would let a slowloris clie
 
 Extension point: `build_app(api, extra_routes=[...])` mounts more Starlette routes (the live page at `/`,
 `/metrics`) before the API's catch-all; the cli passes them, so this adapter imports neither render nor flows.
+
+uvicorn internals: what uvicorn's documented settings cover is set through them (`timeout_keep_alive`,
+`backlog`, `timeout_graceful_shutdown`, `headers`, `server_header`, `access_log`) and the body limits of the
+routes are a Starlette middleware; the head deadline, the head limits, the connection caps, lingering close and
+the inline answer to worker reports need the httptools protocol itself, so `EdgeProtocol` subclasses
+`uvicorn.protocols.http.httptools_impl.HttpToolsProtocol`. pyproject pins uvicorn to the minor release this
+was tested with, and tests/unit/test_uvicorn_contract.py fails, naming what moved, when an upgrade changes
+the parts of the protocol and of `RequestResponseCycle` this module relies on.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ import contextlib
 import email.utils
 import json
 import logging
+import resource
 import socket
 import ssl
 import threading
@@ -48,12 +64,16 @@ from typing import Any
 import httptools
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from reconciler.adapters.controller.api import BodyNeeded, ControllerApi, PreparedReport, Request, Response
 from reconciler.adapters.controller.protocol import MAX_BODY_BYTES, ApiError
 from reconciler.adapters.store.port import ControllerStore
+from reconciler.domain.tokens import bearer_token
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +97,18 @@ class EdgeLimits:
     body_timeout_s: float = 30.0
     keep_alive_s: float = 30.0
     max_unauthenticated: int = 512
+    #: Unauthenticated connections from one address (a rented host with 8 GPUs is 8 workers behind one address,
+    #: each opening a connection per report; behind a reverse proxy every client is the proxy: raise it there
+    #: and limit per client in the proxy).
+    max_unauthenticated_per_address: int = 64
+    #: Connections of one token (a worker uses one at a time; the admin CLI a few).
+    max_per_token: int = 16
+    #: Every connection; None: from the open-file limit (soft RLIMIT_NOFILE) less `reserved_descriptors`.
+    max_connections: int | None = None
+    #: Descriptors kept for everything but connections (store files, git, log files, the event loop, pools).
+    reserved_descriptors: int = 64
+    #: Body size for the routes beside the worker API (the sign-in form is the only one that takes a body).
+    route_max_body_bytes: int = 64 * 1024
     backlog: int = 2048
     max_header_line: int = 65536
     max_headers: int = 100
@@ -137,39 +169,125 @@ class _Refuse(Exception):
 # --- connections -------------------------------------------------------------------------------------------
 
 
-class UnauthenticatedConnections:
-    """The connections that have not yet made an authenticated request, oldest first, capped."""
+def connection_limit(limits: EdgeLimits) -> int:
+    """`max_connections`, or what the open-file limit leaves for connections: accepting past it would fail with
+    EMFILE (and take the descriptors the store and git need) instead of evicting someone."""
+    if limits.max_connections is not None:
+        return limits.max_connections
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(16, int(soft) - limits.reserved_descriptors)
 
-    def __init__(self, limit: int):
-        if limit < 1:
-            raise ValueError(f"max_unauthenticated must be >= 1, got {limit}")
-        self.limit = limit
-        self._waiting: dict[EdgeProtocol, None] = {}
-        self.peak = 0
+
+def _oldest_idle_first(connections: Iterable[EdgeProtocol], spare: EdgeProtocol | None = None) -> EdgeProtocol | None:
+    """The oldest connection that is idle (between requests, or still sending its head), else the oldest."""
+    oldest = None
+    for conn in connections:
+        if conn is spare:
+            continue
+        if conn.evictable():
+            return conn
+        if oldest is None:
+            oldest = conn
+    return oldest
+
+
+class ConnectionGuard:
+    """The server's connections by age, by client address (while unauthenticated) and by token (once
+    authenticated), and who gives way at a cap (see the module docstring). Runs on the event loop only."""
+
+    def __init__(self, limits: EdgeLimits, max_connections: int):
+        if min(limits.max_unauthenticated, limits.max_unauthenticated_per_address, limits.max_per_token,
+               max_connections) < 1:
+            raise ValueError(f"connection caps must be >= 1: {limits}")
+        self.limits = limits
+        self.max_connections = max_connections
+        self._all: dict[EdgeProtocol, None] = {}
+        self._waiting: dict[EdgeProtocol, None] = {}  # unauthenticated, oldest first
+        self._by_address: dict[str, dict[EdgeProtocol, None]] = {}  # unauthenticated, per client address
+        self._by_token: dict[str, dict[EdgeProtocol, None]] = {}
+        self.peak = 0  # most unauthenticated connections at once
+        self.peak_connections = 0
         self.evicted = 0
         self.refused = 0
 
     def __len__(self) -> int:
+        """Unauthenticated connections now."""
         return len(self._waiting)
 
+    @property
+    def connections(self) -> int:
+        return len(self._all)
+
+    def held_by(self, token: str) -> int:
+        return len(self._by_token.get(token, ()))
+
     def admit(self, conn: EdgeProtocol) -> bool:
-        if len(self._waiting) >= self.limit:
-            victim = next((c for c in self._waiting if c.evictable()), None)
+        same_address = self._by_address.get(conn.address)
+        if same_address is not None and len(same_address) >= self.limits.max_unauthenticated_per_address:
+            self._evict(_oldest_idle_first(same_address))
+        if len(self._waiting) >= self.limits.max_unauthenticated:
+            self._evict(_oldest_idle_first(self._waiting))
+        if len(self._all) >= self.max_connections:
+            victim = self._victim_for_room()
             if victim is None:
                 self.refused += 1
                 return False
-            self.evicted += 1
-            self._waiting.pop(victim, None)
-            victim.evict()
+            self._evict(victim)
+        self._all[conn] = None
         self._waiting[conn] = None
+        self._by_address.setdefault(conn.address, {})[conn] = None
         self.peak = max(self.peak, len(self._waiting))
+        self.peak_connections = max(self.peak_connections, len(self._all))
         return True
 
-    def authenticated(self, conn: EdgeProtocol) -> None:
-        self._waiting.pop(conn, None)
+    def _victim_for_room(self) -> EdgeProtocol | None:
+        """At the total cap: the oldest idle connection of the token holding the most (when it holds more than
+        one), else the oldest idle connection, else the oldest unauthenticated one; None when every connection
+        is an authenticated request under way. Oldest first: the newest (a probe, a worker's next report) stays."""
+        if self._by_token:
+            biggest: dict[EdgeProtocol, None] = max(self._by_token.values(), key=len)
+            victim = _oldest_idle_first(biggest) if len(biggest) > 1 else None
+            if victim is not None and victim.evictable():
+                return victim
+        for conn in self._all:
+            if conn.evictable():
+                return conn
+        return next(iter(self._waiting), None)
+
+    def authenticated(self, conn: EdgeProtocol, token: str) -> None:
+        if conn not in self._all:
+            return  # evicted or closed meanwhile
+        self._forget_waiting(conn)
+        group = self._by_token.setdefault(token, {})
+        group[conn] = None
+        if len(group) > self.limits.max_per_token:
+            self._evict(_oldest_idle_first(group, spare=conn))
 
     def gone(self, conn: EdgeProtocol) -> None:
-        self._waiting.pop(conn, None)
+        self._all.pop(conn, None)
+        self._forget_waiting(conn)
+        if conn.token is not None:
+            group = self._by_token.get(conn.token)
+            if group is not None:
+                group.pop(conn, None)
+                if not group:
+                    del self._by_token[conn.token]
+
+    def _forget_waiting(self, conn: EdgeProtocol) -> None:
+        if self._waiting.pop(conn, 0) is None:
+            same_address = self._by_address[conn.address]
+            same_address.pop(conn, None)
+            if not same_address:
+                del self._by_address[conn.address]
+
+    def _evict(self, victim: EdgeProtocol | None) -> None:
+        if victim is None:
+            return
+        self.evicted += 1
+        self.gone(victim)
+        victim.evict()
 
 
 class _LingeringTransport:
@@ -222,7 +340,7 @@ class EdgeProtocol(HttpToolsProtocol):
     close and JSON answers to malformed heads. `limits` and `guard` are set on a per-server subclass."""
 
     limits: EdgeLimits = EdgeLimits()
-    guard: UnauthenticatedConnections
+    guard: ConnectionGuard
     #: Worker reports are answered inline (see `_start_asgi_task`) by this API and group commit; None: ASGI only.
     reports: tuple[ControllerApi, GroupCommit] | None = None
 
@@ -239,7 +357,9 @@ class EdgeProtocol(HttpToolsProtocol):
         self._lingered = 0
         self._done = False
         self._eof = False
-        self.is_authenticated = False
+        #: The token this connection belongs to, from its first authenticated request (None: unauthenticated).
+        self.token: str | None = None
+        self.address = "?"
         self._feeding = False
         self._inline_pending: tuple[RequestResponseCycle, Any] | None = None
 
@@ -248,9 +368,10 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._edge_transport = _LingeringTransport(transport, self)
         super().connection_made(self._edge_transport)  # type: ignore[arg-type]
+        self.address = str((self.client or ("?",))[0])
         if not self.guard.admit(self):
-            log.warning("refusing a connection from %s: %d unauthenticated connections are busy",
-                        (self.client or ("?",))[0], self.guard.limit)
+            log.warning("refusing a connection from %s: all %d connections are authenticated requests under way",
+                        self.address, self.guard.max_connections)
             self._edge_transport.hard_close()
             return
         self._arm_head_timer()
@@ -267,14 +388,22 @@ class EdgeProtocol(HttpToolsProtocol):
         return self.cycle is None or self.cycle.response_complete
 
     def evict(self) -> None:
-        log.info("closing an unauthenticated connection from %s to admit a new one", (self.client or ("?",))[0])
+        log.debug("closing %s connection from %s to admit a new one",
+                 "an unauthenticated" if self.token is None else "a worker's or admin's", self.address)
+        self._done = True
         if self._edge_transport is not None:
             self._edge_transport.hard_close()
 
-    def mark_authenticated(self) -> None:
-        if not self.is_authenticated:
-            self.is_authenticated = True
-            self.guard.authenticated(self)
+    @property
+    def is_authenticated(self) -> bool:
+        return self.token is not None
+
+    def mark_authenticated(self, authorization: str | None) -> None:
+        """The request on this connection presented a valid token (in `authorization`): the connection belongs
+        to that token from now on."""
+        if self.token is None:
+            self.token = bearer_token(authorization) or ""
+            self.guard.authenticated(self, self.token)
 
     # --- deadlines ---
 
@@ -372,6 +501,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self.cycle.keep_alive = True
 
     def on_response_complete(self) -> None:
+        if self.cycle is not None and self.cycle.more_body and self.cycle.keep_alive and \
+                self._edge_transport is not None:
+            # The answer left (part of) the body unread: the connection cannot carry another request.
+            self.cycle.keep_alive = False
+            self._edge_transport.close()
         super().on_response_complete()
         if self._eof and not self.pipeline and self.cycle is not None and self.cycle.response_complete:
             self._edge_transport.hard_close() if self._edge_transport is not None else None
@@ -409,8 +543,9 @@ class EdgeProtocol(HttpToolsProtocol):
             request = request_of(cycle.scope)  # type: ignore[arg-type]  # HTTPScope is a Scope
             step = api.begin(request)
             if not isinstance(step, BodyNeeded):
-                self._send_inline(cycle, step)
+                self._send_inline(cycle, step, request.authorization)
                 return
+            self.mark_authenticated(request.authorization)
             if cycle.waiting_for_100_continue and self._edge_transport is not None:
                 # As uvicorn's receive() does when the app reads the body: the same bytes on the wire
                 # (a server may omit it once the body is here, RFC 9110 10.1.1; clients accept both).
@@ -422,12 +557,14 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._send_inline(cycle, api.error_response(request, ApiError(
                     400, "incomplete body", f"got {len(body)} of {step.length} bytes", close=True)))
                 return
-            commits.submit(request, step, body[:step.length], lambda response: self._send_inline(cycle, response))
+            commits.submit(request, step, body[:step.length],
+                           lambda response: self._send_inline(cycle, response, request.authorization))
         except Exception:
             log.exception("internal error on %s %s", cycle.scope["method"], cycle.scope["path"])
             self._send_inline(cycle, Response(500, {"error": "internal error", "detail": None}, close=True))
 
-    def _send_inline(self, cycle: RequestResponseCycle, response: Response) -> None:
+    def _send_inline(self, cycle: RequestResponseCycle, response: Response, authorization: str | None = None
+                     ) -> None:
         """Write the answer as uvicorn's `send` would (default headers, lowercase names, `connection: close`
         when the connection ends) in one write, then finish the cycle as uvicorn does."""
         transport = self._edge_transport
@@ -435,7 +572,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 transport.is_closing():
             return
         if response.authenticated:
-            self.mark_authenticated()
+            self.mark_authenticated(authorization)
         headers, body = _json_response(response)
         if response.close:
             cycle.keep_alive = False
@@ -501,8 +638,8 @@ class EdgeProtocol(HttpToolsProtocol):
 
 
 def _edge_protocol(limits: EdgeLimits, reports: tuple[ControllerApi, GroupCommit] | None = None
-                   ) -> tuple[type[EdgeProtocol], UnauthenticatedConnections]:
-    guard = UnauthenticatedConnections(limits.max_unauthenticated)
+                   ) -> tuple[type[EdgeProtocol], ConnectionGuard]:
+    guard = ConnectionGuard(limits, connection_limit(limits))
     protocol = type("ServerEdgeProtocol", (EdgeProtocol,), {"limits": limits, "guard": guard, "reports": reports})
     return protocol, guard
 
@@ -668,7 +805,10 @@ def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_
             return
         request = request_of(scope)
         step = api.begin(request)
+        edge: EdgeProtocol | None = scope.get("extensions", {}).get(EDGE_EXTENSION)
         if isinstance(step, BodyNeeded):
+            if edge is not None:
+                edge.mark_authenticated(request.authorization)  # the token is good: the body may take its time
             try:
                 body = await _read_body(receive, step.length, body_timeout_s)
             except ApiError as exc:
@@ -677,9 +817,8 @@ def controller_asgi(api: ControllerApi, body_timeout_s: float = EdgeLimits.body_
                 response = await commits.finish(request, step, body)
         else:
             response = step
-        edge: EdgeProtocol | None = scope.get("extensions", {}).get(EDGE_EXTENSION)
         if response.authenticated and edge is not None:
-            edge.mark_authenticated()
+            edge.mark_authenticated(request.authorization)
         headers, body_bytes = _json_response(response)
         transport = edge._edge_transport if edge is not None else None
         if transport is not None:
@@ -722,14 +861,60 @@ def _no_sync_body(length: int) -> bytes:
 WORKER_PREFIX = "/api/v1/instances/"
 
 
+class BodyLimits:
+    """ASGI middleware (in Starlette's stack, outside its exception handling) for the routes beside the worker
+    API: a declared body over `max_bytes` is 413 before the route runs; a body that is not in within
+    `timeout_s` of the head (408) or grows past `max_bytes` (413) ends the route's read with an HTTPException,
+    which Starlette answers; the connection is closed (the rest of the body is never read). A client gone in
+    the middle of its body (or evicted) ends the request quietly."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float):
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.strip().isdigit() or int(value) > self.max_bytes):
+                body = _json_text({"error": "body too large", "detail": f"the limit is {self.max_bytes} bytes"})
+                await send({"type": "http.response.start", "status": 413,
+                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body.encode()})
+                return
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(408, f"body not received within {self.timeout_s:g} s",
+                                    headers={"Connection": "close"}) from None
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise HTTPException(413, f"body larger than {self.max_bytes} bytes", headers={"Connection": "close"})
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except ClientDisconnect:
+            return  # closed (or evicted) while the route read its body: nobody to answer, nothing to log
+
+
 def build_app(api: ControllerApi, extra_routes: Sequence[BaseRoute] = (), *,
-              body_timeout_s: float = EdgeLimits.body_timeout_s, commits: GroupCommit | None = None) -> ASGIApp:
+              body_timeout_s: float = EdgeLimits.body_timeout_s, commits: GroupCommit | None = None,
+              route_max_body_bytes: int = EdgeLimits.route_max_body_bytes) -> ASGIApp:
     """The controller's ASGI app: `extra_routes` first (e.g. the live page at `/`, `/metrics`, matched by
     Starlette); every request no route matches goes to the controller API, which answers its own JSON
     404/405. Worker reports (`/api/v1/instances/...`) skip Starlette's middleware and routing: a third of
     the edge's cost per request on the ingest path."""
     controller = controller_asgi(api, body_timeout_s, commits)
-    routed = Starlette(routes=list(extra_routes))
+    routed = Starlette(routes=list(extra_routes), middleware=[
+        Middleware(BodyLimits, max_bytes=route_max_body_bytes, timeout_s=body_timeout_s)])
     # The API is the router's default, not a catch-all route: a route pattern would not match every path
     # (`.` stops at a newline in `/api/v1/instances/x%0A/register`), and the API answers its own 404/405.
     routed.router.default = controller
@@ -795,7 +980,7 @@ class ControllerServer:
         #: Worker reports this process stored (`writes`) and in how many transactions (`flushes`).
         self.commits = GroupCommit(self.api)
         self.app = build_app(self.api, list(extra_routes), body_timeout_s=self.limits.body_timeout_s,
-                             commits=self.commits)
+                             commits=self.commits, route_max_body_bytes=self.limits.route_max_body_bytes)
         self.protocol, self.guard = _edge_protocol(self.limits, (self.api, self.commits))
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None

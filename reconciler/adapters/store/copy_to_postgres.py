@@ -34,7 +34,7 @@ CHUNK_ROWS = 2_000
 _INSTANCE_COLUMNS = ("instance_id", "received_at", "worker_at", "pool", "slot", "machine_id", "host_id",
                      "contract_id", "gpu_name", "image_digest", "image_version", "hostname", "gpus", "registrations",
                      "next_line_seq", "ring_dropped", "worker_dropped", "progress_events", "other_events",
-                     "destroyed_at")
+                     "destroyed_at", "log_key_lines")
 _EVENT_COLUMNS = ("instance_id", "phase", "status", "at", "received_at", "exit_code", "message", "log_tail",
                   "details", "fingerprint")
 

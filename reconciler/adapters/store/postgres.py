@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import psycopg
 import psycopg_pool
@@ -32,7 +32,7 @@ import psycopg_pool
 from reconciler.adapters.store.port import REPORT_TAIL_LINES, SqlConnection, SqlCursor, StoreError, StoreUnavailable
 from reconciler.adapters.store.schema import SCHEMA_VERSION, statements
 from reconciler.adapters.store.sql import SqlStore
-from reconciler.domain.redact import Redactor
+from reconciler.domain.redact import Redactor, redact_line
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +46,9 @@ ACQUIRE_TIMEOUT_S = 1.0
 
 
 def redacted_uri(uri: str) -> str:
-    """The URI as it may be shown: user, host, port, database and options, never a password (in the authority
-    or as a `password=` option)."""
-    parts = urlsplit(uri)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, hosts = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}@{hosts}"
-    query = urlencode([(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)],
-                      safe="*/:")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """The URI as it may be shown: user, host, port, database and options, never a password (in the authority,
+    whatever characters it holds, or as a `password=` option): the fleet's redaction of URL passwords."""
+    return redact_line(uri)
 
 
 def _password_of(uri: str) -> str | None:

@@ -20,7 +20,7 @@ Dialect = Literal["sqlite", "postgres"]
 
 #: The schema this code writes; a store of a newer version is refused (never written by code that does not know
 #: its layout).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: The words the dialects spell differently. Times are ISO 8601 text in UTC in both, so the shared SQL orders and
 #: compares them the same way (the lease's times are the server's own clock: PostgreSQL only).
@@ -56,6 +56,23 @@ CREATE TABLE change_sequence (
     Ddl("INSERT INTO change_sequence (id, sequence) VALUES (1, 1)"),
 )
 
+#: Version 5 (issue 30). `instances.log_key_lines`: how many lines of a private-key block the instance's log stream
+#: is inside, carried from one log batch to the next (domain/redact.py's Redactor.stream), so a key split across
+#: two batches is masked whole. `sessions`: the status page's sign-in sessions (render/live.py), here so that
+#: every replica knows them and can revoke them: a session is found by the SHA-256 of the id its cookie holds (the
+#: table holds no usable cookie), `token_fp` tells which token signed it in (rotating the token ends them), and
+#: expired or revoked rows are deleted as new sessions are made.
+_SESSIONS = (
+    Ddl("""
+CREATE TABLE sessions (
+    id_hash     TEXT PRIMARY KEY,
+    token_fp    TEXT NOT NULL,
+    created_at  TEXT NOT NULL,
+    expires_at  TEXT NOT NULL
+)"""),
+    Ddl("CREATE INDEX sessions_by_expiry ON sessions (expires_at)"),
+)
+
 #: The current layout: what a new store is created with.
 LAYOUT: tuple[Ddl, ...] = (
     Ddl("""
@@ -80,7 +97,8 @@ CREATE TABLE instances (
     progress_events INTEGER NOT NULL DEFAULT 0,
     other_events    INTEGER NOT NULL DEFAULT 0,
     destroyed_at    TEXT,
-    change_seq      {int64} NOT NULL DEFAULT 0
+    change_seq      {int64} NOT NULL DEFAULT 0,
+    log_key_lines   INTEGER NOT NULL DEFAULT 0
 )"""),
     Ddl("CREATE INDEX instances_by_change ON instances (change_seq)"),
     # An event's identity is (instance, time, fingerprint of the redacted document): a worker's events arrive in
@@ -124,6 +142,7 @@ CREATE TABLE directives (
 )"""),
     Ddl("CREATE INDEX directives_by_change ON directives (change_seq)"),
     *_CHANGE_SEQUENCE,
+    *_SESSIONS,
     # The replicas' leader lease (adapters/lease.py); only a server database has replicas.
     Ddl("""
 CREATE TABLE fleet_lease (
@@ -143,6 +162,7 @@ UPGRADES: dict[int, tuple[Ddl, ...]] = {
         Ddl("ALTER TABLE directives ADD COLUMN change_seq {int64} NOT NULL DEFAULT 0"),
         Ddl("CREATE INDEX directives_by_change ON directives (change_seq)"),
         *_CHANGE_SEQUENCE),
+    5: (Ddl("ALTER TABLE instances ADD COLUMN log_key_lines INTEGER NOT NULL DEFAULT 0"), *_SESSIONS),
 }
 
 #: The oldest version a store of each dialect can have been written at (SQLite replays its history below first).

@@ -64,6 +64,11 @@ def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat()
 
 
+def _utc_text(stored: str) -> str:
+    """A stored time (`_iso`) as the protocol writes times: `2026-12-02T18:00:00Z`, whole seconds."""
+    return datetime.fromisoformat(stored).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 #: `2026-12-02T18:00:00Z`, what workers send (`date -u +%Y-%m-%dT%H:%M:%SZ`).
 _WHOLE_SECONDS_UTC = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
 
@@ -326,9 +331,10 @@ class SqlStore:
             conn.execute("ROLLBACK")
 
     def _writable(self, conn: SqlConnection, instance_id: str) -> tuple[Any, ...]:
-        """The instance's row (destroyed_at, progress_events, other_events, next_line_seq), locked for this
-        transaction; refuses an unknown or destroyed instance (before anything is modified)."""
-        row = conn.execute("SELECT destroyed_at, progress_events, other_events, next_line_seq FROM instances "  # noqa: S608
+        """The instance's row (destroyed_at, progress_events, other_events, next_line_seq, log_key_lines), locked
+        for this transaction; refuses an unknown or destroyed instance (before anything is modified)."""
+        row = conn.execute("SELECT destroyed_at, progress_events, other_events, next_line_seq, log_key_lines "  # noqa: S608
+                           "FROM instances "
                            f"WHERE instance_id = ?{self._LOCK_ROW}", (instance_id,)).fetchone()
         if row is None:
             raise UnknownInstance(f"instance {instance_id!r} never registered")
@@ -493,13 +499,18 @@ class SqlStore:
         return self.write(self.prepare_logs(instance_id, lines, dropped))
 
     def prepare_logs(self, instance_id: str, lines: Sequence[str], dropped: int = 0) -> PreparedWrite[int]:
-        clean = self.redactor.lines(lines)
+        # Redacted as if no private-key block were open before this batch (the usual case); the transaction reads
+        # the instance's stream state and redacts again as the block's continuation when one is (rare).
+        redacted, key_lines_after = self.redactor.stream(lines)
         # Lines that would be evicted by this very batch are never written.
-        skipped = max(0, len(clean) - self.ring_lines)
-        clean = clean[skipped:]
+        skipped = max(0, len(redacted) - self.ring_lines)
 
         def body(conn: SqlConnection) -> int:
             state = self._writable(conn, instance_id)
+            clean, key_lines = redacted, key_lines_after
+            if state[4]:
+                clean, key_lines = self.redactor.stream(lines, state[4])
+            clean = clean[skipped:]
             start = state[3] + skipped
             conn.executemany("INSERT INTO log_lines (instance_id, seq, line) VALUES (?, ?, ?)",
                              [(instance_id, start + i, line) for i, line in enumerate(clean)])
@@ -507,8 +518,8 @@ class SqlStore:
             evicted = conn.execute("DELETE FROM log_lines WHERE instance_id = ? AND seq < ?",
                                    (instance_id, next_seq - self.ring_lines)).rowcount
             conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "  # noqa: S608
-                         f"worker_dropped = worker_dropped + ?, change_seq = {CHANGED} WHERE instance_id = ?",
-                         (next_seq, evicted + skipped, dropped, instance_id))
+                         f"worker_dropped = worker_dropped + ?, log_key_lines = ?, change_seq = {CHANGED} "
+                         "WHERE instance_id = ?", (next_seq, evicted + skipped, dropped, key_lines, instance_id))
             return int(evicted + skipped)
 
         return PreparedWrite(body, instance_id)
@@ -584,14 +595,19 @@ class SqlStore:
         return self._directive_bodies
 
     def directive(self, instance_id: str) -> dict[str, Any] | None:
-        """The directive stored for the instance, with `at` (when it was set), or None."""
+        """The directive stored for the instance, with `at` (when it was set), or None; `stop` once the instance
+        is marked destroyed, whatever the last pass decided (its token is good for nothing else then)."""
         row = self._snapshot(lambda conn: conn.execute(
-            "SELECT set_at, body FROM directives WHERE instance_id = ?", (instance_id,)).fetchone())
-        if row is None:
+            "SELECT (SELECT destroyed_at FROM instances WHERE instance_id = ?), "
+            "(SELECT set_at FROM directives WHERE instance_id = ?), "
+            "(SELECT body FROM directives WHERE instance_id = ?)", (instance_id,) * 3).fetchone())
+        destroyed_at, set_at, body = row if row is not None else (None, None, None)
+        if destroyed_at is not None:
+            return {"protocol": 1, "action": "stop", "reason": "instance destroyed", "at": _utc_text(destroyed_at)}
+        if body is None:
             return None
-        doc = json.loads(row[1])
-        at = datetime.fromisoformat(row[0]).astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        return {**doc, "at": at} if isinstance(doc, dict) else None
+        doc = json.loads(body)
+        return {**doc, "at": _utc_text(str(set_at))} if isinstance(doc, dict) else None
 
     # --- reads -------------------------------------------------------------------------------------
 
