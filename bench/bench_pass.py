@@ -7,8 +7,8 @@ The controller store holds one instance per machine, written as the worker proto
 benchmarking, gone silent) and ~10% destroyed. The tree is the spec directory without git (`DirectoryTree`: the
 same view and loaders as a clone, trailers in memory; bench_git measures git's part, ~0.1-0.3 s a commit).
 
-- first pass of a new leader (in-process): a new PassMemory: one bulk read, every instance judged, every directive
-  written (what a restart or a takeover costs before its first decision);
+- first pass of a new leader (in-process): a new PassMemory: one bulk read, the records through their index, every
+  instance judged, every directive written (what a restart or a takeover costs before its first decision);
 - warm pass, 1% changed: since the previous pass 1% of the live instances reported (4 in 5 a heartbeat, 1 in 5
   a new worker whose benchmark finished: a verdict, a record written). Target: <= 1.0 s on SQLite, <= 1.5 s on
   PostgreSQL at 10,000 live instances;
@@ -46,6 +46,8 @@ from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.fleet_tree import SPEC_FILE, TreeView
 from reconciler.adapters.git import CommitRequest, PublishResult
 from reconciler.adapters.record_files import RecordCache
+from reconciler.adapters.record_index import load_indexed
+from reconciler.adapters.store.copy_to_postgres import copy_store
 from reconciler.adapters.store.port import ControllerStore, PreparedWrite
 from reconciler.adapters.store.postgres import PostgresStore
 from reconciler.adapters.store.sqlite import SqliteStore
@@ -215,45 +217,64 @@ def _trailers(records: Iterable[MachineRecord]) -> dict[str, set[str]]:
     return {"Fleet-Instance": {b.instance_id for r in records for b in r.benchmarks}}
 
 
-def _fleet(name: str, store: ControllerStore, clock: list[datetime], workdir: Path, records: Sequence[MachineRecord],
-           instances: int) -> Fleet:
-    started = time.perf_counter()
-    shape = fill_fleet(store, clock, records, instances, start=T0 + timedelta(hours=2), hours=2.0)
-    print(f"    {name}: {instances:,} instances stored in {time.perf_counter() - started:.0f} s", flush=True)
-    return Fleet(name, store, clock, DirectoryTree(workdir, _trailers(records)), shape.serving,
-                 instances - len(shape.destroyed), shape.now, records[:instances])
-
-
 def _adapters(root: Path, workdir: Path, records: Sequence[MachineRecord], repeats: int,
               sizes: tuple[int, int]) -> list[Figure]:
+    """Each size's store written once into SQLite and copied into PostgreSQL (`fleet db copy`: the same rows), then
+    measured on each adapter."""
     server = PostgresServer(settings=POSTGRES_SETTINGS)
     server.start()
     figures: list[Figure] = []
     try:
-        for adapter in ("SQLite", "PostgreSQL"):
-            stores: dict[int, Fleet] = {}
-            for instances in sizes:
-                clock = [T0]
-                stores[instances] = _fleet(f"{adapter} store", _store(adapter, root, server, instances, clock), clock,
-                                           workdir, records, instances)
+        filled: dict[int, tuple[Path, tuple[str, ...], int, datetime]] = {}
+        for instances in sizes:
+            started = time.perf_counter()
+            db = root / f"fleet-{instances}.db"
+            clock = [T0]
+            store = SqliteStore(db, now=lambda c=clock: c[0])
             try:
-                figures += _measure(adapter, stores[sizes[1]], stores[sizes[0]], repeats)
+                shape = fill_fleet(store, clock, records, instances, start=T0 + timedelta(hours=2), hours=2.0)
             finally:
-                for fleet in stores.values():
+                store.close()
+            filled[instances] = (db, shape.serving, instances - len(shape.destroyed), shape.now)
+            print(f"    {instances:,} instances stored in {time.perf_counter() - started:.0f} s", flush=True)
+        uris = {}
+        for instances, (db, *_rest) in filled.items():
+            started = time.perf_counter()
+            uris[instances] = server.create_database(f"bench_pass_{instances}")
+            copy_store(db, uris[instances])
+            print(f"    {instances:,} instances copied into PostgreSQL in {time.perf_counter() - started:.0f} s",
+                  flush=True)
+        for adapter in ("SQLite", "PostgreSQL"):
+            fleets = {}
+            for instances, (db, serving, live, now) in filled.items():
+                clock = [T0]
+                store = _store(adapter, db, uris[instances], clock)
+                tree = DirectoryTree(_copy_of(workdir, root / f"{adapter}-{instances}"), _trailers(records))
+                fleets[instances] = Fleet(f"{adapter} store", store, clock, tree, serving, live, now,
+                                          records[:instances])
+            try:
+                figures += _measure(adapter, fleets[sizes[1]], fleets[sizes[0]], repeats)
+            finally:
+                for fleet in fleets.values():
                     fleet.store.close()
     finally:
         server.destroy()
     return figures
 
 
-def _store(adapter: str, root: Path, server: PostgresServer, instances: int,
-           clock: list[datetime]) -> ControllerStore:
+def _copy_of(workdir: Path, where: Path) -> Path:
+    """A copy of the records checkout for one fleet (hard links: a pass replaces a record file, never edits one),
+    with its record index built (as any earlier command or run leaves it)."""
+    subprocess.run(["cp", "-al", str(workdir), str(where)], check=True)
+    load_indexed(where / "fleet-spec")
+    return where
+
+
+def _store(adapter: str, db: Path, uri: str, clock: list[datetime]) -> ControllerStore:
     def now() -> datetime:
         return clock[0]
 
-    if adapter == "SQLite":
-        return SqliteStore(root / f"{adapter}-{instances}.db", now=now)
-    return PostgresStore(server.create_database(f"bench_pass_{instances}"), now=now)
+    return SqliteStore(db, now=now) if adapter == "SQLite" else PostgresStore(uri, now=now)
 
 
 def _settle(fleet: Fleet) -> tuple[float, float, PassResult]:
