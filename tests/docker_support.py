@@ -89,7 +89,8 @@ class DockerEngine:
         return self.docker(*args, timeout_s=timeout_s).stdout.decode().strip()
 
 
-def start_engine(root: Path, wait_s: float = 60) -> DockerEngine:
+def start_engine(root: Path, wait_s: float = 60, extra_args: tuple[str, ...] = ()) -> DockerEngine:
+    """A private dockerd under `root`; `extra_args` add dockerd flags (e.g. a --config-file with runtimes)."""
     for tool in ("dockerd", "docker"):
         if shutil.which(tool) is None:
             unavailable(f"`{tool}` is not installed (apt-get install docker.io)")
@@ -106,6 +107,7 @@ def start_engine(root: Path, wait_s: float = 60) -> DockerEngine:
             f"--exec-root={root / 'exec'}",
             f"--pidfile={root / 'dockerd.pid'}",
             f"--host=unix://{sock}",
+            *extra_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
