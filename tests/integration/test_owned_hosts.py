@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from reconciler.adapters.controller.server import ControllerServer
+from reconciler.adapters.fleet_tree import GitFleetTree
 from reconciler.adapters.git import GitStore
 from reconciler.adapters.marketplace.docker_engine import SdkDockerEngine
 from reconciler.adapters.marketplace.hosts import LABEL_FLEET, LABEL_GPU, LABEL_HOST, HostError, HostsMarketplace
@@ -232,8 +233,8 @@ class World:
 
     def step(self) -> PassResult:
         self.apply()
-        result = run_pass(self.bot, self.store, datetime.now(UTC), desired_image_digest=self.image.digest,
-                          directive_sink=self.store)
+        result = run_pass(GitFleetTree(self.bot), self.store, datetime.now(UTC),
+                          desired_image_digest=self.image.digest, directive_sink=self.store)
         assert result.ok, result.headline()
         self.passes.append(result)
         return result
@@ -256,14 +257,10 @@ class World:
         return [b.verdict for b in record.benchmarks] if record else []
 
     def serving(self, machine_id: str) -> bool:
-        """The GPU's worker is alive and its cluster client proves on it (the serve command's own lines)."""
-        for slot in self.slots().values():
-            if slot.machine_id != machine_id:
-                continue
-            container = slot.contract_id.split(".", 1)[1]
-            logs = self.rig.gpu_engine.docker("logs", "--tail", "50", container, check=False)
-            return b"serve-cmd" in logs.stdout + logs.stderr and b"COMPLETED" in logs.stdout + logs.stderr
-        return False
+        """The GPU's worker serves and the controller hears its heartbeats."""
+        return any(r.machine_id == machine_id and r.first("serve", "started") is not None and r.destroyed_at is None
+                   and sum(1 for e in r.events if e.phase == "serve" and "heartbeat" in e.details) >= 2
+                   for r in self.store.reports())
 
     def slots(self) -> dict[str, SlotOutputs]:
         from reconciler.adapters.slot_provider import load_slot_state
@@ -337,6 +334,12 @@ def test_each_gpu_is_benchmarked_judged_and_recorded_and_a_bad_one_is_excluded_w
     assert why.returncode == 0, why.stderr
     assert a2 in why.stdout and "benchmark-error" in why.stdout and "machine" in why.stdout
     assert world.secret.hex() not in why.stdout
+    # `fleet why <host>`: the host's GPUs, and no host verdict for one bad card.
+    host = subprocess.run([sys.executable, "-m", "reconciler.cli", "why", "gpu-a", "--repo", str(world.bot.workdir)],
+                          capture_output=True, text=True, timeout=60)
+    assert host.returncode == 0, host.stderr
+    assert host.stdout.startswith("host gpu-a: ") and A2 in host.stdout
+    assert "each card answers for itself" in host.stdout
 
 
 def test_the_sweep_removes_fleet_containers_no_slot_owns_on_every_host(world: World, rig: Rig) -> None:
