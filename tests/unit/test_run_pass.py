@@ -24,6 +24,7 @@ from reconciler.flows.judge import (
     PassInputs,
     PassMemory,
     build,
+    follow,
     load,
     run_pass,
 )
@@ -312,3 +313,30 @@ def test_a_warm_pass_that_failed_keeps_the_memory_it_had() -> None:
     assert not failed.ok and failed.reason == errors.GIT_PUSH_REJECTED
     again = run_pass(fake, source, LATER + timedelta(minutes=2), memory=memory)
     assert again.pushed and [v.instance_id for v in again.verdicts] == ["pro-1-a"]
+
+
+def test_a_follower_keeps_its_memory_of_the_store_and_takes_over_warm() -> None:
+    """A standby replica's passes (flows `follow`) read the store's changes into its memory and the tree's records,
+    judging and writing nothing; once it leads, its first pass reads only what changed since it last followed,
+    judges every instance (what the last leader decided is not its to remember) and stores every directive."""
+    fake = tree()
+    source = FakeFeed([completed_report("pro-0-a", "123", 20.0)])
+    memory = PassMemory()
+    views = fake.views
+    assert follow(fake, source, memory) == ()
+    assert source.calls == 1 and set(memory.reports) == {"pro-0-a"} and fake.views == views + 1
+    assert fake.commits == [] and memory.judge is None
+    source.put(completed_report("pro-1-a", "456", 35.0))
+    assert follow(fake, source, memory) == () and source.asked == [("pro-1-a",)]
+    source.put(error_report("pro-2-a", "456", DAEMON_REFUSED_TAIL))
+    sink = Sink()
+    result = run_pass(fake, source, LATER, directive_sink=sink, memory=memory, term=LeaderTerm(5, lambda: None))
+    assert source.calls == 1 and source.asked == [("pro-1-a",), ("pro-2-a",)]  # no second bulk read
+    assert sorted(v.instance_id for v in result.verdicts) == ["pro-0-a", "pro-1-a", "pro-2-a"]
+    assert sorted(sink.stored[-1]) == ["pro-0-a", "pro-1-a", "pro-2-a"]
+
+
+def test_a_follower_that_cannot_read_the_store_says_so_and_keeps_following_the_branch() -> None:
+    fake = tree()
+    notes = follow(fake, FakeFeed.failing(OSError("database is locked")), PassMemory())
+    assert notes == ("store not followed: OSError: database is locked",) and fake.views == 1
