@@ -335,3 +335,27 @@ def test_several_gpus_of_a_host_failing_alike_name_the_host_and_one_does_not() -
     assert host_verdicts([_failed(gpu_machine_id("gpu-a", U[0]), "2026-12-06T10:00:00Z", None),
                           _failed(gpu_machine_id("gpu-a", U[2]), "2026-12-06T11:00:00Z", None)], now) == []
     assert host_story("gpu-z", two, now) == []
+
+
+def test_both_drivers_build_the_hosts_backend_from_plain_settings(tmp_path: Path) -> None:
+    """`fleet apply` and the pickled Pulumi provider carry only plain settings: the inventory's path."""
+    import pickle
+
+    from reconciler import REPO_ROOT
+    from reconciler.adapters.marketplace import build_marketplace
+    from reconciler.adapters.pulumi_provider import SlotResourceProvider
+
+    (tmp_path / "hosts.yaml").write_text(HOSTS_YAML)
+    owned = build_marketplace({"kind": "hosts", "hosts_file": str(tmp_path / "hosts.yaml")}, {})
+    assert isinstance(owned, HostsMarketplace) and list(owned.hosts) == ["gpu-a", "gpu-b"]
+    local = {"kind": "local", "state_dir": str(tmp_path / "market"),
+             "machines_file": str(REPO_ROOT / "reconciler" / "demo_assets" / "local-machines.yaml"),
+             "hosts_file": str(tmp_path / "hosts.yaml")}
+    both = build_marketplace(local, {})
+    assert isinstance(both, CombinedMarketplace) and both.owned.claims(f"gpu-b.{U[2]}")
+    assert not both.owned.claims("offer-41001") and not both.owned.claims("local-3")
+    provider = pickle.loads(pickle.dumps(SlotResourceProvider(local)))  # noqa: S301 - our own object
+    assert provider.backend["hosts_file"] == str(tmp_path / "hosts.yaml")
+    (tmp_path / "hosts.yaml").write_text(HOSTS_YAML.replace("gpus: 4", "gpus: many"))
+    with pytest.raises(Exception, match=r"hosts.yaml.*\$\.hosts\[1\]\.gpus"):
+        build_marketplace({"kind": "hosts", "hosts_file": str(tmp_path / "hosts.yaml")}, {})
