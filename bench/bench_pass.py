@@ -41,7 +41,7 @@ from typing import Any
 
 from bench.common import GIT_ENV, POSTGRES_SETTINGS, Figure, git
 from bench.data import DIGEST, POOLS, SLOTS_PER_POOL, T0, make_report, spec_yaml, write_records
-from bench.shapes import fill_fleet
+from bench.shapes import fill_fleet, result_doc
 from reconciler.adapters.atomic_files import write_text_atomic
 from reconciler.adapters.fleet_tree import SPEC_FILE, TreeView
 from reconciler.adapters.git import CommitRequest, PublishResult
@@ -161,13 +161,8 @@ class Fleet:
              **({"exit_code": e.exit_code} if e.exit_code is not None else {}),
              **({"log_tail": list(e.log_tail)} if e.log_tail else {}),
              **({"details": dict(e.details)} if e.details else {})} for e in report.events]))
-        if (r := report.result) is not None:
-            writes.append(self.store.prepare_result(iid, {
-                "protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
-                "completed": r.completed, "failed": r.failed, "exit_code": r.exit_code,
-                "proofs_per_hour": r.proofs_per_hour, "seconds_per_proof": r.seconds_per_proof,
-                "image_digest": r.image_digest, "log_tail": list(r.log_tail),
-                "started_at": format_time(r.started_at or r.at)}))
+        if report.result is not None:
+            writes.append(self.store.prepare_result(iid, result_doc(report.result)))
         return writes
 
 

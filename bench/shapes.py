@@ -23,7 +23,7 @@ from bench.common import fast_import_data, git
 from bench.data import DIGEST, POOLS, SLOTS_PER_POOL, T0, machine_id_of, machine_records, make_report
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
 from reconciler.adapters.record_files import render_machine_record
-from reconciler.domain.observations import format_time, parse_time
+from reconciler.domain.observations import BenchmarkResult, format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 
 
@@ -178,10 +178,14 @@ def _instance_writes(store: Any, clock: list[datetime], iid: str, rec: MachineRe
         writes.append(store.prepare_event(iid, doc))
     if (r := report.result) is not None:
         clock[0] = r.at
-        writes.append(store.prepare_result(iid, {
-            "protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
+        writes.append(store.prepare_result(iid, result_doc(r)))
+    return writes
+
+
+def result_doc(r: BenchmarkResult) -> dict[str, Any]:
+    """A benchmark result as the worker posts it."""
+    return {"protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
             "completed": r.completed, "failed": r.failed, "exit_code": r.exit_code,
             "proofs_per_hour": r.proofs_per_hour, "seconds_per_proof": r.seconds_per_proof,
             "image_digest": r.image_digest, "log_tail": list(r.log_tail),
-            "started_at": format_time(r.started_at or r.at)}))
-    return writes
+            "started_at": format_time(r.started_at or r.at)}
