@@ -30,7 +30,7 @@ entry expiring into probation, a probation ending).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
@@ -45,6 +45,7 @@ from reconciler.domain.serving import (
     health_reach,
     heartbeats,
 )
+from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
 from reconciler.domain.verdict import deadline
 
@@ -79,16 +80,21 @@ class JudgeMemory:
 def decide_due(spec: FleetSpec, reports: Mapping[str, InstanceReport], due: Collection[str] | None,
                records: RecordSet, judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime,
                *, judged_serving_ids: Iterable[str] = (), memory: JudgeMemory | None = None,
-               fleet: FleetSignals | None = None, sets: JudgedSets | None = None) -> tuple[PassDecision, JudgeMemory]:
+               fleet: FleetSignals | None = None, sets: JudgedSets | None = None,
+               market_misses: Mapping[str, Sequence[MarketMiss]] | None = None) -> tuple[PassDecision, JudgeMemory]:
     """`decide` over every report in `reports`, worked out from the `due` ones (`JudgeMemory.due`; None: every one)
     and what `memory` says of the others; and the memory for the next pass. `fleet`: every worker's last signal,
-    kept by the caller (else from `reports`); `sets`: `judged_sets` of these inputs, when the caller has them."""
+    kept by the caller (else from `reports`); `sets`: `judged_sets` of these inputs, when the caller has them.
+    `market_misses`: the Snark Market runs that missed their deadline, per instance (curio's evidence, not the
+    store's: the instances they name are due whatever their reports say)."""
     sets = sets or judged_sets(records, judged_instance_ids, judged_serving_ids)
     if memory is None:
         due = None  # nothing says what the others would give
+    if due is not None and market_misses:
+        due = {*due, *(i for i in market_misses if i in reports)}
     chosen = sorted(reports.values() if due is None else (reports[i] for i in due), key=_ORDER)
     decision = decide(spec, chosen, records, sets.judged, desired_image_digest, now,
-                      fleet=fleet or FleetSignals(tuple(reports.values())), sets=sets)
+                      fleet=fleet or FleetSignals(tuple(reports.values())), sets=sets, market_misses=market_misses)
     looked = {r.instance_id for r in chosen}
     pending = set(decision.pending)
     deadlines: dict[str, datetime] = {}

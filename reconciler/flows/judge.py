@@ -23,7 +23,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,11 +34,14 @@ from reconciler.domain import errors
 from reconciler.domain.capacity import (
     CapacityDecision,
     CapacityEntry,
+    DemandSample,
     QueueSnapshot,
     capacity_json,
     capacity_summary,
     capacity_trailers,
     decide_all,
+    demand_history,
+    hearing_for,
 )
 from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
@@ -61,7 +64,8 @@ from reconciler.domain.records import (
 )
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.serving import FleetSignals, last_signal
-from reconciler.domain.spec import FleetSpec, QueueSource, SpecError
+from reconciler.domain.snark_market import MarketMiss
+from reconciler.domain.spec import FleetSpec, QueueSource, ScalingSettings, SpecError
 from reconciler.domain.verdict import Verdict
 
 SPEC_DIR = "fleet-spec"
@@ -359,8 +363,9 @@ def gather_evidence(source: ReportSource, observed: Observed, loaded: Loaded, in
 
 
 def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: datetime,
-                memory: PassMemory | None = None) -> Decided:
-    """decide: `judging.decide` over the due instances (every one without a memory), and what to remember of it."""
+                memory: PassMemory | None = None, queues: Mapping[str, QueueSnapshot] | None = None) -> Decided:
+    """decide: `judging.decide` over the due instances (every one without a memory), and what to remember of it.
+    `queues`: curio's snapshots of the pass (the Snark Market's missed deadlines are serving evidence)."""
     heard = None  # each worker's last signal: the memory's, brought up to date (else worked out from every report)
     if memory is not None and memory.judge is not None and evidence.changed is not None:
         heard = {**memory.last_heard, **{i: last_signal(evidence.reports[i]) for i in evidence.changed
@@ -369,7 +374,7 @@ def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: dat
     decision, remembered = decide_due(
         loaded.spec, evidence.reports, evidence.due, loaded.records, loaded.judged, inputs.desired_image_digest, now,
         judged_serving_ids=loaded.judged_serving, memory=memory.judge if memory is not None else None, fleet=fleet,
-        sets=loaded.sets)
+        sets=loaded.sets, market_misses=market_misses(queues or {}))
     return Decided(decision, remembered, fleet.last_heard())
 
 
@@ -390,25 +395,68 @@ class CapacityPlan:
     file: FileChange | None = None
 
 
+class DemandHistory:
+    """Each pool's demand samples of the recent passes, kept in the leader's memory between passes: the capacity
+    step reads them ("waiting work above target for the whole window") and adds its own. A replica that becomes
+    leader starts without them, and for one window grows on the queue's task ages and utilization alone."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, tuple[DemandSample, ...]] = {}
+
+    def samples(self) -> Mapping[str, Sequence[DemandSample]]:
+        return dict(self._samples)
+
+    def record(self, spec: FleetSpec, decisions: Sequence[CapacityDecision]) -> None:
+        """This pass's samples, keeping back to the longest window of each pool (one per pass time)."""
+        for d in decisions:
+            if d.sample is None or d.pool not in {p.name for p in spec.pools}:
+                continue
+            scaling = spec.pool(d.pool).scaling or ScalingSettings()
+            keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
+            self._samples[d.pool] = demand_history((*self._samples.get(d.pool, ()), d.sample), d.sample.at, keep)
+
+
+def read_queues(spec: FleetSpec, queue_reader: QueueReader | None) -> dict[str, QueueSnapshot]:
+    """curio's queue (and Snark Market) of every autoscaled pool with a `queue:` source; failures are snapshots
+    with an error, never exceptions."""
+    out = {}
+    for pool in spec.pools:
+        if pool.min_count is not None and pool.queue is not None:
+            out[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
+                              else QueueSnapshot(error="no queue reader in this process"))
+    return out
+
+
+def market_misses(queues: Mapping[str, QueueSnapshot]) -> dict[str, tuple[MarketMiss, ...]]:
+    """Per instance (the curio node's name), the Snark Market runs that missed their deadline on it."""
+    out: dict[str, list[MarketMiss]] = {}
+    for snapshot in queues.values():
+        for miss in snapshot.market.misses if snapshot.market is not None else ():
+            if miss.machine_name:
+                out.setdefault(miss.machine_name, []).append(miss)
+    return {name: tuple(found) for name, found in out.items()}
+
+
 def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacity_file: str,
                   reports: Iterable[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
-                  desired_image_digest: str | None, now: datetime, queue_reader: QueueReader | None,
-                  prices: Mapping[str, float] | None = None) -> CapacityPlan:
-    """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it), and the new
-    capacity.yaml when anything changed. Only the reports of those pools are read."""
+                  desired_image_digest: str | None, now: datetime, queues: Mapping[str, QueueSnapshot],
+                  prices: Mapping[str, float] | None = None,
+                  history: Mapping[str, Sequence[DemandSample]] | None = None,
+                  last_heard: Mapping[str, datetime] | None = None) -> CapacityPlan:
+    """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it; `queues`: curio's
+    snapshots, `read_queues`; `history`: the demand samples of the previous passes; `last_heard`: each worker's
+    last signal, as the judge's step had them), and the new capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
         return CapacityPlan()
     names = {p.name for p in ranged}
-    queues = {}
-    for pool in ranged:
-        if pool.queue is not None:
-            queues[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
-                                 else QueueSnapshot(error="no queue reader in this process"))
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
-    decisions = decide_all(spec, entries, [r for r in reports if r.pool in names], queues, now, prices=prices,
-                           paused_pools=paused, exhausted_pools=exhausted)
+    # Every report: the fleet's hearing (silence everywhere) is the whole fleet's, not these pools' alone.
+    reports = list(reports)
+    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
+                           exhausted_pools=exhausted, history=history,
+                           hearing=hearing_for(spec, reports, now, last_heard))
     if not any(d.changed for d in decisions):
         return CapacityPlan(tuple(decisions))
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
@@ -551,11 +599,13 @@ def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs:
     evidence = gather_evidence(source, observed, loaded, inputs, now, memory)
     if isinstance(evidence, Halted):
         return evidence
-    decided = decide_step(loaded, evidence, inputs, now, memory)
+    queues = read_queues(loaded.spec, inputs.queue_reader)
+    decided = decide_step(loaded, evidence, inputs, now, memory, queues)
     decision = decided.decision
     capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
                              loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
-                             inputs.queue_reader, inputs.prices)
+                             queues, inputs.prices, memory.demand.samples() if memory is not None else None,
+                             decided.last_heard)
     told = directives_step(loaded, evidence, decision, capacity, now, memory)
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
     return Built(loaded, decided, capacity, told, request)
@@ -664,6 +714,7 @@ class PassMemory:
         self.base_docs: Mapping[str, Mapping[str, Any]] = {}
         self.stored: Mapping[str, Mapping[str, Any]] | None = None
         self.stored_epoch: int | None = None
+        self.demand = DemandHistory()
 
     def stored_in(self, epoch: int | None) -> Mapping[str, Mapping[str, Any]] | None:
         """The directives this replica stored last, if in the same term (another leader may have written since)."""
@@ -684,6 +735,7 @@ class PassMemory:
         self.judge = built.decided.memory
         self.directives = built.directives.memory
         self.base_docs = built.directives.base
+        self.demand.record(built.loaded.spec, built.capacity.decisions)
         if published.directives_stored:
             self.stored, self.stored_epoch = built.directives.docs, epoch
 
@@ -698,9 +750,10 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
     published records every pass (so a crash between commit and write only delays them one pass).
-    `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
-    `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
-    first (None or unknown: the pool's max price, i.e. the slowest machine first).
+    `queue_reader`: curio's queue (and Snark Market) for autoscaled pools with a `queue:` source (None:
+    utilization only), read before judging: the market's missed deadlines are serving evidence.
+    `prices`: instance -> $/h from the provisioner's slot state or the marketplace, so a shrinking pool drains the
+    worst $/proof first (None or unknown: the pool's max price, i.e. the slowest machine first).
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
