@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 
 from reconciler.domain.breaker import KillBudget, apply_guards
+from reconciler.domain.correlation import correlate
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import (
     ImageSuspectRecord,
@@ -225,7 +226,11 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         else:
             candidates.append(verdict)
             by_machine.setdefault(machine_id, []).append(verdict)
-    guarded = apply_guards(spec, records, candidates, now)
+    # The unknowns first: the fleet decides them by correlation or a retest (issue 29), then the guards (the
+    # breaker's image correlation, the kill budget) see what was decided.
+    correlated = correlate(spec, records, candidates, now)
+    notes += correlated.notes
+    guarded = apply_guards(spec, records, correlated.verdicts, now)
     notes += guarded.notes
     changed: dict[str, MachineRecord] = {}
     for v in guarded.verdicts:
