@@ -142,7 +142,8 @@ def _verdict_passes(spec: FleetSpec, rng: random.Random, since: datetime) -> tup
             verdicts = [v for r in pending.pop(at) if (v := judge(r, spec.pool(r.pool or ""), at)) is not None]
             attempts += len(verdicts)
             view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
-                                spec.circuit_breaker.window_hours, spec.kill_budget.window_hours)
+                                max(spec.circuit_breaker.window_hours, spec.retest.window_hours),
+                                spec.kill_budget.window_hours)
             guarded, changed, _ = guard_and_record(spec, view, verdicts, at, prices={
                 v.instance_id: round(spec.pool(v.pool or "").max_price_usd_per_hour * rng.uniform(0.6, 1.0), 3)
                 for v in verdicts})

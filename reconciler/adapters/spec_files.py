@@ -44,6 +44,7 @@ from reconciler.domain.spec import (
     PoolSpec,
     QueueSource,
     RecordExpirySettings,
+    RetestSettings,
     ScalingSettings,
     ServingSettings,
     SpecError,
@@ -378,6 +379,7 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
         serving=ServingSettings(**doc.get("serving", {})),
         early_verdict=EarlyVerdictSettings(**doc.get("early_verdict", {})),
+        retest=RetestSettings(**doc.get("retest", {})),
         record_expiry=_record_expiry(doc.get("record_expiry", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
         notifications=NotificationSettings(webhooks=tuple(

@@ -38,13 +38,7 @@ from operator import attrgetter
 from reconciler.domain.judging import JudgedSets, PassDecision, decide, judged_sets
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
-from reconciler.domain.serving import (
-    Directive,
-    FleetSignals,
-    directive_for,
-    health_reach,
-    heartbeats,
-)
+from reconciler.domain.serving import Directive, FleetSignals, directive_for
 from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
 from reconciler.domain.verdict import deadline
@@ -142,13 +136,16 @@ def _next_look(spec: FleetSpec, report: InstanceReport, sets: JudgedSets) -> dat
 
 def lost_check_at(report: InstanceReport, settings: ServingSettings) -> datetime | None:
     """The earliest time `judge_serving` can find this serving worker lost, its report unchanged: its last heartbeat
-    (or its serve start) + `lost_after_minutes`; None when it cannot (not serving, stopped, destroyed)."""
+    (or its serve start) + `lost_after_minutes`; None when it cannot (not serving, stopped, destroyed).
+
+    The last heartbeat is the last to arrive (events are in arrival order): `serving_health`'s newest heartbeat
+    is that one or a later one, so this is never later than the time the verdict can come."""
     started = report.first("serve", "started")
     if started is None or report.destroyed_at is not None or report.first("serve", "done") is not None \
             or report.first("serve", "failed") is not None:
         return None
-    beats = heartbeats(report, reach=health_reach(settings))  # as `serving_health` reads them
-    last = beats[-1].at if beats else started.at
+    last = next((e.at for e in reversed(report.events)
+                 if e.phase == "serve" and isinstance(e.details.get("heartbeat"), Mapping)), started.at)
     return last + timedelta(minutes=settings.lost_after_minutes)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.domain.breaker import KillBudget, counts, kill_budgets
+from reconciler.domain.breaker import KillBudget, kill_budgets
 from reconciler.domain.capacity import (
     CapacityEntry,
     DemandSample,
@@ -170,10 +170,16 @@ def unguarded(entry: BenchmarkEntry) -> tuple[str, bool, bool]:
 
 
 def recorded_verdict(attempt: Attempt) -> Verdict:
-    """The recorded verdict as the judge gave it, before the guards (which the replay runs again)."""
+    """The recorded verdict as the judge gave it, before the fleet's correlation and the guards (which the replay
+    runs again): a verdict the correlation decided, held for a retest or left was `unknown` (the correlation
+    decides only those); one the breaker or kill budget held has its judge's word kept (`unguarded`)."""
     e = attempt.entry
     blame, marks_bad, _ = unguarded(e)
     ev = e.evidence
+    correlation = ev.get("correlation")
+    if isinstance(correlation, Mapping) and correlation.get("rule") != "image":
+        blame, marks_bad = "unknown", False
+    ev = {k: v for k, v in ev.items() if k not in ("correlation", "retest")}
     exit_code = ev.get("exit_code")
     return Verdict(
         instance_id=e.instance_id, verdict=e.verdict, blame=blame, marks_bad=marks_bad, reason=e.reason,
@@ -183,7 +189,7 @@ def recorded_verdict(attempt: Attempt) -> Verdict:
         exit_code=exit_code if isinstance(exit_code, int) else None, proofs_per_hour=e.proofs_per_hour,
         seconds_per_proof=e.seconds_per_proof, min_rate_proofs_per_hour=e.min_rate_proofs_per_hour,
         setting=ev.get("setting") if isinstance(ev.get("setting"), str) else None,
-        evidence={k: v for k, v in ev.items() if k != "unguarded"})
+        evidence={k: v for k, v in ev.items() if k != "unguarded"})  # Verdict.held writes it again
 
 
 def rated_report(attempt: Attempt) -> InstanceReport | None:
@@ -312,28 +318,26 @@ def candidate(attempt: Attempt, spec: FleetSpec, recorded: FleetSpec) -> Candida
 
 
 class ReplayRecords:
-    """Machine and image records as the replay goes, with what the guards read kept up to date: each
-    machine's counting failures (the breaker's window) and the marks that made machines bad (the kill
+    """Machine and image records as the replay goes, with what the guards read kept up to date: when each machine
+    was judged (the correlation's and the breaker's windows) and the marks that made machines bad (the kill
     budget's). `view` is a RecordSet holding exactly what `guard_and_record` reads for one pass."""
 
     def __init__(self, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord]) -> None:
         self.machines: dict[str, MachineRecord] = dict(machines)
         self.images: dict[str, ImageSuspectRecord] = dict(images)
-        self._failures: list[tuple[datetime, str]] = []  # (time, machine) of every counting failure
+        self._judged: list[tuple[datetime, str]] = []  # (time, machine) of every recorded verdict
         self._marks: list[tuple[str, str, str | None]] = []  # (at, machine, pool) of every bad mark
         self.marks_version = 0  # counts every change of the bad marks (what the kill budget reads)
         for rec in self.machines.values():
             self._index(rec, rec.benchmarks)
-        self._failures.sort()
+        self._judged.sort()
         self._marks.sort()
 
     def _index(self, rec: MachineRecord, entries: Iterable[BenchmarkEntry]) -> None:
         for e in entries:
-            sig = e.evidence.get("signature")
-            line = sig.get("line") if isinstance(sig, Mapping) and isinstance(sig.get("line"), str) else None
             at = _time(e.at)
-            if at is not None and counts(e.verdict, e.blame, line) and e.signature and e.image_digest:
-                bisect.insort(self._failures, (at, rec.machine_id))
+            if at is not None:
+                bisect.insort(self._judged, (at, rec.machine_id))
             if e.marks_bad:
                 bisect.insort(self._marks, (e.at, rec.machine_id, e.pool))
                 self.marks_version += 1
@@ -350,7 +354,7 @@ class ReplayRecords:
     def remove(self, machine_id: str) -> None:
         self.marks_version += 1
         if self.machines.pop(machine_id, None) is not None:
-            self._failures = [f for f in self._failures if f[1] != machine_id]
+            self._judged = [f for f in self._judged if f[1] != machine_id]
             self._marks = [m for m in self._marks if m[1] != machine_id]
 
     def _reindex(self, rec: MachineRecord) -> None:
@@ -363,14 +367,13 @@ class ReplayRecords:
         i = bisect.bisect_left(self._marks, (older,))
         return [(m, p, at) for at, m, p in self._marks[i:]]
 
-    def view(self, now: datetime, machine_ids: Iterable[str], breaker_hours: float,
-             kill_hours: float) -> RecordSet:
+    def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float, kill_hours: float) -> RecordSet:
         """What the guards read at `now` for verdicts on `machine_ids`: the records of those machines, of every
-        machine with a counting failure in the breaker's window and of every machine marked bad within reach of
-        the kill budget's window (the others cannot change what `apply_guards` decides), and the image records."""
-        since = now - timedelta(hours=breaker_hours)
-        i = bisect.bisect_left(self._failures, (since, ""))
-        wanted = {m for _, m in self._failures[i:]} | set(machine_ids)
+        machine judged within `judged_hours` (the breaker's and the correlation's windows: failures that count
+        against an image, machines that passed it, retests) and of every machine marked bad within reach of the
+        kill budget's window; the others cannot change what `guard_and_record` decides. And the image records."""
+        i = bisect.bisect_left(self._judged, (now - timedelta(hours=judged_hours), ""))
+        wanted = {m for _, m in self._judged[i:]} | set(machine_ids)
         wanted |= {m for m, _, _ in self.marks_since(now - timedelta(hours=kill_hours))}
         return RecordSet({m: self.machines[m] for m in sorted(wanted) if m in self.machines}, dict(self.images))
 
@@ -802,8 +805,8 @@ def _verdict_pass(run: Run, records: ReplayRecords, applied: FleetSpec, group: S
     if not verdicts:
         return
     run.passes += 1
-    view = records.view(at, {v.machine_id for v in verdicts if v.machine_id}, spec.circuit_breaker.window_hours,
-                        spec.kill_budget.window_hours)
+    view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
+                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours), spec.kill_budget.window_hours)
     guarded, changed, _ = guard_and_record(applied, view, verdicts, at)
     for v in guarded.verdicts:
         c = kept[v.instance_id]

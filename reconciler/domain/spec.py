@@ -224,6 +224,15 @@ class EarlyVerdictSettings:
     min_measured_proofs: int = 3
 
 
+@dataclass(frozen=True)
+class RetestSettings:
+    """An unknown failure no correlation decides is benchmarked once more on the same machine (issue 29)."""
+
+    enabled: bool = True
+    max_per_pool: int = 2  # machines of one pool held for a retest within the window
+    window_hours: float = 24.0  # a retest is due this long after the failure; one per machine within it
+
+
 #: Hours until a bad record expires into probation, by blame (None: never). Network and marketplace faults
 #: pass; a machine's own hardware fault much less so.
 DEFAULT_EXPIRY_HOURS: Mapping[str, float | None] = {
@@ -271,6 +280,7 @@ class FleetSpec:
     kill_budget: KillBudgetSettings = field(default_factory=KillBudgetSettings)
     serving: ServingSettings = field(default_factory=ServingSettings)
     early_verdict: EarlyVerdictSettings = field(default_factory=EarlyVerdictSettings)
+    retest: RetestSettings = field(default_factory=RetestSettings)
     record_expiry: RecordExpirySettings = field(default_factory=RecordExpirySettings)
     gpu_priors: Mapping[str, float] = field(default_factory=dict)
     #: The fleet's name: its marketplace labels are `gpu-fleet/<name>/<instance id>` (see label_prefix).

@@ -20,6 +20,7 @@ order and writes one summary, the `PassResult`, once. The decisions inside the s
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import traceback
@@ -201,6 +202,8 @@ class PassResult:
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
     capacity: tuple[CapacityDecision, ...] = ()  # autoscaled pools: signals and what was decided this pass
     standby: str | None = None  # a replica that does not lead: nothing judged or written; who leads instead
+    #: Seconds per step (observe, load, evidence, decide, capacity, directives, render, publish: git and the store).
+    steps: tuple[tuple[str, float], ...] = ()
 
     @property
     def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
@@ -252,6 +255,7 @@ class PassResult:
             "pushed": self.pushed, "attempts": self.attempts, "pending": list(self.pending),
             "notes": list(self.notes), "stalled": self.stalled, "observation_error": self.observation_error,
             "error": self.error, "standby": self.standby,
+            "steps": {name: round(seconds, 4) for name, seconds in self.steps},
             "capacity": [capacity_json(d, self.at) for d in self.capacity],
             "verdicts": [{"instance_id": v.instance_id, "machine_id": v.machine_id, "pool": v.pool,
                           "verdict": v.verdict, "blame": v.blame, "marks_bad": v.marks_bad,
@@ -585,6 +589,7 @@ class Built:
     capacity: CapacityPlan
     directives: DirectivePlan
     request: CommitRequest | None
+    steps: tuple[tuple[str, float], ...] = ()  # seconds per step on this tip
     demand: DemandTaken | None = None
 
     @property
@@ -600,32 +605,41 @@ class PassInputs:
     queue_reader: QueueReader | None = None
     prices: Mapping[str, float] | None = None
     leader_epoch: int | None = None
+    clock: Callable[[], float] = time.monotonic  # for the seconds per step
     demand: DemandRecorder | None = None  # the leader's demand recorder (kept by the loop)
 
 
 def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs, now: datetime,
           memory: PassMemory | None = None) -> Built | Halted:
-    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request.
-    `memory`: the leader's warm state (read, never changed here)."""
+    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request (its
+    files rendered). `memory`: the leader's warm state (read, never changed here)."""
+    steps = _Laps(inputs.clock)
     loaded = load(view)
     if isinstance(loaded, Halted):
         return loaded
+    steps.lap("load")
     evidence = gather_evidence(source, observed, loaded, inputs, now, memory)
     if isinstance(evidence, Halted):
         return evidence
+    steps.lap("evidence")
     queues = read_queues(loaded.spec, inputs.queue_reader)
     decided = decide_step(loaded, evidence, inputs, now, memory, queues)
     decision = decided.decision
+    steps.lap("decide")
     capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
                              loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
                              queues, inputs.prices, memory.demand.samples() if memory is not None else None,
                              decided.last_heard)
+    steps.lap("capacity")
     told = directives_step(loaded, evidence, decision, capacity, now, memory)
+    steps.lap("directives")
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
+    steps.lap("render")
     taken = demand_step(view, loaded, observed, capacity, decision, inputs, now, committing=request is not None)
     if taken is not None:
         request = with_demand(request, taken.files, inputs.leader_epoch)
-    return Built(loaded, decided, capacity, told, request, taken)
+        steps.lap("demand")
+    return Built(loaded, decided, capacity, told, request, tuple(steps.laps), taken)
 
 
 @dataclass(frozen=True)
@@ -662,6 +676,20 @@ def with_demand(request: CommitRequest | None, demand_files: Sequence[FileChange
         return CommitRequest(f"fleet demand: samples of {', '.join(pools) or 'no pool'}", "",
                              (*trailers, *leader_trailer(leader_epoch)), tuple(demand_files))
     return replace(request, trailers=(*request.trailers, *trailers), changes=(*request.changes, *demand_files))
+
+
+class _Laps:
+    """Seconds per step, for the pass's summary (`PassResult.steps`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.started = self.last = clock()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, step: str) -> None:
+        now = self.clock()
+        self.laps.append((step, now - self.last))
+        self.last = now
 
 
 @dataclass(frozen=True)
@@ -738,16 +766,17 @@ class _LostAfterPush(LeaseLost):
         self.published = Published(done.commit, done.pushed, done.attempts, seconds)
 
 
-def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None) -> PassResult:
+def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None,
+              steps: Sequence[tuple[str, float]] = ()) -> PassResult:
     """The pass's one summary, written once. `lost`: the term ended after the steps ran (the pass says
-    `not-leader`, never Succeeded; what it pushed before is still reported)."""
+    `not-leader`, never Succeeded; what it pushed before is still reported). `steps`: seconds per step."""
     decision = built.decision
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
                       attempts=published.attempts, pending=decision.pending, notes=(*decision.notes, *published.notes),
                       capacity=built.capacity.decisions,
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=published.seconds, error=str(lost) if lost else None,
-                      reason=lost.reason if lost else None)
+                      reason=lost.reason if lost else None, steps=tuple(steps))
 
 
 class PassMemory:
@@ -791,6 +820,10 @@ class PassMemory:
         self.demand.record(built.loaded.spec, built.capacity.decisions)
         if published.directives_stored:
             self.stored, self.stored_epoch = built.directives.docs, epoch
+        # What the leader keeps lives as long as it leads (10,000 reports: about a million objects, none in a
+        # reference cycle): out of the collector's generations, so the next passes' collections do not walk it
+        # again (as the loop's records, record_files.load_records). Replaced ones are freed by their refcounts.
+        gc.freeze()
 
 
 def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
@@ -817,12 +850,14 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
 
     `demand`: the leader's demand recorder (kept by the loop): samples of each pool's demand from the capacity
     step, committed to fleet-spec/demand/ for `fleet plan --what-if`; it also remembers the instances' prices."""
+    started = monotonic()
     observed = observe(source, memory)
     if isinstance(observed, Halted):
         return observed.result(now)
+    observed_s = monotonic() - started
     current = read_prices(prices)
     inputs = PassInputs(desired_image_digest, queue_reader, current if demand is None else demand.known_prices(current),
-                        term.epoch if term is not None else None, demand)
+                        term.epoch if term is not None else None, monotonic, demand)
     outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
 
     def on_tip(view: FleetTreeView) -> CommitRequest | None:
@@ -832,14 +867,20 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     def directives_of() -> Mapping[str, Mapping[str, Any]] | None:
         return outcome[0].directives.docs if outcome and isinstance(outcome[0], Built) else None
 
+    def steps() -> list[tuple[str, float]]:
+        built = outcome[0]
+        assert isinstance(built, Built)
+        publishing = monotonic() - publish_started - sum(seconds for _, seconds in built.steps)
+        return [("observe", observed_s), *built.steps, ("publish", publishing)]
+
     stored = memory.stored_in(inputs.leader_epoch) if memory is not None else None
+    publish_started = monotonic()
     try:
         published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic, stored)
     except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
-        built = outcome[0]
-        assert isinstance(built, Built)
-        _demand_done(demand, built, published=exc.published.commit is not None)
-        return summarize(now, built, exc.published, exc)
+        assert isinstance(outcome[0], Built)
+        _demand_done(demand, outcome[0], published=exc.published.commit is not None)
+        return summarize(now, outcome[0], exc.published, exc, steps())
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
         _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
@@ -852,7 +893,7 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     _demand_done(demand, built, published=True)
     if memory is not None:
         memory.keep(observed, built, published, inputs.leader_epoch)
-    return summarize(now, built, published)
+    return summarize(now, built, published, steps=steps())
 
 
 def _demand_done(demand: DemandRecorder | None, built: Built | Halted | None, *, published: bool) -> None:

@@ -10,8 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from reconciler.domain.breaker import apply_guards
-from reconciler.domain.judging import decide
+from reconciler.domain.judging import decide, guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult
 from reconciler.domain.records import MachineRecord, RecordSet
 from reconciler.domain.replay import (
@@ -128,7 +127,7 @@ def test_an_early_verdict_is_judged_again_on_its_proofs_and_unknown_where_the_ru
     assert lower.verdict is None and lower.outcome == UNKNOWN
 
 
-def test_the_replays_record_view_gives_the_guards_what_the_full_records_give() -> None:
+def test_the_replays_record_view_gives_correlation_and_guards_what_the_full_records_give() -> None:
     # Failures on one image (the breaker's history), bad marks (the kill budget's), over several passes.
     passes = []
     for i in range(6):
@@ -144,8 +143,9 @@ def test_the_replays_record_view_gives_the_guards_what_the_full_records_give() -
         now = T0 + timedelta(hours=hours)
         verdicts = [v for v in decide(SPEC, new, RecordSet(), set(), None, now).verdicts]
         view = replay_records.view(now, {v.machine_id for v in verdicts if v.machine_id},
-                                   SPEC.circuit_breaker.window_hours, SPEC.kill_budget.window_hours)
-        assert apply_guards(SPEC, view, verdicts, now) == apply_guards(SPEC, records, verdicts, now), hours
+                                   max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours),
+                                   SPEC.kill_budget.window_hours)
+        assert guard_and_record(SPEC, view, verdicts, now) == guard_and_record(SPEC, records, verdicts, now), hours
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
