@@ -370,11 +370,15 @@ class ReplayRecords:
     def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float, kill_hours: float) -> RecordSet:
         """What the guards read at `now` for verdicts on `machine_ids`: the records of those machines, of every
         machine judged within `judged_hours` (the breaker's and the correlation's windows: failures that count
-        against an image, machines that passed it, retests) and of every machine marked bad within reach of the
-        kill budget's window; the others cannot change what `guard_and_record` decides. And the image records."""
-        i = bisect.bisect_left(self._judged, (now - timedelta(hours=judged_hours), ""))
-        wanted = {m for _, m in self._judged[i:]} | set(machine_ids)
-        wanted |= {m for m, _, _ in self.marks_since(now - timedelta(hours=kill_hours))}
+        against an image, machines that passed it, retests; 0: none) and of every machine marked bad within reach
+        of the kill budget's window (0: none); the others cannot change what `guard_and_record` decides. And the
+        image records."""
+        wanted = set(machine_ids)
+        if judged_hours:
+            i = bisect.bisect_left(self._judged, (now - timedelta(hours=judged_hours), ""))
+            wanted |= {m for _, m in self._judged[i:]}
+        if kill_hours:
+            wanted |= {m for m, _, _ in self.marks_since(now - timedelta(hours=kill_hours))}
         return RecordSet({m: self.machines[m] for m in sorted(wanted) if m in self.machines}, dict(self.images))
 
     def excluded(self, machine_id: str, now: datetime) -> bool:
@@ -805,8 +809,13 @@ def _verdict_pass(run: Run, records: ReplayRecords, applied: FleetSpec, group: S
     if not verdicts:
         return
     run.passes += 1
+    # A pass of passing verdicts reads only its own machines' records (a retest's outcome is on the machine's
+    # own); a failure reads the breaker's and the correlation's window, a verdict marking a machine bad the kill
+    # budget's marks: what `guard_and_record` can read for these verdicts, nothing more (most passes pass).
+    failing = any(v.is_failure for v in verdicts)
     view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
-                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours), spec.kill_budget.window_hours)
+                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0,
+                        spec.kill_budget.window_hours if any(v.marks_bad for v in verdicts) else 0.0)
     guarded, changed, _ = guard_and_record(applied, view, verdicts, at)
     for v in guarded.verdicts:
         c = kept[v.instance_id]

@@ -138,14 +138,22 @@ def test_the_replays_record_view_gives_correlation_and_guards_what_the_full_reco
     records = RecordSet(machines=h.machines, images=h.images)
     replay_records = ReplayRecords(h.machines, h.images)
     new = [error_report("n1", "m-new", IMAGE_CUDA_TAIL, pool=POOL), completed_report("n2", "m-s0", 21.0, pool=POOL),
-           completed_report("n3", "m-n3", 19.0, pool=POOL)]
+           completed_report("n3", "m-n3", 19.0, pool=POOL), completed_report("n4", "m-s1", 55.0, pool=POOL)]
     for hours in (3, 6, 30):
         now = T0 + timedelta(hours=hours)
         verdicts = [v for v in decide(SPEC, new, RecordSet(), set(), None, now).verdicts]
-        view = replay_records.view(now, {v.machine_id for v in verdicts if v.machine_id},
-                                   max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours),
-                                   SPEC.kill_budget.window_hours)
-        assert guard_and_record(SPEC, view, verdicts, now) == guard_and_record(SPEC, records, verdicts, now), hours
+        passing = [v for v in verdicts if not v.is_failure]
+        assert passing
+        for chosen in (verdicts, passing):  # a pass that passes reads less
+            failing, marking = any(v.is_failure for v in chosen), any(v.marks_bad for v in chosen)
+            view = replay_records.view(
+                now, {v.machine_id for v in chosen if v.machine_id},
+                max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours) if failing else 0.0,
+                SPEC.kill_budget.window_hours if marking else 0.0)
+            got, want = guard_and_record(SPEC, view, chosen, now), guard_and_record(SPEC, records, chosen, now)
+            # The same verdicts, records and image records (the pass's kill budgets it reports only for what it read).
+            assert (got[0].verdicts, got[0].image_records, got[1], got[2]) == \
+                (want[0].verdicts, want[0].image_records, want[1], want[2]), hours
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
