@@ -98,6 +98,8 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
+    if view.last_pass and view.last_pass.get("exposure"):
+        lines.append(f"warning: {view.last_pass['exposure']}")
     leadership = view.last_pass.get("leadership") if view.last_pass else None
     if isinstance(leadership, dict) and leadership.get("summary"):
         lines.append(f"leader: {leadership['summary']} (as of {leadership.get('at') or 'the last pass'})")
