@@ -693,6 +693,8 @@ async def _read_body(receive: Receive, length: int, timeout_s: float) -> bytes:
 
 
 _INTERNAL_ERROR = Response(500, {"error": "internal error", "detail": None}, close=True)
+#: CPU time a loop turn spends preparing reports before it lets other requests in (see GroupCommit._flush).
+PREPARE_BUDGET_S = 0.02
 #: Threads that write turns to a store across a network: one runs a transaction while the others' turns wait in
 #: the store's group-commit queue, to be stored together by the next one.
 WRITER_THREADS = 4
@@ -750,11 +752,20 @@ class GroupCommit:
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._queue = self._queue, []
-        self.writes += len(batch)
         # First the CPU work of every report (parse, validate, redact), outside the write transaction, so its
-        # row locks are held only while statements run. Refusals are answered at once.
+        # row locks are held only while statements run. Refusals are answered at once. At most PREPARE_BUDGET_S
+        # of it per loop turn: the rest waits for the next turn, so that a burst of the largest bodies (each
+        # bounded: 256 KiB, redaction linear in it) never keeps the loop from reading other requests, /healthz
+        # and other workers' reports, for longer than that.
+        started = time.perf_counter()
         pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
-        for request, step, body, deliver in batch:
+        for index, (request, step, body, deliver) in enumerate(batch):
+            if index and time.perf_counter() - started > PREPARE_BUDGET_S:
+                self._queue[:0] = batch[index:]
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+                break
+            self.writes += 1
             try:
                 item = self.api.prepare(request, step, body)
             except Exception:
@@ -1033,7 +1044,12 @@ class ControllerServer:
         if not server.ready.wait(timeout=30) or not server.started:
             self.stop()
             raise OSError(f"controller server did not start on {self.host}:{self.port}")
-        log.info("controller listening on %s", self.url)
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        log.info("controller listening on %s; at most %d connections (open-file limit %s; docs/security.md)",
+                 self.url, self.guard.max_connections, "unlimited" if soft == resource.RLIM_INFINITY else soft)
+        if self.limits.max_connections is None and self.guard.max_connections < 1024:
+            log.warning("the open-file limit (%s) leaves %d connections for workers: raise it (systemd: "
+                        "LimitNOFILE=65536)", soft, self.guard.max_connections)
         return self
 
     @staticmethod
