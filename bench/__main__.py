@@ -26,12 +26,14 @@ from bench import (
     bench_program,
     bench_ranking,
     bench_records,
+    bench_store,
     bench_views,
 )
 from bench.common import Figure
 
 BENCHES: dict[str, Callable[[], list[Figure]]] = {
     "pass": bench_pass.run,
+    "store": bench_store.run,
     "git": bench_git.run,
     "ingest": bench_ingest.run,
     "ranking": bench_ranking.run,

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
+from bench.bench_store import STORE_EVENTS, STORE_LOG_LINES, fill
 from bench.common import POSTGRES_SETTINGS, Figure
 from bench.data import T0, machine_id_of, make_spec, pass_reports, write_records
 from reconciler.adapters.atomic_files import write_text_atomic
@@ -37,7 +37,7 @@ from reconciler.adapters.record_files import (
     render_machine_record,
 )
 from reconciler.adapters.record_index import default_index_path, load_for_pass
-from reconciler.adapters.store.port import REPORT_TAIL_LINES, ControllerStore, PreparedWrite
+from reconciler.adapters.store.port import REPORT_TAIL_LINES, ControllerStore
 from reconciler.adapters.store.postgres import PostgresStore
 from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.judging import decide
@@ -196,45 +196,8 @@ def _warm_figure(name: str, size: int, machines: int, runs: list[PassTime], repe
 
 # --- the store's part of a pass, SQLite vs PostgreSQL ---------------------------------------------------------
 
-#: What each stored instance holds in the store bench: events (a benchmark's phases and progress), log lines
-#: (more than the 50 a report carries), a result.
-STORE_EVENTS = 12
-STORE_LOG_LINES = 200
 #: Issue 24: a pass at 10,000 machines on PostgreSQL within this factor of the same pass on SQLite.
 TARGET_POSTGRES_PASS_RATIO = 1.5
-
-
-def _store_docs(i: int) -> tuple[str, dict[str, object], list[dict[str, object]], list[str], dict[str, object]]:
-    iid = f"rtx4090-{i % 50}-s{i:06x}"
-    register = {"protocol": 1, "instance_id": iid, "at": "2026-12-02T17:59:00Z", "pool": "rtx4090",
-                "slot": f"rtx4090-{i % 50}", "machine_id": str(100_000 + i), "host_id": str(7000 + i % 997),
-                "contract_id": str(9_000_000 + i), "gpu_name": "RTX 4090", "image_digest": "sha256:" + "ab" * 32,
-                "hostname": f"c.{i}", "gpus": ["NVIDIA GeForce RTX 4090, 24564 MiB, 550.54"]}
-    events: list[dict[str, object]] = [
-        {"protocol": 1, "phase": "params", "status": "progress", "at": f"2026-12-02T18:{k:02d}:00Z",
-         "message": f"{k * 5} of 56 GiB", "details": {"done_bytes": k * 5 << 30}} for k in range(STORE_EVENTS - 2)]
-    events += [{"protocol": 1, "phase": "params", "status": "done", "at": "2026-12-02T18:20:00Z"},
-               {"protocol": 1, "phase": "benchmark", "status": "started", "at": "2026-12-02T18:21:00Z"}]
-    lines = [f"  [{k % 10 + 1}/10] ok — 37.{k % 10}s (prove=36100 ms, queue=0 ms)" for k in range(STORE_LOG_LINES)]
-    result = {"protocol": 1, "outcome": "completed", "at": "2026-12-02T19:00:00Z",
-              "started_at": "2026-12-02T18:21:00Z", "exit_code": 0, "requested": 10, "completed": 10, "failed": 0,
-              "proofs_per_hour": 94.7, "seconds_per_proof": 38.0, "proof_type": "porep", "concurrency": 2,
-              "image_digest": "sha256:" + "ab" * 32, "log_tail": lines[-14:]}
-    return iid, register, events, lines, result
-
-
-def _fill(store: ControllerStore, instances: int) -> None:
-    """Every instance registered, its events, log lines and result stored (500 writes per transaction)."""
-    writes: list[PreparedWrite[Any]] = []
-    for i in range(instances):
-        iid, register, events, lines, result = _store_docs(i)
-        writes += [store.prepare_register(iid, register), store.prepare_events(iid, events),
-                   store.prepare_logs(iid, lines), store.prepare_result(iid, result)]
-        if len(writes) >= 500 or i == instances - 1:
-            for error, _ in store.write_all(writes):
-                if error is not None:
-                    raise error
-            writes = []
 
 
 def _store_pass_s(store: ControllerStore, instances: int, repeats: int) -> tuple[float, float, float]:
@@ -270,7 +233,7 @@ def store_figures(instances: int, rest_of_pass_s: float, repeats: int = 3) -> li
             measured = {}
             try:
                 for name, store in stores.items():
-                    _fill(store, instances)
+                    fill(store, instances)
                     measured[name] = _store_pass_s(store, instances, repeats)
             finally:
                 for store in stores.values():

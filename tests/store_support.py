@@ -76,7 +76,6 @@ def back_to_version_3(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.executescript("""
         BEGIN;
-        DROP INDEX instances_by_change;
         DROP INDEX directives_by_change;
         ALTER TABLE instances DROP COLUMN change_seq;
         ALTER TABLE directives DROP COLUMN change_seq;

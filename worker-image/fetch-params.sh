@@ -66,12 +66,12 @@ while read -r sum size name extra || [[ -n ${sum:-} ]]; do
   lineno=$((lineno + 1))
   [[ -z ${sum:-} || $sum == \#* ]] && continue
   if [[ ! $sum =~ ^[0-9a-f]{128}$ || ! ${size:-} =~ ^[0-9]+$ || ! ${name:-} =~ ^[A-Za-z0-9._-]+$ || -n ${extra:-} ]]; then
-    fleet_fail "$FLEET_EXIT_DATA" "bad line $lineno in $base/manifest.txt (want '<b2sum hex>  <size>  <file name>'): $sum ${size:-} ${name:-}"
+    fleet_fail "$FLEET_EXIT_MANIFEST" "bad line $lineno in $base/manifest.txt (want '<b2sum hex>  <size>  <file name>'): $sum ${size:-} ${name:-}"
   fi
   names+=("$name") sums+=("$sum") sizes+=("$size")
   total_bytes=$((total_bytes + size))
 done <"$manifest"
-((${#names[@]} > 0)) || fleet_fail "$FLEET_EXIT_DATA" "$base/manifest.txt lists no files"
+((${#names[@]} > 0)) || fleet_fail "$FLEET_EXIT_MANIFEST" "$base/manifest.txt lists no files"
 fleet_log "params: ${#names[@]} files, $total_bytes bytes, into $FLEET_PARAMS_DIR"
 
 if command -v aria2c >/dev/null 2>&1; then downloader=aria2c; else downloader=curl; fi

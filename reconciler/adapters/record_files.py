@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from reconciler import SCHEMA_DIR
 from reconciler.adapters import record_codec
 from reconciler.domain.records import (
-    _SAFE_ID,
     IMAGES_DIR,
     MACHINES_DIR,
     BenchmarkEntry,
@@ -33,6 +32,7 @@ from reconciler.domain.records import (
     RecordSet,
     check_image_digest,
     check_machine_id,
+    looks_like_machine_id,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +58,12 @@ def _fast_check(name: str) -> Callable[[Any], bool] | None:
     return record_codec.compile_schema(json.loads((SCHEMA_DIR / name).read_text()))
 
 
+
+
+def parser_sources() -> tuple[Path, ...]:
+    """The source files whose code decides what parsing a record gives (this module and the codec): a store of
+    parsed records is stale when one of them changes."""
+    return Path(__file__), Path(record_codec.__file__ or "")
 
 
 def machine_record_path(spec_dir: Path, machine_id: str) -> Path:
@@ -145,7 +151,11 @@ def parse_machine_record(text: str, file: Path, *, check_name: bool = True) -> M
     doc, rows = parse_machine_rows(text, file)
     if check_name:
         check_record_name(doc["machine_id"], file)
-    entries = tuple(BenchmarkEntry(*row) for row in rows)
+    return machine_record(doc, tuple(BenchmarkEntry(*row) for row in rows))
+
+
+def machine_record(doc: Mapping[str, Any], entries: tuple[BenchmarkEntry, ...]) -> MachineRecord:
+    """The record of a document `parse_machine_rows` gave (its own fields), with these entries."""
     return MachineRecord(machine_id=doc["machine_id"], status=doc["status"], host_id=_str_or_none(doc.get("host_id")),
                          gpu_name=doc.get("gpu_name"), note=doc.get("note"), benchmarks=entries)
 
@@ -327,13 +337,13 @@ class RecordCache:
             self.reused += 1
         else:
             self.parsed += 1
-            record = parse(_decode(raw), file)
+            record = parse(decode_record_text(raw), file)
         settled = max(st.st_mtime_ns, st.st_ctime_ns) < read_at - self.RACY_NS
         self._entries[key] = _Cached(_stat_key(st), digest, record, settled)
         return record
 
 
-def _decode(raw: bytes) -> str:
+def decode_record_text(raw: bytes) -> str:
     """The text `Path.read_text(encoding="utf-8")` returns for these bytes (universal newlines)."""
     text = raw.decode("utf-8")
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
@@ -394,7 +404,7 @@ def _load_into(spec_dir: Path, cache: RecordCache | None, machines: dict[str, Ma
             rec = _read_record(file, parse_machine_record, cache)
         except (RecordError, OSError, UnicodeDecodeError, TypeError) as exc:
             problems.append(str(exc) if isinstance(exc, RecordError) else f"{file}: cannot read: {exc}")
-            if _SAFE_ID.fullmatch(file.stem):
+            if looks_like_machine_id(file.stem):
                 unreadable.add(file.stem)
             continue
         machines[rec.machine_id] = rec

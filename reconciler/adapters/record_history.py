@@ -1,10 +1,11 @@
 """Many versions of one machine record, parsed once per distinct line (for `fleet why`).
 
-Place in the flow: `flows.why` reads every historical version of a record from git (one per verdict commit)
-and needs each parsed. The versions of one record share almost all of their text: a verdict adds one entry
-line to the entries already there, so 600 versions of a record capped at 30 entries hold ~9,000 entry lines
-but only a few dozen distinct ones. Parsing each version whole costs ~0.4 ms of JSON decoding and schema
-checking per version; this parses each distinct (header, entry line) once.
+Place in the flow: `fleet why` (cli.why) reads historical versions of a record from git (one per verdict
+commit whose entries are gone from today's record) and parses each here before `flows.why` reads them. The
+versions of one record share almost all of their text: a verdict adds one entry line to the entries already
+there, so 600 versions of a record capped at 30 entries hold ~9,000 entry lines but only a few dozen distinct
+ones. Parsing each version whole costs ~0.4 ms of JSON decoding and schema checking per version; this parses
+each distinct (header, entry line) once.
 
 Why that reads the same record: in the format `record_files` writes (its machine fields, a `benchmarks:`
 line, then one `- {...}` line per entry) each entry line is a complete YAML flow mapping whose meaning does

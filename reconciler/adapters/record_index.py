@@ -14,19 +14,22 @@ How a load stays correct and cheap:
   as git hashes a blob (`sha1("blob <size>\\0" + bytes)`): a human edit, a `git checkout` of another branch, a
   revert, a rewrite by the reconciler all change the stat and so the blob looked up.
 - A blob the index has not seen is parsed (GC paused for the bulk; entries decoded and schema-checked by
-  msgspec one line each, evidence not decoded: record_files.parse_machine_rows), and stored: its summary
-  columns (status, host, GPU, perf median/last/samples, the problem text if it is unreadable) and its entries
-  without evidence. The same content under the same name is never parsed twice, across processes.
-  A cold build (thousands of files to read) is split over two processes: a forked child reads, parses and
-  stores a share of the files through its own connection while the parent does the rest (_read_forked).
-- The RecordSet's bad set and perf history come from the summary columns; a machine's full record (entries)
-  is built only when a caller asks for it, and an entry's evidence (log tails, phase times: most of the bytes)
-  only when read, from the file, checked against the blob id it was indexed under.
-- Snapshot: when every listed file had settled, the whole answer (machine -> blob, bad set, perf rows, counts,
-  problems) is stored under a hash of the listing (every path with its stat). The next load whose listing
-  hashes the same - no file added, removed, rewritten or touched - answers from that one row instead of
-  joining 10,000 rows; the derived views (kill-budget marks, bad-machine entries, last prices) are added to
-  the snapshot when first computed. Any change of any stat means another hash: the per-file path above.
+  msgspec one line each, evidence not decoded: record_files.parse_machine_rows), and stored: the record's
+  summary (`domain.records.summarize`: what every view reads of it), its entries without evidence, or the
+  problem text if it is unreadable. The same content under the same name is never parsed twice, across
+  processes. A cold build (thousands of files to read) is split over two processes: a forked child reads,
+  parses and stores a share of the files through its own connection while the parent does the rest
+  (_read_forked).
+- The RecordSet aggregates the stored summaries: this module decides nothing about a record, it stores what
+  the domain computed and reads it back. A machine's full record (entries) is built only when a caller asks
+  for it, and an entry's evidence (log tails, phase times: most of the bytes) only when read, from the file,
+  checked against the blob id it was indexed under.
+- Snapshot: when every listed file had settled, the listing (machine -> blob, problems) is stored under a
+  hash of the listing (every path with its stat), and the aggregates the RecordSet computes from it (bad set,
+  counts, perf history, kill-budget marks, bad-machine views, prices) are kept with it as they are first
+  computed (the RecordSet's `memo`). The next load whose listing hashes the same - no file added, removed,
+  rewritten or touched - answers from those rows instead of reading 10,000 summaries. Any change of any stat
+  means another hash: the per-file path above.
 Unreadable files are reported in `problems` exactly as `load_records` reports them (same text).
 """
 
@@ -39,56 +42,59 @@ import marshal
 import os
 import pickle
 import sqlite3
-import statistics
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from collections import namedtuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
+import reconciler.domain.records
+import reconciler.domain.verdicts
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.record_files import (
     RecordCache,
-    _decode,
     check_record_name,
+    decode_record_text,
     git_blob_id,
     load_records,
+    machine_record,
     parse_image_record,
     parse_machine_record,
     parse_machine_rows,
+    parser_sources,
     prepare_machine_parse,
 )
 from reconciler.domain.records import (
-    _SAFE_ID,
+    ENTRY_VALUE_FIELDS,
     IMAGES_DIR,
     MACHINES_DIR,
     BadMachine,
     BenchmarkEntry,
+    EntryFacts,
     ImageSuspectRecord,
+    InstanceVerdict,
     MachinePerf,
     MachineRecord,
-    RecordedVerdict,
     RecordError,
     RecordSet,
+    RecordSummary,
+    looks_like_machine_id,
+    summarize,
 )
-from reconciler.domain.verdicts import RATE_VERDICTS
 
-#: Bump when what a parse stores changes; the schema files and the entry fields are part of the version too.
-FORMAT = 9
+#: Bump when what a parse stores changes for a reason the sources hashed into the version (`_version`) miss.
+FORMAT = 10
 _PLACEHOLDER = "\x00record-file\x00"
 _PLACEHOLDER_FILE = Path(f"{_PLACEHOLDER}.yaml")
-_ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
-_EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")  # positional construction
-_PERF_VERDICTS = RATE_VERDICTS  # what perf_history counts (the verdict registry's rate-measuring kinds)
-_PPH, _VERDICT, _MARKS_BAD, _POOL, _AT, _PRICE, _PROBATION_UNTIL = (_ENTRY_FIELDS.index(name) for name in (
-    "proofs_per_hour", "verdict", "marks_bad", "pool", "at", "price_usd_per_hour", "probation_until"))
-_INSTANCE = _ENTRY_FIELDS.index("instance_id")
-_BAD_STATUSES = ("bad", "banned")  # MachineRecord.is_bad
-_NO_MARKS = marshal.dumps([])  # the marks column of a record without entries that marked it bad
 _NO_STAT = (0, 0, -1, 0, 0)  # the stat of a file that could not be stat()ed: equal to no indexed file's
+_V = TypeVar("_V")
+#: An entry's stored row (`BenchmarkEntry.field_values`) read by field name, as `summarize` reads entries.
+_EntryValues = namedtuple("_EntryValues", ENTRY_VALUE_FIELDS)  # type: ignore[misc]
+_tuple_new = tuple.__new__
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -97,13 +103,13 @@ CREATE TABLE IF NOT EXISTS files (
   mtime_ns INTEGER, ctime_ns INTEGER, settled INTEGER NOT NULL, blob TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS files_dir ON files (dir);
 CREATE TABLE IF NOT EXISTS blobs (
-  blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, status TEXT, gpu_name TEXT,
-  perf_samples INTEGER, perf_median REAL, perf_last REAL, data BLOB, marks BLOB, bad_view BLOB, last_price REAL,
-  verdicts BLOB,
+  blob TEXT NOT NULL, kind TEXT NOT NULL, problem TEXT, key TEXT, summary BLOB, data BLOB,
   PRIMARY KEY (blob, kind));
 CREATE TABLE IF NOT EXISTS snapshots (
-  dir TEXT NOT NULL, shown TEXT NOT NULL, token TEXT NOT NULL, view BLOB NOT NULL,
-  marks BLOB, bad_view BLOB, prices BLOB, PRIMARY KEY (dir, shown));
+  dir TEXT NOT NULL, shown TEXT NOT NULL, token TEXT NOT NULL, listing BLOB NOT NULL, PRIMARY KEY (dir, shown));
+CREATE TABLE IF NOT EXISTS aggregates (
+  dir TEXT NOT NULL, shown TEXT NOT NULL, token TEXT NOT NULL, name TEXT NOT NULL, value BLOB NOT NULL,
+  PRIMARY KEY (dir, shown, name));
 """
 
 
@@ -114,9 +120,14 @@ def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
 
 
 def _version() -> str:
-    h = hashlib.sha256(f"{FORMAT}:{_ENTRY_FIELDS}:{sorted(RATE_VERDICTS)}".encode())
+    """What the stored rows depend on: the schemas, the code that parses a record and the code that summarises
+    it (a change to `summarize` makes every stored summary stale: the index is started afresh)."""
+    h = hashlib.sha256(f"{FORMAT}".encode())
     for name in ("machine-record.schema.json", "image-suspect.schema.json"):
         h.update((SCHEMA_DIR / name).read_bytes())
+    for source in (*parser_sources(), Path(reconciler.domain.records.__file__ or ""),
+                   Path(reconciler.domain.verdicts.__file__ or ""), Path(__file__)):
+        h.update(source.read_bytes())
     return h.hexdigest()
 
 
@@ -129,19 +140,15 @@ class _Listed(NamedTuple):  # a tuple: 10,000 of them are made on every load
 
 @dataclass
 class _Parsed:
-    """One blob's parse, as stored: a problem, or the summary columns plus the record without evidence."""
+    """One blob's parse, as stored: a problem, or (a machine record) its summary and its entries without
+    evidence, or (an image record) the record."""
 
     problem: str | None
-    key: str | None = None
-    status: str | None = None
-    gpu_name: str | None = None
-    perf: tuple[int, float, float] | None = None
-    data: bytes | None = None
-    marks: bytes | None = None  # marshal [(pool, at)] of the entries that marked the machine bad
-    bad_view: bytes | None = None  # marshal (host, note, marking index, marking entry, last index, last entry)
-    last_price: float | None = None  # the newest entry's price that has one
-    #: marshal [(instance_id, verdict, proofs/h, price)] per entry: what the views triage 10,000 instances by
-    verdicts: bytes | None = None
+    key: str | None = None  # the machine id or the image digest
+    summary: bytes | None = None  # marshal `_summary_row` (machines)
+    data: bytes | None = None  # marshal (id, status, host, GPU, note, entries' field values) | pickle (images)
+    #: The summary itself, when this process parsed the blob (the views need not decode the row).
+    parsed_summary: RecordSummary | None = None
 
 
 #: What reading and parsing files gives: their index rows, path -> blob, path -> read problem, the parsed blobs.
@@ -149,17 +156,18 @@ _ReadParsed = tuple[list[tuple[Any, ...]], dict[str, str], dict[str, str], dict[
 
 
 class StoredEvidence(Mapping[str, Any]):
-    """An entry's evidence, read from its record file on first use (checked against the indexed blob id)."""
+    """An entry's evidence, read from its record file on first use (checked against the indexed blob id).
+    `blob`, `index`: where it is (the record's blob, the entry's place in it)."""
 
-    __slots__ = ("_blob", "_index", "_source", "_value")
+    __slots__ = ("_source", "_value", "blob", "index")
 
     def __init__(self, source: _EvidenceSource, blob: str, index: int) -> None:
-        self._source, self._blob, self._index = source, blob, index
+        self._source, self.blob, self.index = source, blob, index
         self._value: Mapping[str, Any] | None = None
 
     def _get(self) -> Mapping[str, Any]:
         if self._value is None:
-            self._value = self._source.evidence(self._blob, self._index)
+            self._value = self._source.evidence(self.blob, self.index)
         return self._value
 
     def __getitem__(self, key: str) -> Any:
@@ -200,7 +208,7 @@ class _EvidenceSource:
             if git_blob_id(raw) != blob:
                 raise RecordError(f"{file}: changed while it was being read (the record was indexed as blob "
                                   f"{blob[:12]}); run the command again")
-            record = parse_machine_record(_decode(raw), file, check_name=False)
+            record = parse_machine_record(decode_record_text(raw), file, check_name=False)
             entries = [dict(e.evidence) for e in record.benchmarks]
             if len(self._docs) >= 64:
                 self._docs.pop(next(iter(self._docs)))
@@ -208,77 +216,91 @@ class _EvidenceSource:
         return entries[index]
 
 
-class _SnapshotViews:
-    """The derived views (bad marks, bad-machine entries, last prices) of one snapshot: computed from the blob
-    columns on first use, then kept in the snapshot row so that the next command with the same files reads
-    them in one go. `token` names the snapshot they belong to (None: no snapshot, nothing kept)."""
+class _SnapshotMemo:
+    """The RecordSet's memo (domain.records.ViewMemo) for one snapshot: each aggregate the RecordSet computes is
+    kept with the snapshot, so that the next command with the same files reads it in one row. `token` names the
+    snapshot (None: no snapshot, nothing kept). Values are kept as pickle writes them, bad-machine views as
+    rows (their entries' evidence stays in the record files)."""
 
-    def __init__(self, db: sqlite3.Connection, key: tuple[str, str], token: str | None) -> None:
-        self._db, self._key, self._token = db, key, token
+    def __init__(self, index: RecordIndex, key: tuple[str, str], token: str | None) -> None:
+        self._index, self._key, self._token = index, key, token
 
-    def get(self, column: str, compute: Callable[[], Any]) -> Any:
-        assert column in ("marks", "bad_view", "prices")
+    def value(self, name: str, compute: Callable[[], _V]) -> _V:
+        return self._kept(name, compute, lambda value: pickle.dumps(value, protocol=5), pickle.loads)
+
+    def bad_machines(self, name: str, compute: Callable[[], list[BadMachine]]) -> list[BadMachine]:
+        source = self._index._evidence
+
+        def load(raw: bytes) -> list[BadMachine]:
+            rows = marshal.loads(raw)  # noqa: S302 - our own index rows
+            return [view for row in rows if (view := _bad_machine_of(row, source)) is not None]
+
+        return self._kept(name, compute, lambda views: marshal.dumps([_bad_machine_row(b) for b in views]), load)
+
+    def _kept(self, name: str, compute: Callable[[], _V], dump: Callable[[_V], bytes],
+              load: Callable[[bytes], _V]) -> _V:
+        db = self._index._db
         if self._token is not None:
-            row = self._db.execute(f"SELECT {column} FROM snapshots WHERE dir = ? AND shown = ? AND token = ?",  # noqa: S608
-                                   (*self._key, self._token)).fetchone()
-            if row is not None and row[0] is not None:
-                return marshal.loads(row[0])  # noqa: S302 - our own index rows
+            row = db.execute("SELECT value FROM aggregates WHERE dir = ? AND shown = ? AND name = ? AND token = ?",
+                             (*self._key, name, self._token)).fetchone()
+            if row is not None:
+                return load(row[0])
         value = compute()
         if self._token is not None:
             # Another process writing: the next command keeps it instead.
             with contextlib.suppress(sqlite3.OperationalError):
-                self._db.execute(f"UPDATE snapshots SET {column} = ? WHERE dir = ? AND shown = ? AND token = ?",  # noqa: S608
-                                 (marshal.dumps(value), *self._key, self._token))
+                db.execute("INSERT OR REPLACE INTO aggregates VALUES (?,?,?,?,?)",
+                           (*self._key, self._token, name, dump(value)))
         return value
 
 
-class LazyMachines(Mapping[str, MachineRecord]):
-    """machine id -> MachineRecord, built from the index on first access; iterating values or items, or many
-    single look-ups (`dict(records.machines)`), build them all in a few queries."""
+class BuiltOnUse(Mapping[str, _V], Generic[_V]):
+    """machine id -> a value built from the index on first access (its record, its summary); iterating values
+    or items, or many single look-ups (`dict(records.machines)`), build them all in a few queries."""
 
     _SINGLE_LOOKUPS = 32
 
-    def __init__(self, index: RecordIndex, blobs: dict[str, str]) -> None:
-        self._index = index
-        self._blobs = blobs  # machine id -> blob id, in file-name order
-        self._built: dict[str, MachineRecord] = {}
+    def __init__(self, blobs: dict[str, str], build: Callable[[set[str]], dict[str, _V]]) -> None:
+        self.blobs = blobs  # machine id -> blob id, in file-name order
+        self._build = build  # blob ids -> blob id -> value
+        self._built: dict[str, _V] = {}
         self._misses = 0
 
-    def __getitem__(self, machine_id: str) -> MachineRecord:
-        rec = self._built.get(machine_id)
-        if rec is None:
-            blob = self._blobs[machine_id]
+    def __getitem__(self, machine_id: str) -> _V:
+        value = self._built.get(machine_id)
+        if value is None:
+            blob = self.blobs[machine_id]
             self._misses += 1
             if self._misses > self._SINGLE_LOOKUPS:
                 self._build_all()
                 return self._built[machine_id]
-            rec = self._index._build_machines({blob})[blob]
-            self._built[machine_id] = rec
-        return rec
+            value = self._build({blob})[blob]
+            self._built[machine_id] = value
+        return value
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._blobs)
+        return iter(self.blobs)
 
     def __len__(self) -> int:
-        return len(self._blobs)
+        return len(self.blobs)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._blobs
+        return key in self.blobs
 
     def _build_all(self) -> None:
-        if len(self._built) == len(self._blobs):
+        if len(self._built) == len(self.blobs):
             return
-        built = self._index._build_machines({b for m, b in self._blobs.items() if m not in self._built})
-        self._built = {m: self._built.get(m) or built[b] for m, b in self._blobs.items()}
+        built = self._build({b for m, b in self.blobs.items() if m not in self._built})
+        self._built = {m: self._built[m] if m in self._built else built[b] for m, b in self.blobs.items()}
 
-    def many(self, machine_ids: list[str]) -> list[MachineRecord]:
-        """The records of these machines, the missing ones built in one go."""
-        missing = {self._blobs[m] for m in machine_ids if m not in self._built}
+    def many(self, machine_ids: list[str]) -> list[_V]:
+        """The values of these machines, the missing ones built in one go."""
+        missing = {self.blobs[m] for m in machine_ids if m not in self._built}
         if missing:
-            built = self._index._build_machines(missing)
+            built = self._build(missing)
             for m in machine_ids:
                 if m not in self._built:
-                    self._built[m] = built[self._blobs[m]]
+                    self._built[m] = built[self.blobs[m]]
         return [self._built[m] for m in machine_ids]
 
     def values(self) -> Any:
@@ -305,7 +327,7 @@ class RecordIndex:
         self.parsed = self.hashed = self.reused = 0
         self.from_snapshot = False  # the last load answered from a snapshot (every file's stat unchanged)
         self.split = False  # the last load read and parsed half of the files in a forked child
-        self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (their derived columns)
+        self._fresh: dict[str, _Parsed] = {}  # machine blobs the last load parsed (perhaps not stored)
         self._db = self._open()
         _LIVE.add(self)
 
@@ -367,15 +389,16 @@ class RecordIndex:
 
     def load(self, spec_dir: str | Path) -> RecordSet:
         """The RecordSet of `spec_dir`, equal to `record_files.load_records(spec_dir)`."""
-        try:
-            return self._load(Path(spec_dir))
-        except sqlite3.DatabaseError as exc:  # the file went bad under us: rebuild and answer once more
-            self._db.close()
-            self.rebuilt = f"{self.path}: {exc}; rebuilt"
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-            self._db = self._open()
-            return self._load(Path(spec_dir))
+        with _collector_paused():
+            try:
+                return self._load(Path(spec_dir))
+            except sqlite3.DatabaseError as exc:  # the file went bad under us: rebuild and answer once more
+                self._db.close()
+                self.rebuilt = f"{self.path}: {exc}; rebuilt"
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                self._db = self._open()
+                return self._load(Path(spec_dir))
 
     def _load(self, spec_dir: Path) -> RecordSet:
         self.parsed = self.hashed = self.reused = 0
@@ -396,11 +419,11 @@ class RecordIndex:
                 self.reused = len(listed)
                 self.from_snapshot = True
                 return answer
-        # One query: what the index knows of each file (stat, blob) and of its blob (summary columns).
+        # One query: what the index knows of each file (stat, blob) and of its blob (what it names, or why not).
         known = {} if empty else {row[0]: row[1:] for row in self._db.execute(
             "SELECT f.path, f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns, f.settled, f.blob, b.blob, b.problem, "
-            "b.key, b.status, b.gpu_name, b.perf_samples, b.perf_median, b.perf_last FROM files f "
-            "LEFT JOIN blobs b ON b.blob = f.blob AND b.kind = f.kind WHERE f.dir = ?", (dir_key,))}
+            "b.key FROM files f LEFT JOIN blobs b ON b.blob = f.blob AND b.kind = f.kind WHERE f.dir = ?",
+            (dir_key,))}
         blob_of: dict[str, str] = {}
         stored: dict[tuple[str, str], tuple[Any, ...]] = {}
         reads: list[_Listed] = []
@@ -423,13 +446,13 @@ class RecordIndex:
             file_rows, read_blobs, read_problems, raw_of = self._read(reads, dir_key)
             blob_of.update(read_blobs)
             wanted = {(blob_of[i.path], i.kind) for i in reads if i.path in blob_of} - stored.keys()
-            stored.update(self._summaries(wanted))
+            stored.update(self._names(wanted))
             todo: dict[tuple[str, str], bytes] = {}
             for item in reads:
                 found = blob_of.get(item.path)
                 if found is not None and (found, item.kind) not in stored:
                     todo.setdefault((found, item.kind), raw_of[item.path])
-            new = self._parse_all(todo)
+            new = {(blob, kind): self._parse(raw, kind, blob) for (blob, kind), raw in todo.items()}
         self.hashed = len(file_rows)
         self.parsed = len(new)
         self._fresh = {blob: parsed for (blob, kind), parsed in new.items() if kind == "m" and parsed.problem is None}
@@ -437,9 +460,9 @@ class RecordIndex:
         rows_to_store, new_to_store = (file_rows, new) if unstored is None else unstored
         complete = self._store(dir_key, rows_to_store, [p for p in known if p not in listed_paths], new_to_store)
         for key, parsed in new.items():
-            stored[key] = (parsed.problem, parsed.key, parsed.status, parsed.gpu_name, *(parsed.perf or (0, 0.0, 0.0)))
+            stored[key] = (parsed.problem, parsed.key)
         listing_problems = bool(problems)
-        view = self._assemble(listed, blob_of, stored, read_problems, problems)
+        listing = self._assemble(listed, blob_of, stored, read_problems, problems)
         # A snapshot only of files that had settled when read (their stat then proves their content) and of
         # a listing with no problem: the next load with the same stats answers from it.
         settled_stats: dict[str, tuple[int, int, int, int, int]] | None = {}
@@ -455,8 +478,8 @@ class RecordIndex:
                 break
         token = None
         if complete and settled_stats is not None and not listing_problems and not read_problems:
-            token = self._store_snapshot(snapshot_key, settled_stats, view)
-        return self._record_set(view, snapshot_key, token)
+            token = self._store_snapshot(snapshot_key, settled_stats, listing)
+        return self._record_set(listing, snapshot_key, token)
 
     def _list(self, spec_dir: Path, problems: list[str], *, with_stat: bool = True) -> list[_Listed]:
         """The record files, by kind and name; `with_stat`: each with its stat (else a stat no file has)."""
@@ -487,14 +510,15 @@ class RecordIndex:
                 out.append(_Listed(path, f"{shown}/{name}", kind, key))
         return out
 
-    def _summaries(self, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[Any, ...]]:
+    def _names(self, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[Any, ...]]:
+        """(blob, kind) -> (problem, machine id or image digest) of these blobs, where the index has them."""
         out: dict[tuple[str, str], tuple[Any, ...]] = {}
         blobs = sorted({blob for blob, _ in wanted})
         for start in range(0, len(blobs), 500):
             chunk = blobs[start:start + 500]
             marks = ",".join("?" * len(chunk))
-            for row in self._db.execute("SELECT blob, kind, problem, key, status, gpu_name, perf_samples, "  # noqa: S608
-                                        f"perf_median, perf_last FROM blobs WHERE blob IN ({marks})", chunk):
+            for row in self._db.execute(f"SELECT blob, kind, problem, key FROM blobs WHERE blob IN ({marks})",  # noqa: S608
+                                        chunk):
                 if (row[0], row[1]) in wanted:
                     out[(row[0], row[1])] = row[2:]
         return out
@@ -537,16 +561,10 @@ class RecordIndex:
         read_problems: dict[str, str] = {}
         new: dict[tuple[str, str], _Parsed] = {}
         parse = self._parse
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # see _parse_all
-        try:
-            for item, raw, blob in self._read_each(items, dir_key, file_rows, blob_of, read_problems):
-                key = (blob, item.kind)
-                if key not in new:
-                    new[key] = parse(raw, item.kind)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        for item, raw, blob in self._read_each(items, dir_key, file_rows, blob_of, read_problems):
+            key = (blob, item.kind)
+            if key not in new:
+                new[key] = parse(raw, item.kind, blob)
         return file_rows, blob_of, read_problems, new
 
     #: This many files to read or more (a cold build) are read, hashed, parsed and stored in two processes...
@@ -626,8 +644,7 @@ class RecordIndex:
                 rows, blobs, problems, done = self._read_and_parse(theirs, dir_key)
                 stored = on_disk and self._store_from_child(dir_key, rows, done)
                 sent = (stored, rows, blobs, problems,
-                        [(key, p.problem, p.key, p.status, p.gpu_name, p.perf, None if stored else p.data, p.marks,
-                          p.bad_view, p.last_price, p.verdicts) for key, p in done.items()])
+                        [(key, p.problem, p.key, p.summary, None if stored else p.data) for key, p in done.items()])
                 with os.fdopen(write_end, "wb") as sink:
                     sink.write(marshal.dumps(sent))
                 code = 0
@@ -679,52 +696,29 @@ class RecordIndex:
         except sqlite3.Error:
             return False
 
-    def _parse_all(self, todo: dict[tuple[str, str], bytes]) -> dict[tuple[str, str], _Parsed]:
-        """Parse the new blobs with the cyclic GC paused (a bulk parse allocates millions of objects that all
-        stay alive: collector passes over them are waste)."""
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return {key: self._parse(raw, key[1]) for key, raw in todo.items()}
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-
-    def _parse(self, raw: bytes, kind: str) -> _Parsed:
+    def _parse(self, raw: bytes, kind: str, blob: str) -> _Parsed:
         placeholder = _PLACEHOLDER_FILE
         try:
-            text = _decode(raw)
+            text = decode_record_text(raw)
             if kind == "i":
                 img = parse_image_record(text, placeholder)
-                return _Parsed(None, key=img.image_digest, status=img.status, data=pickle.dumps(img, protocol=5))
+                return _Parsed(None, key=img.image_digest, data=pickle.dumps(img, protocol=5))
             doc, rows = parse_machine_rows(text, placeholder, evidence=False)
         except (RecordError, UnicodeDecodeError, TypeError) as exc:
             message = str(exc) if isinstance(exc, RecordError) else f"{placeholder}: cannot read: {exc}"
             return _Parsed(message)
-        # The entries as tuples in field order (evidence left out): what BenchmarkEntry objects are built from.
-        entries = tuple(rows)
-        rates = [e[_PPH] for e in entries if e[_PPH] is not None and e[_VERDICT] in _PERF_VERDICTS]
-        perf = (len(rates), statistics.median(rates), rates[-1]) if rates else None
-        host_id = doc.get("host_id")
-        if host_id is not None:
-            host_id = str(host_id)
-        mid, status, gpu_name, note = doc["machine_id"], doc["status"], doc.get("gpu_name"), doc.get("note")
-        data = marshal.dumps((mid, status, host_id, gpu_name, note, entries))
-        marks = marshal.dumps([(e[_POOL], e[_AT]) for e in entries if e[_MARKS_BAD]])
-        # Only a bad machine's is read (RecordSet.bad_machines), and an ok one's whose newest bad entry has a
-        # probation (RecordSet.passed_on_probation: with its GPU model, as it is in no bad row).
-        bad_view = None
-        marking = next((i for i in range(len(entries) - 1, -1, -1) if entries[i][_MARKS_BAD]), None)
-        if status in _BAD_STATUSES or (status == "ok" and marking is not None
-                                       and entries[marking][_PROBATION_UNTIL] is not None):
-            last = len(entries) - 1 if entries else None
-            view = (host_id, note, marking, None if marking is None else entries[marking], last,
-                    None if last is None else entries[last])
-            bad_view = marshal.dumps(view if status in _BAD_STATUSES else (*view, gpu_name))
-        last_price = next((e[_PRICE] for e in reversed(entries) if e[_PRICE] is not None), None)
-        verdicts = marshal.dumps([(e[_INSTANCE], e[_VERDICT], e[_PPH], e[_PRICE]) for e in entries])
-        return _Parsed(None, key=mid, status=status, gpu_name=gpu_name, perf=perf, data=data, marks=marks,
-                       bad_view=bad_view, last_price=last_price, verdicts=verdicts)
+        record = machine_record(doc, ())
+        source, values = self._evidence, _EntryValues
+
+        def entry(i: int) -> BenchmarkEntry:
+            return BenchmarkEntry.from_field_values(rows[i], StoredEvidence(source, blob, i))
+
+        # The rows read by field name, without building an entry of each (only of the two the summary keeps).
+        summary = summarize(record, cast(list[EntryFacts], [_tuple_new(values, row) for row in rows]), entry)
+        data = marshal.dumps((record.machine_id, record.status, record.host_id, record.gpu_name, record.note,
+                              tuple(rows)))
+        return _Parsed(None, key=record.machine_id, summary=marshal.dumps(_summary_row(summary)), data=data,
+                       parsed_summary=summary)
 
     def _store(self, dir_key: str, file_rows: list[tuple[Any, ...]], gone: list[str],
                new: dict[tuple[str, str], _Parsed]) -> bool:
@@ -735,24 +729,20 @@ class RecordIndex:
                   stored: dict[tuple[str, str], tuple[Any, ...]], read_problems: dict[str, str],
                   problems: list[str]) -> tuple[Any, ...]:
         """What a RecordSet is built from, in plain values (marshal stores it as a snapshot): problems,
-        unreadable machine ids, machines [(id, blob, file)], image blobs, bad machines [(id, gpu, status)],
-        perf [(id, gpu, samples, median, last)], status counts."""
+        unreadable machine ids, machines [(id, blob, file)], image blobs."""
         machines: list[tuple[str, str, str]] = []
         image_blobs: list[str] = []
         unreadable: set[str] = set()
-        bad: list[tuple[str, str | None, str]] = []
-        perf: list[tuple[str, str | None, int, float, float]] = []
-        counts: dict[str, int] = {}
         for item in listed:
             is_machine = item.kind == "m"
             stem = item.file.rsplit("/", 1)[-1][:-5]
             if item.path in read_problems:
                 problems.append(read_problems[item.path])
-                if is_machine and _SAFE_ID.match(stem):
+                if is_machine and looks_like_machine_id(stem):
                     unreadable.add(stem)
                 continue
             blob = blob_of[item.path]
-            problem, key, status, gpu_name, samples, median, last = stored[(blob, item.kind)]
+            problem, key = stored[(blob, item.kind)]
             if problem is None and is_machine and key != stem:
                 try:
                     check_record_name(key, Path(item.file))
@@ -760,22 +750,17 @@ class RecordIndex:
                     problem = str(exc)
             if problem is not None:
                 problems.append(problem.replace(_PLACEHOLDER + ".yaml", item.file))
-                if is_machine and _SAFE_ID.match(stem):
+                if is_machine and looks_like_machine_id(stem):
                     unreadable.add(stem)
                 continue
             if is_machine:
                 machines.append((key, blob, item.file))
-                counts[status] = counts.get(status, 0) + 1
-                if status in _BAD_STATUSES:
-                    bad.append((key, gpu_name, status))
-                if samples:
-                    perf.append((key, gpu_name, samples, median, last))
             else:
                 image_blobs.append(blob)
-        return (problems, sorted(unreadable), machines, image_blobs, bad, perf, counts)
+        return (problems, sorted(unreadable), machines, image_blobs)
 
-    def _record_set(self, view: tuple[Any, ...], snapshot_key: tuple[str, str], token: str | None) -> RecordSet:
-        problems, unreadable, machine_rows, image_blobs, bad_rows, perf_rows, counts = view
+    def _record_set(self, listing: tuple[Any, ...], snapshot_key: tuple[str, str], token: str | None) -> RecordSet:
+        problems, unreadable, machine_rows, image_blobs = listing
         machines: dict[str, str] = {}
         files = self._evidence.files
         for mid, blob, file in machine_rows:
@@ -789,193 +774,94 @@ class RecordIndex:
             for blob in image_blobs:
                 img = loaded[blob]
                 images[img.image_digest] = img
-        bad = {mid for mid, _, _ in bad_rows}
-        gpu_of = {mid: gpu for mid, gpu, _ in bad_rows}
-        status_of = {mid: status for mid, _, status in bad_rows}
-        memo = _SnapshotViews(self._db, snapshot_key, token)
-        return RecordSet.with_views(LazyMachines(self, machines), images, tuple(problems), frozenset(unreadable),
-                                    bad_machine_ids=frozenset(bad), status_counts=counts,
-                                    perf=lambda: {row[0]: MachinePerf(*row) for row in perf_rows},
-                                    bad_marks=lambda: memo.get("marks", lambda: self._bad_marks(machines)),
-                                    bad_machines=lambda: self._bad_machines_of(
-                                        memo.get("bad_view", lambda: self._bad_views(machines, bad)),
-                                        machines, gpu_of, status_of),
-                                    bad_machine_gpus=lambda: dict(sorted(gpu_of.items())),
-                                    passed_on_probation=lambda: self._passed_on_probation(machines, bad),
-                                    last_prices=lambda: memo.get("prices", lambda: self._last_prices(machines)),
-                                    instance_entries=lambda wanted: self._instance_entries(machines, wanted),
-                                    instance_verdicts=lambda wanted: self._instance_verdicts(machines, wanted))
+        return RecordSet(BuiltOnUse(machines, self._build_machines), images, tuple(problems), frozenset(unreadable),
+                         summaries=BuiltOnUse(machines, self._summaries_of),
+                         memo=_SnapshotMemo(self, snapshot_key, token))
 
-    # --- snapshots: the whole answer for one unchanged listing -----------------------------------------------
+    # --- snapshots: the listing of one unchanged set of files, and the aggregates kept with it -------------------
 
     def _snapshot(self, key: tuple[str, str], stats: dict[str, tuple[int, int, int, int, int]]) -> RecordSet | None:
         """The RecordSet of the snapshot stored for exactly these files with exactly these stats, if any."""
         token = _stats_token(stats)
-        row = self._db.execute("SELECT view FROM snapshots WHERE dir = ? AND shown = ? AND token = ?",
+        row = self._db.execute("SELECT listing FROM snapshots WHERE dir = ? AND shown = ? AND token = ?",
                                (*key, token)).fetchone()
         if row is None:
             return None
         return self._record_set(marshal.loads(row[0]), key, token)  # noqa: S302 - our own index rows
 
     def _store_snapshot(self, key: tuple[str, str], stats: dict[str, tuple[int, int, int, int, int]],
-                        view: tuple[Any, ...]) -> str | None:
+                        listing: tuple[Any, ...]) -> str | None:
         token = _stats_token(stats)
         try:
-            self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?,NULL,NULL,NULL)",
-                             (*key, token, marshal.dumps(view)))
+            self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?,?,?,?)", (*key, token, marshal.dumps(listing)))
         except sqlite3.OperationalError:  # another process is writing: the next command stores it
             return None
+        with contextlib.suppress(sqlite3.OperationalError):  # those of the listing it replaced (never read again)
+            self._db.execute("DELETE FROM aggregates WHERE dir = ? AND shown = ? AND token != ?", (*key, token))
         return token
 
-    def _column(self, column: str, blobs: list[str]) -> dict[str, Any]:
-        """blob -> a machine blob's `column` (marks, bad_view, last_price): from the blobs parsed by the last
-        load (a cold build has them all in memory), the rest from the index in chunked queries."""
-        assert column in ("marks", "bad_view", "last_price", "verdicts")
+    def _stored(self, column: str, blobs: list[str]) -> dict[str, Any]:
+        """blob -> a machine blob's stored `column` (summary, data), in chunked queries."""
+        assert column in ("summary", "data")
         out: dict[str, Any] = {}
-        missing = []
-        fresh = self._fresh
-        for blob in blobs:
-            parsed = fresh.get(blob)
-            if parsed is None:
-                missing.append(blob)
-            else:
-                out[blob] = getattr(parsed, column)
-        for start in range(0, len(missing), 500):
-            chunk = missing[start:start + 500]
+        for start in range(0, len(blobs), 500):
+            chunk = blobs[start:start + 500]
             marks = ",".join("?" * len(chunk))
             query = f"SELECT blob, {column} FROM blobs WHERE kind = 'm' AND blob IN ({marks})"  # noqa: S608
             out.update(self._db.execute(query, chunk).fetchall())
         return out
 
-    def _bad_views(self, machines: dict[str, str], bad: set[str]) -> dict[str, Any]:
-        """machine id -> its bad_view column (host, note, marking index, marking entry, last index, last entry)."""
-        views = self._column("bad_view", sorted({machines[m] for m in bad}))
-        return {mid: marshal.loads(views[machines[mid]]) for mid in bad}  # noqa: S302 - our own index rows
-
-    def _bad_machines_of(self, views: dict[str, Any], machines: dict[str, str],
-                         gpu_of: dict[str, str | None], status_of: dict[str, str]) -> list[BadMachine]:
-        """RecordSet.bad_machines from the bad_view column: two entries per bad machine, not its record."""
-        source = self._evidence
-        out = []
-        for mid in sorted(views):
-            blob = machines[mid]
-            host_id, note, marking_i, marking, last_i, last = views[mid]
-            out.append(BadMachine(mid, host_id, gpu_of[mid], note, _entry(marking, source, blob, marking_i),
-                                  _entry(last, source, blob, last_i), status_of[mid]))
-        return out
-
-    def _passed_on_probation(self, machines: dict[str, str], bad: set[str]) -> list[BadMachine]:
-        """RecordSet.passed_on_probation from the bad_view column of the ok machines (NULL for most)."""
-        others = {mid: machines[mid] for mid in machines if mid not in bad}
-        wanted = set(others.values())
-        # One pass over the few stored ok rows that have a view (not a look-up per machine: 10,000 of them),
-        # then the blobs the last load parsed (they may not be stored: another process held the write lock).
-        views: dict[str, Any] = {blob: raw for blob, raw in self._db.execute(
-            "SELECT blob, bad_view FROM blobs WHERE kind = 'm' AND status = 'ok' AND bad_view IS NOT NULL")
-            if blob in wanted}
-        for blob, parsed in self._fresh.items():
-            if blob in wanted and parsed.bad_view is not None and parsed.status == "ok":
-                views[blob] = parsed.bad_view
-        source = self._evidence
-        out = []
-        for mid in sorted(others):
-            raw = views.get(others[mid])
-            if raw is None:
-                continue
-            host_id, note, marking_i, marking, last_i, last, gpu_name = marshal.loads(raw)  # noqa: S302 - ours
-            blob = machines[mid]
-            out.append(BadMachine(mid, host_id, gpu_name, note, _entry(marking, source, blob, marking_i),
-                                  _entry(last, source, blob, last_i), "ok"))
-        return out
-
-    def _instance_entries(self, machines: dict[str, str], wanted: Mapping[str, Any]
-                          ) -> dict[str, tuple[str, BenchmarkEntry]]:
-        """RecordSet.instance_entries from the stored rows: each wanted machine's entry rows are scanned by
-        instance id and only the matching entries are built (evidence read from the file on use)."""
-        blob_of = {mid: machines[mid] for mid in sorted(wanted) if mid in machines}
-        data: dict[str, bytes] = {}
-        missing = []
-        for blob in set(blob_of.values()):
+    def _summaries_of(self, blobs: set[str]) -> dict[str, RecordSummary]:
+        """The summaries of these machine blobs: those the last load parsed here as they are, the rest read
+        back from their stored rows (a blob the last load parsed but could not store: from its row in memory)."""
+        out: dict[str, RecordSummary] = {}
+        rows: dict[str, bytes] = {}
+        for blob in blobs:
             parsed = self._fresh.get(blob)
-            if parsed is not None and parsed.data is not None:
-                data[blob] = parsed.data
-            else:
-                missing.append(blob)
-        for start in range(0, len(missing), 500):
-            chunk = missing[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            data.update(self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
-                                         chunk).fetchall())
-        out: dict[str, tuple[str, BenchmarkEntry]] = {}
-        source = self._evidence
-        for mid, blob in blob_of.items():
-            raw = data.get(blob)
-            if raw is None:
+            if parsed is None:
                 continue
-            ids = wanted[mid]
-            entries = marshal.loads(raw)[5]  # noqa: S302 - our own index rows
-            for i, row in enumerate(entries):
-                if row[0] in ids:  # instance_id is the first field
-                    out[row[0]] = (mid, _stored_entry(row, StoredEvidence(source, blob, i)))
+            if parsed.parsed_summary is not None:
+                out[blob] = parsed.parsed_summary
+            elif parsed.summary is not None:
+                rows[blob] = parsed.summary
+        rows.update(self._stored("summary", [b for b in blobs if b not in out and b not in rows]))
+        source, loads = self._evidence, marshal.loads
+        with _collector_paused():
+            for blob, row in rows.items():
+                out[blob] = _summary_of(loads(row), source)
         return out
-
-    def _instance_verdicts(self, machines: dict[str, str], wanted: Mapping[str, Any]) -> dict[str, RecordedVerdict]:
-        """RecordSet.instance_verdicts from the verdicts column (a few short tuples per record, not its entries)."""
-        blob_of = {mid: machines[mid] for mid in wanted if mid in machines}
-        by_blob = self._column("verdicts", list(dict.fromkeys(blob_of.values())))
-        loads = marshal.loads
-        out: dict[str, RecordedVerdict] = {}
-        for mid, blob in blob_of.items():
-            raw = by_blob.get(blob)
-            if raw is None:
-                continue
-            ids = wanted[mid]
-            for instance_id, verdict, pph, price in loads(raw):  # oldest first: the newest entry wins
-                if instance_id in ids:
-                    out[instance_id] = RecordedVerdict(mid, verdict, pph, price)
-        return out
-
-    def _last_prices(self, machines: dict[str, str]) -> dict[str, float | None]:
-        """RecordSet.last_prices from the last_price column."""
-        by_blob = self._column("last_price", list(dict.fromkeys(machines.values())))
-        return {mid: by_blob[blob] for mid, blob in machines.items()}
-
-    def _bad_marks(self, machines: dict[str, str]) -> list[tuple[str, str | None, str]]:
-        """RecordSet.bad_marks from the marks column: no record is built."""
-        by_blob = self._column("marks", list(dict.fromkeys(machines.values())))
-        loads, none = marshal.loads, _NO_MARKS
-        return [(mid, pool, at) for mid, blob in machines.items() if (marks := by_blob[blob]) != none
-                for pool, at in loads(marks)]
 
     def _build_machines(self, blobs: set[str]) -> dict[str, MachineRecord]:
         """The MachineRecords of these blobs, from their stored rows. A reconcile pass builds all 10,000 (100,000
-        entries): the GC is paused for it, and each entry gets its fields as pickle gives them back
-        (`_stored_entry`), not through the frozen dataclass's __init__ (20 guarded setattrs each):
-        ~0.95 -> ~0.65 s CPU for 10,000 records."""
+        entries): the GC is paused for it, and each entry is built from its field values in one go
+        (`BenchmarkEntry.from_field_values`), its evidence read from the file on use."""
         out: dict[str, MachineRecord] = {}
-        wanted = list(blobs)
-        source = self._evidence
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start:start + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = self._db.execute(f"SELECT blob, data FROM blobs WHERE kind = 'm' AND blob IN ({marks})",  # noqa: S608
-                                        chunk).fetchall()
-                if len(rows) < len(chunk):  # parsed by the last load but not stored (the write lock was held)
-                    found = {blob for blob, _ in rows}
-                    rows += [(blob, parsed.data) for blob in chunk if blob not in found
-                             and (parsed := self._fresh.get(blob)) is not None and parsed.data is not None]
-                for blob, data in rows:
-                    mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
-                    benchmarks = tuple(_stored_entry(e, StoredEvidence(source, blob, i)) for i, e in enumerate(entries))
-                    out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
-                                              benchmarks=benchmarks)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        source, entry = self._evidence, BenchmarkEntry.from_field_values
+        with _collector_paused():
+            rows = self._stored("data", list(blobs))
+            for blob in blobs - rows.keys():  # parsed by the last load but not stored (the write lock was held)
+                parsed = self._fresh.get(blob)
+                if parsed is not None and parsed.data is not None:
+                    rows[blob] = parsed.data
+            for blob, data in rows.items():
+                mid, status, host_id, gpu_name, note, entries = marshal.loads(data)  # noqa: S302 - our own index rows
+                out[blob] = MachineRecord(mid, status=status, host_id=host_id, gpu_name=gpu_name, note=note,
+                                          benchmarks=tuple(entry(e, StoredEvidence(source, blob, i))
+                                                           for i, e in enumerate(entries)))
         return out
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic GC paused: a load or a bulk build allocates millions of objects that mostly stay alive, and
+    collector passes over them are waste (none of them is in a reference cycle)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 #: Every RecordIndex of this process (see RecordIndex._file_open_elsewhere_here).
@@ -993,11 +879,8 @@ def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: 
     except sqlite3.OperationalError:  # another process is writing: it or the next command stores
         return False
     try:
-        db.executemany(
-            "INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [(blob, kind, p.problem, p.key, p.status, p.gpu_name, *(p.perf or (0, 0.0, 0.0)), p.data, p.marks,
-              p.bad_view, p.last_price, p.verdicts)
-             for (blob, kind), p in new.items()])
+        db.executemany("INSERT OR REPLACE INTO blobs VALUES (?,?,?,?,?,?)",
+                       [(blob, kind, p.problem, p.key, p.summary, p.data) for (blob, kind), p in new.items()])
         db.executemany("INSERT OR REPLACE INTO files VALUES (?,?,?,?,?,?,?,?,?,?)", file_rows)
         db.executemany("DELETE FROM files WHERE path = ?", [(p,) for p in gone])
         if prune:
@@ -1005,6 +888,7 @@ def _store_rows(db: sqlite3.Connection, file_rows: list[tuple[Any, ...]], gone: 
             if blobs > 2 * files + 1000:  # contents no file has any more (old versions, other branches)
                 db.execute("DELETE FROM blobs WHERE blob NOT IN (SELECT blob FROM files)")
                 db.execute("DELETE FROM snapshots")  # none may name a blob that is gone
+                db.execute("DELETE FROM aggregates")
         db.execute("COMMIT")
     except sqlite3.OperationalError:
         db.execute("ROLLBACK")
@@ -1038,27 +922,87 @@ def _stats_token(stats: dict[str, tuple[int, int, int, int, int]]) -> str:
     return hashlib.sha1(repr(stats).encode(), usedforsecurity=False).hexdigest()
 
 
-_BEFORE_EVIDENCE, _AFTER_EVIDENCE = _ENTRY_FIELDS[:_EVIDENCE_AT], _ENTRY_FIELDS[_EVIDENCE_AT:]
-_new_object = object.__new__
+# --- the stored form of a summary (marshal rows): what the domain computed, written and read back field by field
 
 
-def _stored_entry(row: tuple[Any, ...], evidence: Mapping[str, Any]) -> BenchmarkEntry:
-    """A BenchmarkEntry from its indexed row (every field but evidence, in field order), built as pickle
-    builds one: its fields set in one go, in field order. The row was checked against the schema when it was
-    parsed, and the entry equals `BenchmarkEntry(*fields)` (tests/unit/test_record_index.py compares)."""
-    entry = _new_object(BenchmarkEntry)
-    values = entry.__dict__
-    values.update(zip(_BEFORE_EVIDENCE, row, strict=False))  # the row's first fields: those before evidence
-    values["evidence"] = evidence
-    values.update(zip(_AFTER_EVIDENCE, row[_EVIDENCE_AT:], strict=True))
-    return entry
+def _summary_row(summary: RecordSummary) -> tuple[Any, ...]:
+    """The summary as marshal stores it; its verdicts (most of its bytes) marshalled apart, decoded on use."""
+    perf = summary.perf
+    return (summary.machine_id, summary.status, summary.gpu_name,
+            None if perf is None else (perf.machine_id, perf.gpu_name, perf.samples, perf.median_proofs_per_hour,
+                                       perf.last_proofs_per_hour),
+            summary.last_price, summary.marks, marshal.dumps(tuple(summary.verdicts)),
+            _bad_machine_row(summary.listed))
 
 
-def _entry(row: tuple[Any, ...] | None, source: _EvidenceSource, blob: str, index: int | None) -> BenchmarkEntry | None:
-    """A BenchmarkEntry from its indexed row (fields in order, evidence left out), its evidence read on use."""
-    if row is None or index is None:
+def _summary_of(row: tuple[Any, ...], source: _EvidenceSource) -> RecordSummary:
+    machine_id, status, gpu_name, perf, last_price, marks, verdicts, listed = row
+    return RecordSummary(machine_id, status, gpu_name, None if perf is None else MachinePerf(*perf), last_price,
+                         marks, _StoredVerdicts(verdicts), _bad_machine_of(listed, source))
+
+
+class _StoredVerdicts(Sequence[InstanceVerdict]):
+    """A stored summary's verdicts, decoded on first use: most loads aggregate 10,000 summaries without reading
+    them (a view reads those of the instances it shows)."""
+
+    __slots__ = ("_raw", "_value")
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._value: tuple[InstanceVerdict, ...] | None = None
+
+    def _get(self) -> tuple[InstanceVerdict, ...]:
+        if self._value is None:
+            self._value = marshal.loads(self._raw)  # noqa: S302 - our own index rows
+        return self._value
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._get()[index]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self) -> Iterator[InstanceVerdict]:
+        return iter(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        return self._get() == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
+def _bad_machine_row(view: BadMachine | None) -> tuple[Any, ...] | None:
+    if view is None:
         return None
-    return _stored_entry(row, StoredEvidence(source, blob, index))
+    return (view.machine_id, view.host_id, view.gpu_name, view.note, _entry_row(view.marking), _entry_row(view.last),
+            view.status)
+
+
+def _bad_machine_of(row: tuple[Any, ...] | None, source: _EvidenceSource) -> BadMachine | None:
+    if row is None:
+        return None
+    machine_id, host_id, gpu_name, note, marking, last, status = row
+    return BadMachine(machine_id, host_id, gpu_name, note, _entry_of(marking, source), _entry_of(last, source), status)
+
+
+def _entry_row(entry: BenchmarkEntry | None) -> tuple[Any, ...] | None:
+    """(blob, place in the record, field values) of an entry this index built (its evidence says where it is)."""
+    if entry is None:
+        return None
+    evidence = entry.evidence
+    if not isinstance(evidence, StoredEvidence):
+        raise TypeError(f"entry {entry.instance_id}: not built by the record index (its evidence is not stored)")
+    return evidence.blob, evidence.index, entry.field_values()
+
+
+def _entry_of(row: tuple[Any, ...] | None, source: _EvidenceSource) -> BenchmarkEntry | None:
+    if row is None:
+        return None
+    blob, index, values = row
+    return BenchmarkEntry.from_field_values(values, StoredEvidence(source, blob, index))
 
 
 def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> RecordSet:
@@ -1088,14 +1032,9 @@ def load_for_pass(spec_dir: str | Path, cache: RecordCache | None) -> RecordSet:
     if cache is None:  # `--once`: decide builds the records it walks
         return records
     machines = records.machines
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # as load_records: 10,000 records that all stay alive
-    try:
-        blobs = machines._blobs if isinstance(machines, LazyMachines) else {}
+    with _collector_paused():  # as load_records: 10,000 records that all stay alive
+        blobs = machines.blobs if isinstance(machines, BuiltOnUse) else {}
         cache.prime(spec_dir, {mid: (blobs[mid], rec) for mid, rec in machines.items() if mid in blobs})
         # The loop keeps them for its lifetime: out of the collector's generations (see load_records).
         gc.freeze()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return records

@@ -73,7 +73,8 @@ class DemoSettings:
     workdir: Path
     deadline_s: float = 110.0
     time_scale: float = DEFAULT_TIME_SCALE
-    proofs: int = 4
+    #: Enough for an early verdict: the warm-up proof, three measured (early_verdict.min_measured_proofs), two saved.
+    proofs: int = 6
     poll_s: float = 1.0
     machines_file: Path = DEMO_MACHINES_FILE
     worker_image: Path = REPO_ROOT / "worker-image"
@@ -588,7 +589,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", type=float, default=110.0, help="give up after this many seconds")
     p.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE,
                    help="real seconds the cuzk-bench stand-in sleeps per simulated second")
-    p.add_argument("--proofs", type=int, default=4, help="proofs per benchmark")
+    p.add_argument("--proofs", type=int, default=DemoSettings.proofs, help="proofs per benchmark")
     p.add_argument("--no-image-story", action="store_true",
                    help="stop after the machine faults (skip the broken-image build and its recovery)")
     wait = p.add_mutually_exclusive_group()

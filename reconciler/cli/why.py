@@ -10,10 +10,19 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from reconciler.adapters.git import GitReader, GitStoreError
+from reconciler.adapters.record_files import parse_machine_record
 from reconciler.adapters.record_history import RecordHistoryParser
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
-from reconciler.flows.why import DEFAULT_SHOWN, DEFAULT_TAIL, explain, historical_wanted, render_text, to_json
+from reconciler.flows.why import (
+    DEFAULT_SHOWN,
+    DEFAULT_TAIL,
+    commits_to_read,
+    explain,
+    parsed_record,
+    render_text,
+    to_json,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,9 +58,13 @@ def run(args: argparse.Namespace) -> int:
         # One `git log --grep` for the verdict commits, one cat-file for the record now; the records as of
         # older commits only for the shown verdicts whose entries are no longer in today's record.
         trail = reader.machine_trail(machine_id, ref="HEAD", spec_dir=spec_dir)
-        parser = RecordHistoryParser(Path(record_path))  # one for every version: each line parsed once
-        wanted = historical_wanted(record_path, trail.verdicts, trail.current_text, shown, parser)
-        historical = reader.records_at(wanted, record_path) if wanted else {}
+        # Each text parsed once, here; the flow works on the records. Today's record in one go, the older
+        # versions (only those of verdicts whose entries are gone from it) line by line: they share most lines.
+        current = parsed_record(trail.current_text, lambda text: parse_machine_record(text, Path(record_path)))
+        wanted = commits_to_read(trail.verdicts, current, shown)
+        versions = RecordHistoryParser(Path(record_path))
+        historical = {sha: parsed_record(text, versions.parse)
+                      for sha, text in (reader.records_at(wanted, record_path) if wanted else {}).items()}
         hint = reader.history_shape().hint()
     except GitStoreError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
@@ -63,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fleet why: --at {args.at!r}: {exc}", file=sys.stderr)
         return 2
-    history = explain(machine_id, record_path, list(trail.verdicts), trail.current_text, trail.last_change, now,
-                      historical=historical, shown=shown, parser=parser)
+    history = explain(machine_id, record_path, list(trail.verdicts), current, trail.last_change, now,
+                      historical=historical, shown=shown)
     if history.status == "unknown":
         print(f"fleet why: machine {machine_id} is unknown in {trail.workdir}: no {record_path} and no commit "
               f"with a 'Fleet-Machine: {machine_id}' trailer on the checked-out branch", file=sys.stderr)

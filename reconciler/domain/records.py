@@ -9,11 +9,11 @@ written by `reconciler.adapters.record_files`.
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, TypeVar, cast
+from operator import itemgetter
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from reconciler.domain import errors
 from reconciler.domain.verdicts import RATE_VERDICTS
@@ -55,6 +55,12 @@ def check_machine_id(machine_id: object) -> str:
     return text
 
 
+def looks_like_machine_id(text: str) -> bool:
+    """`text` (a record file's name without `.yaml`) has the shape of a machine id: a record file of that name
+    that cannot be read excludes the machine (RecordSet.unreadable_machine_ids)."""
+    return _SAFE_ID.fullmatch(text) is not None
+
+
 def check_image_digest(digest: object) -> str:
     if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise RecordError(f"image digest {digest!r} is not of the form sha256:<64 hex>")
@@ -92,8 +98,7 @@ class BenchmarkEntry:
     def field_values(self) -> tuple[Any, ...]:
         """Every field but the evidence, in field order: what `from_field_values` takes back (the record index
         stores entries so, and reads the evidence from the record file when it is asked for)."""
-        values = self.__dict__
-        return tuple(values[name] for name in _ENTRY_FIELDS)
+        return _field_values_of(self.__dict__)
 
     @classmethod
     def from_field_values(cls, values: Sequence[Any], evidence: Mapping[str, Any]) -> BenchmarkEntry:
@@ -129,6 +134,9 @@ _T = TypeVar("_T")
 
 #: BenchmarkEntry's fields but the evidence (written last), in order: `fields()` per entry cost a tenth of a render.
 _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evidence")
+#: The fields `BenchmarkEntry.field_values` gives, in that order.
+ENTRY_VALUE_FIELDS = _ENTRY_FIELDS
+_field_values_of = itemgetter(*_ENTRY_FIELDS)
 _EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")
 _BEFORE_EVIDENCE, _AFTER_EVIDENCE = _ENTRY_FIELDS[:_EVIDENCE_AT], _ENTRY_FIELDS[_EVIDENCE_AT:]
 _new_object = object.__new__
@@ -313,9 +321,9 @@ class BadMachine:
 
     @classmethod
     def of(cls, record: MachineRecord) -> BadMachine:
-        marking = next((b for b in reversed(record.benchmarks) if b.marks_bad), None)
         last = record.benchmarks[-1] if record.benchmarks else None
-        return cls(record.machine_id, record.host_id, record.gpu_name, record.note, marking, last, record.status)
+        return cls(record.machine_id, record.host_id, record.gpu_name, record.note, record.last_bad_entry(), last,
+                   record.status)
 
     def standing(self, now: datetime | None) -> Standing:
         return standing_of(self.status, self.marking, now)
@@ -343,8 +351,9 @@ class RecordSummary(NamedTuple):
     last_price: float | None
     #: Every entry that marked the machine bad, oldest first.
     marks: tuple[Mark, ...]
-    #: Every entry, oldest first (an instance judged twice: its newest entry counts).
-    verdicts: tuple[InstanceVerdict, ...]
+    #: Every entry, oldest first (an instance judged twice: its newest entry counts). A sequence: a loader may
+    #: decode them on first use (a RecordSet reads them only for the instances a view asks about).
+    verdicts: Sequence[InstanceVerdict]
     #: The machine as the bad-machine views list it (its marking and newest entries), for a record that is
     #: bad or banned, or that passed again while on probation (its standing depends on `now`); else None.
     listed: BadMachine | None
@@ -361,78 +370,138 @@ class RecordSummary(NamedTuple):
         return self.listed is not None and self.status == "ok"
 
 
-def summarize(record: MachineRecord) -> RecordSummary:
+class EntryFacts(Protocol):
+    """What `summarize` reads of a benchmark entry: a BenchmarkEntry, or an entry read back another way whose
+    fields have the same names (the record index's stored rows)."""
+
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def at(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def marks_bad(self) -> bool: ...
+    @property
+    def pool(self) -> str | None: ...
+    @property
+    def proofs_per_hour(self) -> float | None: ...
+    @property
+    def price_usd_per_hour(self) -> float | None: ...
+    @property
+    def probation_until(self) -> str | None: ...
+
+
+def summarize(record: MachineRecord, entries: Sequence[EntryFacts] | None = None,
+              entry: Callable[[int], BenchmarkEntry] | None = None) -> RecordSummary:
     """The one reading of a record's entries that the views share: standing (status and the bad-machine view),
     kill-budget marks, probation, last price, recorded verdicts, performance. A new standing or a new fact the
-    views need of a record is added here, and every loader (the files, the record index) gives it."""
-    entries = record.benchmarks
-    rates = [b.proofs_per_hour for b in entries if b.proofs_per_hour is not None and b.verdict in RATE_VERDICTS]
-    perf = (MachinePerf(record.machine_id, record.gpu_name, len(rates), statistics.median(rates), rates[-1])
+    views need of a record is added here, and every loader (the files, the record index) gives it.
+
+    `entries`, `entry`: the record's entries read some other way than as `record.benchmarks` (the record index
+    does not build 100,000 entries to summarise them), and `entry(i)` the i-th of them as a BenchmarkEntry
+    (asked for the two the bad-machine view keeps)."""
+    facts: Sequence[EntryFacts] = record.benchmarks if entries is None else entries
+    built = record.benchmarks.__getitem__ if entry is None else entry
+    rates: list[float] = []
+    marks: list[Mark] = []
+    verdicts: list[InstanceVerdict] = []
+    marking = last_price = None
+    for i, b in enumerate(facts):  # one pass: a cold record index summarises 10,000 records
+        rate, price = b.proofs_per_hour, b.price_usd_per_hour
+        verdicts.append((b.instance_id, b.verdict, rate, price))
+        if rate is not None and b.verdict in RATE_VERDICTS:
+            rates.append(rate)
+        if price is not None:
+            last_price = price
+        if b.marks_bad:
+            marks.append((b.pool, b.at))
+            marking = i
+    perf = (MachinePerf(record.machine_id, record.gpu_name, len(rates), _median(rates), rates[-1])
             if rates else None)
-    marking = record.last_bad_entry()
-    listed = record.is_bad or (record.status == "ok" and marking is not None and marking.probation_until is not None)
+    listed = record.is_bad or (record.status == "ok" and marking is not None
+                               and facts[marking].probation_until is not None)
     return RecordSummary(
-        record.machine_id, record.status, record.gpu_name, perf,
-        next((b.price_usd_per_hour for b in reversed(entries) if b.price_usd_per_hour is not None), None),
-        tuple((b.pool, b.at) for b in entries if b.marks_bad),
-        tuple((b.instance_id, b.verdict, b.proofs_per_hour, b.price_usd_per_hour) for b in entries),
-        BadMachine.of(record) if listed else None)
+        record.machine_id, record.status, record.gpu_name, perf, last_price, tuple(marks), tuple(verdicts),
+        BadMachine(record.machine_id, record.host_id, record.gpu_name, record.note,
+                   None if marking is None else built(marking), built(len(facts) - 1) if facts else None,
+                   record.status) if listed else None)
+
+
+def _median(values: list[float]) -> float:
+    """statistics.median (the mean of the middle two for an even count), without its generality's cost."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+class ViewMemo(Protocol):
+    """Keeps the aggregates a RecordSet computed for the next RecordSet of the same unchanged record files: the
+    record index keeps them in its snapshot, so that a command reads a few stored values instead of 10,000
+    summaries. Each is `compute()` the first time, or what it gave for an earlier RecordSet of these files."""
+
+    def value(self, name: str, compute: Callable[[], _T]) -> _T:
+        """A value that holds no benchmark entry (builtins, and dataclasses of them)."""
+        ...
+
+    def bad_machines(self, name: str, compute: Callable[[], list[BadMachine]]) -> list[BadMachine]:
+        """Bad-machine views: their entries' evidence is read from the record files when it is asked for."""
+        ...
 
 
 @dataclass(frozen=True)
 class RecordSet:
     """All records of a spec directory, plus the files that could not be read (never overwritten).
 
-    The derived views (bad machines, perf history) are computed on first use and kept: a RecordSet is not
-    changed after it is built, and the slot inputs ask for them once per slot (10,000 records: ~80 ms each).
+    Every view (bad set, standings, kill-budget marks, perf history, prices, recorded verdicts) aggregates the
+    records' summaries (`summarize`): computed from `machines` on first use, or given by the loader (the record
+    index answers from stored summaries without building records, and keeps the aggregates in its `memo`).
+    The views are computed on first use and kept: a RecordSet is not changed after it is built, and the slot
+    inputs ask for them once per slot.
     """
 
     machines: Mapping[str, MachineRecord] = field(default_factory=dict)
     images: Mapping[str, ImageSuspectRecord] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     unreadable_machine_ids: frozenset[str] = frozenset()
+    #: machine id -> the summary of its record, in the order of `machines` (None: `summarize` each record).
+    #: A mapping with a `many(machine_ids)` method is asked for several at once.
+    summaries: Mapping[str, RecordSummary] | None = field(default=None, compare=False, repr=False)
+    memo: ViewMemo | None = field(default=None, compare=False, repr=False)
     _derived: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    @classmethod
-    def with_views(cls, machines: Mapping[str, MachineRecord], images: Mapping[str, ImageSuspectRecord],
-                   problems: tuple[str, ...], unreadable_machine_ids: frozenset[str], *,
-                   bad_machine_ids: frozenset[str],
-                   perf: Mapping[str, MachinePerf] | Callable[[], Mapping[str, MachinePerf]],
-                   status_counts: Mapping[str, int],
-                   bad_marks: Callable[[], list[tuple[str, str | None, str]]] | None = None,
-                   bad_machines: Callable[[], list[BadMachine]] | None = None,
-                   bad_machine_gpus: Callable[[], dict[str, str | None]] | None = None,
-                   last_prices: Callable[[], dict[str, float | None]] | None = None,
-                   passed_on_probation: Callable[[], list[BadMachine]] | None = None,
-                   instance_entries: Callable[[Mapping[str, Collection[str]]], dict[str, tuple[str, BenchmarkEntry]]]
-                   | None = None,
-                   instance_verdicts: Callable[[Mapping[str, Collection[str]]], dict[str, RecordedVerdict]]
-                   | None = None) -> RecordSet:
-        """A RecordSet whose derived views were computed elsewhere: the record index answers them from its
-        indexed columns without building every record. They must equal what the methods would compute
-        (tests/unit/test_record_index.py compares them)."""
-        out = cls(machines, images, problems, unreadable_machine_ids)
-        out._derived["bad"] = frozenset(bad_machine_ids) | unreadable_machine_ids
-        if callable(perf):  # built on first use: most commands never read the 10,000 perf rows
-            out._derived["perf_from"] = perf
-        else:
-            out._derived["perf"] = dict(perf)
-        out._derived["counts"] = dict(sorted(status_counts.items()))
-        if bad_marks is not None:
-            out._derived["marks_from"] = bad_marks
-        if bad_machines is not None:
-            out._derived["bad_view_from"] = bad_machines
-        if bad_machine_gpus is not None:
-            out._derived["bad_gpus_from"] = bad_machine_gpus
-        if last_prices is not None:
-            out._derived["prices_from"] = last_prices
-        if passed_on_probation is not None:
-            out._derived["passed_from"] = passed_on_probation
-        if instance_entries is not None:
-            out._derived["instance_entries_from"] = instance_entries
-        if instance_verdicts is not None:
-            out._derived["instance_verdicts_from"] = instance_verdicts
-        return out
+    def all_summaries(self) -> Mapping[str, RecordSummary]:
+        """machine id -> summary of every readable machine record, in the order of `machines`."""
+        if self.summaries is not None:
+            return self.summaries
+        if "summaries" not in self._derived:
+            # Remembered on each record too: a loop's RecordCache keeps the records of unchanged files.
+            self._derived["summaries"] = {m: rec.derived(_SUMMARY, summarize) for m, rec in self.machines.items()}
+        return cast(Mapping[str, RecordSummary], self._derived["summaries"])
+
+    def summaries_of(self, machine_ids: Iterable[str]) -> list[RecordSummary]:
+        """The summaries of these machines (those that have a record), in the order given."""
+        if self.summaries is None:
+            machines = self.machines
+            return [machines[m].derived(_SUMMARY, summarize) for m in machine_ids if m in machines]
+        wanted = [m for m in machine_ids if m in self.summaries]
+        many = getattr(self.summaries, "many", None)
+        return list(many(wanted)) if many is not None else [self.summaries[m] for m in wanted]
+
+    def _aggregate(self, name: str, compute: Callable[[], _T]) -> _T:
+        """`compute()` once per RecordSet, kept by the memo across RecordSets."""
+        if name not in self._derived:
+            self._derived[name] = compute() if self.memo is None else self.memo.value(name, compute)
+        return cast(_T, self._derived[name])
+
+    def _listed(self, name: str, keep: Callable[[RecordSummary], bool]) -> list[BadMachine]:
+        """The bad-machine views of the summaries `keep` selects, by machine id, kept by the memo."""
+        if name not in self._derived:
+            def compute() -> list[BadMachine]:
+                return [s.listed for s in sorted(self.all_summaries().values(), key=_machine_id)
+                        if s.listed is not None and keep(s)]
+            self._derived[name] = compute() if self.memo is None else self.memo.bad_machines(name, compute)
+        return cast(list[BadMachine], self._derived[name])
 
     def bad_machine_ids(self, now: datetime | None = None) -> frozenset[str]:
         """Machines no offer query may return at `now`: recorded bad or banned, except bad records whose
@@ -440,11 +509,11 @@ class RecordSet:
         excluded too: when in doubt, the cheap mistake is skipping one offer, not renting a machine a human
         may have just marked bad."""
         if "bad" not in self._derived:
-            self._derived["bad"] = (frozenset(m for m, r in self.machines.items() if r.is_bad)
-                                    | self.unreadable_machine_ids)
-        recorded = cast(frozenset[str], self._derived["bad"])
+            recorded = self._aggregate("recorded_bad", lambda: frozenset(
+                m for m, s in self.all_summaries().items() if s.is_bad))
+            self._derived["bad"] = frozenset(recorded) | self.unreadable_machine_ids
         if now is None:
-            return recorded
+            return cast(frozenset[str], self._derived["bad"])
         key = f"bad@{now.isoformat()}"
         if key not in self._derived:
             self._derived[key] = (frozenset(b.machine_id for b, standing in self.standings(now) if standing.excluded)
@@ -477,14 +546,8 @@ class RecordSet:
 
     def passed_on_probation(self) -> list[BadMachine]:
         """The machines with status ok whose newest bad entry has a probation period (they passed again after
-        a bad record expired), by id, as `BadMachine`s: whether they are still on probation depends on `now`.
-        An indexed RecordSet reads them from a column, without building records."""
-        if "passed" not in self._derived:
-            source = self._derived.get("passed_from")
-            self._derived["passed"] = source() if source is not None else [
-                BadMachine.of(rec) for rec in self.records_of(sorted(self.machines))
-                if rec.status == "ok" and (m := rec.last_bad_entry()) is not None and m.probation_until is not None]
-        return list(self._derived["passed"])
+        a bad record expired), by id, as `BadMachine`s: whether they are still on probation depends on `now`."""
+        return list(self._listed("passed_on_probation", lambda s: s.passed_on_probation))
 
     def records_of(self, machine_ids: Iterable[str]) -> list[MachineRecord]:
         """The records of these machines (those that have one), in the order given. An indexed RecordSet
@@ -496,11 +559,7 @@ class RecordSet:
     def instance_entries(self, wanted: Mapping[str, Collection[str]]) -> dict[str, tuple[str, BenchmarkEntry]]:
         """instance id -> (machine id, the newest entry for that instance in the machine's record), for the
         instance ids wanted of each machine id. A verdict is recorded in the record of the instance's own
-        machine, so only those records are looked at; the record index answers from its stored rows
-        without building the records (the views' root causes and states at 10,000 instances)."""
-        source = self._derived.get("instance_entries_from")
-        if source is not None:
-            return cast(dict[str, tuple[str, BenchmarkEntry]], source(wanted))
+        machine, so only those records are looked at (the views' root causes and states at 10,000 instances)."""
         out: dict[str, tuple[str, BenchmarkEntry]] = {}
         for rec in self.records_of(sorted(wanted)):
             ids = wanted[rec.machine_id]
@@ -510,13 +569,15 @@ class RecordSet:
         return out
 
     def instance_verdicts(self, wanted: Mapping[str, Collection[str]]) -> dict[str, RecordedVerdict]:
-        """`instance_entries` in the four fields the views triage and count by (verdict, rate, price): the record
-        index answers from a column of a few short tuples per record instead of every entry's fields."""
-        source = self._derived.get("instance_verdicts_from")
-        if source is not None:
-            return cast(dict[str, RecordedVerdict], source(wanted))
-        return {iid: RecordedVerdict(mid, e.verdict, e.proofs_per_hour, e.price_usd_per_hour)
-                for iid, (mid, e) in self.instance_entries(wanted).items()}
+        """`instance_entries` in the four fields the views triage and count by (verdict, rate, price), from the
+        summaries: no record is built."""
+        out: dict[str, RecordedVerdict] = {}
+        for summary in self.summaries_of(sorted(wanted)):
+            ids = wanted[summary.machine_id]
+            for instance_id, verdict, rate, price in summary.verdicts:  # oldest first: the newest entry wins
+                if instance_id in ids:
+                    out[instance_id] = RecordedVerdict(summary.machine_id, verdict, rate, price)
+        return out
 
     def bad_records(self) -> list[MachineRecord]:
         """The records with status bad, by machine id (not the unreadable ones: they have no record)."""
@@ -524,72 +585,46 @@ class RecordSet:
 
     def bad_machines(self) -> list[BadMachine]:
         """The bad machines by id, each with its marking and newest entries (not the unreadable ones)."""
-        if "bad_view" not in self._derived:
-            source = self._derived.get("bad_view_from")
-            self._derived["bad_view"] = source() if source is not None else [
-                BadMachine.of(rec) for rec in self.bad_records()]
-        return list(self._derived["bad_view"])
+        return list(self._listed("bad_machines", lambda s: s.is_bad))
 
     def bad_machine_gpus(self) -> dict[str, str | None]:
-        """The GPU model of each machine `bad_machines` lists, by id, without building their entries."""
-        if "bad_gpus" not in self._derived:
-            source = self._derived.get("bad_gpus_from")
-            self._derived["bad_gpus"] = source() if source is not None else {
-                b.machine_id: b.gpu_name for b in self.bad_machines()}
-        return dict(self._derived["bad_gpus"])
+        """The GPU model of each machine `bad_machines` lists, by id."""
+        return {b.machine_id: b.gpu_name for b in self.bad_machines()}
 
     def last_prices(self) -> dict[str, float | None]:
         """Per machine, the price of its newest benchmark entry that has one (None: no entry has a price)."""
-        if "prices" not in self._derived:
-            source = self._derived.get("prices_from")
-            self._derived["prices"] = source() if source is not None else {
-                rec.machine_id: next((b.price_usd_per_hour for b in reversed(rec.benchmarks)
-                                      if b.price_usd_per_hour is not None), None)
-                for rec in self.machines.values()}
-        return dict(self._derived["prices"])
+        return dict(self._aggregate("last_prices", lambda: {m: s.last_price for m, s in self.all_summaries().items()}))
 
     def bad_marks(self) -> list[tuple[str, str | None, str]]:
         """(machine id, pool, at) of every recorded verdict that marked its machine bad (the kill budget's
         input), in record order."""
-        if "marks" not in self._derived:
-            source = self._derived.get("marks_from")
-            self._derived["marks"] = source() if source is not None else [
-                mark for rec in self.machines.values() for mark in rec.derived("records.bad_marks", _bad_marks)]
-        return list(self._derived["marks"])
+        return list(self._aggregate("bad_marks", lambda: [
+            (m, pool, at) for m, s in self.all_summaries().items() for pool, at in s.marks]))
 
     def status_counts(self) -> dict[str, int]:
         """Machines per record status, by status name."""
-        if "counts" not in self._derived:
+        def count() -> dict[str, int]:
             counts: dict[str, int] = {}
-            for rec in self.machines.values():
-                counts[rec.status] = counts.get(rec.status, 0) + 1
-            self._derived["counts"] = dict(sorted(counts.items()))
-        return dict(self._derived["counts"])
+            for s in self.all_summaries().values():
+                counts[s.status] = counts.get(s.status, 0) + 1
+            return dict(sorted(counts.items()))
+        return dict(self._aggregate("status_counts", count))
 
     def suspect_images(self) -> Mapping[str, ImageSuspectRecord]:
         return {d: r for d, r in self.images.items() if r.active}
 
     def perf_history(self) -> dict[str, MachinePerf]:
         """Per machine with measured rates; a fresh dict each call (the callers' to keep or change)."""
-        if "perf" not in self._derived:
-            source = self._derived.get("perf_from")
-            self._derived["perf"] = dict(source()) if source is not None else perf_history(self.machines.values())
-        return dict(self._derived["perf"])
+        return dict(self._aggregate("perf_history", lambda: {
+            m: s.perf for m, s in self.all_summaries().items() if s.perf is not None}))
 
 
-def perf_history(records: Iterable[MachineRecord]) -> dict[str, MachinePerf]:
-    out: dict[str, MachinePerf] = {}
-    for rec in records:
-        rates = [b.proofs_per_hour for b in rec.benchmarks
-                 if b.proofs_per_hour is not None and b.verdict in RATE_VERDICTS]
-        if rates:
-            out[rec.machine_id] = MachinePerf(rec.machine_id, rec.gpu_name, len(rates),
-                                              statistics.median(rates), rates[-1])
-    return out
+#: The key a record remembers its summary under (MachineRecord.derived).
+_SUMMARY = "records.summary"
 
 
-def _bad_marks(record: MachineRecord) -> tuple[tuple[str, str | None, str], ...]:
-    return tuple((record.machine_id, e.pool, e.at) for e in record.benchmarks if e.marks_bad)
+def _machine_id(summary: RecordSummary) -> str:
+    return summary.machine_id
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))

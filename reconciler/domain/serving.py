@@ -38,7 +38,7 @@ from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import classify
 from reconciler.domain.spec import EarlyVerdictSettings, PoolSpec, RecordExpirySettings, ServingSettings
-from reconciler.domain.verdict import EVIDENCE_LOG_LINES, Verdict, unrecognized_signature
+from reconciler.domain.verdict import EVIDENCE_LOG_LINES, NOT_RECOGNISED, Verdict, unrecognized_signature
 
 DEGRADED = "degraded"
 LOST = "lost"
@@ -347,10 +347,15 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
           failure_message: str | None, tail: Sequence[str], fleet_back: datetime | None = None,
           exit_code: int | None = None) -> Verdict:
     match = classify(tail) if tail else None
+    generic = None
+    if match is not None and not match.decisive:  # a wrapper's "failed" never decides blame (issue 29)
+        generic, match = match, None
     if match is not None:
         blame, cause = match.blame, redact_line(match.line)
     elif failure_message is not None:
-        blame, cause = "unknown", redact_line(failure_message)  # the worker stopped itself: maybe our software
+        # The worker stopped itself: maybe our software; the best line it left is shown, not recognised.
+        blame = "unknown"
+        cause = redact_line(f"{NOT_RECOGNISED}: {generic.line if generic is not None else failure_message}")
     else:
         blame, cause = "marketplace", None
     silent_min = (now - last).total_seconds() / 60
@@ -368,9 +373,9 @@ def _lost(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now
     if fleet_back is not None:
         evidence["fleet_heard_again"] = format_time(fleet_back)
     if match is not None:
-        evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
+        evidence["signature"] = {"name": match.key, "blame": match.blame, "line": redact_line(match.line)}
     if match is not None:
-        signature = match.name
+        signature = match.key
     elif failure_message is not None:
         # The worker stopped itself and no signature says why: keyed like any unexplained failure, so the same
         # message from distinct machines with one image trips the breaker and different ones do not.
@@ -453,13 +458,18 @@ class EarlyCheck:
     best_case_proofs_per_hour: float
     saved_minutes: float
     saved_usd_at_most: float
+    #: The fastest proof the machine has shown (measured or warm-up), which bounds the best case, and which it was.
+    best_seconds: float = 0.0
+    bounded_by: str = ""
 
 
 def early_check(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSettings) -> EarlyCheck | None:
     """None while there is not enough evidence (or the benchmark already ended, or early verdicts are off).
 
-    Best case: the remaining proofs all at the best speed seen so far, with perfect overlap of the `-j`
-    concurrent proofs (an upper bound, so the verdict errs towards keeping the machine)."""
+    Enough evidence: `settings.min_measured_proofs` good proofs after the warm-up. Best case: the remaining proofs
+    all at the fastest speed the machine has shown so far - a measured proof, or a warm-up proof (the worker's
+    warm-up phase, the batch's first `warmup_proofs`) when that was faster - with perfect overlap of the `-j`
+    concurrent proofs: an upper bound, so the verdict errs towards keeping the machine."""
     if not settings.enabled or report.result is not None or report.failure() is not None:
         return None
     started = report.first("benchmark", "started")
@@ -469,22 +479,38 @@ def early_check(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSe
     concurrency = _int(started.details.get("concurrency")) or pool.benchmark.concurrency or 1
     samples = proof_samples(report)
     after = [s for s in samples if s.index > settings.warmup_proofs]
-    measured = tuple(s.seconds for s in after if s.ok and s.seconds and s.seconds > 0)
-    if len(measured) < settings.min_measured_proofs:
+    good = [s for s in after if s.ok and s.seconds and s.seconds > 0]
+    measured = tuple(s.seconds for s in good if s.seconds)
+    if len(measured) < max(settings.min_measured_proofs, 1):
         return None
     total = max(requested - settings.warmup_proofs, 1)
     done = len(after)
     remaining = max(total - done, 0)
     if remaining == 0:
         return None  # nothing left to save: the result decides
-    best = min(measured)
+    best, bounded_by = min(_shown_speeds(report, samples, settings, good))
     elapsed = sum(s.seconds or 0.0 for s in after) / concurrency
     best_case_s = elapsed + remaining * best / concurrency
     good_at_best = len(measured) + remaining
     best_rate = good_at_best * 3600.0 / best_case_s if best_case_s > 0 else math.inf
     saved_min = remaining * statistics.fmean(measured) / concurrency / 60.0
     return EarlyCheck(requested, measured, remaining, concurrency, best_rate, saved_min,
-                      saved_min / 60.0 * pool.max_price_usd_per_hour)
+                      saved_min / 60.0 * pool.max_price_usd_per_hour, best, bounded_by)
+
+
+def _shown_speeds(report: InstanceReport, samples: Sequence[ProofSample], settings: EarlyVerdictSettings,
+                  good: Sequence[ProofSample]) -> list[tuple[float, str]]:
+    """(seconds, which proof) of every good proof the machine has shown: measured, the batch's warm-up proofs, the
+    worker's warm-up phase (its `warmup done` event: `details.seconds`, the one discarded proof)."""
+    shown = [(float(s.seconds), f"measured proof {s.index}") for s in good if s.seconds]
+    shown += [(float(s.seconds), f"warm-up proof {s.index} of the batch") for s in samples
+              if s.index <= settings.warmup_proofs and s.ok and s.seconds and s.seconds > 0]
+    warm = report.first("warmup", "done")
+    seconds = _num(warm.details.get("seconds")) if warm is not None else None
+    label = warm.details.get("label") if warm is not None else None
+    if seconds is not None and seconds > 0 and (label is None or str(label).upper() == "COMPLETED"):
+        shown.append((seconds, "the warm-up proof"))
+    return shown
 
 
 def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSettings,
@@ -492,15 +518,17 @@ def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSe
     check = early_check(report, pool, settings)
     if check is None or check.best_case_proofs_per_hour >= pool.min_rate_proofs_per_hour:
         return None
-    best = min(check.measured)
-    reason = (f"{EARLY}: benchmark after {len(check.measured)} measured of {check.requested} proofs: best case "
-              f"{check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h (best {best:.1f} "
-              f"s/proof, -j {check.concurrency}); ended early: saved ~{check.saved_minutes:.1f} min, <= "
-              f"${check.saved_usd_at_most:.2f}")
+    count = len(check.measured)
+    reason = (f"{EARLY}: benchmark after {count} measured {'proof' if count == 1 else 'proofs'} of {check.requested}: "
+              f"best case {check.best_case_proofs_per_hour:.1f}/h < {pool.min_rate_proofs_per_hour:g}/h even at the "
+              f"fastest proof it showed ({check.best_seconds:.1f} s/proof, {check.bounded_by}; -j {check.concurrency})"
+              f"; ended early: saved ~{check.saved_minutes:.1f} min, <= ${check.saved_usd_at_most:.2f}")
     evidence = {
         "stage": "admission", "early": {
             "measured_seconds": [round(s, 2) for s in check.measured], "remaining": check.remaining,
             "requested": check.requested, "concurrency": check.concurrency,
+            "best_seconds": round(check.best_seconds, 2), "bounded_by": check.bounded_by,
+            "min_measured_proofs": settings.min_measured_proofs,
             "best_case_proofs_per_hour": round(check.best_case_proofs_per_hour, 2)},
         "saved": {"minutes": round(check.saved_minutes, 1), "usd_at_most": round(check.saved_usd_at_most, 2),
                   "price_basis": f"pool max ${pool.max_price_usd_per_hour:g}/h"},

@@ -41,8 +41,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from reconciler.domain import cuda_errors, xid
+from reconciler.domain.aria2_codes import ARIA2, ARIA2_CODES
+from reconciler.domain.codes import Code, numbers_of
+from reconciler.domain.curl_codes import CURL, CURL_CODES
+from reconciler.domain.errnos import ERRNO, ERRNO_CODES
+from reconciler.domain.exit_statuses import BASH, BASH_CODES, SIGNAL, SIGNAL_EXIT_BASE, SIGNALS
 from reconciler.domain.verdicts import BLAMES
 
 #: How much a signature's line says (issue 29 item 1). A specific line names the failure itself: a tool's own error
@@ -73,6 +79,10 @@ class Signature:
     #: SPECIFIC or GENERIC. Every generic signature ranks below every specific one (PRIORITY_GENERIC_BELOW), so
     #: the strongest line of the whole evidence is the most specific one, whatever its priority.
     strength: str = SPECIFIC
+    #: For a class of codes whose members differ in cause (ambiguous errnos, signals), the table (`decode`'s kind:
+    #: "errno", "signal") whose code a verdict's signature names too (`os-error-ambiguous:EAGAIN`), so the breaker
+    #: never correlates two different errnos as one failure.
+    per_code: str = ""
 
     def __post_init__(self) -> None:
         if self.blame not in BLAMES or self.blame == "none":
@@ -91,9 +101,9 @@ class Signature:
 
 def _sig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str],
          setting: str | None = None, explains: str | None = None, whole_line: bool = False,
-         flags: int = re.IGNORECASE, strength: str = SPECIFIC) -> Signature:
+         flags: int = re.IGNORECASE, strength: str = SPECIFIC, per_code: str = "") -> Signature:
     return Signature(name, blame, priority, re.compile(regex, flags), description, setting, explains, whole_line,
-                     tuple(dict.fromkeys(needs)), strength)
+                     tuple(dict.fromkeys(needs)), strength, per_code)
 
 
 # How decisive a line is: the highest priority found anywhere in the evidence names the cause
@@ -128,6 +138,8 @@ SETTING_CA_BUNDLE = "worker-image/ (install ca-certificates: the image has no CA
 SETTING_CPU_BASELINE = ("the image's build flags (a portable CPU baseline, no -march/target-cpu=native) or a pool "
                         "CPU filter: the binary uses instructions this CPU lacks")
 SETTING_DISK = "pools[].disk_gb"
+SETTING_CONTAINER_LIMIT = ("the container's limits where the worker starts (worker-image/entrypoint.sh `ulimit -n`) "
+                           "or its run options (docker --ulimit nofile/fsize/cpu)")
 SETTING_MIRROR = "params.base_url (the mirror must serve every file of the manifest)"
 SETTING_PARAMS_SET = "params (sector_size / base_url): the params dir lacks a file the proof needs"
 SETTING_BENCH_INPUT = "params.base_url (ship c1.json in the mirror) or the worker's FLEET_BENCH_C1"
@@ -165,35 +177,6 @@ XID_AMBIGUOUS = xid.xids_of(xid.AMBIGUOUS)
 CUDA_GPU_FAULT = tuple(c for c in cuda_errors.codes_with_blame("machine") if c not in CUDA_OWN_SIGNATURES)
 CUDA_SOFTWARE = tuple(c for c in cuda_errors.codes_with_blame("image") if c not in CUDA_OWN_SIGNATURES)
 
-#: aria2c EXIT STATUS (aria2 manual) grouped by meaning.
-ARIA2_NOT_FOUND = (3, 4)
-ARIA2_DISK_FULL = (9,)
-ARIA2_DNS = (19,)
-ARIA2_NETWORK = (2, 5, 6, 8, 22)
-#: aria2c's codes that say only that it stopped: 1 "an unknown error occurred" (also every socket error it does
-#: not classify: the cause is in its `-> [...]` lines), 7 "unfinished downloads" (it was stopped by a signal).
-ARIA2_GENERIC = (1, 7)
-ARIA2_CHECKSUM = (32,)
-ARIA2_MEANING = {1: "unknown error", 2: "timeout", 3: "resource not found", 4: "too many resources not found",
-                 5: "download too slow", 6: "network problem", 7: "unfinished downloads", 8: "no resume support",
-                 9: "not enough disk space", 19: "name resolution failed", 22: "bad HTTP response",
-                 24: "HTTP authorization failed", 28: "bad or unrecognized option",
-                 29: "server overloaded or in maintenance", 32: "checksum validation failed"}
-#: curl EXIT CODES (curl man page) grouped by meaning.
-CURL_NOT_FOUND = (22,)
-CURL_DNS = (6,)
-CURL_CONNECT = (7,)
-CURL_TIMEOUT = (28,)
-CURL_DISK = (23,)
-CURL_NETWORK = (16, 18, 35, 52, 55, 56, 92)
-CURL_MEANING = {2: "failed to initialize", 3: "URL using bad/illegal format or missing URL",
-                6: "couldn't resolve host", 7: "failed to connect", 16: "HTTP/2 error", 18: "partial file",
-                35: "SSL connect error",
-                22: "HTTP error (-f)", 23: "write error", 28: "operation timed out", 52: "empty reply",
-                55: "send failure", 56: "receive failure", 60: "peer certificate cannot be authenticated",
-                77: "problem with the CA cert (path? access rights?)", 92: "HTTP/2 stream error"}
-
-
 def _codes(codes: Iterable[int]) -> str:
     return "(?:" + "|".join(str(c) for c in codes) + r")\b"
 
@@ -225,6 +208,108 @@ def _aria2(codes: Iterable[int]) -> str:
 
 def _curl(codes: Iterable[int]) -> str:
     return rf"(?:^curl: \(|\bcurl exit code |\bcurl\b.*\bexit code ){_codes(codes)}"
+
+
+def _alt(*parts: str) -> str:
+    """Regex alternatives, the empty ones left out (an empty alternative would match every line)."""
+    return "|".join(p for p in parts if p)
+
+
+class _Forms:
+    """A regex fragment and the `needs` that every match of it contains."""
+
+    def __init__(self, regex: str = "", needs: Iterable[str] = ()) -> None:
+        self.regex = regex
+        self.needs = tuple(needs)
+
+    def __or__(self, other: _Forms) -> _Forms:
+        return _Forms(_alt(self.regex, other.regex), (*self.needs, *other.needs))
+
+
+def _tool_codes(signature: str) -> _Forms:
+    """aria2c's and curl's codes the tables (aria2_codes.py, curl_codes.py) give to `signature`."""
+    aria2 = numbers_of(ARIA2_CODES, signature)
+    curl = numbers_of(CURL_CODES, signature)
+    return (_Forms(_aria2(aria2), _ARIA2_NEEDS) if aria2 else _Forms()) | \
+        (_Forms(_curl(curl), _CURL_NEEDS) if curl else _Forms())
+
+
+#: glibc texts too routine in healthy logs to be a cause by themselves (`stty: 'standard input': Inappropriate
+#: ioctl for device`, `kill: (42) - No such process`, a non-blocking connect's EINPROGRESS): only their numeric forms.
+_ERRNO_NOT_BARE = frozenset({"ENOTTY", "ESRCH", "ECHILD", "EINPROGRESS", "EALREADY", "EEXIST"})
+#: A glibc text shorter than this is matched only in its numeric forms (`Bad address`, `File exists`).
+_BARE_TEXT_MIN = 14
+
+
+def _errno_forms(signature: str) -> _Forms:
+    """Every form of the errnos errnos.py gives to `signature`: Rust's `<text> (os error N)` and `Os { code: N,`,
+    Python's `[Errno N]`, aria2c's `errNum=N` (src/AbstractDiskWriter.cc), the errno's name, and (for a decisive
+    blame) glibc's text as bash, coreutils and Go print it."""
+    codes = [c for c in ERRNO_CODES if c.signature == signature]
+    if not codes:
+        return _Forms()
+    nums = "|".join(str(c.number) for c in codes)
+    names = "|".join(c.name for c in codes)
+    forms = _Forms(rf"\(os error (?:{nums})\)|\bOs \{{ code: (?:{nums}),|\[Errno (?:{nums})\]|\berrNum=(?:{nums})\b"
+                   rf"|(?-i:\b(?:{names})\b)",
+                   ("(os error ", "os { code: ", "[errno ", "errnum=", *(c.name.lower() for c in codes)))
+    bare = [c.text for c in codes if c.blame != "unknown" and len(c.text) >= _BARE_TEXT_MIN
+            and c.name not in _ERRNO_NOT_BARE]
+    if bare:
+        forms = forms | _Forms("|".join(_whole_text(t) for t in bare), (t.lower() for t in bare))
+    return forms
+
+
+def _whole_text(text: str) -> str:
+    """`text` as a regex that does not match the start of a longer errno text (ENODEV's `No such device` is not
+    ENXIO's `No such device or address`, EMFILE's `Too many open files` not ENFILE's `... in system`)."""
+    longer = [c.text[len(text):] for c in ERRNO_CODES if c.text != text and c.text.lower().startswith(text.lower())]
+    return re.escape(text) + (f"(?!{'|'.join(re.escape(rest) for rest in longer)})" if longer else "")
+
+
+def _exit_statuses(statuses: Iterable[int]) -> _Forms:
+    """A process's exit status as wrappers report it: `exited with code N`, `exited (code N)`, `exit code N`."""
+    statuses = list(statuses)
+    return _Forms("|".join(rf"\bexited (?:with |\()code {n}\b|\bexit code {n}\b" for n in statuses),
+                  (f"code {n}" for n in statuses))
+
+
+#: strsignal texts decisive enough to stand alone (the short ones and "Terminated" appear in ordinary lines).
+_SIGNAL_BARE = frozenset({"SIGFPE", "SIGTRAP", "SIGSYS", "SIGUSR1", "SIGUSR2", "SIGVTALRM", "SIGPROF", "SIGXCPU",
+                          "SIGXFSZ"})
+
+
+def _signal_forms(signature: str) -> _Forms:
+    """Every form of the signals exit_statuses.py gives to `signature`: the name (`SIGSEGV`), Rust's `signal: N`,
+    `killed by signal N`, the exit status 128 + N, and bash's job notice with glibc's strsignal text
+    (`line 225:   812 Floating point exception (core dumped) cuzk-daemon`)."""
+    codes = [c for c in SIGNALS if c.signature == signature]
+    if not codes:
+        return _Forms()
+    nums = "|".join(str(c.number) for c in codes)
+    names = "|".join(c.name for c in codes)
+    texts = "|".join(re.escape(c.text) for c in codes)
+    forms = _Forms(rf"(?-i:\b(?:{names})\b)|\bsignal: (?:{nums})\b|\bkilled by signal (?:{nums})\b"
+                   rf"|^(?:\S+: )?(?:line \d+: )?\s*\d+ (?:{texts})\b",
+                   ("signal: ", "killed by signal ", *(c.name.lower() for c in codes),
+                    *(c.text.lower() for c in codes)))
+    bare = [c.text for c in codes if c.name in _SIGNAL_BARE]
+    if bare:
+        forms = forms | _Forms("|".join(re.escape(t) for t in bare), (t.lower() for t in bare))
+    return forms | _exit_statuses(SIGNAL_EXIT_BASE + c.number for c in codes)
+
+
+def _table_forms(signature: str) -> _Forms:
+    """Every code the tables give to `signature`: aria2c, curl, errno, signal, bash's 126/127."""
+    bash = [c.number for c in BASH_CODES if c.signature == signature]
+    return _tool_codes(signature) | _errno_forms(signature) | _signal_forms(signature) | _exit_statuses(bash)
+
+
+def _tsig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str] = (),
+          **kwargs: Any) -> Signature:
+    """A signature whose regex and needs are completed with every form of the codes the tables give it."""
+    forms = _Forms(regex, needs) | _table_forms(name)
+    return _sig(name, blame, priority, forms.regex, description, needs=forms.needs, **kwargs)
 
 
 def _cuda(code: int) -> str:
@@ -280,17 +365,24 @@ def _cuda_sigs(priority: int) -> list[Signature]:
     return out
 
 
-def _exit_code(code: int) -> str:
-    # The worker's account of a cuzk process (`cuzk-daemon exited (code 139) ...`, `cuzk-bench exited with code
-    # 139 ...`), a shell's `exit code 139`, Rust's `signal: 11`: 128 + the signal number.
-    return rf"\bexited (?:with |\()code {code}\b|\bexit code {code}\b|\bsignal: {code - 128}\b"
-
-
-def _exit_code_needs(code: int) -> tuple[str, ...]:
-    return f"code {code}", f"signal: {code - 128}"
 
 # What our own daemon looks like from the bench or the worker (loopback or the daemon named).
 _OUR_DAEMON = r"(?:127\.0\.0\.1|localhost|\[::1\]|:9820\b|unix://|cuzk|daemon)"
+#: A line about reaching our daemon (its socket, `failed to connect to daemon at/via`): an errno there is
+#: the daemon's symptom, not the network's or a missing file's. Loopback alone is not enough (a test mirror, a local
+#: proxy run on 127.0.0.1 too), and the daemon's own lines (`cuzk-daemon: ...`) are causes, not symptoms.
+_OUR_DAEMON_NAMED = r"(?:unix://|\bto daemon\b|\bdaemon (?:at|via)\b|cuzk\.sock\b)"
+
+
+def _nsig(name: str, blame: str, priority: int, regex: str, description: str, *, needs: Iterable[str] = (),
+          ours: str = _OUR_DAEMON_NAMED, **kwargs: Any) -> Signature:
+    """A signature whose errnos are the daemon's symptom on a line about our own daemon (`_OUR_DAEMON_NAMED`: a
+    network errno, a socket file missing): aria2c's and curl's codes for it, and its own text and errnos on any
+    other line."""
+    tools = _tool_codes(name)
+    body = _Forms(regex, needs) | _errno_forms(name)
+    return _sig(name, blame, priority, _alt(tools.regex, rf"^(?!.*{ours}).*(?:{body.regex})"),
+                description, needs=(*tools.needs, *body.needs), whole_line=True, **kwargs)
 
 SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # --- 100: GPU hardware, host driver and runtime: the machine ------------------------------------
@@ -308,7 +400,7 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("gpu-xid-hardware", "machine", PRIORITY_HARDWARE, _xid(XID_HARDWARE),
          "an NVIDIA Xid the catalogue files as fatal to the GPU (reset the GPU, reboot, check mechanicals, NVLink): "
          "hardware or driver", needs=_XID_NEEDS),
-    _sig("host-memory-hardware-error", "machine", PRIORITY_HARDWARE,
+    _tsig("host-memory-hardware-error", "machine", PRIORITY_HARDWARE,
          r"hardware memory corruption|\bMemory failure: 0x[0-9a-f]+|\[Hardware Error\]|Machine check events logged",
          "the host's RAM or CPU reported a hardware error (machine check / memory failure: the kernel sends SIGBUS "
          "to the process using the page)",
@@ -377,15 +469,15 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("binary-not-installed", "image", PRIORITY_LOADER, r"is not installed in this image",
          "the worker found no cuzk binary in the image (worker-image/entrypoint.sh)",
          needs=("is not installed in this image",)),
-    _sig("command-not-found", "image", PRIORITY_LOADER, r"\S+: (?:command )?not found\s*$|: command not found\b",
+    _tsig("command-not-found", "image", PRIORITY_LOADER, r"\S+: (?:command )?not found\s*$|: command not found\b",
          "a program our scripts call is not in the image", needs=("not found",)),
     # runc reports a missing interpreter or loader of the entrypoint as `exec <path>: no such file or directory`.
-    _sig("exec-format-error", "image", PRIORITY_LOADER,
+    _tsig("exec-format-error", "image", PRIORITY_LOADER,
          r"exec format error|cannot execute binary file|^exec \S+: no such file or directory",
          "a binary in the image was built for another platform or its interpreter/loader is missing",
          needs=("exec format error", "cannot execute binary file", ": no such file or directory")),
     # --- 90: memory kills and disk: the pool is sized wrong for the workload --------------------------
-    _sig("host-out-of-memory", "configuration", 90,
+    _tsig("host-out-of-memory", "configuration", 90,
          r"Out of memory: Kill(?:ed)? process|Memory cgroup out of memory|invoked oom-killer|\boom_kill [1-9]\d*"
          r"|memory allocation of \d+ bytes failed|Cannot allocate memory|std::bad_alloc|runtime: out of memory"
          r"|\bMemoryError\b",
@@ -400,15 +492,17 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("srs-memory-budget", "configuration", 90, r"insufficient memory budget for SRS",
          "the daemon's memory budget cannot hold the SRS (curio srs_manager.rs:190-199)",
          setting=SETTING_HOST_RAM, needs=("insufficient memory budget for srs",)),
-    _sig("memory-budget-blocks", "configuration", 90, r"acquire request exceeds total budget",
+    _sig("memory-budget-blocks", "configuration", 90,
+         r"acquire request exceeds total budget|memory budget cannot hold the SRS",
          "the daemon's memory budget is smaller than one request (the SRS): it would wait forever "
          "(curio cuzk-core memory.rs:188-192)",
-         setting=SETTING_HOST_RAM, needs=("acquire request exceeds total budget",)),
-    _sig("disk-full", "configuration", 90,
-         rf"No space left on device|Disk quota exceeded|\bENOSPC\b|{_aria2(ARIA2_DISK_FULL)}|{_curl(CURL_DISK)}",
-         "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
-         setting=SETTING_DISK,
-         needs=("no space left on device", "disk quota exceeded", "enospc", *_ARIA2_NEEDS, *_CURL_NEEDS)),
+         setting=SETTING_HOST_RAM, needs=("acquire request exceeds total budget", "memory budget cannot hold the srs")),
+    _tsig("disk-full", "configuration", 90, "",
+          "the instance disk filled up (params are ~53 GiB for 32GiB sectors, PCE data ~25 GiB more)",
+          setting=SETTING_DISK),
+    _tsig("container-limit", "configuration", PRIORITY_MEMORY_KILL - 2, "",
+          "a per-process limit of the container was reached (open files, file size, CPU time)",
+          setting=SETTING_CONTAINER_LIMIT),
     # --- 85: decoded CUDA errors (out of memory -> configuration; kernels/PTX/faults -> image) ---------
     *_cuda_sigs(PRIORITY_CUDA_CODE),
     # The host's driver is older than the CUDA our image was built with (35, 36; nvidia-container-cli refuses
@@ -439,18 +533,15 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
          setting=SETTING_MIRROR,
          needs=("current time ", "certificate has expired", "invalid peer certificate: expired",
                 "uses expired certificate")),
-    _sig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
+    _tsig("tls-unknown-authority", "image", PRIORITY_PARAMS + 1,
          r"certificate signed by unknown authority|unable to get local issuer certificate|failed to load system roots"
          r"|error setting certificate (?:verify locations|file)|\bUnknownIssuer\b|issuer is not known"
-         r"|not signed by known authorities|certificate issuer is unknown|self[- ]signed certificate"
-         r"|^curl: \(77\)|\bcurl\b.*\bexit code 77\b",
+         r"|not signed by known authorities|certificate issuer is unknown|self[- ]signed certificate",
          "the image cannot verify the mirror's TLS certificate: no CA bundle (ca-certificates) in our image",
          setting=SETTING_CA_BUNDLE,
          needs=("certificate signed by unknown authority", "unable to get local issuer certificate",
                 "failed to load system roots", "error setting certificate ", "unknownissuer", "issuer is not known",
-                "not signed by known authorities", "certificate issuer is unknown", "signed certificate",
-                "curl: (77)",
-                "exit code 77")),
+                "not signed by known authorities", "certificate issuer is unknown", "signed certificate")),
     _sig("tls-hostname-mismatch", "configuration", PRIORITY_PARAMS + 1,
          r"x509: certificate is valid for .*, not \S+|no alternative certificate subject name matches"
          r"|\bNotValidForName\b|does not match target host name",
@@ -462,25 +553,38 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # HTTP statuses from the params mirror (curl -f: `The requested URL returned error: N`; aria2c: `status=N`
     # in its exception, exit 24 for authorization; wget `ERROR N: `; Python urllib `HTTP Error N: `). Before
     # params-not-found: on one `curl: (22) ... returned error: 403` line the status decides.
-    _sig("params-mirror-denied", "configuration", PRIORITY_PARAMS,
-         r"returned error: 40[13]\b|\bstatus=40[13]\b|ERROR 40[13]: |HTTP Error 40[13]\b"
-         r"|\berrorCode=24\b|\baria2c\b.*\bexit code 24\b",
-         "the params mirror refused us (HTTP 401/403): our configuration (params.base_url, its credentials)",
-         setting=SETTING_MIRROR, explains="aria2c 24: HTTP authorization failed",
-         needs=("returned error: 40", "status=40", "error 40", "http error 40", "errorcode=24", "exit code 24")),
-    _sig("params-mirror-unavailable", "params", PRIORITY_PARAMS,
-         r"returned error: (?:429|50[234])\b|\bstatus=(?:429|50[234])\b|ERROR 429: |ERROR 50[234]: "
-         r"|HTTP Error (?:429|50[234])\b|\berrorCode=29\b|\baria2c\b.*\bexit code 29\b",
-         "the params mirror is overloaded, rate-limiting or down (HTTP 429/502/503/504): the mirror, not the machine",
-         setting=SETTING_MIRROR, explains="aria2c 29: server overloaded or in maintenance",
-         needs=("returned error: ", "status=", "error 429: ", "error 50", "http error ", "errorcode=29",
-                "exit code 29")),
-    _sig("params-not-found", "params", PRIORITY_PARAMS,
-         rf"{_aria2(ARIA2_NOT_FOUND)}|{_curl(CURL_NOT_FOUND)}|returned error: 404\b|\bstatus=404\b|ERROR 404: "
-         rf"|HTTP Error 404\b",
-         "the params mirror does not serve a file (HTTP 404): the mirror or params.base_url",
-         setting=SETTING_MIRROR, explains="aria2c 3 / curl 22: resource not found",
-         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS, "returned error: 404", "status=404", "error 404", "http error 404")),
+    _tsig("params-mirror-denied", "configuration", PRIORITY_PARAMS,
+          r"returned error: 40[13]\b|\bstatus=40[13]\b|ERROR 40[13]: |HTTP Error 40[13]\b",
+          "the params mirror refused us (HTTP 401/403): our configuration (params.base_url, its credentials)",
+          setting=SETTING_MIRROR, needs=("returned error: 40", "status=40", "error 40", "http error 40")),
+    _tsig("params-mirror-unavailable", "params", PRIORITY_PARAMS,
+          r"returned error: (?:429|50[234])\b|\bstatus=(?:429|50[234])\b|ERROR 429: |ERROR 50[234]: "
+          r"|HTTP Error (?:429|50[234])\b",
+          "the params mirror is overloaded, rate-limiting or down (HTTP 429/502/503/504): the mirror, not the machine",
+          setting=SETTING_MIRROR, needs=("returned error: ", "status=", "error 429: ", "error 50", "http error ")),
+    _tsig("params-not-found", "params", PRIORITY_PARAMS,
+          r"returned error: 404\b|\bstatus=404\b|ERROR 404: |HTTP Error 404\b",
+          "the params mirror does not serve a file (HTTP 404): the mirror or params.base_url",
+          setting=SETTING_MIRROR, needs=("returned error: 404", "status=404", "error 404", "http error 404")),
+    _tsig("params-mirror-unsupported", "params", PRIORITY_PARAMS, "",
+          "the params mirror cannot serve byte ranges: our fetch resumes downloads (aria2c --continue, curl -C -)",
+          setting=SETTING_MIRROR),
+    # The worker's own params failures (exit_statuses.WORKER_EXITS): no source at all, a bad manifest.
+    _sig("params-source-missing", "configuration", PRIORITY_PARAMS,
+         r"no params source: FLEET_PARAMS_BASE_URL is not set",
+         "no params source: params.base_url is not set and the image has no curio to fetch them with",
+         setting=SETTING_MIRROR, needs=("no params source: fleet_params_base_url is not set",)),
+    _sig("params-manifest-bad", "params", PRIORITY_PARAMS,
+         r"\bbad line \S+ in \S*manifest\.txt\b|manifest\.txt lists no files",
+         "the params mirror serves a malformed or empty manifest.txt", setting=SETTING_MIRROR,
+         needs=("bad line ", "manifest.txt lists no files")),
+    # Below the statuses: a code that says only that the mirror answered wrongly; a status beside it decides.
+    _tsig("params-mirror-http-error", "params", PRIORITY_PARAMS - 2, "",
+          "the params mirror answered an HTTP error status (curl -f exit 22; the status, when printed, decides)",
+          setting=SETTING_MIRROR),
+    _tsig("params-mirror-bad-response", "params", PRIORITY_PARAMS - 2, "",
+          "the params mirror answered something the downloader could not use (a bad or unexpected HTTP answer, a "
+          "redirect loop, an FTP/TFTP error)", setting=SETTING_MIRROR),
     _sig("srs-param-file-missing", "params", 80, r"SRS param file not found",
          "the daemon cannot find the SRS .params file for the proof (curio srs_manager.rs:173-178)",
          setting=SETTING_PARAMS_SET, needs=("srs param file not found",)),
@@ -494,35 +598,39 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("gpu-not-visible", "machine", 76, r"nvidia-smi not available, defaulting to single GPU",
          "the daemon cannot run nvidia-smi: the host's NVIDIA runtime gives the container no GPU tools or devices",
          needs=("nvidia-smi not available, defaulting to single gpu",)),
+    _tsig("host-os-error", "machine", 75, "",
+          "the host's kernel reported its storage, a device or its power failing (errnos.py: EIO, EUCLEAN, "
+          "ESTALE, ENODEV, ...; SIGPWR): only the machine's owner can fix it"),
     _sig("srs-load-failed", "configuration", 75, r"failed to load SRS from",
          "supraseal could not load the SRS into pinned host RAM (groth16_srs.cuh:268-271)",
          setting=SETTING_HOST_RAM, needs=("failed to load srs from",)),
     # --- 70: our software ----------------------------------------------------------------------------
     # Process deaths by signal: bash's job notice (`<pid> Segmentation fault (core dumped) <cmd>`, strsignal
     # text), Rust's ExitStatus (`signal: 11 (SIGSEGV)`), the worker's `exited (code 128+N)`.
-    _sig("cpu-instruction-set-missing", "image", PRIORITY_SOFTWARE + 2,
-         rf"\bIllegal instruction\b(?! was encountered)|\bSIGILL\b|illegal hardware instruction|{_exit_code(132)}",
-         "a binary in the image used a CPU instruction this machine's CPU lacks (SIGILL): our build assumed an "
-         "instruction set (-march/target-cpu=native, AVX-512, ADX); the CPU is not faulty, and any machine of "
-         "that CPU generation fails the same way", setting=SETTING_CPU_BASELINE,
-         needs=("illegal instruction", "sigill", "illegal hardware instruction", *_exit_code_needs(132))),
-    _sig("segfault", "image", PRIORITY_SOFTWARE, rf"Segmentation fault|SIGSEGV|segfault at|{_exit_code(139)}",
-         "a binary in the image crashed (SIGSEGV)",
-         needs=("segmentation fault", "sigsegv", "segfault at", *_exit_code_needs(139))),
-    _sig("bus-error", "image", PRIORITY_SOFTWARE, rf"\bBus error\b|\bSIGBUS\b|{_exit_code(135)}",
-         "a binary in the image touched a mapping with nothing behind it (SIGBUS: a truncated memory-mapped "
-         "file, a full /dev/shm or disk under a mapping): our software or its container set-up; a host memory "
-         "fault is logged as a machine check / memory failure, which outranks this",
-         needs=("bus error", "sigbus", *_exit_code_needs(135))),
-    _sig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
-         rf"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)|\bSIGABRT\b"
-         rf"|has overflowed its stack|stack smashing detected|double free or corruption|free\(\): invalid pointer"
-         rf"|malloc\(\): corrupted|{_exit_code(134)}",
-         "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
-         "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
-         needs=("terminate called after throwing an instance of", "(core dumped)", "sigabrt",
-                "has overflowed its stack", "stack smashing detected", "double free or corruption",
-                "free(): invalid pointer", "malloc(): corrupted", *_exit_code_needs(134))),
+    _tsig("cpu-instruction-set-missing", "image", PRIORITY_SOFTWARE + 2,
+          r"\bIllegal instruction\b(?! was encountered)|illegal hardware instruction",
+          "a binary in the image used a CPU instruction this machine's CPU lacks (SIGILL): our build assumed an "
+          "instruction set (-march/target-cpu=native, AVX-512, ADX); the CPU is not faulty, and any machine of "
+          "that CPU generation fails the same way", setting=SETTING_CPU_BASELINE,
+          needs=("illegal instruction", "illegal hardware instruction")),
+    _tsig("segfault", "image", PRIORITY_SOFTWARE, r"Segmentation fault|segfault at",
+          "a binary in the image crashed (SIGSEGV)", needs=("segmentation fault", "segfault at")),
+    _tsig("bus-error", "image", PRIORITY_SOFTWARE, r"\bBus error\b",
+          "a binary in the image touched a mapping with nothing behind it (SIGBUS: a truncated memory-mapped "
+          "file, a full /dev/shm or disk under a mapping): our software or its container set-up; a host memory "
+          "fault is logged as a machine check / memory failure, which outranks this", needs=("bus error",)),
+    _tsig("process-aborted", "image", PRIORITY_SOFTWARE - 2,
+          r"terminate called after throwing an instance of|\bAborted\s+\(core dumped\)"
+          r"|has overflowed its stack|stack smashing detected|double free or corruption|free\(\): invalid pointer"
+          r"|malloc\(\): corrupted",
+          "a binary in the image aborted (SIGABRT; after `terminate called after throwing`, an uncaught C++ "
+          "exception): our software; a CUDA code or std::bad_alloc in the same evidence names the cause",
+          needs=("terminate called after throwing an instance of", "(core dumped)",
+                 "has overflowed its stack", "stack smashing detected", "double free or corruption",
+                 "free(): invalid pointer", "malloc(): corrupted")),
+    # Any other signal our binary raised itself (SIGFPE, SIGTRAP, SIGSYS, an unhandled SIGUSR1/SIGALRM ...).
+    _tsig("fatal-signal", "image", PRIORITY_SOFTWARE - 2, "",
+          "a binary in the image died of a signal its own code raised or left unhandled (exit_statuses.SIGNALS)"),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
          r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
@@ -535,62 +643,67 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("daemon-config-error", "image", 70, r"failed to load config from|TOML parse error",
          "the daemon rejected the cuzk.toml our worker wrote",
          needs=("failed to load config from", "toml parse error")),
-    _sig("permission-denied", "image", 70, r"Permission denied",
-         "a script or file in the image is not executable/readable", needs=("permission denied",)),
+    _tsig("permission-denied", "image", 70, r"Permission denied",
+          "a script or file in the image is not executable/readable, or a call its container does not allow",
+          needs=("permission denied",)),
+    # The worker's own failures (exit_statuses.WORKER_EXITS): a bad environment, a tool's output missing.
+    _sig("worker-bad-environment", "image", 70,
+         r"\bmissing required environment: |\b[A-Z][A-Z0-9_/]+ must be (?:a positive (?:number of seconds|integer)"
+         r"|integers|serve or exit)\b|cannot size cuzk-daemon's memory budget",
+         "the worker's environment, written by our provisioner from the spec, is missing or bad: ours to fix",
+         needs=("missing required environment: ", " must be ", "cannot size cuzk-daemon's memory budget")),
+    _sig("worker-tool-output-missing", "image", 70, r"\bexited 0 but printed no\b",
+         "cuzk-bench exited 0 without the line the worker reads (a throughput line, a [1/1] line): our build or "
+         "our scripts' reading of it", needs=("exited 0 but printed no",)),
     # --- 65: proofs that did not verify (verdict.py decides: intermittent -> machine, all -> image) -----
     _sig("proof-self-check", "image", 65, r"self-check FAILED|self-check failed|self-check error",
          "a proof failed cuzk's PoRep self-check (wrong c1.json for --sector-num/--miner-id if every proof "
          "fails; a flaky GPU if only some do)", needs=("self-check ",)),
-    # Our downloader invocations (aria2 manual EXIT STATUS 28; curl man page EXIT CODES 2, 3).
-    _sig("downloader-usage-error", "image", PRIORITY_SOFTWARE, rf"{_aria2((28,))}|{_curl((2,))}",
-         "our fetch script called aria2c/curl with an option it does not accept (aria2c 28, curl 2)",
-         explains="aria2c 28: bad or unrecognized option / curl 2: failed to initialize",
-         needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
-    _sig("params-url-malformed", "configuration", PRIORITY_PARAMS, _curl((3,)),
-         "the params URL is malformed (curl 3): params.base_url", setting=SETTING_MIRROR,
-         explains="curl 3: URL using bad/illegal format or missing URL", needs=_CURL_NEEDS),
+    # Our downloader invocations and the features of aria2c/curl our fetch never uses (aria2_codes, curl_codes).
+    _tsig("downloader-usage-error", "image", PRIORITY_SOFTWARE, "",
+          "our fetch script called aria2c/curl in a way it refuses (a bad option, a feature the worker never uses)"),
+    _tsig("params-url-malformed", "configuration", PRIORITY_PARAMS, "",
+          "the params URL is malformed or names a scheme/path this downloader cannot use: params.base_url",
+          setting=SETTING_MIRROR),
+    # The params directory could not be written or read; the errno in aria2c's cause decides (disk, EACCES, EIO).
+    _tsig("params-dir-error", "unknown", PRIORITY_NETWORK + 2, "",
+          "the downloader could not open, create, write or read a file of the params directory; the errno in its "
+          "cause line says why (a full disk, a permission, an I/O error)"),
     # --- 60: the machine's network while fetching ----------------------------------------------------
-    _sig("checksum-mismatch", "network", 60,
-         rf"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)|{_aria2(ARIA2_CHECKSUM)}",
-         "a downloaded file is corrupt (a corrupt transfer; repeated params failures mark the machine bad)",
-         needs=("checksum mismatch", "hash mismatch", "blake2b", *_ARIA2_NEEDS)),
-    _sig("dns-failure", "network", 60,
-         rf"Could not resolve host|Temporary failure in name resolution|Name or service not known|no such host"
-         rf"|Name resolution for \S+ failed|{_aria2(ARIA2_DNS)}|{_curl(CURL_DNS)}",
-         "the machine cannot resolve names", explains="aria2c 19 / curl 6: name resolution failed",
-         needs=("could not resolve host", "temporary failure in name resolution", "name or service not known",
-                "no such host", "name resolution for ", *_ARIA2_NEEDS, *_CURL_NEEDS)),
-    _sig("connection-reset", "network", 60, r"Connection reset by peer|Network problem has occurred",
-         "the machine's connection dropped", needs=("connection reset by peer", "network problem has occurred")),
-    _sig("network-timeout", "network", 60,
-         rf"Connection timed out|Operation timed out|Network is unreachable|{_curl(CURL_TIMEOUT)}",
-         "the machine's network stalled", explains="curl 28: operation timed out",
-         needs=("connection timed out", "operation timed out", "network is unreachable", *_CURL_NEEDS)),
-    _sig("connection-failed", "network", 60,
-         rf"{_curl(CURL_CONNECT)}|^(?!.*{_OUR_DAEMON}).*(?:connection refused|Couldn't connect to server)",
-         "a remote server refused or could not be reached (a params mirror, not our daemon)",
-         explains="curl 7: failed to connect", whole_line=True,
-         needs=(*_CURL_NEEDS, "connection refused", "couldn't connect to server")),
-    _sig("download-failed-network", "network", 60,
-         rf"{_aria2(ARIA2_NETWORK)}|{_curl(CURL_NETWORK)}",
-         "the download failed on the network (aria2c 2/5/6/8/22, curl 16/18/35/52/55/56/92)",
-         explains="aria2c/curl network failure", needs=(*_ARIA2_NEEDS, *_CURL_NEEDS)),
-    # The worker's own deadline: it says the fetch was slow, not whether the machine's network or the mirror was.
-    # The fleet decides (the same mirror slow on K machines, the same machine slow twice: domain/correlation.py).
-    _sig("params-too-slow", "unknown", 60, r"params fetch exceeded FLEET_PARAMS_TIMEOUT_S",
-         "the params fetch did not finish before its deadline: the machine's network or the mirror was too slow",
-         needs=("params fetch exceeded fleet_params_timeout_s",)),
-    # --- generic: a wrapper's word that a download stopped; shown when nothing better was logged -------------
-    _sig("download-failed-generic", "unknown", PRIORITY_GENERIC,
-         rf"Download aborted|download failed|{_aria2(ARIA2_GENERIC)}",
-         "a download stopped without saying why (aria2c's `Download aborted`, its exit 1 `unknown error` or 7 "
-         "`unfinished downloads`): the cause, if any, is another line", strength=GENERIC,
-         needs=("download aborted", "download failed", *_ARIA2_NEEDS)),
+    _tsig("checksum-mismatch", "network", 60, r"checksum mismatch|hash mismatch|blake2b\b.*(?:mismatch|does not match)",
+          "a downloaded file is corrupt (a corrupt transfer; repeated params failures mark the machine bad)",
+          needs=("checksum mismatch", "hash mismatch", "blake2b")),
+    _tsig("dns-failure", "network", 60,
+          r"Could not resolve host|Temporary failure in name resolution|Name or service not known|no such host"
+          r"|Name resolution for \S+ failed|Failed to resolve the hostname",
+          "the machine cannot resolve names",
+          needs=("could not resolve host", "temporary failure in name resolution", "name or service not known",
+                 "no such host", "name resolution for ", "failed to resolve the hostname")),
+    # The network errnos name the network only when the line is not about our own daemon (then they are a symptom
+    # of the daemon: daemon-connection-refused).
+    _nsig("connection-reset", "network", 60, r"Network problem has occurred",
+          "the machine's connection dropped", needs=("network problem has occurred",)),
+    _nsig("network-timeout", "network", 60, r"Operation timed out|\bi/o timeout\b|TLS handshake timeout",
+          "the machine's network stalled (Go's net package: `i/o timeout`, `TLS handshake timeout`)",
+          needs=("operation timed out", "i/o timeout", "tls handshake timeout")),
+    _nsig("network-unreachable", "network", 60, "",
+          "the machine has no working route or address to the server (network unreachable, no route to host)"),
+    # A refusal on loopback is our daemon's (as it always was): a params mirror is never on the rented machine.
+    _nsig("connection-failed", "network", 60, r"Couldn't connect to server",
+          "a remote server refused or could not be reached (a params mirror, not our daemon)",
+          needs=("couldn't connect to server",), ours=_OUR_DAEMON),
+    _tsig("download-failed-network", "network", 60, "",
+          "the download failed on the network (aria2c_codes / curl_codes: a dropped or broken transfer)"),
+    # Slow: the machine's network or the mirror; the fleet decides (domain/correlation.py): the worker's own
+    # deadline and aria2c's --lowest-speed-limit (5).
+    _tsig("params-too-slow", "unknown", 60, r"params fetch exceeded FLEET_PARAMS_TIMEOUT_S",
+          "the params fetch did not finish before its deadline: the machine's network or the mirror was too slow",
+          needs=("params fetch exceeded fleet_params_timeout_s",)),
     # --- 55: the marketplace or host stopped the worker -----------------------------------------------
-    _sig("process-sigkill", "configuration", PRIORITY_MARKETPLACE - 1, rf"\bSIGKILL\b|{_exit_code(137)}",
-         "a process was SIGKILLed (exit 137) with no kernel line saying why: on a rental nearly always the OOM "
-         "killer (a marketplace stop sends SIGTERM first, logged as worker-stopped, which outranks this)",
-         setting=SETTING_HOST_RAM, needs=("sigkill", *_exit_code_needs(137))),
+    _tsig("process-sigkill", "configuration", PRIORITY_MARKETPLACE - 1, "",
+          "a process was SIGKILLed (exit 137) with no kernel line saying why: on a rental nearly always the OOM "
+          "killer (a marketplace stop sends SIGTERM first, logged as worker-stopped, which outranks this)",
+          setting=SETTING_HOST_RAM),
     _sig("worker-stopped", "marketplace", 55, r"received SIG(?:TERM|INT|HUP) during phase|worker stopped by SIG",
          "the container was stopped from outside (the marketplace or the host)",
          needs=("received sig", "worker stopped by sig")),
@@ -602,13 +715,43 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # --- 50: any other panic in our binaries ---------------------------------------------------------
     _sig("rust-panic", "image", 50, r"thread '[^']*' panicked at|panicked with message",
          "a binary in the image panicked", needs=("panicked",)),
+    # A call of our software the kernel refused for its arguments or our own state (errnos.py: EINVAL, EBADF,
+    # ENOENT, EADDRINUSE, ...): below every line that says more.
+    _nsig("software-os-error", "image", 45, "",
+          "the kernel refused a call of our software (errnos.py: a missing file it expected, a bad argument or "
+          "descriptor, an address in use, an unsupported operation)"),
+    # --- 32-40: specific lines that name nobody: recognised and shown; the other lines, or the fleet, decide ---
+    _tsig("tls-verify-failed", "unknown", 40, "",
+          "the mirror's TLS certificate did not verify (curl 60); its cause, when printed, decides"),
+    _sig("warmup-proof-failed", "unknown", 38, r"\bthe warm-up proof came back\b",
+         "the warm-up proof did not complete (exit 75): the daemon's reason for it decides",
+         needs=("the warm-up proof came back",)),
+    _sig("worker-deadline", "unknown", 37, r"\bdid not (?:finish|answer cuzk-bench status at \S+) within FLEET_\w+_S=",
+         "one of the worker's deadlines passed (daemon readiness, warm-up, benchmark): slow or hung, not who",
+         needs=("did not finish", "did not answer cuzk-bench status at ")),
+    _tsig("os-error-ambiguous", "unknown", 36, "",
+          "an errno more than one owner raises (errnos.py: EAGAIN, EBUSY, EPIPE, EROFS, ...)", per_code="errno"),
+    _tsig("signal-ambiguous", "unknown", 34, "",
+          "a signal that says only that something around the process went first (SIGPIPE, job control)",
+          per_code="signal"),
     # --- 30: cascade symptoms: our daemon is gone; anything more specific above is the cause -----------
     _sig("daemon-connection-refused", "image", 30,
-         rf"^(?=.*(?:connection refused|tcp connect error|failed to connect to daemon))(?=.*{_OUR_DAEMON})",
-         "the benchmark could not reach our own cuzk daemon (it did not start or crashed)", whole_line=True,
-         needs=("connection refused", "tcp connect error", "failed to connect to daemon")),
+         rf"^(?=.*(?:connection refused|connection reset|broken pipe|tcp connect error|failed to connect to daemon"
+         rf"|\(os error (?:2|32|104|111)\)))(?=.*{_OUR_DAEMON})",
+         "the benchmark could not reach, or lost, our own cuzk daemon (it did not start or crashed)",
+         whole_line=True,
+         needs=("connection refused", "connection reset", "broken pipe", "tcp connect error",
+                "failed to connect to daemon", "(os error ")),
     _sig("daemon-rpc-failed", "image", 30, r"(?:Prove|PreloadSRS|GetStatus|GetMetrics) RPC failed",
          "an RPC to our daemon failed (the daemon died or returned an error)", needs=("rpc failed",)),
+    # --- generic: a wrapper's word that something stopped; shown when nothing better was logged -----------
+    _tsig("download-failed-generic", "unknown", PRIORITY_GENERIC, r"Download aborted|download failed",
+          "a download stopped without saying why (aria2c's `Download aborted`, its exit 1 `unknown error` or 7 "
+          "`unfinished downloads`): the cause, if any, is another line", strength=GENERIC,
+          needs=("download aborted", "download failed")),
+    _tsig("signal-stopped", "unknown", PRIORITY_GENERIC, "",
+          "a process was stopped by SIGTERM/SIGINT/SIGHUP/SIGQUIT (exit 143/130/129/131): who sent it is another "
+          "line (the worker's `received SIGTERM during phase` is the marketplace's stop)", strength=GENERIC),
 ), key=lambda s: -s.priority))
 
 
@@ -649,24 +792,73 @@ class SignatureMatch:
         """Whether this line may decide blame: a SPECIFIC signature (a GENERIC one is only the best line shown)."""
         return not self.signature.generic
 
+    @property
+    def key(self) -> str:
+        """The signature a verdict records: the name, and for a `per_code` class the code decoded from the line
+        (`os-error-ambiguous:EAGAIN`), so different causes of one class never correlate as one failure."""
+        if self.signature.per_code and (found := decode(self.line, (self.signature.per_code,))) is not None:
+            return f"{self.signature.name}:{found[1].name}"
+        return self.signature.name
+
     def text(self) -> str:
         """The line, with the meaning of a bare numeric code appended (`sppark::Error #-2 [= ...: out of memory]`,
-        `aria2c failed ... (exit code 7) [= aria2c 7: unfinished downloads]`)."""
+        `aria2c failed ... (exit code 7) [= aria2c 7 IN_PROGRESS: ...]`, `exited with code 139 [= SIGSEGV ...]`)."""
         meaning = code_meaning(self.line) or self.signature.explains
         if meaning and _BARE_CODE.search(self.line) and meaning.split(": ", 1)[-1].lower() not in self.line.lower():
             return f"{self.line} [= {meaning}]"
         return self.line
 
 
-_BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit code \d+|^curl: \(\d+\)|\berrorCode=\d+\s*$")
+_BARE_CODE = re.compile(r"sppark::Error #-?\d+|\bexit(?:ed with)? code \d+|\bexited \(code \d+\)|^curl: \(\d+\)"
+                        r"|\berrorCode=\d+\s*$|\bsignal: \d+\s*$|\bkilled by signal \d+")
 _SPPARK_CODE = re.compile(r"sppark::Error #-(\d+)")
 _CUDA_ENUM = re.compile(r"\b(cudaError[A-Za-z]+)\b")
 _CUDA_DRIVER = re.compile(r"\bCUDA_ERROR_[A-Z_]+\b")
-_TOOL_CODE = re.compile(r"\b(aria2c|curl)\b.*?\bexit code (\d+)|^(curl): \((\d+)\)")
+_ARIA2_CODE = re.compile(r"\berrorCode=(\d+)|\baria2c\b.*?\bexit code (\d+)")
+_CURL_CODE = re.compile(r"^curl: \((\d+)\)|\bcurl exit code (\d+)|\bcurl\b.*?\bexit code (\d+)")
+_ERRNO_CODE = re.compile(r"\(os error (\d+)\)|\bOs \{ code: (\d+),|\[Errno (\d+)\]|\berrNum=(\d+)"
+                         r"|\b(E[A-Z0-9]{2,14})\b")
+_SIGNAL_CODE = re.compile(r"\b(SIG[A-Z0-9]{2,7})\b|\bsignal: (\d+)\b|\bkilled by signal (\d+)")
+_EXIT_STATUS = re.compile(r"\bexited (?:with |\()code (\d+)\b|\bexit code (\d+)\b")
+_ERRNO_BY_NAME = {c.name: c for c in ERRNO_CODES}
+_SIGNAL_BY_NAME = {c.name: c for c in SIGNALS}
+
+
+def _number(m: re.Match[str]) -> int:
+    return int(next(g for g in m.groups() if g is not None))
+
+
+_KINDS = ("aria2c", "curl", "errno", "signal", "bash")
+
+
+def decode(line: str, kinds: Sequence[str] = _KINDS) -> tuple[str, Code] | None:
+    """The first tool code `line` carries, from the whole tables: aria2c's, curl's, an errno in any of its forms, a
+    signal (by name, Rust's `signal: N`, an exit status 128 + N), bash's 126/127; as (`aria2c`/`curl`/`errno`/
+    `signal`/`bash`, the table entry). `kinds`: only these tables."""
+    if "aria2c" in kinds and (m := _ARIA2_CODE.search(line)) and _number(m) in ARIA2:
+        return "aria2c", ARIA2[_number(m)]
+    if "curl" in kinds and (m := _CURL_CODE.search(line)) and _number(m) in CURL:
+        return "curl", CURL[_number(m)]
+    for m in _ERRNO_CODE.finditer(line) if "errno" in kinds else ():
+        code = _ERRNO_BY_NAME.get(m.group(5)) if m.group(5) else ERRNO.get(_number(m))
+        if code is not None:
+            return "errno", code
+    for m in _SIGNAL_CODE.finditer(line) if "signal" in kinds else ():
+        code = _SIGNAL_BY_NAME.get(m.group(1)) if m.group(1) else SIGNAL.get(_number(m))
+        if code is not None:
+            return "signal", code
+    if ("signal" in kinds or "bash" in kinds) and (m := _EXIT_STATUS.search(line)) is not None:
+        status = _number(m)
+        if status in BASH and "bash" in kinds:
+            return "bash", BASH[status]
+        if "signal" in kinds and status > SIGNAL_EXIT_BASE and (status - SIGNAL_EXIT_BASE) in SIGNAL:
+            return "signal", SIGNAL[status - SIGNAL_EXIT_BASE]
+    return None
 
 
 def code_meaning(line: str) -> str | None:
-    """What a numeric error code in `line` means: a negated cudaError_t from sppark, an aria2c or curl exit code."""
+    """What an error code in `line` means: a negated cudaError_t from sppark, a CUDA enum or driver name, or a code
+    of the whole tables (`decode`): aria2c's, curl's, an errno, a signal, bash's 126/127."""
     m = _SPPARK_CODE.search(line)
     if m and int(m.group(1)) in cuda_errors.CUDA_ERRORS:
         return cuda_errors.CUDA_ERRORS[int(m.group(1))].meaning()
@@ -678,13 +870,15 @@ def code_meaning(line: str) -> str | None:
         code = cuda_errors.DRIVER_BY_NAME[m.group(0)]
         runtime = cuda_errors.CUDA_ERRORS.get(code)
         return f"{m.group(0)} ({code})" + (f" = {runtime.meaning()}" if runtime else "")
-    m = _TOOL_CODE.search(line)
-    if m:
-        tool, code = (m.group(1), int(m.group(2))) if m.group(1) else (m.group(3), int(m.group(4)))
-        table = ARIA2_MEANING if tool == "aria2c" else CURL_MEANING
-        if code in table:
-            return f"{tool} {code}: {table[code]}"
-    return None
+    found = decode(line)
+    if found is None:
+        return None
+    tool, entry = found
+    if tool == "signal":
+        return f"{entry.name} ({SIGNAL_EXIT_BASE} + {entry.number}): {entry.text}"
+    if tool == "errno":
+        return f"{entry.name} ({entry.number}): {entry.text}"
+    return f"{tool} {entry.number} {entry.name}: {entry.text}"
 
 
 # --- reading a tail -------------------------------------------------------------------------------------

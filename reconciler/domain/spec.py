@@ -197,7 +197,9 @@ class EarlyVerdictSettings:
 
     enabled: bool = True
     warmup_proofs: int = 1  # the first proof loads SRS/PCE: never used as a speed sample
-    min_measured_proofs: int = 1  # measured proofs after the warm-up before an early verdict
+    #: Measured proofs after the warm-up before an early verdict: one sample is the seed's mistake in a new place
+    #: (a good machine killed on one slow proof, issue 29 item 5).
+    min_measured_proofs: int = 3
 
 
 #: Hours until a bad record expires into probation, by blame (None: never). Network and marketplace faults

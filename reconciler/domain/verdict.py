@@ -307,6 +307,8 @@ class _Cause:
     blame: str
     line: str
     generic: SignatureMatch | None = None
+    #: The line an unexplained failure's signature is keyed on: as logged (no decoded meaning appended).
+    key_line: str = ""
 
     @property
     def shown(self) -> str:
@@ -319,13 +321,14 @@ def _cause(attempt: _Attempt, *fallbacks: str | None, known_cause: str | None = 
     match = classify(attempt.evidence, include_tunnel=attempt.include_tunnel)
     if match is not None and match.decisive:
         return _Cause(match, match.blame, match.text())
-    best = match.text() if match is not None else error_line(attempt.evidence, include_tunnel=attempt.include_tunnel)
-    line = best or next((f for f in fallbacks if f), None) or known_cause
-    if line is None:
+    raw = match.line if match is not None else error_line(attempt.evidence, include_tunnel=attempt.include_tunnel)
+    raw = raw or next((f for f in fallbacks if f), None) or known_cause
+    if raw is None:
         return None
-    if known_cause and line != known_cause:
-        line = f"{known_cause}; last error: {line}"
-    return _Cause(None, "unknown", line, match)
+    line = match.text() if match is not None else raw
+    if known_cause and raw != known_cause:
+        line, raw = f"{known_cause}; last error: {line}", f"{known_cause}; last error: {raw}"
+    return _Cause(None, "unknown", line, match, raw)
 
 
 def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _Attempt, failed: int,
@@ -336,8 +339,8 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
     why = _cause(attempt, f"{what}; no reason in the daemon log")
     assert why is not None  # a fallback was given
     match, blame, cause = why.match, why.blame, why.shown
-    signature = match.name if match else \
-        unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, why.line)
+    signature = match.key if match else \
+        unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, why.key_line)
     if match is not None and match.name == "proof-self-check" and attempt.completed > 0:
         # Some proofs verify and some do not on the same inputs: the GPU computes wrong results at times.
         blame, signature = "machine", SIGNATURE_INTERMITTENT_SELF_CHECK
@@ -353,8 +356,8 @@ def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str
     network strike is counted on a guess (issue 29 item 2)."""
     why = _cause(attempt, message, "no log lines", known_cause=known_cause)
     assert why is not None  # a fallback was given
-    signature = why.match.name if why.match else \
-        unrecognized_signature(verdict, attempt.phase, attempt.exit_code, why.line)
+    signature = why.match.key if why.match else \
+        unrecognized_signature(verdict, attempt.phase, attempt.exit_code, why.key_line)
     return _failed_verdict(report, pool, now, verdict, attempt, why.blame, why.match, signature,
                            _clip(redact_line(why.shown)), prior_params_failures=prior_params_failures,
                            unexplained=why)
@@ -419,9 +422,9 @@ def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _
                if rate is not None and not all_done and "partial" not in cause else "")
     head = f"timeout after {pool.benchmark.timeout_minutes:g} min"
     # A slow machine's partial rate is a measurement of that machine, not an unexplained failure.
-    signature = match.name if match else "timeout" if blame == "machine" else \
+    signature = match.key if match else "timeout" if blame == "machine" else \
         unrecognized_signature("timeout", attempt.phase, attempt.exit_code,
-                               unexplained.line if unexplained is not None else cause)
+                               unexplained.key_line or unexplained.line if unexplained is not None else cause)
     return _failed_verdict(report, pool, now, "timeout", attempt, blame, match,
                            signature, _clip(redact_line(cause)) + partial, rate=rate,
                            extra={"completed": completed, "requested": requested}, head=head,
@@ -504,7 +507,7 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
     if extra:
         evidence.update(extra)
     if match is not None:
-        evidence["signature"] = {"name": signature or match.name, "blame": blame,
+        evidence["signature"] = {"name": signature or match.key, "blame": blame,
                                  "line": redact_line(match.text()), "means": match.signature.description}
     if setting:
         evidence["setting"] = setting

@@ -6,23 +6,24 @@ status on the checked-out branch. Works in any plain clone: it reads the checked
 remote-tracking ref.
 
 Where the evidence comes from: entries are append-only, so a verdict's entry is in today's record unless a
-human removed it (or the record was deleted). The current record is parsed once and each verdict takes its
-entries from it; only a verdict whose entries are gone is read from the record as of its own commit
-(`historical_wanted` names those commits, the shell reads them in one `git cat-file --batch`). Reading every
-historical version instead grew with the square of the verdict count (each version one entry longer).
-Long histories are paged: the newest `shown` verdicts (the cli's default 20; `--all` for every one).
+human removed it (or the record was deleted). The shell parses the current record once (`parsed_record`) and
+each verdict takes its entries from it; only a verdict whose entries are gone is read from the record as of
+its own commit (`commits_to_read` names those commits, the shell reads them in one `git cat-file --batch` and
+parses them). Everything here works on parsed records: a record's text is parsed once, where it is read.
+Reading every historical version instead grew with the square of the verdict count (each version one entry
+longer). Long histories are paged: the newest `shown` verdicts (the cli's default 20; `--all` for every one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import LastChange, VerdictCommit
-from reconciler.adapters.record_history import RecordHistoryParser
+from reconciler.adapters.record_files import parse_machine_record
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError
 
 DEFAULT_TAIL = 20
@@ -69,41 +70,46 @@ def _entries_for(record: MachineRecord, commit: VerdictCommit) -> tuple[Benchmar
                  or (b.instance_id in serving and b.stage == "serving"))
 
 
-def _current(parser: RecordHistoryParser, current_text: str | None) -> MachineRecord | RecordError | None:
-    if current_text is None:
+#: A record as git had it: parsed, unreadable (why), or absent (None).
+ReadRecord = MachineRecord | RecordError | None
+
+
+def parsed_record(text: str | None, parse: Callable[[str], MachineRecord]) -> ReadRecord:
+    """The record in `text` (None: no such file), or the RecordError that says why it cannot be read."""
+    if text is None:
         return None
     try:
-        return parser.parse(current_text)
+        return parse(text)
     except RecordError as exc:
         return exc
 
 
-def historical_wanted(record_path: str, commits: Sequence[VerdictCommit], current_text: str | None,
-                      shown: int | None, parser: RecordHistoryParser | None = None) -> list[str]:
+def commits_to_read(commits: Sequence[VerdictCommit], current: ReadRecord, shown: int | None) -> list[str]:
     """Pure: the shown commits whose entries are not in the current record (removed, or no readable current
     record): only their historical record versions need reading."""
-    current = _current(parser or RecordHistoryParser(Path(record_path)), current_text)
     page = commits if shown is None else commits[:shown]
     if not isinstance(current, MachineRecord):
         return [c.sha for c in page]
     return [c.sha for c in page if not _entries_for(current, c)]
 
 
-def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], current_text: str | None,
+def historical_wanted(record_path: str, commits: Sequence[VerdictCommit], current_text: str | None,
+                      shown: int | None) -> list[str]:
+    """`commits_to_read` for a caller that holds the current record's text, not the record."""
+    current = parsed_record(current_text, lambda text: parse_machine_record(text, Path(record_path)))
+    return commits_to_read(commits, current, shown)
+
+
+def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], current: ReadRecord,
             last_change: LastChange | None, now: datetime | None = None, *,
-            historical: Mapping[str, str | None] | None = None, shown: int | None = None,
-            parser: RecordHistoryParser | None = None) -> MachineHistory:
-    """Pure: the commits and record texts git gave us -> what to tell the human. `historical`: the record as
-    of each commit whose entries are not in the current record (`historical_wanted`); a commit's own
-    `record_text`, if set, serves too. With `now`, the status says where the machine stands (bad until its
-    expiry, on probation, permanent, banned). `shown`: only the newest so many verdicts (None: all).
-    `parser`: the one `historical_wanted` used (each distinct line of the record is then parsed once)."""
-    # The versions (and the current text) share most lines: each distinct line is parsed once.
-    parser = parser or RecordHistoryParser(Path(record_path))
-    current = _current(parser, current_text)
+            historical: Mapping[str, ReadRecord] | None = None, shown: int | None = None) -> MachineHistory:
+    """Pure: the commits and records git gave us -> what to tell the human. `current`: the record on the
+    checked-out branch; `historical`: the record as of each commit whose entries are not in the current
+    record (`commits_to_read`). With `now`, the status says where the machine stands (bad until its expiry,
+    on probation, permanent, banned). `shown`: only the newest so many verdicts (None: all)."""
     historical = historical or {}
     page = commits if shown is None else commits[:shown]
-    verdicts = tuple(_evidence(parser, record_path, c, current, historical) for c in page)
+    verdicts = tuple(_evidence(record_path, c, current, historical) for c in page)
     detail = None
     if isinstance(current, RecordError):
         status, detail = "unreadable", str(current)
@@ -123,19 +129,17 @@ def explain(machine_id: str, record_path: str, commits: list[VerdictCommit], cur
     return MachineHistory(machine_id, record_path, status, detail, last_change, verdicts, len(commits))
 
 
-def _evidence(parser: RecordHistoryParser, record_path: str, commit: VerdictCommit,
-              current: MachineRecord | RecordError | None, historical: Mapping[str, str | None]) -> VerdictEvidence:
+def _evidence(record_path: str, commit: VerdictCommit, current: ReadRecord,
+              historical: Mapping[str, ReadRecord]) -> VerdictEvidence:
     if isinstance(current, MachineRecord):
         entries = _entries_for(current, commit)
         if entries:
             return VerdictEvidence(commit, entries, None, FROM_CURRENT)
-    text = historical.get(commit.sha, commit.record_text)
-    if text is None:
+    record = historical.get(commit.sha)
+    if record is None:
         return VerdictEvidence(commit, (), f"{record_path} does not exist in this commit")
-    try:
-        record = parser.parse(text)
-    except RecordError as exc:
-        return VerdictEvidence(commit, (), f"record unreadable in this commit: {exc}")
+    if isinstance(record, RecordError):
+        return VerdictEvidence(commit, (), f"record unreadable in this commit: {record}")
     entries = _entries_for(record, commit)
     if entries:
         return VerdictEvidence(commit, entries, None, FROM_COMMIT)

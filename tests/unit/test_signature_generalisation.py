@@ -86,6 +86,21 @@ FRESH: list[tuple[str, str, str]] = [
      "status=%d'"),
     ("Exception: [HttpSkipResponseCommand.cc:215] errorCode=22 The response status is not successful. status=429",
      "params", "aria2 EX_BAD_STATUS with a rate-limiting mirror"),
+    # --- issue 29: the code tables whole (errnos in every form, aria2c's and curl's codes, signals) ---------------
+    ("thread 'peer_connect' panicked at 'clone conn for writer failed: Os { code: 24, kind: Other, message: \"Too "
+     "many open files\" }': src/libcore/result.rs:999", "configuration",
+     "mimblewimble/grin#3055 (Rust io::Error Debug, EMFILE: the open-file limit)"),
+    ('2026-04-28T12:32:58.955800Z  INFO caligula::writer_process: src/writer_process/mod.rs:60: Completed '
+     'final_msg=Error(UnknownChildProcError("Input/output error (os error 5)"))', "machine",
+     "ifd3f/caligula#230 (Rust io::Error Display, EIO: a loose USB disk)"),
+    ("OSError: [Errno 5] Input/output error: '../6-layoutContigs/unitig-popped.layout'", "machine",
+     "marbl/verkko#98 (CPython OSError, EIO)"),
+    ("  -> [util.cc:1597] errNum=13 errorCode=18 Failed to make the directory D:/PixivDownload/, cause: Permission "
+     "denied", "image", "Mapaler/PixivUserBatchDownload#20 (aria2c DIR_CREATE_ERROR with EACCES)"),
+    ("  -> [AbstractDiskWriter.cc:224] errNum=30 errorCode=16 Failed to open the file /code/xxxxxxx.zip, cause: "
+     "Read-only file system", "unknown", "aria2/aria2#1781 (FILE_CREATE_ERROR with EROFS: by design or a failed disk)"),
+    ("curl: (18) transfer closed with 1729112674 bytes remaining to read", "network",
+     "fyu/lsun#49 (CURLE_PARTIAL_FILE)"),
     # --- nvidia-smi ----------------------------------------------------------------------------------------------
     ("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error", "machine",
      "nvidia-smi when the driver lost the GPU (NVIDIA developer forums)"),

@@ -161,29 +161,32 @@ def _run_contains(run: str, needs: Sequence[str]) -> bool:
     return any(n in run for n in needs)
 
 
-def _covered(items: Any, needs: Sequence[str]) -> bool:
+def _covered(items: Any, needs: Sequence[str], run: str = "") -> bool:
     """True when every string that matches the parsed sequence `items` contains one of `needs` (lower-cased
-    literal runs; a sound under-approximation: False may only mean the proof could not be found)."""
+    literal runs; a sound under-approximation: False may only mean the proof could not be found). `run`: the
+    literal text every match has just before `items` (the parser factors a common prefix out of a branch's
+    alternatives: `\\b(?:ENOSPC|EDQUOT)` is `E` then a branch of `NOSPC` and `DQUOT`)."""
     from re import _constants as c  # type: ignore[attr-defined]
 
-    run = ""
     for op, av in items:
         if op is c.LITERAL and av < 128:
             run += chr(av).lower()
             continue
+        if op is c.AT:  # zero-width (\\b, ^): the literals on both sides are still contiguous
+            continue
         if _run_contains(run, needs):
             return True
-        run = ""
-        if op is c.SUBPATTERN and _covered(av[3], needs):
+        if op is c.SUBPATTERN and _covered(av[3], needs, run):
             return True
-        if op is c.ATOMIC_GROUP and _covered(av, needs):
+        if op is c.ATOMIC_GROUP and _covered(av, needs, run):
             return True
-        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and av[0] >= 1 and _covered(av[2], needs):
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and av[0] >= 1 and _covered(av[2], needs, run):
             return True
-        if op is c.BRANCH and all(_covered(alt, needs) for alt in av[1]):
+        if op is c.BRANCH and all(_covered(alt, needs, run) for alt in av[1]):
             return True
         if op is c.ASSERT and _covered(av[1], needs):  # a lookahead/-behind's text is in the line too
             return True
+        run = ""
     return _run_contains(run, needs)
 
 

@@ -112,7 +112,7 @@ EXAMPLES: dict[str, list[str]] = {
     "params-not-found": [
         "Exception: [AbstractCommand.cc:351] errorCode=3 URI=https://m/v28.params",
         "curl: (22) The requested URL returned error: 404",
-        "fleet: ERROR: could not download https://m/manifest.txt (curl exit code 22)",
+        "curl: (78) Remote file not found",  # CURLE_REMOTE_FILE_NOT_FOUND, lib/strerror.c
     ],
     "srs-param-file-missing": [
         "ERROR cuzk_core::engine: Phase 7: C1 parse/SRS load failed error=SRS param file not found for Porep32G: "
@@ -223,6 +223,44 @@ EXAMPLES: dict[str, list[str]] = {
     "params-url-malformed": ["curl: (3) URL using bad/illegal format or missing URL"],
     "loader-symbol-missing": ["cuzk-daemon: symbol lookup error: /usr/local/bin/cuzk-daemon: undefined symbol: "
                               "cudaGetDriverEntryPointByVersion, version libcudart.so.12"],
+    # issue 29: the code tables whole (aria2_codes, curl_codes, errnos, exit_statuses) and the classes they fill.
+    "container-limit": [
+        "Error: failed to open /data/zk/params/v28.params | Too many open files (os error 24)",  # Rust io::Error
+        "/opt/fleet/entrypoint.sh: line 225:   812 File size limit exceeded (core dumped) cuzk-daemon"],
+    "host-os-error": [
+        "Error: failed to read /var/tmp/filecoin-proof-parameters/v28.params | Input/output error (os error 5)",
+        "cp: error reading '/data/zk/params/v28.params': Input/output error",  # coreutils + glibc strerror(EIO)
+        "OSError: [Errno 117] Structure needs cleaning: '/data/zk/params'"],  # Python OSError str()
+    "network-unreachable": [
+        'Get "https://params.example.com/manifest.txt": dial tcp 203.0.113.7:443: connect: network is unreachable',
+        "Error: error sending request | No route to host (os error 113)"],
+    "fatal-signal": [
+        "/opt/fleet/entrypoint.sh: line 225:   812 Floating point exception (core dumped) cuzk-daemon",
+        "fleet: cuzk-daemon exited with code 136 (killed by SIGFPE)"],
+    "signal-ambiguous": ["fleet: cuzk-daemon exited with code 141 (killed by SIGPIPE)"],
+    "signal-stopped": ["fleet: ERROR: cuzk-bench exited with code 143 after 3 of 10 proofs (0 failed)"],
+    "os-error-ambiguous": ["Error: failed to spawn prover thread | Resource temporarily unavailable (os error 11)",
+                           "Error: failed to open /data/zk/params | Read-only file system (os error 30)"],
+    "software-os-error": ["Error: failed to bind 0.0.0.0:9820 | Address already in use (os error 98)",
+                          "Error: Invalid argument (os error 22)"],
+    "params-mirror-unsupported": [
+        "fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 8)",
+        "curl: (33) HTTP server does not seem to support byte ranges. Cannot resume."],  # curl lib/http.c
+    "params-mirror-bad-response": [
+        "fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 22)",
+        "curl: (47) Maximum (50) redirects followed"],  # curl lib/http.c failf
+    "params-mirror-http-error": ["fleet: ERROR: could not download https://m/manifest.txt (curl exit code 22)"],
+    "params-dir-error": ["fleet: ERROR: aria2c failed to download https://m/v28.params (exit code 17)"],
+    "params-source-missing": [
+        "fleet: ERROR: no params source: FLEET_PARAMS_BASE_URL is not set and curio is not installed"],
+    "params-manifest-bad": ["fleet: ERROR: https://m/manifest.txt lists no files"],
+    "tls-verify-failed": ["fleet: ERROR: could not download https://m/manifest.txt (curl exit code 60)"],
+    "warmup-proof-failed": ["fleet: ERROR: warm-up failed: the warm-up proof came back FAILED"],
+    "worker-deadline": ["fleet: ERROR: cuzk-daemon did not answer cuzk-bench status at http://127.0.0.1:9820 within "
+                        "FLEET_DAEMON_WAIT_S=300s"],
+    "worker-bad-environment": ["fleet: ERROR: FLEET_BENCH_PROOFS must be a positive integer, got 'ten'"],
+    "worker-tool-output-missing": ["fleet: ERROR: cuzk-bench exited 0 but printed no throughput line (10 of 10 proofs "
+                                   "completed, 0 failed)"],
 }
 
 #: cuzk-bench, cuzk-daemon and aria2c output of a healthy run (real formats): nothing in it is a failure.

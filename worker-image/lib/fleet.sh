@@ -39,15 +39,10 @@ FLEET_REGISTERED_FILE="$FLEET_STATE_DIR/registered"
 FLEET_RING_SEG=$((FLEET_LOG_RING_LINES / 4))
 ((FLEET_RING_SEG >= 1)) || FLEET_RING_SEG=1
 
-# Exit codes the worker uses for its own failures (a failing command's own code is passed through).
-readonly FLEET_EXIT_CONFIG=64     # missing/bad environment
-readonly FLEET_EXIT_DATA=65       # checksum mismatch, bad manifest
-readonly FLEET_EXIT_NOINPUT=66    # benchmark input (c1.json) missing
-readonly FLEET_EXIT_UNAVAILABLE=69  # no way to fetch params
-readonly FLEET_EXIT_SOFTWARE=70   # a tool exited 0 but produced no usable output
-readonly FLEET_EXIT_TIMEOUT=124   # a deadline passed (same code as coreutils timeout)
-readonly FLEET_EXIT_PROOF_FAILED=75  # cuzk-bench exited 0 but the warm-up proof did not complete
-readonly FLEET_EXIT_BUDGET=78     # the daemon's memory budget cannot hold the workload (configuration)
+# Exit codes the worker uses for its own failures (a failing command's own code is passed through): one table with
+# the judge, generated from reconciler/domain/exit_statuses.py WORKER_EXITS (FLEET_EXIT_CONFIG, _DATA, ...).
+# shellcheck source=exit-codes.sh
+. "$(dirname "${BASH_SOURCE[0]}")/exit-codes.sh"
 
 fleet_now() { printf '%(%Y-%m-%dT%H:%M:%SZ)T' -1; }
 

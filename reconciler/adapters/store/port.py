@@ -107,12 +107,13 @@ class PreparedWrite(Generic[_T]):
 
 @dataclass(frozen=True)
 class StoreChanges:
-    """Which instances were written to since a change sequence (`ControllerStore.changes_since`)."""
+    """Which instances' reports changed since a change sequence (`ControllerStore.changes_since`)."""
 
     #: The change sequence this answer is complete up to: every write at or below it is in `instance_ids` (if
     #: newer than the `since` asked with); pass it as `since` next time.
     sequence: int
-    #: The instances written to after `since` and at or before `sequence`, in order of first registration.
+    #: The instances whose reports were written to after `since` and at or before `sequence`, in order of first
+    #: registration.
     instance_ids: tuple[str, ...]
     #: `instance_ids` is every instance in the store (asked with `since` 0, or with a sequence this store never
     #: reached: another store's, e.g. before `fleet db copy`): replace what you hold rather than merge into it.
@@ -188,18 +189,21 @@ class ControllerStore(Protocol):
     def reports_of(self, instance_ids: Sequence[str]) -> list[InstanceReport]: ...
 
     def changes_since(self, since: int) -> StoreChanges:
-        """The instances written to since change sequence `since`, and the sequence to ask from next time: what
-        lets a pass read only what changed (`reports_of(changes.instance_ids)`) and keep the rest in memory.
+        """The instances whose reports changed since change sequence `since`, and the sequence to ask from next
+        time: what lets a pass read only what changed (`reports_of(changes.instance_ids)`) and keep the rest in
+        memory.
 
         Every committed write moves the store's change sequence forward and marks what it wrote: a
         registration, an event or an event batch, a result, a log batch, a destroyed mark (the instance), a
-        changed directive (the directive's instance). The sequence only grows and no write is ever missed:
-        a write committed after this answer has a sequence above `sequence`, on SQLite and on PostgreSQL with
-        several replicas writing at once (a sequence is taken at commit, in commit order; see
-        `store.schema`). One read, one snapshot. Use: `since` 0 (a new leader, a restart) answers every
-        instance (`complete`); then pass the answer's `sequence` back each pass. Reading the reports in a later
-        snapshot is safe: they are at least as new as the answer, and anything written after `sequence` is
-        answered again next time (read twice, never missed)."""
+        changed directive (the directive row only: the pass wrote it and knows it, so its own directives do not
+        send it back to read those instances). A write that was accepted but changed nothing (a worker's
+        resend) may name its instance again: read twice, harmless. The sequence only grows and no write is
+        ever missed: a write committed after this answer has a sequence above `sequence`, on SQLite and on
+        PostgreSQL with several replicas writing at once (taken at commit, in commit order; see
+        `sql.SqlStore._sequence_changes`). One read, one snapshot. Use: `since` 0 (a new leader, a restart)
+        answers every instance (`complete`); then pass the answer's `sequence` back each pass. Reading the
+        reports in a later snapshot is safe: they are at least as new as the answer, and anything written
+        after `sequence` is answered again next time (read twice, never missed)."""
         ...
 
     def instance_summaries(self) -> list[InstanceSummary]: ...

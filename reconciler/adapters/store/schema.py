@@ -100,7 +100,6 @@ CREATE TABLE instances (
     change_seq      {int64} NOT NULL DEFAULT 0,
     log_key_lines   INTEGER NOT NULL DEFAULT 0
 )"""),
-    Ddl("CREATE INDEX instances_by_change ON instances (change_seq)"),
     # An event's identity is (instance, time, fingerprint of the redacted document): a worker's events arrive in
     # time order, so a batch's new keys are neighbours in the index (one or two pages dirtied, not 20).
     Ddl("""
@@ -158,8 +157,7 @@ CREATE TABLE fleet_lease (
 #: Upgrades of an existing store, by the version they produce (from the version before it).
 UPGRADES: dict[int, tuple[Ddl, ...]] = {
     4: (Ddl("ALTER TABLE instances ADD COLUMN change_seq {int64} NOT NULL DEFAULT 0"),
-        Ddl("CREATE INDEX instances_by_change ON instances (change_seq)"),
-        Ddl("ALTER TABLE directives ADD COLUMN change_seq {int64} NOT NULL DEFAULT 0"),
+            Ddl("ALTER TABLE directives ADD COLUMN change_seq {int64} NOT NULL DEFAULT 0"),
         Ddl("CREATE INDEX directives_by_change ON directives (change_seq)"),
         *_CHANGE_SEQUENCE),
     5: (Ddl("ALTER TABLE instances ADD COLUMN log_key_lines INTEGER NOT NULL DEFAULT 0"), *_SESSIONS),

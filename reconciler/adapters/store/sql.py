@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import json.scanner
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -58,6 +59,32 @@ def _canonical(doc: Any) -> str:
     if _c_encoder is None:
         return _canonical_encoder.encode(doc)
     return "".join(_c_encoder(doc, 0))
+
+
+#: The C scanner behind json.loads, built once (see _decoded).
+_c_make_scanner = getattr(json.scanner, "c_make_scanner", None)
+_c_scanner = None if _c_make_scanner is None else _c_make_scanner(json.JSONDecoder())
+
+
+def _decoded(text: str) -> Any:
+    """`json.loads(text)` for a JSON text read back from the store. A pass reads a few hundred thousand small
+    texts (every event's log tail and details): "[]" and "{}" need no parser, and the others go straight to the C
+    scanner json.loads ends in (json.loads adds two regex matches and three Python calls per text: most of a
+    small text's cost). Anything the scanner does not take whole (not canonical, not JSON): json.loads, which
+    gives its error."""
+    if text == "[]":
+        return []
+    if text == "{}":
+        return {}
+    if _c_scanner is not None and type(text) is str:
+        try:
+            value, end = _c_scanner(text, 0)
+        except (StopIteration, ValueError):
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
 
 
 def _iso(value: datetime) -> str:
@@ -107,11 +134,14 @@ def _redacted_result(doc: Mapping[str, Any], redactor: Redactor) -> dict[str, An
     return out
 
 
-def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
+def _result_from_doc(doc: Mapping[str, Any], received: datetime) -> BenchmarkResult:
+    """The stored result document as a BenchmarkResult on the controller's clock: at its arrival (`received`),
+    its start shifted by the worker's clock skew; the worker's own `at` kept as `worker_at`."""
+    sent = parse_time(doc["at"])
     started = doc.get("started_at")
     return BenchmarkResult(
-        outcome=doc["outcome"], at=parse_time(doc["at"]), requested=doc["requested"], completed=doc["completed"],
-        failed=doc["failed"], started_at=None if started is None else parse_time(started),
+        outcome=doc["outcome"], at=received, worker_at=sent, requested=doc["requested"], completed=doc["completed"],
+        failed=doc["failed"], started_at=None if started is None else parse_time(started) - (sent - received),
         exit_code=doc.get("exit_code"), proofs_per_hour=doc.get("proofs_per_hour"),
         seconds_per_proof=doc.get("seconds_per_proof"), proof_type=doc.get("proof_type"),
         concurrency=doc.get("concurrency"), image_digest=doc.get("image_digest"),
@@ -122,8 +152,8 @@ def _result_from_doc(doc: Mapping[str, Any]) -> BenchmarkResult:
         daemon_log=tuple(doc.get("daemon_log_tail") or ()))
 
 
-#: What a write sets a row's `change_seq` to: changed by this transaction, whose sequence is taken just before it
-#: commits (`SqlStore._sequence_changes`); never committed.
+#: What set_directives sets a changed directive's `change_seq` to: changed by this transaction, whose sequence is
+#: taken just before it commits (`SqlStore._sequence_changes`); never committed.
 CHANGED = -1
 
 _INSERT_EVENT = ("INSERT INTO events (instance_id, phase, status, at, received_at, exit_code, message, log_tail, "
@@ -288,7 +318,7 @@ class SqlStore:
                 except StoreError as exc:
                     item.error = exc
             current = None
-            self._sequence_changes(conn)
+            self._sequence_changes(conn, batch)
             conn.execute("COMMIT")
         except BaseException as exc:
             self._rollback(conn)
@@ -309,22 +339,31 @@ class SqlStore:
                 item.done = True
 
     @staticmethod
-    def _sequence_changes(conn: SqlConnection) -> None:
-        """Give the rows this transaction changed (`change_seq` = CHANGED) the next change sequence, as its last
-        statements before COMMIT; nothing when it changed none.
+    def _sequence_changes(conn: SqlConnection, batch: Sequence[_PendingWrite]) -> None:
+        """The last statements before COMMIT: take the next change sequence and stamp it on the instances the
+        batch's writes went to (those not refused: `instances.change_seq`) and on the directives it changed
+        (`directives.change_seq` = CHANGED, marked by set_directives); nothing when there are none.
 
         The sequence is taken by updating the one `change_sequence` row, whose lock is then held until COMMIT:
         of several writers (PostgreSQL replicas), the next one's update waits until this one has committed, so
         sequences are taken in commit order and a reader that sees sequence N committed sees every write at or
         below N (a sequence drawn from a PostgreSQL SEQUENCE could commit after a higher one a reader already
         passed, and be missed for good). Taken last, the lock serialises only the commits, not the writes; SQLite
-        has one writer at a time anyway. A transaction that rolls back gives its sequence back, unseen."""
-        row = conn.execute(f"UPDATE change_sequence SET sequence = sequence + 1 WHERE EXISTS (SELECT 1 FROM instances "  # noqa: S608
-                           f"WHERE change_seq = {CHANGED}) OR EXISTS (SELECT 1 FROM directives WHERE change_seq = "
-                           f"{CHANGED}) RETURNING sequence").fetchone()
-        if row is not None:
-            for table in ("instances", "directives"):
-                conn.execute(f"UPDATE {table} SET change_seq = ? WHERE change_seq = {CHANGED}", (row[0],))  # noqa: S608
+        has one writer at a time anyway. A transaction that rolls back gives its sequence back, unseen.
+        Instances are stamped by key, in one statement per 500: `change_seq` has no index of its own, so the
+        updates of an instance's row on the ingest path maintain none (and stay HOT on PostgreSQL);
+        `changes_since` scans the instances instead, once per pass."""
+        written = sorted({item.instance_id for item in batch if item.instance_id and item.error is None})
+        row = conn.execute("UPDATE change_sequence SET sequence = sequence + 1 WHERE ? OR EXISTS "  # noqa: S608
+                           f"(SELECT 1 FROM directives WHERE change_seq = {CHANGED}) RETURNING sequence",
+                           (bool(written),)).fetchone()
+        if row is None:
+            return
+        for start in range(0, len(written), 500):
+            chunk = written[start:start + 500]
+            conn.execute(f"UPDATE instances SET change_seq = ? WHERE instance_id IN ({', '.join('?' * len(chunk))})",  # noqa: S608
+                         (row[0], *chunk))
+        conn.execute(f"UPDATE directives SET change_seq = ? WHERE change_seq = {CHANGED}", (row[0],))  # noqa: S608
 
     def _rollback(self, conn: SqlConnection) -> None:
         with contextlib.suppress(Exception):  # none open (it failed to begin), or the connection is gone
@@ -364,7 +403,7 @@ class SqlStore:
             # (its insert waits for the first's commit, then does nothing) re-registers below.
             inserted = conn.execute(
                 f"INSERT INTO instances (instance_id, received_at, worker_at, {', '.join(_REGISTER_FIELDS)}, "  # noqa: S608
-                f"gpus, change_seq) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?, {CHANGED}) "
+                f"gpus) VALUES (?, ?, ?, {', '.join('?' for _ in _REGISTER_FIELDS)}, ?) "
                 "ON CONFLICT (instance_id) DO NOTHING",
                 (instance_id, received, worker_at, *values, gpus)).rowcount
             if inserted:
@@ -375,8 +414,8 @@ class SqlStore:
                 raise InstanceDestroyed(f"instance {instance_id!r} was destroyed at {row[0]}; "
                                         "it cannot register again")
             fill = ", ".join(f"{name} = COALESCE({name}, ?)" for name in _REGISTER_FIELDS)
-            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill}, "  # noqa: S608
-                         f"change_seq = {CHANGED} WHERE instance_id = ?", (*values, instance_id))
+            conn.execute(f"UPDATE instances SET registrations = registrations + 1, {fill} "  # noqa: S608
+                         "WHERE instance_id = ?", (*values, instance_id))
             return "already-registered"
 
         return PreparedWrite(body, instance_id)
@@ -393,11 +432,9 @@ class SqlStore:
             state = self._writable(conn, instance_id)
             counts = [state[1], state[2]]
             status = self._insert_event(conn, instance_id, event, counts)
-            if status == "stored":
+            if counts != [state[1], state[2]]:
                 column = "progress_events" if event.progress else "other_events"
-                # (a progress event at the ring's limit evicted the oldest: the count stays)
-                count = f"{column} = {column} + 1, " if counts != [state[1], state[2]] else ""
-                conn.execute(f"UPDATE instances SET {count}change_seq = {CHANGED} WHERE instance_id = ?",  # noqa: S608
+                conn.execute(f"UPDATE instances SET {column} = {column} + 1 WHERE instance_id = ?",  # noqa: S608
                              (instance_id,))
             return status
 
@@ -453,8 +490,8 @@ class SqlStore:
                     conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events WHERE instance_id = ? "
                                  "AND status = 'progress' ORDER BY id LIMIT ?)", (instance_id, evicted))
                 progress_count, other_count = progress_count + new_progress - evicted, other_count + new_other
-            conn.execute(f"UPDATE instances SET progress_events = ?, other_events = ?, change_seq = {CHANGED} "  # noqa: S608
-                         "WHERE instance_id = ?", (progress_count, other_count, instance_id))
+            conn.execute("UPDATE instances SET progress_events = ?, other_events = ? WHERE instance_id = ?",
+                         (progress_count, other_count, instance_id))
             return statuses
 
         return PreparedWrite(body, instance_id)
@@ -517,9 +554,9 @@ class SqlStore:
             next_seq = start + len(clean)
             evicted = conn.execute("DELETE FROM log_lines WHERE instance_id = ? AND seq < ?",
                                    (instance_id, next_seq - self.ring_lines)).rowcount
-            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "  # noqa: S608
-                         f"worker_dropped = worker_dropped + ?, log_key_lines = ?, change_seq = {CHANGED} "
-                         "WHERE instance_id = ?", (next_seq, evicted + skipped, dropped, key_lines, instance_id))
+            conn.execute("UPDATE instances SET next_line_seq = ?, ring_dropped = ring_dropped + ?, "
+                         "worker_dropped = worker_dropped + ?, log_key_lines = ? WHERE instance_id = ?",
+                         (next_seq, evicted + skipped, dropped, key_lines, instance_id))
             return int(evicted + skipped)
 
         return PreparedWrite(body, instance_id)
@@ -543,7 +580,6 @@ class SqlStore:
                                      f"(received {row[1]}); a result is accepted once")
             conn.execute("INSERT INTO results (instance_id, received_at, body) VALUES (?, ?, ?)",
                          (instance_id, received, canonical))
-            conn.execute(f"UPDATE instances SET change_seq = {CHANGED} WHERE instance_id = ?", (instance_id,))  # noqa: S608
             return "stored"
 
         return PreparedWrite(body, instance_id)
@@ -551,8 +587,7 @@ class SqlStore:
     def mark_destroyed(self, instance_id: str, now: datetime) -> bool:
         """Mark the instance destroyed (first time wins). False if it never registered."""
         def body(conn: SqlConnection) -> bool:
-            cur = conn.execute(f"UPDATE instances SET change_seq = CASE WHEN destroyed_at IS NULL THEN {CHANGED} "  # noqa: S608
-                               "ELSE change_seq END, destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
+            cur = conn.execute("UPDATE instances SET destroyed_at = COALESCE(destroyed_at, ?) WHERE instance_id = ?",
                                (_iso(now), instance_id))
             return cur.rowcount > 0
 
@@ -563,7 +598,8 @@ class SqlStore:
         """Store the reconciler's directive per instance (recomputed every pass); returns how many changed.
         `fence` runs first in the same transaction and may raise to write nothing (a replica's lease check,
         reconciler/adapters/lease.py: it also keeps the lease from changing hands until this commits)."""
-        rows = [(instance_id, _iso(now), _canonical(body)) for instance_id, body in sorted(directives.items())]
+        at = _iso(now)
+        rows = [(instance_id, at, _canonical(body)) for instance_id, body in sorted(directives.items())]
 
         def body(conn: SqlConnection) -> int:
             if fence is not None:
@@ -689,19 +725,17 @@ class SqlStore:
 
     def changes_since(self, since: int) -> StoreChanges:
         """See `ControllerStore.changes_since` (and `_sequence_changes` for why none is missed). One snapshot:
-        the sequence, then the instances whose rows or directives carry a higher one (both indexed)."""
+        the sequence, then the instances whose rows carry a higher one (a scan of the instances: a few
+        milliseconds at 10,000, once per pass, where an index would cost every write on the ingest path)."""
         def body(conn: SqlConnection) -> StoreChanges:
             sequence = conn.execute("SELECT sequence FROM change_sequence").fetchone()[0]
-            if since <= 0 or since > sequence:
-                rows = conn.execute("SELECT instance_id FROM instances ORDER BY received_at, instance_id").fetchall()
-                return StoreChanges(sequence, tuple(row[0] for row in rows), complete=True)
             if since == sequence:
                 return StoreChanges(sequence, (), complete=False)
-            rows = conn.execute(
-                "SELECT instance_id, received_at FROM instances WHERE change_seq > ? UNION "
-                "SELECT i.instance_id, i.received_at FROM directives d JOIN instances i "
-                "ON i.instance_id = d.instance_id WHERE d.change_seq > ? ORDER BY 2, 1", (since, since)).fetchall()
-            return StoreChanges(sequence, tuple(row[0] for row in rows), complete=False)
+            complete = since <= 0 or since > sequence
+            where, args = ("", ()) if complete else ("WHERE change_seq > ?", (since,))
+            rows = conn.execute(f"SELECT instance_id FROM instances {where} "  # noqa: S608
+                                "ORDER BY received_at, instance_id", args).fetchall()
+            return StoreChanges(sequence, tuple(row[0] for row in rows), complete=complete)
 
         return self._snapshot(body)
 
@@ -765,27 +799,27 @@ class SqlStore:
             args).fetchall()
         if not instances:
             return []
-        events: dict[str, list[tuple[PhaseEvent, datetime]]] = {}
+        events: dict[str, list[PhaseEvent]] = {}
         event_sql = ("SELECT instance_id, phase, status, at, received_at, exit_code, message, log_tail, details "  # noqa: S608
                      f"FROM events {where} ORDER BY id")
         unreadable: dict[str, str] = {}
+        time_of = datetime.fromisoformat
         # fetchall: rows converted in one call (a driver's per-row iteration costs as much again on PostgreSQL).
         for row in conn.execute(event_sql, args).fetchall():
             try:
                 # One clock: the event is placed at its arrival on the controller's clock; the worker's
                 # timestamp stays as evidence (a worker with a skewed clock cannot reorder the timeline).
-                received = datetime.fromisoformat(row[4])
-                event = PhaseEvent(phase=row[1], status=row[2], at=received, worker_at=datetime.fromisoformat(row[3]),
-                                   exit_code=row[5], message=row[6], log_tail=tuple(json.loads(row[7])),
-                                   details=json.loads(row[8]))
-                events.setdefault(row[0], []).append((event, received))
+                event = PhaseEvent(phase=row[1], status=row[2], at=time_of(row[4]), worker_at=time_of(row[3]),
+                                   exit_code=row[5], message=row[6], log_tail=tuple(_decoded(row[7])),
+                                   details=_decoded(row[8]))
+                events.setdefault(row[0], []).append(event)
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"an event is unreadable: {type(exc).__name__}: {exc}")
         results: dict[str, tuple[Any, datetime]] = {}
         for row in conn.execute(f"SELECT instance_id, received_at, body FROM results {where}",  # noqa: S608
                                 args).fetchall():
             try:
-                results[row[0]] = (json.loads(row[2]), datetime.fromisoformat(row[1]))
+                results[row[0]] = (_decoded(row[2]), datetime.fromisoformat(row[1]))
             except (ValueError, TypeError) as exc:
                 unreadable.setdefault(row[0], f"the result is unreadable: {type(exc).__name__}: {exc}")
         # One index-backed query per instance (last N by primary key) rather than a window over every
@@ -817,34 +851,32 @@ class SqlStore:
                                     result_received_at=None)
 
     @staticmethod
-    def _report_of(row: Sequence[Any], events: Mapping[str, list[tuple[PhaseEvent, datetime]]],
+    def _report_of(row: Sequence[Any], events: Mapping[str, list[PhaseEvent]],
                    results: Mapping[str, tuple[Any, datetime]], tails: Mapping[str, list[str]]
                    ) -> tuple[InstanceReport, InstanceMeta]:
         iid = row[0]
-        evs = events.get(iid, [])
+        evs = tuple(events.get(iid, ()))
         result_doc, result_received = results.get(iid, (None, None))
         registered, worker_registered = datetime.fromisoformat(row[1]), datetime.fromisoformat(row[2])
         skew = (worker_registered - registered).total_seconds()
-        for event, received in evs:
-            if event.worker_at is not None:
-                skew = (event.worker_at - received).total_seconds()
+        if evs and evs[-1].worker_at is not None:  # the latest event's (each is placed at its arrival)
+            skew = (evs[-1].worker_at - evs[-1].at).total_seconds()
         result = None
         if result_doc is not None and result_received is not None:
-            sent = _result_from_doc(result_doc)
-            shift = sent.at - result_received  # the worker's clock minus ours when it sent the result
-            skew = shift.total_seconds()
-            result = replace(sent, at=result_received, worker_at=sent.at,
-                             started_at=None if sent.started_at is None else sent.started_at - shift)
+            result = _result_from_doc(result_doc, result_received)
+            if result.worker_at is not None:  # (always: the worker's own time of the result)
+                skew = (result.worker_at - result.at).total_seconds()
+        gpus = tuple(_decoded(row[12]))
         report = InstanceReport(
             instance_id=iid, registered_at=registered, pool=row[3], slot=row[4],
             machine_id=row[5], host_id=row[6], contract_id=row[7], gpu_name=row[8], image_digest=row[9],
-            image_version=row[10], events=tuple(e for e, _ in evs), result=result,
+            image_version=row[10], events=evs, result=result,
             log_tail=tuple(tails.get(iid, ())), dropped_log_lines=row[15] + row[16], destroyed_at=_dt(row[17]),
-            clock_skew_s=round(skew, 3), gpu_probe=tuple(str(line) for line in json.loads(row[12])))
+            clock_skew_s=round(skew, 3), gpu_probe=tuple(str(line) for line in gpus))
         meta = InstanceMeta(
             worker_registered_at=datetime.fromisoformat(row[2]), registrations=row[13], hostname=row[11],
-            gpus=tuple(json.loads(row[12])), stored_log_lines=row[14] - row[15], ring_dropped=row[15],
-            worker_dropped=row[16], event_received_at=tuple(r for _, r in evs),
+            gpus=gpus, stored_log_lines=row[14] - row[15], ring_dropped=row[15],
+            worker_dropped=row[16], event_received_at=tuple(e.at for e in evs),
             result_received_at=result_received)
         return report, meta
 
