@@ -42,13 +42,20 @@ def _ev(phase: str, status: str, minutes: float, **kw: object) -> PhaseEvent:
     return PhaseEvent(phase=phase, status=status, at=at(minutes), **kw)  # type: ignore[arg-type]
 
 
+MARKET_SPEC = AUTOSCALED_SPEC.replace(
+    "task_types: [PoRep]}",
+    "task_types: [PoRep],\n            market: {task_types: [PSProve], min_margin: 0.2, usd_per_fil: 4.0}}")
+
+
 def serving(instance_id: str, slot: str, busy: Sequence[bool], *, start: float = 0.0, rate: float = 50.0,
             every: float = 5.0, pool: str = "rtx4090", stopped_at: float | None = None,
-            proofs_per_beat: int = 4) -> InstanceReport:
-    """A worker that passed admission at `start` and sends a heartbeat every `every` minutes, busy or not."""
-    beats = [_ev("serve", "progress", start + 1 + every * i, details={"heartbeat": {
-        "seq": i + 1, "interval_s": every * 60.0 if i else None, "completed": proofs_per_beat if b else 0,
-        "failed": 0, "busy": b}}) for i, b in enumerate(busy)]
+            proofs_per_beat: int = 4, beat_minutes: Sequence[float] | None = None) -> InstanceReport:
+    """A worker that passed admission at `start` and sends a heartbeat every `every` minutes, busy or not (or at
+    `beat_minutes`, one per entry of `busy`: silences and returns)."""
+    minutes = list(beat_minutes) if beat_minutes is not None else [start + 1 + every * i for i in range(len(busy))]
+    beats = [_ev("serve", "progress", minutes[i], details={"heartbeat": {
+        "seq": i + 1, "interval_s": (minutes[i] - minutes[i - 1]) * 60.0 if i else None,
+        "completed": proofs_per_beat if b else 0, "failed": 0, "busy": b}}) for i, b in enumerate(busy)]
     events = [_ev("benchmark", "started", start - 20), _ev("serve", "started", start), *beats]
     if stopped_at is not None:
         events.append(_ev("serve", "done", stopped_at, message="drained: no proofs left in progress"))

@@ -11,7 +11,7 @@ and unix socket in a tmp dir) once per session and stops it afterwards; the clie
 builder). `local_registry` runs Debian's `docker-registry` on 127.0.0.1:<free port> with htpasswd
 (bcrypt) auth; 127.0.0.1 registries are insecure-allowed by default in dockerd. `minimal_base_image`
 imports a tiny rootfs assembled from this host's binaries (bash, curl, jq, coreutils' b2sum/timeout/
-sleep + their shared libs, busybox for the rest), so nothing comes from Docker Hub.
+sleep, GNU find + their shared libs, busybox for the rest), so nothing comes from Docker Hub.
 
 If the engine cannot start: FLEET_REQUIRE_DOCKER=1 (CI) fails the test; otherwise it is skipped with
 the reason and the tail of dockerd's log.
@@ -36,7 +36,9 @@ from pathlib import Path
 import pytest
 
 REQUIRE_ENV = "FLEET_REQUIRE_DOCKER"
-BASE_BINARIES = ("bash", "curl", "jq", "b2sum", "timeout", "sleep")
+# GNU find: serve.sh lists its event queue with `find -printf` (busybox's find has no -printf, so a worker on a
+# busybox-only base would never send a serve event; production bases are CUDA images with findutils).
+BASE_BINARIES = ("bash", "curl", "jq", "b2sum", "timeout", "sleep", "find")
 
 
 def docker_required() -> bool:
@@ -89,7 +91,8 @@ class DockerEngine:
         return self.docker(*args, timeout_s=timeout_s).stdout.decode().strip()
 
 
-def start_engine(root: Path, wait_s: float = 60) -> DockerEngine:
+def start_engine(root: Path, wait_s: float = 60, extra_args: tuple[str, ...] = ()) -> DockerEngine:
+    """A private dockerd under `root`; `extra_args` add dockerd flags (e.g. a --config-file with runtimes)."""
     for tool in ("dockerd", "docker"):
         if shutil.which(tool) is None:
             unavailable(f"`{tool}` is not installed (apt-get install docker.io)")
@@ -106,6 +109,7 @@ def start_engine(root: Path, wait_s: float = 60) -> DockerEngine:
             f"--exec-root={root / 'exec'}",
             f"--pidfile={root / 'dockerd.pid'}",
             f"--host=unix://{sock}",
+            *extra_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -331,6 +331,9 @@ start_forwards() {
 SERVE_CMD_PID=""
 start_serve_cmd() {
   [[ -n $FLEET_SERVE_CMD ]] || return 0
+  # curio names its node after CURIO_NODE_NAME (cmd/curio/run.go `--name`, stored in harmony_machine_details.
+  # machine_name): the instance id, so the leader can tell which machine missed a Snark Market deadline.
+  export CURIO_NODE_NAME="${CURIO_NODE_NAME:-$FLEET_INSTANCE_ID}"
   (
     child=""
     trap '[[ -n $child ]] && fleet_kill_tree "$child" TERM; exit 0' TERM INT

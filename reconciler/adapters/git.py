@@ -409,7 +409,9 @@ class GitStore:
                 target.unlink(missing_ok=True)
             else:
                 try:
-                    write_text_atomic(target, change.content)
+                    # No flush to disk per file: git holds the content once committed, and a crash before that
+                    # loses nothing a sync does not rewrite (the clone's record dirs follow the remote tip).
+                    write_text_atomic(target, change.content, fsync=False)
                 except OSError as exc:  # e.g. disk full: nothing partial is left; the next pass retries
                     raise TemporaryGitError(f"cannot write {change.path}: {exc.strerror or exc}") from None
                 _pause_point("write")

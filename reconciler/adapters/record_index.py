@@ -113,6 +113,11 @@ CREATE TABLE IF NOT EXISTS aggregates (
 """
 
 
+#: Every table of the index: a version change drops them all (aggregates of a snapshot whose listing is unchanged
+#: would otherwise outlive the code that computed them).
+_TABLES = ("meta", "files", "blobs", "snapshots", "aggregates")
+
+
 def default_index_path(spec_dir: Path, cache_home: Path | None = None) -> Path:
     """`<git dir>/fleet/records.sqlite` of the checkout holding `spec_dir` (a worktree's own git dir), else
     `<cache_home>/gpu-fleet/records-<hash of the directory>.sqlite` (reconciler.adapters.cache_files)."""
@@ -368,8 +373,7 @@ class RecordIndex:
             has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is not None
             stored = db.execute("SELECT value FROM meta WHERE key='version'").fetchone() if has_meta else None
             if stored is None or stored[0] != version:
-                db.executescript("DROP TABLE IF EXISTS files; DROP TABLE IF EXISTS blobs; "
-                                 "DROP TABLE IF EXISTS snapshots; DROP TABLE IF EXISTS meta;" + _SCHEMA)
+                db.executescript("".join(f"DROP TABLE IF EXISTS {table};" for table in _TABLES) + _SCHEMA)
                 db.execute("INSERT INTO meta VALUES ('version', ?)", (version,))
         except BaseException:
             db.close()

@@ -123,6 +123,9 @@ class SlotProvider:
         query = offer_query(inputs.pool, inputs.bad_machine_ids)
         offers = self.marketplace.search_offers(query)
         ranked = rank_offers(offers, inputs.pool, inputs.measured, inputs.priors, inputs.bad_machine_ids)
+        if inputs.retest_machine_ids:
+            # A retest (domain/correlation.py): the same machine again while it is offered, then the usual order.
+            ranked = sorted(ranked, key=lambda c: c.offer.machine_id not in inputs.retest_machine_ids)
         if not ranked and is_truncated(offers):
             # The market cut its answer short: the offers it left out may fit. Never a shortfall.
             raise NoOfferError(f"slot {inputs.slot}: none of the {len(offers)} offer(s) kept from the market's "

@@ -29,6 +29,7 @@ from reconciler.domain.exposure import controller_url_warning
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
 from reconciler.domain.hosts import DockerTls, HostSelector, OwnedHost
 from reconciler.domain.spec import (
+    MARKET_TASK_TYPES,
     PROOF_TASK_TYPES,
     TASK_TYPE_OF_PROOF,
     BenchmarkSettings,
@@ -38,11 +39,13 @@ from reconciler.domain.spec import (
     FleetSpec,
     ImageSettings,
     KillBudgetSettings,
+    MarketSource,
     NotificationSettings,
     ParamsSettings,
     PoolSpec,
     QueueSource,
     RecordExpirySettings,
+    RetestSettings,
     ScalingSettings,
     ServingSettings,
     SpecError,
@@ -304,10 +307,21 @@ def _capacity_problems(pool: dict[str, Any], i: int, bench: dict[str, Any], cap:
     queue: dict[str, Any] = pool["queue"] if isinstance(pool.get("queue"), dict) else {}
     kinds = queue.get("task_types")
     for j, kind in enumerate(kinds if isinstance(kinds, list) else []):
-        if isinstance(kind, str) and kind not in PROOF_TASK_TYPES:
+        if isinstance(kind, str) and kind in MARKET_TASK_TYPES:
+            add(("pools", i, "queue", "task_types", j),
+                f"got {kind!r}: Snark Market work is never the operator's own demand; take it by its price under "
+                "queue.market: {task_types: [PSProve], min_margin: 0.2, usd_per_fil: N}")
+        elif isinstance(kind, str) and kind not in PROOF_TASK_TYPES:
             add(("pools", i, "queue", "task_types", j),
                 f"got {kind!r}, not one of curio's proof task types: {', '.join(PROOF_TASK_TYPES)} (curio "
                 "tasks/tasknames/names.go; names are case-sensitive)")
+    market: dict[str, Any] = queue["market"] if isinstance(queue.get("market"), dict) else {}
+    market_kinds = market.get("task_types")
+    for j, kind in enumerate(market_kinds if isinstance(market_kinds, list) else []):
+        if isinstance(kind, str) and kind not in MARKET_TASK_TYPES:
+            add(("pools", i, "queue", "market", "task_types", j),
+                f"got {kind!r}, not one of curio's Snark Market task types: {', '.join(MARKET_TASK_TYPES)} (curio "
+                "tasks/proofshare/task_prove.go)")
     if queue and "task_types" not in queue:
         proof_type = bench.get("proof_type", "porep")
         if isinstance(proof_type, str) and proof_type not in TASK_TYPE_OF_PROOF:
@@ -369,6 +383,7 @@ def _build(doc: dict[str, Any], source: str, warnings: list[SpecProblem]) -> Fle
         kill_budget=KillBudgetSettings(**doc.get("kill_budget", {})),
         serving=ServingSettings(**doc.get("serving", {})),
         early_verdict=EarlyVerdictSettings(**doc.get("early_verdict", {})),
+        retest=RetestSettings(**doc.get("retest", {})),
         record_expiry=_record_expiry(doc.get("record_expiry", {})),
         gpu_priors=dict(doc.get("gpu_priors", {})),
         notifications=NotificationSettings(webhooks=tuple(
@@ -394,7 +409,12 @@ def _pool(p: dict[str, Any]) -> PoolSpec:
     if isinstance(p.get("queue"), dict):
         q = p["queue"]
         kinds = tuple(q.get("task_types") or (TASK_TYPE_OF_PROOF[benchmark.proof_type],))
-        queue = QueueSource(url_env=q["url_env"], task_types=kinds)
+        market = None
+        if isinstance(q.get("market"), dict):
+            m = dict(q["market"])
+            m["task_types"] = tuple(m.get("task_types") or MARKET_TASK_TYPES)
+            market = MarketSource(**m)
+        queue = QueueSource(url_env=q["url_env"], task_types=kinds, market=market)
     # Without capacity.yaml the pool starts at its min; load_spec applies the leader's entries.
     return PoolSpec(**fields, count=count["min"], benchmark=benchmark, min_count=count["min"],
                     max_count=count["max"], scaling=ScalingSettings(**p.get("scaling", {})), queue=queue,

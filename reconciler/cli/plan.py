@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -19,11 +20,14 @@ from typing import Any
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, describe_error, load_slot_state
 from reconciler.cli._shared import instant
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
+from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.forecast import fleet_forecast
 from reconciler.domain.marketplace import MarketplaceError
+from reconciler.domain.observations import format_time
 from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest, spend_cap_note
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError
+from reconciler.domain.snark_market import economics_from_json
 from reconciler.domain.spec import FleetSpec
 from reconciler.flows.provision import ApplyError, load_inputs, resolve_image
 from reconciler.render.markdown import render_plan_markdown
@@ -73,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     slot_plan = plan(spec, observed or {}, records, digest, now) if observed is not None else None
     if observed is None:
         notes.insert(0, RECORDS_ONLY_NOTE)
-    rows = pool_rows(spec, records, observed, slot_plan, digest, now)
+    from reconciler.adapters.capacity_files import capacity_entries
+
+    rows = pool_rows(spec, records, observed, slot_plan, digest, now, capacity_entries(spec, args.spec))
     all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
     cap_note = spend_cap_note(spec)
     if cap_note is not None and not any("spend cap" in n for n in all_notes):
@@ -127,9 +133,12 @@ def pause_notes(spec: FleetSpec, records: RecordSet, digest: str | None, now: da
 
 
 def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedSlot] | None,
-              slot_plan: SlotPlan | None, digest: str | None, now: datetime) -> list[dict[str, Any]]:
+              slot_plan: SlotPlan | None, digest: str | None, now: datetime,
+              capacity: Mapping[str, CapacityEntry] | None = None) -> list[dict[str, Any]]:
     """Per pool: desired vs running, the machines of its GPU model the records exclude at `now` (bad, permanent,
-    banned, unreadable) and those on probation (rentable again), as `fleet records` shows them."""
+    banned, unreadable) and those on probation (rentable again), as `fleet records` shows them; an autoscaled
+    pool's bounds and, with `queue.market`, the Snark Market figures of the leader's last decision
+    (capacity.yaml)."""
     bad = records.bad_machine_ids(now)
     on_probation = [b for b, standing in records.standings(now, passed_on_probation=True)
                     if standing.state == "probation"]
@@ -152,12 +161,20 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
         })
         if pool.min_count is not None:  # autoscaled: the bounds and what they may cost (the PR comment shows it)
             low, high = pool.bounds
-            rows[-1]["autoscaled"] = {
+            scaled: dict[str, Any] = {
                 "min": low, "max": high, "desired": pool.desired_count,
                 "usd_per_hour_at_min": round(low * pool.max_price_usd_per_hour, 2),
                 "usd_per_hour_at_max": round(high * pool.max_price_usd_per_hour, 2),
                 "target_utilization": pool.scaling.target_utilization if pool.scaling else None,
                 "queue": list(pool.queue.task_types) if pool.queue else None}
+            rows[-1]["autoscaled"] = scaled
+            entry = (capacity or {}).get(pool.name)
+            if pool.queue is not None and pool.queue.market is not None:
+                figures = entry.signals.get("market") if entry is not None else None
+                scaled["market"] = {
+                    **economics_from_json(figures if isinstance(figures, Mapping) else {}),
+                    "min_margin": pool.queue.market.min_margin,
+                    "as_of": format_time(entry.changed_at) if entry is not None and entry.changed_at else None}
     return rows
 
 

@@ -22,7 +22,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -79,6 +79,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slot-state-dir", type=Path, default=None, metavar="DIR",
                    help="the provisioner's state dir (`fleet apply --state-dir`): $/h per pool (with --listen) and "
                         "the $/h of each instance, so a shrinking autoscaled pool drains the worst $/proof first")
+    p.add_argument("--market-prices", choices=["vastai"], default=None,
+                   help="also read each instance's $/h from the marketplace's list of instances (every 5 min; vast.ai: "
+                        "key from $VAST_API_KEY), for instances --slot-state-dir does not price (a fleet Pulumi runs "
+                        "has no slot state): a shrinking pool drains the worst $/proof first")
+    p.add_argument("--vast-base-url", default=None, help=argparse.SUPPRESS)  # tests point it at a fake
     p.add_argument("--metrics-open", action="store_true",
                    help="with --listen: serve /metrics without a token (a Prometheus on a private network)")
     p.add_argument("--lease", type=float, default=DEFAULT_LEASE_S, metavar="SECONDS",
@@ -101,6 +106,18 @@ def _open_git(args: argparse.Namespace) -> GitStore:
         raise GitStoreError(f"{workdir} exists, is not empty and is not a git clone; choose an empty --workdir")
     workdir.parent.mkdir(parents=True, exist_ok=True)
     return GitStore.clone(args.repo, workdir, branch=args.branch)
+
+
+def _prices(args: argparse.Namespace) -> Callable[[], Mapping[str, float]] | None:
+    from reconciler.cli.surfaces import marketplace_prices, merged_prices, slot_prices
+
+    market = None
+    if args.market_prices is not None:
+        from reconciler.adapters.marketplace import build_marketplace
+
+        market = marketplace_prices(build_marketplace({"kind": args.market_prices, "base_url": args.vast_base_url},
+                                                      {}))
+    return merged_prices(slot_prices(args.slot_state_dir) if args.slot_state_dir is not None else None, market)
 
 
 def _standby(tree: GitFleetTree, store: Any, keeper: LeaseKeeper, memory: PassMemory | None,
@@ -126,8 +143,10 @@ def _report(result: PassResult, as_json: bool) -> None:
     for note in result.notes:
         print(f"  note: {note}", flush=True)
     for d in result.capacity:
-        if d.changed or d.held_by:
-            print(f"  capacity {d.trailer()}" + (f"; held by {d.held_by}: {d.note}" if d.held_by else ""), flush=True)
+        if d.changed:
+            print(f"  capacity {d.trailer()}", flush=True)
+        elif d.held_by:
+            print(f"  capacity {d.pool} at {d.after}: {d.note}", flush=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -168,6 +187,9 @@ def run_command(args: argparse.Namespace) -> int:
         return 1
     server: Any = None
     surfaces: Surfaces | None = None
+    # $/h per instance from the provisioner's slot state, else the marketplace: a shrinking pool drains the worst
+    # $/proof first, and the page shows what the fleet costs.
+    prices = _prices(args)
     stop = threading.Event()
     wake = threading.Event()  # set when this replica becomes leader (or on a signal): pass at once
     previous: dict[int, Any] = {}
@@ -186,7 +208,7 @@ def run_command(args: argparse.Namespace) -> int:
         if exposure is not None:
             print(f"fleet reconcile --listen: warning: {exposure}", file=sys.stderr, flush=True)
         if args.listen is not None:
-            surfaces = _surfaces(args, store, git, desired, status_file)
+            surfaces = _surfaces(args, store, git, desired, status_file, prices)
             if surfaces is None:
                 return 2
             server = _start_controller(store, args.listen, args, surfaces.routes, health=partial(_health, keeper))
@@ -200,12 +222,6 @@ def run_command(args: argparse.Namespace) -> int:
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
-        # $/h per instance from the provisioner's slot state: a shrinking pool drains the worst $/proof first.
-        prices = None
-        if args.slot_state_dir is not None:
-            from reconciler.cli.surfaces import slot_prices
-
-            prices = slot_prices(args.slot_state_dir)
 
         def one_pass(now: datetime) -> PassResult:
             term = None
@@ -271,7 +287,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str | None,
-              status_file: Path) -> Surfaces | None:
+              status_file: Path, prices: Callable[[], Mapping[str, float]] | None) -> Surfaces | None:
     """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
     from reconciler.adapters.spec_files import load_spec
     from reconciler.adapters.webhooks import WebhookConfigError
@@ -280,7 +296,6 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
         SurfacesConfigError,
         build_surfaces,
         market_view,
-        slot_prices,
         webhook_targets,
     )
     from reconciler.domain.spec import SpecError
@@ -297,7 +312,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
             spec_dir=git.workdir / "fleet-spec", store=store, admin_token=load_admin_token(None),
             read_token=_read_token(), desired_image_digest=desired, last_pass_file=status_file,
             commits=lambda: git.recent_commits(15),
-            prices=slot_prices(args.slot_state_dir) if args.slot_state_dir else None,
+            prices=prices,
             market=market_view(args.slot_state_dir) if args.slot_state_dir else None,
             refresh_s=args.status_refresh, metrics_open=args.metrics_open, webhook_targets=targets,
             secure_cookie=page_over_tls(args, controller_url), sessions=store)

@@ -9,6 +9,7 @@ Settings (environment, through reconciler.adapters.settings; tokens and URLs are
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,12 +28,16 @@ from reconciler.domain.events import (
     spend_cap_event,
     verdict_event,
 )
+from reconciler.domain.marketplace import Marketplace, MarketplaceError
 from reconciler.domain.spec import NotificationSettings
 from reconciler.domain.surfaces import CommitLine, MarketView
 from reconciler.flows.judge import PassResult
 from reconciler.flows.live_status import LiveStatusSource, StatusStore
 from reconciler.render.live import ReadAccess, SessionStore, StatusRoutes, install_access_log_redaction
 from reconciler.render.metrics import FleetMetrics, fleet_metrics
+
+#: The root of every fleet's marketplace labels (`domain.spec.fleet_label_prefix`: `gpu-fleet/<fleet>/<instance id>`).
+LABEL_ROOT = "gpu-fleet/"
 
 
 class SurfacesConfigError(ValueError):
@@ -128,6 +133,48 @@ def slot_prices(state_dir: Path) -> Callable[[], Mapping[str, float]]:
         if not path.is_file():
             return {}
         return {o.instance_id: o.price_usd_per_hour for o in load_slot_state(path).values()}
+
+    return read
+
+
+#: How long the marketplace's prices are reused between reads (a list of every instance: once per pass would be
+#: a read every 30 s for a number that changes when an instance is rented).
+MARKET_PRICES_TTL_S = 300.0
+
+
+def marketplace_prices(market: Marketplace, *, ttl_s: float = MARKET_PRICES_TTL_S,
+                       clock: Callable[[], float] = time.monotonic) -> Callable[[], Mapping[str, float]]:
+    """Instance -> $/h from the marketplace's own list of instances (each carries this fleet's label
+    `gpu-fleet/<fleet>/<instance id>` and its price), read at most every `ttl_s`. A failed read keeps the last
+    prices: an unknown price only makes the pool's max price stand in, never a decision of its own."""
+    cache: dict[str, Any] = {"at": None, "prices": {}}
+
+    def read() -> Mapping[str, float]:
+        if cache["at"] is None or clock() - cache["at"] >= ttl_s:
+            cache["at"] = clock()
+            try:
+                instances = market.list_instances()
+            except MarketplaceError:
+                return dict(cache["prices"])
+            cache["prices"] = {i.label.rsplit("/", 1)[1]: i.price_usd_per_hour for i in instances
+                               if i.label and i.label.startswith(LABEL_ROOT) and i.price_usd_per_hour is not None}
+        return dict(cache["prices"])
+
+    return read
+
+
+def merged_prices(*sources: Callable[[], Mapping[str, float]] | None) -> Callable[[], Mapping[str, float]] | None:
+    """One price source from several, the first that prices an instance winning (the slot state, then the
+    marketplace); None without any."""
+    given = [s for s in sources if s is not None]
+    if not given:
+        return None
+
+    def read() -> Mapping[str, float]:
+        out: dict[str, float] = {}
+        for source in reversed(given):
+            out.update(source())
+        return out
 
     return read
 

@@ -84,6 +84,13 @@ def run(args: argparse.Namespace) -> int:
                           f"${low * pool.max_price_usd_per_hour:.2f}/h at min, "
                           f"${high * pool.max_price_usd_per_hour:.2f}/h at max (max price "
                           f"${pool.max_price_usd_per_hour:g}/h per slot)")
+                    market = pool.queue.market if pool.queue is not None else None
+                    if market is not None and pool.min_rate_proofs_per_hour > 0:
+                        worst = pool.max_price_usd_per_hour / pool.min_rate_proofs_per_hour * (1 + market.min_margin)
+                        print(f"  pool {pool.name}: Snark Market work counts as demand while a proof pays more than "
+                              f"its measured $/proof + {market.min_margin:.0%} (at most ${worst:.4f} = "
+                              f"{worst / market.usd_per_fil:.6g} FIL at ${market.usd_per_fil:g}/FIL: max price over "
+                              "min rate)")
         else:
             print(f"{path}: {len(errors)} error(s)", file=sys.stderr)
     return 0 if spec is not None else 1

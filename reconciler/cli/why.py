@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from reconciler.adapters.git import GitReader, GitStoreError
 from reconciler.adapters.record_files import parse_machine_record
 from reconciler.adapters.record_history import RecordHistoryParser
+from reconciler.domain.hosts import HOST_NAME, host_story, machine_id_of_argument
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
 from reconciler.domain.redact import escape_lines
@@ -28,7 +29,9 @@ from reconciler.flows.why import (
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("why", help="why a machine was judged as it was: its verdict commits and evidence")
-    p.add_argument("machine_id", nargs="?", help="marketplace machine id, e.g. 40213")
+    p.add_argument("machine_id", nargs="?", help="marketplace machine id, e.g. 40213; an owned host's GPU as "
+                                                 "<host>/<GPU UUID>, e.g. gpu-a/GPU-3b2f...; or an owned host "
+                                                 "(its GPUs and whether several failed alike)")
     p.add_argument("--pool", default=None, help="instead of a machine: the capacity decisions of this autoscaled "
                                                 "pool (its Fleet-Capacity commits), newest first")
     p.add_argument("--repo", type=Path, default=None, help="git checkout to read (default: the current one)")
@@ -46,8 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.pool is not None or args.machine_id is None:
         return _pool_history(args)
+    if HOST_NAME.match(args.machine_id) and not args.json:
+        story = _host_story(args)
+        if story:
+            print("\n".join(story))
+            return 0
     try:
-        machine_id = check_machine_id(args.machine_id)
+        machine_id = check_machine_id(machine_id_of_argument(args.machine_id))
     except RecordError as exc:
         print(f"fleet why: {exc}", file=sys.stderr)
         return 2
@@ -89,6 +97,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(escape_lines(render_text(history, max(0, args.tail))))
     return 0
+
+
+def _host_story(args: argparse.Namespace) -> list[str]:
+    """`fleet why <host>`: the owned host's GPUs as the checkout's records have them (empty: not a host on record)."""
+    from reconciler.adapters.record_files import load_records
+
+    repo = args.repo or Path.cwd()
+    records = load_records(repo / args.spec_dir)
+    now = parse_time(args.at) if args.at else datetime.now(UTC)
+    return host_story(args.machine_id, records.machines.values(), now)
 
 
 def _pool_history(args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ in the tail, on three machines) trips it. A machine blame read only from a CUDA 
 #-999`, `cudaErrorLaunchFailure`, with no kernel Xid or nvidia-smi line beside it) is a symptom our own build
 can cause too: it counts, so when it recurs on distinct machines with one image the breaker decides instead
 (issue 23 item 4). Hardware seen first hand (Xid, ECC from the kernel, nvidia-smi), network, params and
-marketplace failures never count, and neither does below-min-rate (a measurement of one machine).
+marketplace failures never count, and neither does below-min-rate (a measurement of one machine), nor an
+unexplained params failure (the fetch is the mirror's or the machine's network: the mirror correlation and the
+retest of domain/correlation.py decide it; issue 29).
 Humans clear a suspect with `status: cleared`: the failures the record already lists are then
 forgiven, and only K NEW machines trip it again. A deleted record is forgotten: the next failure with that
 digest + signature re-counts the whole window (like a pardoned machine, only a NEW failure re-adds it).
@@ -69,9 +71,12 @@ def symptom_only(signature_line: str | None) -> bool:
 
 def counts(verdict: str, blame: str, signature_line: str | None = None) -> bool:
     """Whether a failure counts towards the breaker: not positively attributed to the machine, the network,
-    the params mirror or the marketplace (`verdicts.counts_against_image`), or a machine blame inferred from a
+    the params mirror or the marketplace (`verdicts.counts_against_image`) - but an unexplained params failure,
+    which the mirror correlation and the retest decide (correlation.py) -, or a machine blame inferred from a
     line that shows nothing but a CUDA error code (`symptom_only`: `sppark::Error #-999`, `#-214` matched by the
     ECC signature that kernel Xid 48 lines also match)."""
+    if verdict == "params-failed" and blame == "unknown":
+        return False  # an unexplained fetch failure is the mirror's or one machine's: correlation.py decides it
     if counts_against_image(verdict, blame):
         return True
     return blame == "machine" and verdict in CORRELATED_VERDICTS and symptom_only(signature_line)
@@ -122,8 +127,12 @@ def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
 
 
 def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
-    if not counts(entry.verdict, entry.blame, _signature_line(entry.evidence)) or not entry.signature \
-            or not entry.image_digest:
+    if not entry.signature or not entry.image_digest:
+        return None
+    # The signature line only decides a machine blame of a failure (`counts`): the evidence is read for those only.
+    line = _signature_line(entry.evidence) if entry.blame == "machine" and entry.verdict in CORRELATED_VERDICTS \
+        else None
+    if not counts(entry.verdict, entry.blame, line):
         return None
     try:
         at = parse_time(entry.at)
@@ -142,16 +151,45 @@ def verdict_failure(v: Verdict) -> Failure | None:
 def recorded_failures(records: RecordSet, since: datetime | None = None) -> list[Failure]:
     """Recorded verdicts that count against their image; with `since`, only those at or after it."""
     out = []
-    for rec in records.machines.values():  # each record's failures (times parsed) found once per record object
-        for failure in rec.derived("breaker.failures", _record_failures):
-            if since is None or failure.at >= since:
-                out.append(failure)
+    for rec in records.machines.values():  # each record's candidates (times parsed) found once per record object
+        for candidate in rec.derived("breaker.candidates", _record_candidates):
+            if since is None or candidate.at >= since:
+                failure = candidate.failure()
+                if failure is not None:
+                    out.append(failure)
     return out
 
 
-def _record_failures(record: MachineRecord) -> tuple[Failure, ...]:
-    found = (_entry_failure(record.machine_id, entry) for entry in record.benchmarks)
-    return tuple(f for f in found if f is not None)
+class _Candidate:
+    """A recorded entry that may count against its image. Whether it does is decided on first use, and reads the
+    entry's evidence (an indexed record reads it from its file) only when the signature line decides: a machine
+    blame of a failure (`counts`). A cold pass thereby reads the evidence of the entries within the window only."""
+
+    __slots__ = ("_failure", "at", "entry", "machine_id")
+
+    def __init__(self, machine_id: str, entry: BenchmarkEntry, at: datetime) -> None:
+        self.machine_id, self.entry, self.at = machine_id, entry, at
+        self._failure: tuple[Failure | None] | None = None
+
+    def failure(self) -> Failure | None:
+        if self._failure is None:
+            self._failure = (_entry_failure(self.machine_id, self.entry),)
+        return self._failure[0]
+
+
+def _record_candidates(record: MachineRecord) -> tuple[_Candidate, ...]:
+    out = []
+    for entry in record.benchmarks:
+        if not entry.signature or not entry.image_digest or not (
+                counts_against_image(entry.verdict, entry.blame)
+                or (entry.blame == "machine" and entry.verdict in CORRELATED_VERDICTS)):
+            continue  # cannot count, whatever its evidence says (`counts`)
+        try:
+            at = parse_time(entry.at)
+        except ValueError:
+            continue
+        out.append(_Candidate(record.machine_id, entry, at))
+    return tuple(out)
 
 
 def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str, KillBudget]:
@@ -187,13 +225,13 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
             if record is not None and record.active and failure.signature in signatures_of(record):
                 record = _grow(record, [failure])
                 images[failure.image_digest] = changed[failure.image_digest] = record
-                v = v.held(HELD_BY_CIRCUIT_BREAKER)
+                v = _held_for_image(v, record)
             else:
                 tripped = _trip(spec, record, history, failure, now)
                 if tripped is not None:
                     images[failure.image_digest] = changed[failure.image_digest] = tripped
                     notes.append(f"circuit breaker tripped: {tripped.reason}")
-                    v = v.held(HELD_BY_CIRCUIT_BREAKER)
+                    v = _held_for_image(v, tripped)
         machine, pool = v.machine_id, v.pool
         if v.marks_bad and machine and pool in used and machine not in already_bad:
             pool_used = used[pool]
@@ -208,6 +246,15 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
         out.append(v)
     final_budgets = {pool: replace(b, used=tuple(sorted(used[pool]))) for pool, b in budgets.items()}
     return GuardOutcome(tuple(out), changed, final_budgets, tuple(notes))
+
+
+def _held_for_image(v: Verdict, record: ImageSuspectRecord) -> Verdict:
+    """`v` held by the circuit breaker, its evidence saying which correlation decided it (the image's)."""
+    held = v.held(HELD_BY_CIRCUIT_BREAKER)
+    correlation = {"rule": "image", "decided": held.blame, "machines": list(record.machines),
+                   "detail": f"the same failure ({v.signature}) on machines {', '.join(record.machines)} with image "
+                             f"{record.image_digest[:19]}: the image (circuit breaker)"}
+    return replace(held, evidence={**held.evidence, "correlation": correlation})
 
 
 def _trip(spec: FleetSpec, record: ImageSuspectRecord | None, history: Iterable[Failure], failure: Failure,

@@ -1,30 +1,42 @@
-"""Capacity that follows demand, pure: measured utilization and curio's queue -> each autoscaled pool's count.
+"""Capacity that follows demand, pure: measured utilization, curio's queue and its Snark Market -> each
+autoscaled pool's count.
 
 Place in the flow: the leader's pass (`flows.judge.run_pass`) reads the worker reports (heartbeats) and, for
-pools with a queue source, curio's `harmony_task` table (`adapters.curio_queue`), then calls `decide_all`
-with the entries of the bot-owned `fleet-spec/capacity.yaml`. What changed is written back to that file and
-committed with a `Fleet-Capacity:` trailer; `fleet apply` and `pulumi up` read the file through the spec
-loader (the pool's slots), and workers on draining slots get the directive `drain`. No I/O, no clock.
+pools with a queue source, curio's tables (`adapters.curio_queue`), then calls `decide_all` with the entries of
+the bot-owned `fleet-spec/capacity.yaml` and the demand samples of its previous passes. What changed is written
+back to that file and committed with a `Fleet-Capacity:` trailer; `fleet apply` and `pulumi up` read the file
+through the spec loader (the pool's slots), and workers on draining slots get the directive `drain`. No I/O, no
+clock: every input is an argument, so a recorded pass replays to the same decision (`fleet plan --what-if`).
 
-The rules (Vast Serverless: target utilization and cold start; KEDA: queue length; Karpenter: consolidate
-the worst machines first, and never twice for one shortfall):
-- Utilization = busy time / wall time of the pool's serving machines over a window, from heartbeats (a
-  heartbeat says whether the daemon had work queued or in progress; an interval counts as busy by the
-  trapezoid of its two ends).
-- Up (hysteresis in time): utilization above target over the whole `scale_up_after` window, or a proof task
-  of the pool's types waiting in the queue for at least that long. How many: the machine-equivalents at
-  work plus the machines that would clear the waiting tasks within that window at the pool's minimum rate,
-  over the target. Slots already there count, including machines still in params/benchmark (capacity on its
-  way, ~15 min cold start): only a shortfall beyond them rents more, so one shortfall is answered once.
-- Down (hysteresis in rate and time): utilization over the `scale_down_after` window so low that the
-  remaining machines would still be at most target - DOWN_MARGIN busy, no task waiting, no machine on its
-  way. Never on missing data: a configured queue that could not be read, or heartbeats that cover too little
-  of the window, hold the pool. Slots without a live instance go first, then the worst $/proof serving
-  machines are drained (finish the current proofs, take no new work, then stop); a draining slot is
-  released once its worker stopped (or its instance is gone), never mid-proof.
-- Guards: bounds [min, max] (min == max pins), cooldown after any change (no flapping), the fleet spend cap
-  (other pools' desired x their max price), the circuit breaker (a paused pool neither grows nor shrinks:
-  its image is suspect) and the kill budget (an exhausted pool does not grow: machines are failing).
+The rules (Vast Serverless: target utilization and cold start; KEDA: queue length; Karpenter: consolidate the
+worst machines first, and never twice for one shortfall), checked in the order a human would:
+- Bounds first: [min, max] from fleet.yaml (min == max pins). A human's new bounds move the count at once, and
+  a lower count drains like any shrink.
+- Heard: while the controller hears the fleet too little (silence everywhere, or the fleet coming back after
+  it: `serving.FleetHearing`, the same signal as the serving verdicts), every count holds. Silence is never
+  evidence of idleness.
+- Up needs demand that lasted (hysteresis in time): the oldest unclaimed task of the pool's types waited
+  `scale_up_after` (curio's `harmony_task.posted_time`), or utilization above target over that whole window,
+  or waiting work (and curio's leading indicator, sectors past precommit) above target in every sample of the
+  window. How many: the machine-equivalents at work (with a rising trend sized for the cold start) plus those
+  that would clear the waiting tasks within the window at the pool's minimum rate, over the target. Slots
+  already there count, including machines still in params/benchmark: one shortfall is answered once.
+- Down needs positive evidence of idleness: utilization over the `scale_down_after` window (heartbeats
+  covering it, after any fleet-wide silence) so low that the remaining machines would be at most
+  target - DOWN_MARGIN busy, a queue that was read and had nothing waiting, no machine on its way.
+- Guards: the circuit breaker (a paused pool neither grows nor shrinks), the kill budget (an exhausted pool
+  does not grow), the cooldown (no change for `cooldown` after a change; a reversal, up after down or down
+  after up, also waits the window of its own evidence after the cooldown), the fleet spend cap.
+- Every shrink drains: slots without a live instance go first, then the worst $/proof machines are drained
+  (finish the current proofs, take no new work, then stop); a draining slot is released once its worker
+  stopped (or its instance is gone), never mid-proof.
+- Snark Market work (`queue.market`) counts as demand only while what it pays per proof exceeds the pool's
+  measured $/proof by the margin (`domain.snark_market`); never as the operator's own demand. Unpaid market
+  work a machine is busy with does not count as utilization.
+
+The bound on flapping that follows: changes at least `cooldown` apart; up -> down at least cooldown +
+scale_down_after apart, down -> up at least cooldown + scale_up_after apart; so an up-down-up spans at least
+2 x cooldown + scale_up_after + scale_down_after (four windows when all four are equal).
 """
 
 from __future__ import annotations
@@ -33,10 +45,27 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
-from reconciler.domain.observations import InstanceReport, format_time
-from reconciler.domain.serving import heartbeats, is_serving, last_signal, serving_health
+from reconciler.domain.observations import InstanceReport, format_time, parse_time
+from reconciler.domain.serving import (
+    SILENT_LOST,
+    FleetHearing,
+    fleet_hearing,
+    heartbeats,
+    is_serving,
+    last_signal,
+    serving_health,
+)
+from reconciler.domain.snark_market import (
+    MachineCost,
+    MarketEconomics,
+    MarketSnapshot,
+    economics_from_json,
+    market_economics,
+    pool_cost_per_proof,
+)
 from reconciler.domain.spec import FleetSpec, PoolSpec, ScalingSettings, ServingSettings
 
 #: Scale down only to a count at which the remaining machines would be at most this much below target
@@ -44,6 +73,9 @@ from reconciler.domain.spec import FleetSpec, PoolSpec, ScalingSettings, Serving
 DOWN_MARGIN = 0.15
 #: Heartbeats must cover this share of the window's machine-time before utilization is trusted.
 MIN_COVERAGE = 0.75
+#: A shrink needs every serving machine heard within this many heartbeat intervals: a heartbeat overdue is not
+#: evidence of anything (the first minutes of an outage look like this before silence is everywhere).
+HEARTBEAT_GRACE = 1.5
 #: A sector's PoRep task is posted once its seed is on chain: PreCommitChallengeDelay (150 epochs of 30 s on
 #: mainnet) after its precommit landed (curio tasks/seal/poller_precommit_msg.go: `randHeight :=
 #: pci.PreCommitEpoch + policy.GetPreCommitChallengeDelay()`). Sectors past precommit are PoRep demand that
@@ -53,7 +85,7 @@ SEED_LEAD_MINUTES = 75.0
 UP = "up"
 DOWN = "down"
 
-# Why a pool did not change (constants: they appear in status, JSON and tests).
+# Why a pool did not change (constants: they appear in status, JSON, /metrics and tests).
 HELD_COOLDOWN = "cooldown"
 HELD_SPEND_CAP = "spend-cap"
 HELD_BREAKER = "circuit-breaker"
@@ -61,6 +93,10 @@ HELD_KILL_BUDGET = "kill-budget"
 HELD_MISSING_DATA = "missing-data"
 HELD_ON_THE_WAY = "capacity-on-the-way"
 HELD_AT_BOUND = "at-bound"
+HELD_UNHEARD = "fleet-unheard"
+
+#: Slot states with nothing proving on them: released first when a pool shrinks.
+GONE = ("empty", "stopped")
 
 
 # --- signals -------------------------------------------------------------------------------------------
@@ -78,18 +114,12 @@ class QueueSnapshot:
     #: Sealing sectors whose precommit landed and that wait for their seed: each becomes a PoRep task within
     #: about SEED_LEAD_MINUTES (None: not read; a leading indicator, never needed).
     upcoming: int | None = None
+    #: The cluster's Snark Market work and pay, for a pool with `queue.market` (None: not configured).
+    market: MarketSnapshot | None = None
 
     @property
     def total_waiting(self) -> int:
         return sum(self.waiting.values())
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return f"queue unavailable ({self.error}): utilization only, no scale-down"
-        if not self.total_waiting:
-            return "no task waiting"
-        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(self.waiting.items()) if n)
-        return f"{self.total_waiting} waiting ({kinds})"
 
 
 @dataclass(frozen=True)
@@ -109,6 +139,10 @@ class Utilization:
     def covered(self) -> bool:
         """Enough of the window's machine-time is seen to trust the value."""
         return self.machines > 0 and self.wall_s >= MIN_COVERAGE * self.machines * self.window_s
+
+    @property
+    def coverage(self) -> float:
+        return self.wall_s / (self.machines * self.window_s) if self.machines and self.window_s else 0.0
 
     @property
     def busy_machines(self) -> float:
@@ -143,11 +177,21 @@ class SlotState:
     index: int
     instance_id: str | None
     state: str  # empty | on-the-way | serving | stopped
-    usd_per_proof: float | None = None  # price / measured rate (None: not measured)
+    usd_per_hour: float | None = None  # the instance's price (its slot state or the market), else the pool's max
+    proofs_per_hour: float | None = None  # measured: rolling rate while serving, else its benchmark
+    heard_at: datetime | None = None  # the controller last heard this instance
+
+    @property
+    def usd_per_proof(self) -> float | None:
+        if self.usd_per_hour is None or not self.proofs_per_hour:
+            return None
+        return self.usd_per_hour / self.proofs_per_hour
 
 
 def slot_states(pool: PoolSpec, reports: Sequence[InstanceReport], serving: ServingSettings,
-                prices: Mapping[str, float], now: datetime) -> list[SlotState]:
+                prices: Mapping[str, float], hearing: FleetHearing) -> list[SlotState]:
+    """Each slot's newest instance: `stopped` only on positive evidence (it failed, said it stopped, is destroyed,
+    or went silent while the controller heard the rest of the fleet: the serving verdicts' own rule)."""
     newest: dict[str, InstanceReport] = {}
     for r in reports:
         if r.pool != pool.name or r.quarantine is not None or r.slot is None:
@@ -163,83 +207,71 @@ def slot_states(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
             out.append(SlotState(slot, index, found.instance_id if found else None, "empty"))
             continue
         r = found
-        lost = now - last_signal(r) > timedelta(minutes=serving.lost_after_minutes)
-        if is_serving(r) and not lost:
+        silent = hearing.silent_state(r.instance_id, last_signal(r))
+        lost = silent is not None and silent[0] == SILENT_LOST
+        if r.failure() is not None or r.first("serve", "done") is not None or lost:
+            out.append(SlotState(slot, index, r.instance_id, "stopped"))
+        elif is_serving(r):
             rate = serving_health(r, pool, serving).proofs_per_hour
             if rate is None and r.result is not None:
                 rate = r.result.proofs_per_hour
             price = prices.get(r.instance_id, pool.max_price_usd_per_hour)
-            out.append(SlotState(slot, index, r.instance_id, "serving", price / rate if rate else None))
-        elif r.failure() is not None or r.first("serve", "done") is not None or lost:
-            out.append(SlotState(slot, index, r.instance_id, "stopped"))
+            out.append(SlotState(slot, index, r.instance_id, "serving", price, rate, last_signal(r)))
         else:
             out.append(SlotState(slot, index, r.instance_id, "on-the-way"))
     return out
 
 
-# --- the bot-owned file's entries ----------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
-class CapacityEntry:
-    """One line of fleet-spec/capacity.yaml: what the leader decided for one pool, and why."""
+class DemandSample:
+    """One pass's demand for one pool, in machine-equivalents at the pool's minimum rate over the scale-up window
+    (kept by the leader between passes: `waiting work above target for the whole window` is read from them)."""
 
-    pool: str
-    desired: int
-    slots: tuple[int, ...]
-    draining: tuple[int, ...] = ()
-    changed_at: datetime | None = None  # the last change of `desired` (cooldown counts from it)
-    direction: str | None = None  # up | down of that change
-    reason: str = ""
-    signals: Mapping[str, Any] = field(default_factory=dict)
+    at: datetime
+    active: int  # slots not draining
+    queued: float | None  # the pool's own waiting tasks (None: the queue could not be read)
+    market: float = 0.0  # waiting Snark Market tasks while the market pays by the margin (else 0)
+    coming: float = 0.0  # sectors past precommit (the PoRep rate of the next SEED_LEAD_MINUTES)
+    unpaid: float = 0.0  # machines on Snark Market work that does not pay by the margin (their busy is no demand)
 
+    @property
+    def waiting(self) -> float:
+        return (self.queued or 0.0) + self.market
 
-def initial_entry(pool: PoolSpec) -> CapacityEntry:
-    low, _ = pool.bounds
-    return CapacityEntry(pool.name, low, tuple(range(low)), reason=f"starts at min {low} (no decision yet)")
+    def to_json(self) -> dict[str, Any]:
+        return {"at": format_time(self.at), "active": self.active, "queued": _r3(self.queued),
+                "market": _r3(self.market), "coming": _r3(self.coming), "unpaid": _r3(self.unpaid)}
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DemandSample:
+        def num(key: str) -> float | None:
+            value = doc.get(key)
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
-def within_bounds(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """(slots, draining, desired) of a pool once a human's bounds are applied to the bot's entry: a pool
-    pinned by min == max, or whose bounds moved past the entry, gets the bound at once (a human decision)."""
-    low, high = pool.bounds
-    if entry is None:
-        return tuple(range(low)), (), low
-    slots = tuple(sorted(set(entry.slots)))
-    draining = tuple(i for i in sorted(set(entry.draining)) if i in slots)
-    desired = min(max(entry.desired, low), high)
-    active = [i for i in slots if i not in draining]
-    if len(active) < desired:  # grow: un-drain first, then the lowest free indices
-        undrain = list(draining)[:desired - len(active)]
-        draining = tuple(i for i in draining if i not in undrain)
-        active = sorted(active + undrain)
-        free = (i for i in range(len(slots) + desired + 1) if i not in slots)
-        while len(active) < desired:
-            index = next(free)
-            active.append(index)
-            slots = (*slots, index)
-    if len(slots) > high:  # a lowered max: the extra slots go now (as a lowered count always did)
-        keep = sorted(active)[:high]
-        keep += [i for i in draining if len(keep) < high]
-        slots = tuple(sorted(keep))
-        draining = tuple(i for i in draining if i in slots)
-    return tuple(sorted(slots)), draining, desired
+        active = doc.get("active")
+        if not isinstance(active, int) or isinstance(active, bool) or not isinstance(doc.get("at"), str):
+            raise ValueError(f"not a demand sample: {dict(doc)!r:.120}")
+        return cls(parse_time(doc["at"]), active, num("queued"), num("market") or 0.0, num("coming") or 0.0,
+                   num("unpaid") or 0.0)
 
 
-def apply_entries(spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> FleetSpec:
-    """The spec with every autoscaled (or ranged) pool's slots taken from its capacity entry."""
-    pools = []
-    for pool in spec.pools:
-        if pool.min_count is None:
-            pools.append(pool)
-            continue
-        slots, draining, desired = within_bounds(pool, entries.get(pool.name))
-        pools.append(replace(pool, count=len(slots), slot_indices=slots,
-                             draining=tuple(f"{pool.name}-{i}" for i in draining), desired_count=desired))
-    return replace(spec, pools=tuple(pools))
+def _r3(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
-# --- the decision --------------------------------------------------------------------------------------
+def lasted(samples: Sequence[DemandSample], now: datetime, window: timedelta) -> list[DemandSample] | None:
+    """The samples that cover the whole `window` before `now` (from the last one at or before its start), or
+    None when they do not: none that old, or a gap longer than half the window (unobserved time is never
+    evidence)."""
+    ordered = sorted((s for s in samples if s.at <= now), key=lambda s: s.at)
+    start = [i for i, s in enumerate(ordered) if s.at <= now - window]
+    if not start:
+        return None
+    run = ordered[start[-1]:]
+    gap = window / 2
+    if now - run[-1].at > gap or any(b.at - a.at > gap for a, b in pairwise(run)):
+        return None
+    return run
 
 
 @dataclass(frozen=True)
@@ -250,6 +282,10 @@ class PoolSignals:
     utilization_down: Utilization
     queue: QueueSnapshot | None  # None: no queue source configured
     slots: tuple[SlotState, ...]
+    hearing: FleetHearing | None = None  # None: not assessed (treated as heard)
+    market: MarketEconomics | None = None  # a pool with `queue.market`
+    history: tuple[DemandSample, ...] = ()  # the previous passes' samples (oldest first)
+    heartbeat_s: float = 300.0  # how often serving workers report (serving.heartbeat_minutes)
 
     def count(self, state: str) -> int:
         return sum(1 for s in self.slots if s.state == state)
@@ -270,7 +306,100 @@ class PoolSignals:
                             "upcoming": q.upcoming,
                             "oldest_wait_min": None if q.oldest_waiting_at is None
                             else round((now - q.oldest_waiting_at).total_seconds() / 60, 1)}
+        if self.market is not None:
+            out["market"] = self.market.to_json(now)
+        unheard = self.hearing.too_little() if self.hearing is not None else None
+        if unheard is not None:
+            out["unheard"] = unheard
         return out
+
+
+def signals_for(pool: PoolSpec, reports: Sequence[InstanceReport], queue: QueueSnapshot | None,
+                serving: ServingSettings, prices: Mapping[str, float], now: datetime, *,
+                hearing: FleetHearing | None = None, history: Sequence[DemandSample] = ()) -> PoolSignals:
+    scaling = pool.scaling or ScalingSettings()
+    heard = hearing if hearing is not None else FleetHearing(now, timedelta(minutes=serving.lost_after_minutes))
+    states = slot_states(pool, reports, serving, prices, heard)
+    # A draining machine takes no new work: its busy tail is not demand.
+    live = {s.instance_id for s in states if s.state == "serving" and s.slot not in pool.draining}
+    serving_reports = [r for r in reports if r.instance_id in live]
+    market = None
+    if pool.queue is not None and pool.queue.market is not None:
+        settings = pool.queue.market
+        snapshot = queue.market if queue is not None and queue.market is not None else MarketSnapshot(
+            error=queue.error if queue is not None and queue.error else "not read")
+        cost, basis = pool_cost_per_proof(
+            [MachineCost(s.usd_per_hour, s.proofs_per_hour) for s in states
+             if s.state == "serving" and s.usd_per_hour is not None and s.proofs_per_hour],
+            pool.max_price_usd_per_hour, pool.min_rate_proofs_per_hour)
+        market = market_economics(snapshot, usd_per_fil=settings.usd_per_fil, min_margin=settings.min_margin,
+                                  window_hours=settings.window_hours, cost_usd_per_proof=cost, cost_basis=basis)
+    return PoolSignals(
+        utilization(serving_reports, now, timedelta(minutes=scaling.scale_up_after_minutes)),
+        utilization(serving_reports, now, timedelta(minutes=scaling.scale_down_after_minutes)),
+        queue, tuple(states), hearing, market, tuple(history), serving.heartbeat_minutes * 60.0)
+
+
+# --- the bot-owned file's entries ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CapacityEntry:
+    """One line of fleet-spec/capacity.yaml: the pool's slots and its last change of count (the leader's decision
+    or a human's new bounds): when, which way, and why, in one sentence."""
+
+    pool: str
+    desired: int
+    slots: tuple[int, ...]
+    draining: tuple[int, ...] = ()
+    changed_at: datetime | None = None  # the last change of `desired` (cooldown counts from it)
+    direction: str | None = None  # up | down of that change
+    reason: str = ""
+    signals: Mapping[str, Any] = field(default_factory=dict)
+
+
+def initial_entry(pool: PoolSpec) -> CapacityEntry:
+    low, _ = pool.bounds
+    return CapacityEntry(pool.name, low, tuple(range(low)), reason=f"starts at min {low} (no decision yet)")
+
+
+def within_bounds(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(slots, draining, desired) of a pool once a human's bounds are applied to the bot's entry: the desired count
+    moves into [min, max] at once (a human decision). A higher count gets its slots now (un-draining first); a
+    lower one keeps every slot until the leader has drained the surplus: nothing goes mid-proof."""
+    low, high = pool.bounds
+    if entry is None:
+        return tuple(range(low)), (), low
+    slots = tuple(sorted(set(entry.slots)))
+    draining = tuple(i for i in sorted(set(entry.draining)) if i in slots)
+    desired = min(max(entry.desired, low), high)
+    active = [i for i in slots if i not in draining]
+    if len(active) < desired:  # grow: un-drain first, then the lowest free indices
+        undrain = list(draining)[:desired - len(active)]
+        draining = tuple(i for i in draining if i not in undrain)
+        active = sorted(active + undrain)
+        free = (i for i in range(len(slots) + desired + 1) if i not in slots)
+        while len(active) < desired:
+            index = next(free)
+            active.append(index)
+            slots = (*slots, index)
+    return tuple(sorted(slots)), draining, desired
+
+
+def apply_entries(spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> FleetSpec:
+    """The spec with every autoscaled (or ranged) pool's slots taken from its capacity entry."""
+    pools = []
+    for pool in spec.pools:
+        if pool.min_count is None:
+            pools.append(pool)
+            continue
+        slots, draining, desired = within_bounds(pool, entries.get(pool.name))
+        pools.append(replace(pool, count=len(slots), slot_indices=slots,
+                             draining=tuple(f"{pool.name}-{i}" for i in draining), desired_count=desired))
+    return replace(spec, pools=tuple(pools))
+
+
+# --- the decision --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -283,10 +412,11 @@ class CapacityDecision:
     changed: bool  # desired, slots or draining differ from the stored entry (the file changes)
     signals: PoolSignals
     held_by: str | None = None
-    note: str = ""
+    note: str = ""  # this pass's sentence when the count did not move (a hold, or why it is steady)
     released: tuple[str, ...] = ()
     drain: tuple[str, ...] = ()  # instance ids told to drain
     entry_bounds: tuple[int, int] = (0, 0)  # the pool's [min, max] when decided
+    sample: DemandSample | None = None  # this pass's demand (the next passes read it)
 
     @property
     def after(self) -> int:
@@ -297,35 +427,276 @@ class CapacityDecision:
         return self.after != self.before
 
     def trailer(self) -> str:
-        """`rtx4090 4 -> 6 (utilization 0.97 for 20 min; 31 waiting PoRep tasks)`."""
-        return f"{self.pool} {self.before} -> {self.after} ({self.entry.reason})"
-
-
-def signals_for(pool: PoolSpec, reports: Sequence[InstanceReport], queue: QueueSnapshot | None,
-                serving: ServingSettings, prices: Mapping[str, float], now: datetime) -> PoolSignals:
-    scaling = pool.scaling or ScalingSettings()
-    states = slot_states(pool, reports, serving, prices, now)
-    # A draining machine takes no new work: its busy tail is not demand.
-    live = {s.instance_id for s in states if s.state == "serving" and s.slot not in pool.draining}
-    serving_reports = [r for r in reports if r.instance_id in live]
-    return PoolSignals(
-        utilization(serving_reports, now, timedelta(minutes=scaling.scale_up_after_minutes)),
-        utilization(serving_reports, now, timedelta(minutes=scaling.scale_down_after_minutes)),
-        queue, tuple(states))
+        """`rtx4090 4 -> 6 (the oldest of 31 waiting PoRep tasks has waited 25 min ...)`; a release alone:
+        `rtx4090 released rtx4090-1 (drained: its worker stopped)`."""
+        if self.scaled or not self.released:
+            return f"{self.pool} {self.before} -> {self.after} ({self.entry.reason})"
+        return f"{self.pool} released {', '.join(self.released)} (drained: nothing proves there any more)"
 
 
 def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _queue_words(queue: QueueSnapshot | None, now: datetime) -> str:
-    if queue is None or queue.error is not None or not queue.total_waiting:
-        return ""
-    kinds = "/".join(kind for kind, n in sorted(queue.waiting.items()) if n)
-    oldest = ""
-    if queue.oldest_waiting_at is not None:
-        oldest = f", oldest {(now - queue.oldest_waiting_at).total_seconds() / 60:.0f} min"
-    return f"{queue.total_waiting} waiting {kinds} tasks{oldest}"
+def _ago(delta: timedelta) -> str:
+    return _span(max(0.0, delta.total_seconds()))
+
+
+def _machines(n: int) -> str:
+    return f"{n} machine" if n == 1 else f"{n} machines"
+
+
+@dataclass(frozen=True)
+class _Demand:
+    """One pass's demand for one pool, measured (the numbers the sentences name)."""
+
+    per_machine_tasks: float  # tasks one machine at the minimum rate clears in the scale-up window
+    waiting: int  # the pool's own waiting tasks (0 when the queue could not be read)
+    kinds: str  # their task types, `PoRep/UpdateProve`
+    oldest: timedelta | None  # age of the oldest of them
+    market_waiting: int  # waiting market tasks that pay by the margin (0 otherwise)
+    market_oldest: timedelta | None
+    unpaid_running: float  # machines on market work that does not pay, over the down window: no demand
+    coming: int  # sectors past precommit
+    busy_up: float  # machine-equivalents at work over the up window (unpaid market work taken out)
+    busy_down: float  # the same over the down window
+    forecast: float  # busy_up, sized for the cold start while rising
+    sample: DemandSample
+
+
+def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -> _Demand:
+    scaling = pool.scaling or ScalingSettings()
+    up, down, queue, market = signals.utilization_up, signals.utilization_down, signals.queue, signals.market
+    per_machine = pool.min_rate_proofs_per_hour * scaling.scale_up_after_minutes / 60.0
+    readable = queue is not None and queue.error is None
+    waiting = queue.total_waiting if queue is not None and readable else 0
+    kinds = "/".join(k for k, n in sorted(queue.waiting.items()) if n) if queue is not None and readable else ""
+    oldest = now - queue.oldest_waiting_at if readable and waiting and queue is not None and \
+        queue.oldest_waiting_at is not None else None
+    paying = market is not None and market.paying
+    market_waiting = market.waiting if market is not None and paying else 0
+    market_oldest = now - market.oldest_waiting_at if paying and market is not None and market_waiting and \
+        market.oldest_waiting_at is not None else None
+    # Machines on unpaid market work now, and on average over each window (from the samples: a pass catches
+    # a machine between two tasks as often as on one, and utilization is a window's average too).
+    unpaid = float(market.running) if market is not None and not paying else 0.0
+
+    def unpaid_over(window_s: float) -> float:
+        seen = [s.unpaid for s in signals.history if now - s.at < timedelta(seconds=window_s)]
+        return (sum(seen) + unpaid) / (len(seen) + 1)
+
+    unpaid_up, unpaid_down = unpaid_over(up.window_s), unpaid_over(down.window_s)
+    busy_up = max(0.0, up.busy_machines - unpaid_up)
+    busy_down = max(0.0, down.busy_machines - unpaid_down)
+    # Cold start: a machine rented now serves in ~cold_start minutes, so size for the demand then. The trend is
+    # the change of busy machine-equivalents between the long (down) window and the short (up) one, whose
+    # centres lie (down - up) / 2 apart; only a rising trend counts (a falling one is the down rule's). With
+    # curio's sectors past precommit (the leading indicator) the trend is not needed: it only adds noise.
+    coming = queue.upcoming if queue is not None and readable and queue.upcoming else 0
+    trend = 0.0
+    leading = queue is not None and readable and queue.upcoming is not None
+    if not leading and up.covered and down.covered and down.window_s > up.window_s:
+        trend = max(0.0, (busy_up - busy_down) / ((down.window_s - up.window_s) / 120.0))
+    forecast = busy_up + trend * scaling.cold_start_minutes
+    coming_machines = coming * 60.0 / SEED_LEAD_MINUTES / pool.min_rate_proofs_per_hour \
+        if pool.min_rate_proofs_per_hour > 0 else 0.0
+    sample = DemandSample(now, active, waiting / per_machine if readable and per_machine > 0 else None,
+                          market_waiting / per_machine if per_machine > 0 else 0.0, coming_machines, unpaid)
+    return _Demand(per_machine, waiting, kinds, oldest, market_waiting, market_oldest, unpaid_down, coming, busy_up,
+                   busy_down, forecast, sample)
+
+
+@dataclass(frozen=True)
+class _Ruling:
+    new: int
+    direction: str | None = None  # set when the count moves
+    sentence: str = ""
+    held_by: str | None = None
+
+
+def _growth(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime) -> tuple[int, str] | None:
+    """(count wanted, the rule that lasted with its numbers) when demand that lasted wants more than the
+    pool has; None when no up rule holds."""
+    scaling = pool.scaling or ScalingSettings()
+    target = scaling.target_utilization
+    window = timedelta(minutes=scaling.scale_up_after_minutes)
+    up = signals.utilization_up
+    w = _span(window.total_seconds())
+    rule = None
+    queue_now = 0.0
+    if demand.oldest is not None and demand.oldest >= window:
+        rule = (f"the oldest of {demand.waiting} waiting {demand.kinds} tasks has waited {_ago(demand.oldest)} "
+                f"(scale_up_after {w})")
+        queue_now = demand.sample.waiting
+    elif demand.market_oldest is not None and demand.market_oldest >= window and signals.market is not None:
+        rule = (f"the oldest of {demand.market_waiting} waiting Snark Market tasks has waited "
+                f"{_ago(demand.market_oldest)} (scale_up_after {w}) and {signals.market.sentence()}")
+        queue_now = demand.sample.waiting
+    run = lasted([*signals.history, demand.sample], now, window)
+    wait_lasted = min((s.waiting for s in run), default=0.0) if run else 0.0
+    coming_lasted = min((s.coming for s in run), default=0.0) if run else 0.0
+    if run and all((s.waiting + s.coming) / max(1, s.active) > target for s in run):
+        if rule is None:
+            what = "waiting work" + (" and sectors past precommit" if coming_lasted else "")
+            rule = (f"{what} stayed above target {target:.2f} of the pool for the whole {w} (at least "
+                    f"{wait_lasted + coming_lasted:.1f} machine-equivalents)")
+    else:
+        wait_lasted = coming_lasted = 0.0
+    if rule is None and up.covered and up.value is not None and demand.busy_up / up.machines > target:
+        rule = f"utilization {demand.busy_up / up.machines:.2f} over {w} (above target {target:.2f})"
+    if rule is None:
+        return None
+    base = max(demand.forecast, coming_lasted)
+    queued = max(queue_now, wait_lasted)
+    needed = math.ceil((base + queued) / target - 1e-9)
+    parts = [f"{base:.1f} busy" + (" (rising: sized for the cold start)" if demand.forecast > demand.busy_up
+                                    and base == demand.forecast else "")]
+    if queued:
+        parts.append(f"{queued:.1f} to clear the waiting tasks")
+    blind = " (curio's queue could not be read: utilization only)" if signals.queue is not None and \
+        signals.queue.error is not None else ""
+    return needed, f"{rule}{blind}: {' + '.join(parts)} need {_machines(needed)} at target {target:.2f}"
+
+
+def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime,
+            desired: int) -> tuple[int | None, str, str | None]:
+    """(count wanted or None, the sentence, a hold constant): positive evidence of idleness, or why not."""
+    scaling = pool.scaling or ScalingSettings()
+    low, _ = pool.bounds
+    target = scaling.target_utilization
+    window = timedelta(minutes=scaling.scale_down_after_minutes)
+    w = _span(window.total_seconds())
+    down, queue = signals.utilization_down, signals.queue
+    serving = signals.count("serving")
+    if queue is not None and queue.error is not None:
+        return None, (f"held: curio's queue could not be read ({queue.error}); a pool never shrinks on missing "
+                      "data"), HELD_MISSING_DATA
+    if demand.waiting or demand.market_waiting:
+        what = f"{demand.waiting} {demand.kinds} tasks" if demand.waiting else \
+            f"{demand.market_waiting} paying Snark Market tasks"
+        return None, f"steady at {desired}: {what} waiting, so not shrinking", None
+    if signals.count("on-the-way"):
+        return None, (f"held: {_machines(signals.count('on-the-way'))} still in params/benchmark (capacity on its "
+                      "way); not shrinking before it serves"), HELD_ON_THE_WAY
+    back = signals.hearing.back if signals.hearing is not None else None
+    due = timedelta(seconds=HEARTBEAT_GRACE * signals.heartbeat_s)
+    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due]
+    if overdue:
+        late = max(overdue, key=lambda s: now - (s.heard_at or now))
+        return None, (f"held: {len(overdue)} serving machine(s) not heard for longer than a heartbeat allows ("
+                      f"{late.slot}: {_ago(now - (late.heard_at or now))} > {HEARTBEAT_GRACE:g} x "
+                      f"{_span(signals.heartbeat_s)}): idleness is shown by current data only"), HELD_MISSING_DATA
+    if serving:
+        if back is not None and back > now - window:
+            return None, (f"held: the {w} window reaches back into the fleet-wide silence that ended at "
+                          f"{format_time(back)}: not enough heard since to show idleness"), HELD_MISSING_DATA
+        if not down.covered:
+            return None, (f"held: heartbeats cover {down.coverage:.0%} of the {w} window of the serving machines "
+                          f"(< {MIN_COVERAGE:.0%}): not enough to show idleness"), HELD_MISSING_DATA
+        evidence = f"utilization {demand.busy_down / down.machines:.2f} over {w}"
+    else:
+        run = lasted([*signals.history, demand.sample], now, window) if queue is not None else None
+        if queue is None:
+            return None, (f"held: no machine serving and no queue source: nothing shows idleness, so the count "
+                          f"stays {desired}"), HELD_MISSING_DATA
+        if run is None or any(s.queued is None or s.waiting for s in run):
+            return None, (f"held: no machine serving and the queue has not been read empty for the whole {w}: "
+                          "nothing shows idleness yet"), HELD_MISSING_DATA
+        evidence = f"no machine serving and the queue empty for the whole {w}"
+    if target <= DOWN_MARGIN:
+        return None, f"steady at {desired}: target {target:.2f} leaves no room below it to shrink", None
+    coming = demand.sample.coming
+    busy = max(demand.busy_down, coming)
+    wanted = max(low, math.ceil(busy / (target - DOWN_MARGIN) - 1e-9))
+    unpaid = (f" (not counting {demand.unpaid_running:.1f} machines on unpaid Snark Market work)"
+              if demand.unpaid_running else "")
+    keep = f"{_machines(wanted)} keep{'s' if wanted == 1 else ''}"
+    line = (f"{evidence}{unpaid} with no task waiting: {keep} it at most {target - DOWN_MARGIN:.2f} busy "
+            f"(target {target:.2f} - margin {DOWN_MARGIN:.2f})")
+    if coming and busy == coming:
+        line += f"; {demand.coming} sectors past precommit need that many"
+    if wanted >= desired:
+        return None, f"steady at {desired}: {line}", None
+    return wanted, line, None
+
+
+def _rule(pool: PoolSpec, stored: CapacityEntry | None, signals: PoolSignals, demand: _Demand, now: datetime,
+          desired: int, *, spend_room_usd: float | None, paused: bool, exhausted: bool) -> _Ruling:
+    """The count and its one sentence, checked in the order a human would: bounds, hearing, guards, cooldown."""
+    scaling = pool.scaling or ScalingSettings()
+    low, high = pool.bounds
+    if stored is not None and stored.desired != desired:
+        how = f"min == max = {low} (a pin)" if low == high else f"bounds {low}..{high}"
+        which = "raised" if desired > stored.desired else "lowered"
+        return _Ruling(desired, UP if desired > stored.desired else DOWN,
+                       f"{how} in fleet.yaml {which} the count: a human's decision")
+    if low == high:
+        return _Ruling(desired, sentence=f"pinned at {low} (min == max in fleet.yaml)")
+    unheard = signals.hearing.too_little() if signals.hearing is not None else None
+    if unheard is not None:
+        return _Ruling(desired, sentence=f"held at {desired}: {unheard}; every count holds", held_by=HELD_UNHEARD)
+
+    def blocked(direction: str) -> str | None:
+        """Why a change in `direction` must wait: the cooldown, and for a reversal its evidence window after it."""
+        if stored is None or stored.changed_at is None:
+            return None
+        wait = timedelta(minutes=scaling.cooldown_minutes)
+        extra = ""
+        if stored.direction is not None and stored.direction != direction:
+            evidence = scaling.scale_up_after_minutes if direction == UP else scaling.scale_down_after_minutes
+            wait += timedelta(minutes=evidence)
+            extra = f" + the {_span(evidence * 60)} window of a reversal"
+        since = now - stored.changed_at
+        if since >= wait:
+            return None
+        return (f"the last change ({stored.direction or 'of count'} at {format_time(stored.changed_at)}) was "
+                f"{_ago(since)} ago (< cooldown {_span(scaling.cooldown_minutes * 60)}{extra})")
+
+    grow = _growth(pool, signals, demand, now)
+    if grow is not None and grow[0] > desired:
+        needed, why = grow
+        if desired >= high:
+            return _Ruling(desired, sentence=f"held at max {high} (count.max in fleet.yaml): {why}",
+                           held_by=HELD_AT_BOUND)
+        if paused:
+            return _Ruling(desired, sentence=f"held by the circuit breaker: the pool's image is suspect, renting "
+                           f"more would not help ({why})", held_by=HELD_BREAKER)
+        if exhausted:
+            return _Ruling(desired, sentence=f"held by the kill budget: machines are being marked bad as fast as "
+                           f"allowed, renting more would not help ({why})", held_by=HELD_KILL_BUDGET)
+        wait = blocked(UP)
+        if wait is not None:
+            return _Ruling(desired, sentence=f"held by the cooldown: {why}; {wait}", held_by=HELD_COOLDOWN)
+        new = min(needed, high)
+        capped = f" (max {high})" if needed > high else ""
+        if spend_room_usd is not None:
+            affordable = desired + max(0, math.floor((spend_room_usd + 1e-9) / pool.max_price_usd_per_hour))
+            if affordable < new:
+                if affordable <= desired:
+                    return _Ruling(desired, sentence=f"held by the fleet spend cap: {why}, and the cap allows "
+                                   f"{affordable}", held_by=HELD_SPEND_CAP)
+                return _Ruling(affordable, UP, f"{why}; the fleet spend cap allows {affordable}",
+                               held_by=HELD_SPEND_CAP)
+        return _Ruling(new, UP, why + capped)
+    if desired <= low:
+        why = grow[1] if grow is not None else "no demand that lasted above target"
+        return _Ruling(desired, sentence=f"steady at min {low}: {why}")
+    wanted, line, hold = _shrink(pool, signals, demand, now, desired)
+    if wanted is None:
+        return _Ruling(desired, sentence=line, held_by=hold)
+    if paused:
+        return _Ruling(desired, sentence=f"held by the circuit breaker: the pool's image is suspect ({line})",
+                       held_by=HELD_BREAKER)
+    wait = blocked(DOWN)
+    if wait is not None:
+        return _Ruling(desired, sentence=f"held by the cooldown: {line}; {wait}", held_by=HELD_COOLDOWN)
+    return _Ruling(wanted, DOWN, line)
+
+
+def _drain_order(state: SlotState) -> tuple[float, int]:
+    """Worst first: a machine with no measured $/proof (on its way, or unmeasured), then the highest $/proof."""
+    cost = state.usd_per_proof
+    return (-(cost if cost is not None else math.inf), -state.index)
 
 
 def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignals, now: datetime, *,
@@ -335,113 +706,22 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
 
     `spend_room_usd`: $/h the fleet spend cap leaves for this pool (None: no cap); `paused`: the circuit breaker
     holds the pool; `kill_budget_exhausted`: its machines are being marked bad as fast as allowed."""
-    scaling = pool.scaling or ScalingSettings()
     low, high = pool.bounds
     stored = entry
     slots, draining, desired = within_bounds(pool, entry)
     before = entry.desired if entry is not None else desired
     by_index = {s.index: s for s in signals.slots}
-    released: list[int] = []
     # A draining slot whose worker stopped (drained, failed, gone) is released: nothing is proving there now.
-    for index in draining:
-        state = by_index.get(index)
-        if state is None or state.state in ("empty", "stopped"):
-            released.append(index)
+    released = [i for i in draining if by_index.get(i) is None or by_index[i].state in GONE]
     draining = tuple(i for i in draining if i not in released)
     slots = tuple(i for i in slots if i not in released)
-
-    up, down, queue = signals.utilization_up, signals.utilization_down, signals.queue
-    words: list[str] = []
-    if up.value is not None:
-        words.append(f"utilization {up.value:.2f} for {_span(up.window_s)}")
-    queue_text = _queue_words(queue, now)
-    if queue_text:
-        words.append(queue_text)
-    if queue is not None and queue.error is not None:
-        words.append("queue unavailable: utilization only")
-
-    target = scaling.target_utilization
-    per_machine_tasks = pool.min_rate_proofs_per_hour * scaling.scale_up_after_minutes / 60.0
-    waiting = queue.total_waiting if queue is not None and queue.error is None else 0
-    queue_pressure = waiting > 0 and queue is not None and queue.oldest_waiting_at is not None and \
-        now - queue.oldest_waiting_at >= timedelta(minutes=scaling.scale_up_after_minutes)
-    # Cold start: a machine rented now serves in ~cold_start minutes, so size for the demand then. The trend
-    # is the change of busy machine-equivalents between the long (down) window and the short (up) one, whose
-    # centres lie (down - up) / 2 apart; only a rising trend counts (a falling one is the down rule's). With
-    # curio's sectors past precommit (the leading indicator below) the trend is not needed: it only adds noise.
-    trend = 0.0
-    leading = queue is not None and queue.error is None and queue.upcoming is not None
-    if not leading and up.covered and down.covered and down.window_s > up.window_s:
-        trend = max(0.0, (up.busy_machines - down.busy_machines) / ((down.window_s - up.window_s) / 120.0))
-    forecast = up.busy_machines + trend * scaling.cold_start_minutes
-    queued = waiting / per_machine_tasks if per_machine_tasks > 0 else 0.0
-    # Sectors waiting for their seed: the PoRep rate of the next SEED_LEAD_MINUTES, in machines at the minimum.
-    coming = queue.upcoming if queue is not None and queue.error is None and queue.upcoming else 0
-    coming_machines = coming * 60.0 / SEED_LEAD_MINUTES / pool.min_rate_proofs_per_hour \
-        if pool.min_rate_proofs_per_hour > 0 else 0.0
-    if coming:
-        words.append(f"{coming} sectors past precommit (PoRep due within ~{SEED_LEAD_MINUTES:.0f} min)")
-    active_now = max(1, len([i for i in slots if i not in draining]))
-    busy_pressure = (up.covered and up.value is not None and (
-        up.value > target or (forecast + queued) / active_now > target)) or \
-        (coming_machines + queued) / active_now > target
-    needed_up = math.ceil((max(forecast, coming_machines) + queued) / target - 1e-9)
-
-    held: str | None = None
-    note = ""
-    new = desired
-    direction: str | None = None
-    in_cooldown = stored is not None and stored.changed_at is not None and \
-        now - stored.changed_at < timedelta(minutes=scaling.cooldown_minutes)
-    if low == high:
-        note = f"pinned at {low} (min == max)"
-    elif (busy_pressure or queue_pressure) and needed_up > desired:
-        if in_cooldown:
-            held, note = HELD_COOLDOWN, f"would grow to {min(needed_up, high)}; cooling down"
-        elif paused:
-            held, note = HELD_BREAKER, "image suspect: the pool is paused, renting more would not help"
-        elif kill_budget_exhausted:
-            held, note = HELD_KILL_BUDGET, "kill budget exhausted: machines are failing, not renting more"
-        elif desired >= high:
-            held, note = HELD_AT_BOUND, f"demand wants {needed_up}, max is {high}"
-        else:
-            new = min(needed_up, high)
-            if spend_room_usd is not None:
-                affordable = desired + max(0, math.floor((spend_room_usd + 1e-9) / pool.max_price_usd_per_hour))
-                if affordable < new:
-                    held = HELD_SPEND_CAP
-                    note = f"demand wants {new}; the fleet spend cap allows {affordable}"
-                    new = max(desired, affordable)
-            direction = UP if new > desired else None
-    elif desired > low:
-        # Down: only on data, only when nothing is waiting and nothing is on its way.
-        if queue is not None and queue.error is not None:
-            held, note = HELD_MISSING_DATA, "queue unavailable: never scale down on missing data"
-        elif waiting > 0:
-            note = "tasks waiting: not shrinking"
-        elif signals.count("on-the-way"):
-            held, note = HELD_ON_THE_WAY, f"{signals.count('on-the-way')} machine(s) still in params/benchmark"
-        elif not down.covered and signals.count("serving"):
-            held, note = HELD_MISSING_DATA, "heartbeats cover too little of the window"
-        else:
-            busy = max(down.busy_machines if down.covered else 0.0, coming_machines)
-            wanted = max(low, math.ceil(busy / (target - DOWN_MARGIN) - 1e-9)) if target > DOWN_MARGIN else desired
-            if wanted < desired:
-                if in_cooldown:
-                    held, note = HELD_COOLDOWN, f"would shrink to {wanted}; cooling down"
-                elif paused:
-                    held, note = HELD_BREAKER, "image suspect: the pool is paused"
-                else:
-                    new, direction = wanted, DOWN
-                    if down.value is not None:
-                        words = [f"utilization {down.value:.2f} for {_span(down.window_s)}",
-                                 *(w for w in words if not w.startswith("utilization "))]
-                    if not signals.count("serving"):
-                        words.insert(0, "no machine serving")
-                    if queue is not None:
-                        words.insert(1, "no task waiting")
+    demand = _measure(pool, signals, now, len([i for i in slots if i not in draining]))
+    ruling = _rule(pool, stored, signals, demand, now, desired, spend_room_usd=spend_room_usd, paused=paused,
+                   exhausted=kill_budget_exhausted)
+    new = ruling.new
 
     drain_ids: list[str] = []
+    drained: list[SlotState] = []
     active = [i for i in slots if i not in draining]
     if new > len(active):  # grow: cancel drains first (cheapest), then new slots at the lowest free indices
         cancel = sorted(draining)[:new - len(active)]
@@ -452,60 +732,65 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
             index = next(free)
             active.append(index)
             slots = (*slots, index)
-    elif new < len(active):  # shrink: empty slots go now, then drain the worst $/proof first
+    elif new < len(active):  # every shrink: slots with nothing proving go now, then drain the worst $/proof
         surplus = len(active) - new
-        empty = [i for i in active if by_index.get(i) is None or by_index[i].state in ("empty", "stopped")]
+        empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]
         for index in sorted(empty, reverse=True)[:surplus]:
             released.append(index)
             slots = tuple(i for i in slots if i != index)
             active.remove(index)
             surplus -= 1
-        ranked = sorted((by_index[i] for i in active if i in by_index and by_index[i].state == "serving"),
-                        key=lambda s: (-(s.usd_per_proof if s.usd_per_proof is not None else math.inf), -s.index))
-        for state in ranked[:surplus]:
+        for state in sorted((by_index[i] for i in active if i in by_index), key=_drain_order)[:surplus]:
             draining = (*draining, state.index)
+            drained.append(state)
             if state.instance_id:
                 drain_ids.append(state.instance_id)
-    reason = "; ".join(words) or "no demand signal"
-    if direction is None:
-        reason = (note or reason) if stored is not None else initial_entry(pool).reason
-    changed_at = now if direction else (stored.changed_at if stored else None)
+    reason = ruling.sentence
+    if drained:
+        reason += "; draining " + ", ".join(
+            f"{s.slot} (" + (f"${s.usd_per_proof:.4f}/proof" if s.usd_per_proof is not None else
+                             "no measured $/proof" if s.state == "serving" else "still on its way") + ")"
+            for s in drained)
+    changed_here = ruling.direction is not None
     entry_out = CapacityEntry(
-        pool.name, new, tuple(sorted(slots)), tuple(sorted(draining)), changed_at,
-        direction or (stored.direction if stored else None),
-        reason if (direction or stored is None) else stored.reason,
-        signals.to_json(now) if (direction or stored is None) else stored.signals)
+        pool.name, new, tuple(sorted(slots)), tuple(sorted(draining)),
+        now if changed_here else (stored.changed_at if stored else None),
+        ruling.direction if changed_here else (stored.direction if stored else None),
+        reason if changed_here else (stored.reason if stored else initial_entry(pool).reason),
+        signals.to_json(now) if changed_here or stored is None else stored.signals)
     file_changed = stored is None or (entry_out.desired, entry_out.slots, entry_out.draining) != \
         (stored.desired, tuple(sorted(stored.slots)), tuple(sorted(stored.draining)))
-    if file_changed and not direction and stored is not None:
-        # No decision of ours: a human's bounds moved the count, or drained slots were released. Say which; a
-        # release keeps the decision's reason (without an earlier release's words: reasons do not pile up).
-        base = stored.reason.split("; released ")[0]
-        if entry_out.desired != stored.desired:
-            base = f"bounds {low}..{high} in fleet.yaml" + (f" ({note})" if note else "")
-        what = f"; released {', '.join(f'{pool.name}-{i}' for i in sorted(released))}" if released else ""
-        entry_out = replace(entry_out, signals=signals.to_json(now), reason=base + what)
-    return CapacityDecision(pool.name, before, entry_out, file_changed, signals, held, note,
-                            tuple(f"{pool.name}-{i}" for i in sorted(released)), tuple(drain_ids), (low, high))
+    return CapacityDecision(pool.name, before, entry_out, file_changed, signals, ruling.held_by,
+                            "" if changed_here and not ruling.held_by else ruling.sentence,
+                            tuple(f"{pool.name}-{i}" for i in sorted(released)), tuple(drain_ids), (low, high),
+                            demand.sample)
 
 
 def decide_all(spec: FleetSpec, entries: Mapping[str, CapacityEntry], reports: Sequence[InstanceReport],
                queues: Mapping[str, QueueSnapshot], now: datetime, *, prices: Mapping[str, float] | None = None,
-               paused_pools: Iterable[str] = (), exhausted_pools: Iterable[str] = ()) -> list[CapacityDecision]:
-    """Every ranged pool's decision, in spec order; the spend cap is shared out in that order."""
+               paused_pools: Iterable[str] = (), exhausted_pools: Iterable[str] = (),
+               history: Mapping[str, Sequence[DemandSample]] | None = None,
+               hearing: FleetHearing | None = None) -> list[CapacityDecision]:
+    """Every ranged pool's decision, in spec order; the spend cap is shared out in that order.
+
+    `history`: each pool's demand samples of the previous passes; `hearing`: the fleet's hearing at `now`
+    (computed from `reports` when not given)."""
     paused, exhausted = set(paused_pools), set(exhausted_pools)
+    ranged = [p for p in spec.pools if p.min_count is not None]
+    if not ranged:
+        return []
+    if hearing is None:
+        hearing = hearing_for(spec, reports, now)
     desired = {p.name: p.count if p.min_count is None else within_bounds(p, entries.get(p.name))[2]
                for p in spec.pools}
     out = []
-    for pool in spec.pools:
-        if pool.min_count is None:
-            continue
+    for pool in ranged:
         room = None
         if spec.max_total_dph is not None:
             others = sum(desired[p.name] * p.max_price_usd_per_hour for p in spec.pools if p.name != pool.name)
             room = spec.max_total_dph - others - desired[pool.name] * pool.max_price_usd_per_hour
         sig = signals_for(pool, reports, queues.get(pool.name) if pool.queue else None, spec.serving,
-                          prices or {}, now)
+                          prices or {}, now, hearing=hearing, history=(history or {}).get(pool.name, ()))
         decision = decide_pool(pool, entries.get(pool.name), sig, now, spend_room_usd=room,
                                paused=pool.name in paused, kill_budget_exhausted=pool.name in exhausted)
         desired[pool.name] = decision.after
@@ -513,14 +798,20 @@ def decide_all(spec: FleetSpec, entries: Mapping[str, CapacityEntry], reports: S
     return out
 
 
+def hearing_for(spec: FleetSpec, reports: Sequence[InstanceReport], now: datetime,
+                last_heard: Mapping[str, datetime] | None = None) -> FleetHearing:
+    """The fleet's hearing for capacity: silences looked for back over the longest window of any pool.
+    `last_heard`: each worker's last signal, when the caller keeps them (the pass's `FleetSignals`)."""
+    lost_after = timedelta(minutes=spec.serving.lost_after_minutes)
+    windows = [max(s.scale_up_after_minutes, s.scale_down_after_minutes) for p in spec.pools
+               if (s := p.scaling) is not None]
+    return fleet_hearing(reports, now, lost_after, max([lost_after, *(timedelta(minutes=w) for w in windows)]),
+                         last_heard)
+
+
 def capacity_summary(decisions: Sequence[CapacityDecision]) -> str:
-    scaled = [d for d in decisions if d.scaled]
-    if scaled:
-        return "fleet capacity: " + "; ".join(d.trailer() for d in scaled)
-    released = [d for d in decisions if d.released]
-    if released:
-        return "fleet capacity: " + "; ".join(f"{d.pool} released {', '.join(d.released)}" for d in released)
-    return "fleet capacity: " + "; ".join(f"{d.pool} at {d.after} ({d.entry.reason})" for d in decisions if d.changed)
+    changed = [d for d in decisions if d.changed]
+    return "fleet capacity: " + "; ".join(d.trailer() for d in (changed or decisions))
 
 
 def capacity_trailers(decisions: Sequence[CapacityDecision]) -> tuple[tuple[str, str], ...]:
@@ -535,10 +826,38 @@ def capacity_json(d: CapacityDecision, now: datetime) -> dict[str, Any]:
             "changed": d.changed, "scaled": d.scaled, "held_by": d.held_by, "note": d.note,
             "reason": d.entry.reason, "changed_at": format_time(d.entry.changed_at) if d.entry.changed_at else None,
             "direction": d.entry.direction, "drain": list(d.drain), "released": list(d.released),
-            "signals": d.signals.to_json(now)}
+            "signals": d.signals.to_json(now), "sample": d.sample.to_json() if d.sample else None}
 
 
 # --- the view ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolMarketStatus:
+    """A pool's Snark Market economics as the last pass priced them."""
+
+    revenue_usd_per_proof: float | None
+    usd_per_proof: float | None
+    break_even_usd_per_proof: float | None
+    threshold_usd_per_proof: float | None
+    served: int | None
+    window_hours: float | None
+    paying: bool
+    error: str | None
+
+    def summary(self) -> str:
+        if self.error is not None:
+            return f"Snark Market: tables unreadable ({self.error}): market work does not count"
+
+        def usd(value: float | None) -> str:
+            return "?" if value is None else f"${value:.3f}"
+
+        served = "?" if self.served is None else str(self.served)
+        window = f" in {self.window_hours:g} h" if self.window_hours else ""
+        state = "pays: counted as demand" if self.paying else "does not pay: not counted"
+        return (f"Snark Market: revenue {usd(self.revenue_usd_per_proof)}/proof, cost {usd(self.usd_per_proof)}/"
+                f"proof (break-even {usd(self.break_even_usd_per_proof)}, with margin "
+                f"{usd(self.threshold_usd_per_proof)}); {served} market proofs served{window}; {state}")
 
 
 @dataclass(frozen=True)
@@ -565,6 +884,7 @@ class PoolCapacityStatus:
     note: str
     usd_per_hour_at_min: float
     usd_per_hour_at_max: float
+    market: PoolMarketStatus | None = None
 
     def summary(self) -> str:
         util = "utilization ?" if self.utilization is None else f"utilization {self.utilization:.2f}"
@@ -581,34 +901,44 @@ class PoolCapacityStatus:
                 f"{self.serving} serving, {self.on_the_way} on the way); {util}; {queue}")
 
     def last(self) -> str:
-        held = f"; now held by {self.held_by}: {self.note}" if self.held_by else ""
+        """The last change of count, with its own time, direction and reason."""
         if self.last_change_at is None:
-            return f"{self.last_reason}{held}"
-        return f"last change {self.last_direction or ''} at {self.last_change_at}: {self.last_reason}{held}"
+            return self.last_reason
+        return f"last change {self.last_direction or ''} at {self.last_change_at}: {self.last_reason}"
 
 
 def capacity_view(spec: FleetSpec, reports: Sequence[InstanceReport], now: datetime,
                   entries: Mapping[str, CapacityEntry], last_pass: Mapping[str, Any] | None) -> tuple[
                       PoolCapacityStatus, ...]:
-    """Per autoscaled pool: bounds, desired, slots, utilization now, the last pass's queue and hold, the last
-    decision (from the bot's entry), and what the pool costs at its bounds (max price)."""
+    """Per autoscaled pool: bounds, desired, slots, utilization now, the last pass's queue, market and hold, the
+    last change (from the bot's entry), and what the pool costs at its bounds (max price)."""
     passed: dict[str, Mapping[str, Any]] = {}
     for doc in (last_pass or {}).get("capacity") or ():
         if isinstance(doc, Mapping) and isinstance(doc.get("pool"), str):
             passed[doc["pool"]] = doc
+    ranged = [p for p in spec.pools if p.min_count is not None]
+    if not ranged:
+        return ()
+    hearing = hearing_for(spec, reports, now)
     out = []
-    for pool in spec.pools:
-        if pool.min_count is None:
-            continue
+    for pool in ranged:
         low, high = pool.bounds
-        sig = signals_for(pool, reports, None, spec.serving, {}, now)
+        sig = signals_for(pool, reports, None, spec.serving, {}, now, hearing=hearing)
         entry = entries.get(pool.name)
         last = passed.get(pool.name, {})
-        queue = (last.get("signals") or {}).get("queue") if isinstance(last.get("signals"), Mapping) else None
-        queue = queue if isinstance(queue, Mapping) else {}
+        signals: Mapping[str, Any] = last["signals"] if isinstance(last.get("signals"), Mapping) else {}
+        queue: Mapping[str, Any] = signals["queue"] if isinstance(signals.get("queue"), Mapping) else {}
         waiting: Mapping[str, Any] = queue["waiting"] if isinstance(queue.get("waiting"), Mapping) else {}
         error = queue.get("error") if isinstance(queue.get("error"), str) else (
             None if queue or pool.queue is None else "not read yet (no pass of the leader seen)")
+        market = None
+        if pool.queue is not None and pool.queue.market is not None:
+            doc = signals.get("market")
+            if not isinstance(doc, Mapping) and entry is not None and isinstance(entry.signals.get("market"), Mapping):
+                doc = entry.signals["market"]  # the last decision's figures until a pass of the leader is seen
+            figures = economics_from_json(doc) if isinstance(doc, Mapping) else economics_from_json(
+                {"error": "not read yet (no pass of the leader seen)"})
+            market = PoolMarketStatus(**figures)
         out.append(PoolCapacityStatus(
             pool.name, low, high, pool.desired_count if pool.desired_count is not None else pool.count, pool.count,
             pool.draining, sig.utilization_up.value, sig.utilization_up.window_s / 60, sig.count("serving"),
@@ -618,5 +948,15 @@ def capacity_view(spec: FleetSpec, reports: Sequence[InstanceReport], now: datet
             entry.direction if entry else None,
             last.get("held_by") if isinstance(last.get("held_by"), str) else None,
             str(last.get("note") or ""),
-            round(low * pool.max_price_usd_per_hour, 2), round(high * pool.max_price_usd_per_hour, 2)))
+            round(low * pool.max_price_usd_per_hour, 2), round(high * pool.max_price_usd_per_hour, 2), market))
     return tuple(out)
+
+
+def demand_history(samples: Iterable[DemandSample], now: datetime, keep: timedelta) -> tuple[DemandSample, ...]:
+    """The samples worth keeping at `now` (the longest window back, plus one older sample that starts it),
+    oldest first, one per time."""
+    by_time = {s.at: s for s in samples if s.at <= now}
+    ordered = [by_time[t] for t in sorted(by_time)]
+    old = [i for i, s in enumerate(ordered) if s.at <= now - keep]
+    return tuple(ordered[old[-1]:] if old else ordered)
+

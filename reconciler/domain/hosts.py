@@ -13,6 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from reconciler.domain.observations import parse_time
+from reconciler.domain.records import MachineRecord
 
 #: active: takes new workers; drain: takes none, its running workers stay until they end or are replaced for
 #: another reason; banned: takes none and every slot on it is replaced (an operator's PR, like a machine ban).
@@ -117,3 +121,71 @@ def excluded_by_hosts(hosts: Iterable[OwnedHost], machine_ids: Iterable[str] = (
     banned = banned_hosts(hosts)
     declared = {gpu_machine_id(h.name, u) for h in hosts if h.name in banned for u in h.gpu_uuids}
     return frozenset(declared | {m for m in machine_ids if host_of_machine(m) in banned})
+
+
+# --- a host's story: its GPUs' records, and whether several failed alike ---------------------------------------------
+
+#: Blames under which failures of several GPUs of one host point at the host (its power, PCIe, cooling, driver):
+#: the machine's own, an unexplained one, or a setting of that machine. Image and network failures have their own
+#: correlations (the breaker; the network's second strike).
+_HOST_BLAMES = frozenset({"machine", "unknown", "configuration"})
+
+
+@dataclass(frozen=True)
+class HostVerdict:
+    """Several GPUs of one owned host failed alike (one signature) within the window: the host, not each card."""
+
+    host: str
+    signature: str
+    gpus: tuple[str, ...]  # machine ids, sorted
+    first_at: str
+    last_at: str
+
+    def describe(self) -> str:
+        return (f"host {self.host}: {len(self.gpus)} of its GPUs failed alike ({self.signature}) between "
+                f"{self.first_at} and {self.last_at}: the host is the suspect (power, PCIe, cooling, its driver), "
+                "not each card; drain or ban it in hosts.yaml after a look")
+
+
+def host_verdicts(records: Iterable[MachineRecord], now: datetime, window_hours: float = 24.0,
+                  min_gpus: int = 2) -> list[HostVerdict]:
+    """Pure: for each owned host, the signatures with which at least `min_gpus` of its GPUs failed within the last
+    `window_hours` (positive evidence only: entries that name a signature; none is inferred from silence)."""
+    since = now - timedelta(hours=window_hours)
+    failed: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for record in records:
+        host = host_of_machine(record.machine_id)
+        if host is None:
+            continue
+        for entry in record.benchmarks:
+            try:
+                at = parse_time(entry.at)
+            except ValueError:
+                continue  # an entry without a readable time is no evidence of "within the window"
+            if entry.signature and entry.blame in _HOST_BLAMES and since <= at <= now:
+                failed.setdefault((host, entry.signature), {}).setdefault(record.machine_id, []).append(entry.at)
+    verdicts = []
+    for (host, signature), gpus in sorted(failed.items()):
+        if len(gpus) >= min_gpus:
+            times = sorted(t for ts in gpus.values() for t in ts)
+            verdicts.append(HostVerdict(host, signature, tuple(sorted(gpus)), times[0], times[-1]))
+    return verdicts
+
+
+def host_story(host: str, records: Iterable[MachineRecord], now: datetime, window_hours: float = 24.0) -> list[str]:
+    """`fleet why <host>`: each GPU of the host on record, where it stands and its last verdict, then the host's
+    verdict when several of its GPUs failed alike. Empty when no GPU of `host` is on record."""
+    mine = sorted((r for r in records if host_of_machine(r.machine_id) == host), key=lambda r: r.machine_id)
+    if not mine:
+        return []
+    lines = [f"host {host}: {len(mine)} GPU(s) on record"]
+    for record in mine:
+        last = record.benchmarks[-1] if record.benchmarks else None
+        signature = f", {last.signature}" if last and last.signature else ""
+        said = f"last {last.verdict} at {last.at} (blame {last.blame}{signature})" if last else "no verdict yet"
+        lines.append(f"  {record.machine_id.partition('.')[2]}  {record.standing(now).state:<9} {said}")
+    found = [v for v in host_verdicts(mine, now, window_hours) if v.host == host]
+    lines += [f"verdict: {v.describe()}" for v in found] or [
+        f"verdict: no two GPUs of {host} failed alike within {window_hours:g} h: each card answers for itself "
+        f"(fleet why {host}/<GPU UUID>)"]
+    return lines

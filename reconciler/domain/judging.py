@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 
 from reconciler.domain.breaker import KillBudget, apply_guards
+from reconciler.domain.correlation import correlate
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import (
     ImageSuspectRecord,
@@ -24,9 +25,11 @@ from reconciler.domain.serving import (
     SERVING_VERDICTS,
     FleetSignals,
     judge_early,
+    judge_market_deadlines,
     judge_serving,
     with_expiry,
 )
+from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, PoolSpec
 from reconciler.domain.verdict import Verdict, deadline, judge
 
@@ -133,11 +136,14 @@ def judged_sets(records: RecordSet, judged_instance_ids: Iterable[str],
 def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSet,
            judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
            judged_serving_ids: Iterable[str] = (), fleet: FleetSignals | None = None,
-           sets: JudgedSets | None = None) -> PassDecision:
+           sets: JudgedSets | None = None,
+           market_misses: Mapping[str, Sequence[MarketMiss]] | None = None) -> PassDecision:
     """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
 
     A benchmark still running may get an early verdict; an instance that passed and serves may get a
-    serving verdict (degraded, lost) once (`judged_serving_ids`: from the Fleet-Serving-Instance trailers).
+    serving verdict (degraded, lost, market-deadline) once (`judged_serving_ids`: from the
+    Fleet-Serving-Instance trailers). `market_misses`: per instance, the Snark Market runs that missed their
+    deadline on it (curio's tables, for pools with `queue.market`).
 
     `fleet`: when the controller last heard every worker, for the serving verdicts (None: from `reports`; the warm
     pass judges a few reports against the whole fleet's signals). `sets`: `judged_sets` of these inputs when the
@@ -184,6 +190,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
                     others = fleet.newest_except(report.instance_id)
                 verdict = judge_serving(report, pool, spec.serving, now, fleet_last_signal=others,
                                         fleet_back=fleet_back[0] if fleet_back else None)
+                if verdict is None and market_misses and report.instance_id in market_misses:
+                    verdict = judge_market_deadlines(report, pool, market_misses[report.instance_id], now)
             else:
                 prior = _params_strikes(history, by_machine.get(machine_id, ()), machine_id)
                 verdict = judge(report, pool, now, desired_image_digest=desired_image_digest,
@@ -218,7 +226,11 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         else:
             candidates.append(verdict)
             by_machine.setdefault(machine_id, []).append(verdict)
-    guarded = apply_guards(spec, records, candidates, now)
+    # The unknowns first: the fleet decides them by correlation or a retest (issue 29), then the guards (the
+    # breaker's image correlation, the kill budget) see what was decided.
+    correlated = correlate(spec, records, candidates, now)
+    notes += correlated.notes
+    guarded = apply_guards(spec, records, correlated.verdicts, now)
     notes += guarded.notes
     changed: dict[str, MachineRecord] = {}
     for v in guarded.verdicts:

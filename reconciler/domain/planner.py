@@ -17,6 +17,8 @@ A slot is `<pool>-<i>`. Decisions, in order for each desired slot:
 - instance runs another image digest than the desired one -> Replace;
 - otherwise Keep.
 Observed slots that are not desired (count lowered, pool removed) -> Delete.
+A slot whose machine has a retest pending (an unknown failure no correlation decided, domain/correlation.py)
+creates or replaces with `retest_machine` set: the driver rents that machine first while the market offers it.
 A draining slot (an autoscaled pool shrinking: fleet-spec/capacity.yaml) keeps its instance while the worker
 finishes its proofs, is never created or replaced, and is deleted once the leader releases it.
 Fleet spend cap (`max_total_dph`): planned spend = the $/h of every instance kept + the pool's price cap for
@@ -31,8 +33,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from reconciler.domain.hosts import excluded_by_hosts, host_of_machine
-from reconciler.domain.observations import parse_time
+from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import ImageSuspectRecord, RecordSet
+from reconciler.domain.retests import retests_pending
 from reconciler.domain.spec import FleetSpec, PoolSpec
 
 # Reasons, as constants: they appear in output, JSON and tests.
@@ -132,6 +135,8 @@ class Create:
     reason: str = REASON_MISSING
     detail: str = ""
     kind: str = "create"
+    #: A machine to benchmark once more (domain/correlation.py): rented first while the market offers it.
+    retest_machine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,7 @@ class Replace:
     reason: str
     detail: str = ""
     kind: str = "replace"
+    retest_machine: str | None = None
 
 
 @dataclass(frozen=True)
@@ -289,6 +295,17 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
     actions: list[SlotAction] = []
     notes: list[str] = [pause.describe(now) for pause in pauses.values()]
 
+    # An unknown failure no correlation decided is retested on the same machine (domain/correlation.py): the slot
+    # whose instance failed prefers that machine when it rents again, while the market offers it.
+    retests = retests_pending(records, spec, now, [s.machine_id for s in observed.values() if s.machine_id])
+
+    def retest_of(seen: ObservedSlot | None, pool: PoolSpec) -> tuple[str | None, str]:
+        pending = retests.get(seen.machine_id) if seen is not None else None
+        if pending is None or pending.pool not in (None, pool.name):
+            return None, ""
+        return pending.machine_id, (f"; retest of machine {pending.machine_id} (unknown failure of "
+                                    f"{pending.instance_id}, due until {format_time(pending.until)})")
+
     cap = spec.max_total_dph
     # Spend of what stays: every observed instance kept (unknown price: its pool's cap, the worst case).
     planned = 0.0
@@ -318,8 +335,10 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
                 continue
             detail = (f"instance {seen.instance_id} is gone from the market" if seen is not None
                       else "no instance yet")
-            creates.append((slot, pool, REASON_INSTANCE_GONE if seen else REASON_MISSING, detail, False))
-            actions.append(Create(slot, pool.name, REASON_INSTANCE_GONE if seen else REASON_MISSING, detail))
+            retest, why_retest = retest_of(seen, pool)
+            creates.append((slot, pool, REASON_INSTANCE_GONE if seen else REASON_MISSING, detail + why_retest, False))
+            actions.append(Create(slot, pool.name, REASON_INSTANCE_GONE if seen else REASON_MISSING,
+                                  detail + why_retest, retest_machine=retest))
             continue
         age = None if seen.status_since is None else max(0.0, epoch - seen.status_since)
         why = replace_reason(seen.machine_id, seen.image_digest, seen.status, bad, desired_digest, age)
@@ -332,8 +351,9 @@ def plan(spec: FleetSpec, observed: Mapping[str, ObservedSlot], records: RecordS
             actions.append(Keep(slot, pool.name, REASON_POOL_PAUSED, f"would replace ({why[1]}) but pool is paused"))
             planned += seen.price_usd_per_hour if seen.price_usd_per_hour is not None else pool.max_price_usd_per_hour
         else:
-            creates.append((slot, pool, why[0], why[1], True))
-            actions.append(Replace(slot, pool.name, why[0], why[1]))
+            retest, why_retest = retest_of(seen, pool) if why[0] != REASON_MACHINE_BAD else (None, "")
+            creates.append((slot, pool, why[0], why[1] + why_retest, True))
+            actions.append(Replace(slot, pool.name, why[0], why[1] + why_retest, retest_machine=retest))
 
     if cap is not None:
         held: list[str] = []

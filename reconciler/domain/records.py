@@ -104,14 +104,11 @@ class BenchmarkEntry:
     def from_field_values(cls, values: Sequence[Any], evidence: Mapping[str, Any]) -> BenchmarkEntry:
         """The entry whose `field_values()` are `values`, with this evidence: equal to
         `BenchmarkEntry(**dict(zip(names, values)), evidence=evidence)`, its fields set in one go as pickle sets
-        them, not one guarded setattr per field (a pass builds 100,000 entries from the record index: ~1/3 of
-        the cost). For values that were checked already (a schema-checked record): nothing is validated here,
-        so a check added to this class belongs in `__post_init__` and here too."""
+        them, not one guarded setattr per field (a pass builds 100,000 entries from the record index). For
+        values that were checked already (a schema-checked record): nothing is validated here, so a check added
+        to this class belongs in `__post_init__` and here too."""
         entry = _new_object(cls)
-        fields_of = entry.__dict__
-        fields_of.update(zip(_BEFORE_EVIDENCE, values, strict=False))  # up to the evidence
-        fields_of["evidence"] = evidence
-        fields_of.update(zip(_AFTER_EVIDENCE, values[len(_BEFORE_EVIDENCE):], strict=True))
+        entry.__dict__.update(zip(_ALL_FIELDS, (*values[:_EVIDENCE_AT], evidence, *values[_EVIDENCE_AT:]), strict=True))
         return entry
 
     def to_yaml_dict(self) -> dict[str, Any]:
@@ -137,8 +134,8 @@ _ENTRY_FIELDS = tuple(f.name for f in fields(BenchmarkEntry) if f.name != "evide
 #: The fields `BenchmarkEntry.field_values` gives, in that order.
 ENTRY_VALUE_FIELDS = _ENTRY_FIELDS
 _field_values_of = itemgetter(*_ENTRY_FIELDS)
-_EVIDENCE_AT = [f.name for f in fields(BenchmarkEntry)].index("evidence")
-_BEFORE_EVIDENCE, _AFTER_EVIDENCE = _ENTRY_FIELDS[:_EVIDENCE_AT], _ENTRY_FIELDS[_EVIDENCE_AT:]
+_ALL_FIELDS = tuple(f.name for f in fields(BenchmarkEntry))
+_EVIDENCE_AT = _ALL_FIELDS.index("evidence")
 _new_object = object.__new__
 
 

@@ -37,13 +37,15 @@ from reconciler.domain.observations import InstanceReport, format_time
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import classify
+from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import EarlyVerdictSettings, PoolSpec, RecordExpirySettings, ServingSettings
 from reconciler.domain.verdict import EVIDENCE_LOG_LINES, NOT_RECOGNISED, Verdict, unrecognized_signature
 
 DEGRADED = "degraded"
 LOST = "lost"
+MARKET_DEADLINE = "market-deadline"
 EARLY = "early-below-min-rate"
-SERVING_VERDICTS = (DEGRADED, LOST)
+SERVING_VERDICTS = (DEGRADED, LOST, MARKET_DEADLINE)
 
 #: Blames for which a serving/early verdict marks the machine bad (the rest are recorded only).
 _MARKS_BAD = ("machine", "marketplace")
@@ -227,6 +229,13 @@ def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta, sin
     silent worker (older silences cannot matter); each report's signals are read from its newest back to the
     first one before `since` (events are in arrival order, as `heartbeats` reads them), so a pass costs the
     signals of the last few minutes, not the whole store."""
+    gap = fleet_silence(_signals_since(reports, since), silence, since)
+    return gap[1] if gap is not None else None
+
+
+def _signals_since(reports: Iterable[InstanceReport], since: datetime) -> list[datetime]:
+    """Every report's registration and result, and its events from the newest back to the first one before
+    `since` (the start of a silence that ends after `since`)."""
     times: list[datetime] = []
     for r in reports:
         times.append(r.registered_at)
@@ -235,12 +244,97 @@ def fleet_heard_again(reports: Iterable[InstanceReport], silence: timedelta, sin
         for e in reversed(r.events):
             times.append(e.at)
             if e.at < since:
-                break  # the start of a silence that ends after `since`
-    back = None
+                break
+    return times
+
+
+def fleet_silence(times: Iterable[datetime], silence: timedelta,
+                  since: datetime) -> tuple[datetime, datetime] | None:
+    """(start, end) of the newest gap longer than `silence` between signal `times` that ended after `since`."""
+    found = None
     for older, newer in pairwise(sorted(set(times))):
         if newer > since and newer - older > silence:
-            back = newer
-    return back
+            found = (older, newer)
+    return found
+
+
+#: What a worker's silence past `lost_after_minutes` means (`silence`): lost (the controller heard others since),
+#: or unheard (nobody was heard since: most likely our own outage, never evidence against the machine):
+#: `silent_state`.
+SILENT_LOST = "lost"
+SILENT_UNHEARD = "unheard"
+
+
+def silent_state(last: datetime, now: datetime, lost_after: timedelta, *, fleet_back: datetime | None,
+                 others_last: datetime | None) -> tuple[str, datetime] | None:
+    """The one rule for a worker's silence, for the serving verdicts and capacity alike: None while it was heard
+    within `lost_after` (counted from when the controller heard the fleet again after an outage, `fleet_back`,
+    if that is later); else (SILENT_LOST, since) when someone else was heard at the end of that time, or
+    (SILENT_UNHEARD, since) when nobody was."""
+    since = max(last, fleet_back) if fleet_back is not None and fleet_back <= now else last
+    if now - since <= lost_after:
+        return None
+    if others_last is None or others_last < since + lost_after:
+        return SILENT_UNHEARD, since
+    return SILENT_LOST, since
+
+
+@dataclass(frozen=True)
+class FleetHearing:
+    """How well the controller hears the fleet at `now` (one pass's view, for capacity and status): the newest
+    signals of the live workers, and when the fleet was heard again after its newest fleet-wide silence.
+
+    Too little (`too_little`): live workers exist and none was heard for `lost_after` (silence everywhere: our
+    own outage or a partition between the fleet and the controller), or the fleet was heard again less than
+    `lost_after` ago (workers come back one by one as each flushes its queue). Either way silence says nothing
+    about the machines, and a count must not move on it."""
+
+    now: datetime
+    lost_after: timedelta
+    newest: tuple[tuple[datetime, str], ...] = ()  # the two newest (last signal, instance id) of live workers
+    back: datetime | None = None  # `fleet_heard_again` within the look-back
+    silent_for: timedelta | None = None  # length of that fleet-wide silence
+
+    def others_last(self, instance_id: str) -> datetime | None:
+        return next((t for t, i in self.newest if i != instance_id), None)
+
+    def silent_state(self, instance_id: str, last: datetime) -> tuple[str, datetime] | None:
+        return silent_state(last, self.now, self.lost_after, fleet_back=self.back,
+                            others_last=self.others_last(instance_id))
+
+    def too_little(self) -> str | None:
+        """Why the controller hears the fleet too little to act on silence (a sentence), or None."""
+        minutes = self.lost_after.total_seconds() / 60
+        if self.newest and self.now - self.newest[0][0] > self.lost_after:
+            quiet = (self.now - self.newest[0][0]).total_seconds() / 60
+            return (f"the controller has heard no worker for {quiet:.0f} min (> lost_after {minutes:g} min): its "
+                    "own outage or a partition, not idleness")
+        if self.back is not None and self.now - self.back < self.lost_after:
+            gap = f" after {self.silent_for.total_seconds() / 60:.0f} min of silence" if self.silent_for else ""
+            return (f"the controller heard the fleet again at {format_time(self.back)}{gap}, "
+                    f"{(self.now - self.back).total_seconds() / 60:.0f} min ago (< lost_after {minutes:g} min): "
+                    "workers are still coming back")
+        return None
+
+
+def is_live(report: InstanceReport) -> bool:
+    """A worker the controller expects to hear from: registered, not destroyed, not stopped or failed."""
+    return report.destroyed_at is None and report.quarantine is None and report.failure() is None \
+        and report.first("serve", "done") is None
+
+
+def fleet_hearing(reports: Iterable[InstanceReport], now: datetime, lost_after: timedelta,
+                  look_back: timedelta, last_heard: Mapping[str, datetime] | None = None) -> FleetHearing:
+    """The fleet's hearing at `now`; fleet-wide silences are looked for back to `now - look_back` (a pass reads
+    the signals of that span only, as `fleet_heard_again` does), in the signals of the live workers: a fleet
+    that was empty and gets its first worker was not unheard. `last_heard`: each worker's last signal when the
+    caller keeps them (`FleetSignals.last_heard`), else worked out from the reports."""
+    live = [r for r in reports if is_live(r)]
+    newest = (((last_heard[r.instance_id] if last_heard is not None and r.instance_id in last_heard
+                else last_signal(r)), r.instance_id) for r in live)
+    heard = heapq.nlargest(2, newest)
+    gap = fleet_silence(_signals_since(live, now - look_back), lost_after, now - look_back)
+    return FleetHearing(now, lost_after, tuple(heard), gap[1] if gap else None, gap[1] - gap[0] if gap else None)
 
 
 class FleetSignals:
@@ -302,11 +396,12 @@ def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSetti
         return None  # stopped cleanly (TERM, or our own stop directive)
     health = serving_health(report, pool, settings)
     last = min(health.last_heartbeat or report.first("serve", "started").at, now)  # type: ignore[union-attr]
-    lost_after = timedelta(minutes=settings.lost_after_minutes)
-    # Silence during our own outage says nothing about the machine: count from when the fleet was heard again.
-    since = max(last, fleet_back) if fleet_back is not None and fleet_back <= now else last
-    if now - since > lost_after:
-        if fleet_last_signal is None or fleet_last_signal < since + lost_after:
+    # Silence during our own outage says nothing about the machine: counted from when the fleet was heard again.
+    silent = silent_state(last, now, timedelta(minutes=settings.lost_after_minutes), fleet_back=fleet_back,
+                          others_last=fleet_last_signal)
+    if silent is not None:
+        state, since = silent
+        if state == SILENT_UNHEARD:
             return None  # nobody was heard from since: maybe our own outage, never a verdict
         return _lost(report, pool, settings, now, last, failure_message=None, tail=report.log_tail,
                      fleet_back=since if since > last else None)
@@ -314,6 +409,51 @@ def judge_serving(report: InstanceReport, pool: PoolSpec, settings: ServingSetti
             health.last_heartbeat - health.below_since >= timedelta(minutes=settings.degraded_after_minutes):
         return _degraded(report, pool, settings, now, health)
     return None
+
+
+def judge_market_deadlines(report: InstanceReport, pool: PoolSpec, misses: Sequence[MarketMiss],
+                           now: datetime) -> Verdict | None:
+    """market-deadline for a serving machine that missed the Snark Market's deadline `deadline_misses` times
+    within the window (curio's PSProve runs on the curio node named after the instance: failed, ended past the
+    deadline, or still running past it); None otherwise. The market's rules make each miss cost real proofs
+    (documentation/en/experimental-features/Snark-Market.md: 50 challenge proofs and the work slot).
+
+    Blame follows the evidence, as for every verdict: a failed run's error with a signature decides (our
+    software -> image, so the circuit breaker correlates it across machines); runs that ended late or are still
+    running past the deadline are the machine's (too slow or hung); failures without a signature are unknown
+    (held, never marks bad, counted by the breaker)."""
+    market = pool.queue.market if pool.queue is not None else None
+    if market is None or report.first("serve", "started") is None or report.destroyed_at is not None:
+        return None
+    mine = {m.task_id: m for m in sorted(misses, key=lambda m: m.work_end)
+            if m.machine_name == report.instance_id and m.work_end <= now}
+    if len(mine) < market.deadline_misses:
+        return None
+    runs = sorted(mine.values(), key=lambda m: m.work_end)
+    late = [m for m in runs if m.succeeded or m.overdue]
+    errors = [redact_line(m.error) for m in runs if m.error and not m.succeeded]
+    match = classify(errors) if errors else None
+    if match is not None:
+        blame, signature, cause = match.blame, match.name, redact_line(match.line)
+    elif late:
+        blame, signature = "machine", "market-deadline-missed"
+        worst = max(late, key=lambda m: m.minutes)
+        cause = (f"task {worst.task_id} {'still running' if worst.overdue else 'ended'} {worst.minutes:.0f} min after "
+                 "it was posted")
+    else:
+        blame, signature, cause = "unknown", unrecognized_signature(MARKET_DEADLINE, "serve", None, errors[-1]), \
+            errors[-1]
+    failed = sum(1 for m in runs if not m.succeeded and not m.overdue)
+    reason = (f"{MARKET_DEADLINE}: serving: missed the Snark Market's {market.deadline_minutes:g} min deadline "
+              f"{len(runs)} times in {market.window_hours:g} h ({len(late)} late, {failed} failed; "
+              f">= {market.deadline_misses} make a verdict): {cause}")
+    evidence = {"stage": "serving", "market": {
+        "deadline_minutes": market.deadline_minutes, "window_hours": market.window_hours,
+        "misses": [m.to_json() for m in runs[-EVIDENCE_LOG_LINES:]]},
+        "log_tail": redact_lines(list(report.log_tail)[-EVIDENCE_LOG_LINES:])}
+    if match is not None:
+        evidence["signature"] = {"name": match.name, "blame": match.blame, "line": redact_line(match.line)}
+    return _verdict(report, pool, now, MARKET_DEADLINE, blame, reason, evidence, None, signature=signature)
 
 
 def _degraded(report: InstanceReport, pool: PoolSpec, settings: ServingSettings, now: datetime,

@@ -633,10 +633,10 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
           "a binary in the image died of a signal its own code raised or left unhandled (exit_statuses.SIGNALS)"),
     _sig("script-error", "image", 70,
          r"syntax error near unexpected token|syntax error: unexpected|unbound variable|bad substitution"
-         r"|unexpected end of file|SyntaxError:|Traceback \(most recent call last\)|\bjq: error\b",
+         r"|unexpected end of file|SyntaxError:|\bjq: error\b",
          "a shell, jq or Python script in the image failed",
          needs=("syntax error", "unbound variable", "bad substitution", "unexpected end of file", "syntaxerror:",
-                "traceback (most recent call last)", "jq: error")),
+                "jq: error")),
     _sig("bench-usage-error", "image", 70, r"unknown proof type:|error: unexpected argument|error: invalid value",
          "our worker called cuzk-bench with arguments it does not accept",
          needs=("unknown proof type:", "error: unexpected argument", "error: invalid value")),
@@ -715,6 +715,11 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     # --- 50: any other panic in our binaries ---------------------------------------------------------
     _sig("rust-panic", "image", 50, r"thread '[^']*' panicked at|panicked with message",
          "a binary in the image panicked", needs=("panicked",)),
+    # A Python exception a script of ours raised: its own line (`KeyError: 'x'`), below every errno, HTTP status
+    # or tool code the same exception carries (`OSError: [Errno 5] ...` is the host's disk).
+    _sig("python-exception", "image", 44, r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): ",
+         "a Python script in the image raised an exception no more specific line explains",
+         needs=("error", "exception"), flags=0),
     # A call of our software the kernel refused for its arguments or our own state (errnos.py: EINVAL, EBADF,
     # ENOENT, EADDRINUSE, ...): below every line that says more.
     _nsig("software-os-error", "image", 45, "",
@@ -729,7 +734,9 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
     _sig("worker-deadline", "unknown", 37, r"\bdid not (?:finish|answer cuzk-bench status at \S+) within FLEET_\w+_S=",
          "one of the worker's deadlines passed (daemon readiness, warm-up, benchmark): slow or hung, not who",
          needs=("did not finish", "did not answer cuzk-bench status at ")),
-    _tsig("os-error-ambiguous", "unknown", 36, "",
+    # Above a generic panic: a panic that carries such an errno (`OS can't spawn worker thread: Resource temporarily
+    # unavailable (os error 11)`) is how Rust reports the errno, not a bug of its own.
+    _tsig("os-error-ambiguous", "unknown", PRIORITY_PANIC + 1, "",
           "an errno more than one owner raises (errnos.py: EAGAIN, EBUSY, EPIPE, EROFS, ...)", per_code="errno"),
     _tsig("signal-ambiguous", "unknown", 34, "",
           "a signal that says only that something around the process went first (SIGPIPE, job control)",
@@ -749,6 +756,9 @@ SIGNATURES: tuple[Signature, ...] = tuple(sorted((
           "a download stopped without saying why (aria2c's `Download aborted`, its exit 1 `unknown error` or 7 "
           "`unfinished downloads`): the cause, if any, is another line", strength=GENERIC,
           needs=("download aborted", "download failed")),
+    _sig("python-traceback", "unknown", PRIORITY_GENERIC, r"^Traceback \(most recent call last\):",
+         "a Python program raised an exception; its last line says which (a traceback cut short says nothing)",
+         strength=GENERIC, needs=("traceback (most recent call last):",)),
     _tsig("signal-stopped", "unknown", PRIORITY_GENERIC, "",
           "a process was stopped by SIGTERM/SIGINT/SIGHUP/SIGQUIT (exit 143/130/129/131): who sent it is another "
           "line (the worker's `received SIGTERM during phase` is the marketplace's stop)", strength=GENERIC),

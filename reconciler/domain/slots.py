@@ -118,6 +118,9 @@ class SlotInputs:
     max_total_dph: float | None = None
     #: An autoscaled pool shrinks by this slot: its worker finishes its proofs; never replaced meanwhile.
     draining: bool = False
+    #: Machines to benchmark once more (an unknown failure no correlation decided: domain/correlation.py): an
+    #: offer on one of them is rented first, while the market offers it (it is never a reason to replace).
+    retest_machine_ids: frozenset[str] = frozenset()
 
     def to_props(self) -> dict[str, Any]:
         pool = asdict(self.pool)
@@ -137,6 +140,8 @@ class SlotInputs:
             props["max_total_dph"] = self.max_total_dph
         if self.draining:
             props["draining"] = True
+        if self.retest_machine_ids:
+            props["retest_machine_ids"] = sorted(self.retest_machine_ids)
         return props
 
     @classmethod
@@ -375,10 +380,12 @@ class SlotDiff:
 
 
 def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, *, image: str,
-                image_digest: str, params_dir: str | None = None, now: datetime | None = None) -> SlotInputs:
+                image_digest: str, params_dir: str | None = None, now: datetime | None = None,
+                retest_machine_ids: frozenset[str] = frozenset()) -> SlotInputs:
     """The inputs of one slot, as both drivers build them from the spec and the records.
 
     `now`: bad records whose expiry passed are on probation and not excluded (without it nothing expires).
+    `retest_machine_ids`: machines the planner wants benchmarked once more (planner.Create/Replace.retest_machine).
 
     Measured rates are limited to machines of the pool's GPU model (or of unknown model): other machines
     can never match the pool's query, and keeping them out keeps every slot's inputs small and stable."""
@@ -397,7 +404,8 @@ def slot_inputs(spec: FleetSpec, pool: PoolSpec, slot: str, records: RecordSet, 
         measured=measured,
         priors={pool.gpu_name: prior} if prior is not None else {},
         paused_reason=pause.describe() if pause else None, params_dir=params_dir, label_prefix=spec.label_prefix,
-        max_total_dph=spec.max_total_dph, draining=draining)
+        max_total_dph=spec.max_total_dph, draining=draining,
+        retest_machine_ids=retest_machine_ids - records.bad_machine_ids(now))
 
 
 # --- the worker's environment --------------------------------------------------------------------------------

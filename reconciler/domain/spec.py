@@ -67,8 +67,9 @@ class BenchmarkSettings:
 #: curio's harmony task names (`harmony_task.name`) of the GPU proof tasks a cuzk worker serves, from
 #: filecoin-project/curio tasks/tasknames/names.go at e0294b0f948132d41e8f42f59fa949495d5fd3af: PoRep (C2 of
 #: the sealing pipeline, tasks/seal/task_porep.go), UpdateProve (SnapDeals, tasks/snap/task_prove.go), WdPost
-#: and WinPost (tasks/window/compute_task.go, tasks/winning/winning_task.go), PSProve (proofshare).
-PROOF_TASK_TYPES: tuple[str, ...] = ("PoRep", "UpdateProve", "WdPost", "WinPost", "PSProve")
+#: and WinPost (tasks/window/compute_task.go, tasks/winning/winning_task.go). The Snark Market's PSProve is not
+#: the operator's demand: a pool takes it under `queue.market`, by its price (MARKET_TASK_TYPES).
+PROOF_TASK_TYPES: tuple[str, ...] = ("PoRep", "UpdateProve", "WdPost", "WinPost")
 
 #: The task type a pool's benchmark proof type stands for (the queue's default when no task_types are given).
 TASK_TYPE_OF_PROOF: Mapping[str, str] = {"porep": "PoRep", "snap": "UpdateProve", "window": "WdPost",
@@ -86,12 +87,33 @@ class ScalingSettings:
     cold_start_minutes: float = 15.0  # params + benchmark before a new machine serves: size for demand then
 
 
+#: curio's Snark Market ("proofshare") task a provider cluster runs for the market (tasks/proofshare/task_prove.go
+#: TypeDetails: tasknames.PSProve), at filecoin-project/curio e0294b0f948132d41e8f42f59fa949495d5fd3af.
+MARKET_TASK_TYPES: tuple[str, ...] = ("PSProve",)
+
+
+@dataclass(frozen=True)
+class MarketSource:
+    """Snark Market work a pool takes by its price (`queue.market`): counted as demand only while what the market
+    pays per proof exceeds the pool's own $/proof by `min_margin`; never the operator's own demand."""
+
+    usd_per_fil: float  # the exchange rate the operator prices FIL at (curio's payments are in attoFIL)
+    task_types: tuple[str, ...] = MARKET_TASK_TYPES
+    min_margin: float = 0.2  # revenue must exceed cost by this fraction of the cost
+    #: curio's docs (documentation/en/experimental-features/Snark-Market.md): "Proofs must complete within 45
+    #: minutes, or your node will lose its active slot and need to re-earn trust".
+    deadline_minutes: float = 45.0
+    deadline_misses: int = 2  # missed deadlines on one machine within `window_hours` that make a verdict
+    window_hours: float = 24.0  # payments and misses counted over this window
+
+
 @dataclass(frozen=True)
 class QueueSource:
     """curio's task queue, read over the PostgreSQL protocol (YugabyteDB YSQL) with a read-only role."""
 
     url_env: str  # the environment variable holding postgresql://role:password@host:port/db (a secret)
     task_types: tuple[str, ...] = ("PoRep",)
+    market: MarketSource | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +224,15 @@ class EarlyVerdictSettings:
     min_measured_proofs: int = 3
 
 
+@dataclass(frozen=True)
+class RetestSettings:
+    """An unknown failure no correlation decides is benchmarked once more on the same machine (issue 29)."""
+
+    enabled: bool = True
+    max_per_pool: int = 2  # machines of one pool held for a retest within the window
+    window_hours: float = 24.0  # a retest is due this long after the failure; one per machine within it
+
+
 #: Hours until a bad record expires into probation, by blame (None: never). Network and marketplace faults
 #: pass; a machine's own hardware fault much less so.
 DEFAULT_EXPIRY_HOURS: Mapping[str, float | None] = {
@@ -249,6 +280,7 @@ class FleetSpec:
     kill_budget: KillBudgetSettings = field(default_factory=KillBudgetSettings)
     serving: ServingSettings = field(default_factory=ServingSettings)
     early_verdict: EarlyVerdictSettings = field(default_factory=EarlyVerdictSettings)
+    retest: RetestSettings = field(default_factory=RetestSettings)
     record_expiry: RecordExpirySettings = field(default_factory=RecordExpirySettings)
     gpu_priors: Mapping[str, float] = field(default_factory=dict)
     #: The fleet's name: its marketplace labels are `gpu-fleet/<name>/<instance id>` (see label_prefix).

@@ -38,6 +38,7 @@ from typing import Any
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.redact import redact_line, redact_lines
+from reconciler.domain.retests import HELD_FOR_RETEST as HELD_FOR_RETEST  # re-exported: a held_by like the others
 from reconciler.domain.signatures import SignatureMatch, classify, clean_line, error_line, read_tail
 from reconciler.domain.spec import PoolSpec
 from reconciler.domain.verdicts import blame_class
@@ -125,7 +126,7 @@ class Verdict:
 def root_cause_text(reason: str, blame: str, held_by: str | None = None, setting: str | None = None) -> str:
     """`<reason> (blame: <blame>[; change <setting>][, held by <guard>])`: shared by verdicts and records."""
     change = f"; change {setting}" if setting else ""
-    held = f", held by {held_by}" if held_by else ""
+    held = ", retest pending" if held_by == HELD_FOR_RETEST else f", held by {held_by}" if held_by else ""
     return f"{reason} (blame: {blame}{change}{held})"
 
 
@@ -315,14 +316,16 @@ class _Cause:
         return self.line if self.match is not None else f"{NOT_RECOGNISED}: {self.line}"
 
 
-def _cause(attempt: _Attempt, *fallbacks: str | None, known_cause: str | None = None) -> _Cause | None:
-    """The decisive line of the whole evidence; else (with `fallbacks` or `known_cause`) the best line, blame
-    unknown: a generic line never decides blame. None when nothing at all explains it and no fallback was given."""
+def _cause(attempt: _Attempt, *fallbacks: str | None, known_cause: str | None = None,
+           default: str | None = None) -> _Cause | None:
+    """The decisive line of the whole evidence; else the best line there is (a generic line, the last error-like
+    line, then `fallbacks`, `known_cause`, `default`), blame unknown: a generic line never decides blame. None when
+    nothing at all explains it."""
     match = classify(attempt.evidence, include_tunnel=attempt.include_tunnel)
     if match is not None and match.decisive:
         return _Cause(match, match.blame, match.text())
     raw = match.line if match is not None else error_line(attempt.evidence, include_tunnel=attempt.include_tunnel)
-    raw = raw or next((f for f in fallbacks if f), None) or known_cause
+    raw = raw or next((f for f in fallbacks if f), None) or known_cause or default
     if raw is None:
         return None
     line = match.text() if match is not None else raw
@@ -336,8 +339,8 @@ def _proofs_failed(report: InstanceReport, pool: PoolSpec, now: datetime, attemp
     """Some proofs were not COMPLETED although cuzk-bench exited normally: judged by why they failed."""
     labels = sorted({p.label for p in proofs if p.label != "COMPLETED"}) or ["FAILED"]
     what = f"{failed} {'/'.join(labels)}"
-    why = _cause(attempt, f"{what}; no reason in the daemon log")
-    assert why is not None  # a fallback was given
+    why = _cause(attempt, default=f"{what}; no reason in the daemon log")
+    assert why is not None  # a default was given
     match, blame, cause = why.match, why.blame, why.shown
     signature = match.key if match else \
         unrecognized_signature("benchmark-error", attempt.phase, attempt.exit_code, why.key_line)
@@ -354,8 +357,8 @@ def _errored(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str
     """`known_cause`: what we established ourselves; `message`: the worker's own summary (used when the log
     says nothing). Without a specific line the failure is `unknown` in every phase, params included: no
     network strike is counted on a guess (issue 29 item 2)."""
-    why = _cause(attempt, message, "no log lines", known_cause=known_cause)
-    assert why is not None  # a fallback was given
+    why = _cause(attempt, message, known_cause=known_cause, default="no log lines")
+    assert why is not None  # a default was given
     signature = why.match.key if why.match else \
         unrecognized_signature(verdict, attempt.phase, attempt.exit_code, why.key_line)
     return _failed_verdict(report, pool, now, verdict, attempt, why.blame, why.match, signature,
@@ -431,6 +434,23 @@ def _timed_out(report: InstanceReport, pool: PoolSpec, now: datetime, attempt: _
                            unexplained=unexplained)
 
 
+_SOURCE_URL = re.compile(r"\b((?:https?|ftp)://[^/\s'\"]+)", re.IGNORECASE)
+_CURIO_FETCH = re.compile(r"\bcurio fetch-params\b")
+
+
+def params_source(lines: Sequence[str]) -> str | None:
+    """Where a params fetch fetched from, for the mirror correlation: the scheme and host of the first URL the
+    fetch logged (`https://params.example.com`), or `curio fetch-params` (curio's own sources); None when the
+    evidence names none (then no mirror is blamed)."""
+    for line in lines:
+        if (m := _SOURCE_URL.search(line)) is not None:
+            scheme, _, host = m.group(1).partition("://")
+            return f"{scheme}://{host.rpartition('@')[2]}".lower()  # never a user:password@ in the evidence
+        if _CURIO_FETCH.search(line):
+            return "curio fetch-params"
+    return None
+
+
 #: What an unexplained failure's signature is made of (`unrecognized_signature`): the variable parts of its
 #: error line stripped, so the same failure on another machine, at another time, gets the same signature.
 _NORMALISE = (
@@ -502,6 +522,8 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
             reasons = list(dict.fromkeys(f"{p.label}: {p.reason}" for p in labels if p.reason))
             if reasons:
                 evidence["proofs"]["reasons"] = redact_lines(reasons[:5])
+    if verdict == "params-failed":
+        evidence["params_source"] = params_source(attempt.evidence)
     if report.clock_skew_s is not None:  # phases are on the controller's clock; the worker's differed by this
         evidence["worker_clock_skew_s"] = report.clock_skew_s
     if extra:

@@ -60,6 +60,9 @@ VERDICT_KINDS: dict[str, VerdictKind] = {k.name: k for k in (
                 "the whole hysteresis period", False, False, True, "degraded"),
     VerdictKind("lost", "while serving, heartbeats stopped past the deadline (or the worker failed)", False, True,
                 True, "lost"),
+    VerdictKind("market-deadline", "while serving, the machine missed the Snark Market's deadline (PSProve tasks "
+                "failing, or ending or running past the deadline, on it)", False, True, True,
+                "missed market deadlines"),
 )}
 
 VERDICTS: tuple[str, ...] = tuple(VERDICT_KINDS)

@@ -18,12 +18,13 @@ order and writes one summary, the `PassResult`, once. The decisions inside the s
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,11 +35,14 @@ from reconciler.domain import errors
 from reconciler.domain.capacity import (
     CapacityDecision,
     CapacityEntry,
+    DemandSample,
     QueueSnapshot,
     capacity_json,
     capacity_summary,
     capacity_trailers,
     decide_all,
+    demand_history,
+    hearing_for,
 )
 from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
@@ -61,7 +65,8 @@ from reconciler.domain.records import (
 )
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.serving import FleetSignals, last_signal
-from reconciler.domain.spec import FleetSpec, QueueSource, SpecError
+from reconciler.domain.snark_market import MarketMiss
+from reconciler.domain.spec import FleetSpec, QueueSource, ScalingSettings, SpecError
 from reconciler.domain.verdict import Verdict
 
 SPEC_DIR = "fleet-spec"
@@ -185,6 +190,8 @@ class PassResult:
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
     capacity: tuple[CapacityDecision, ...] = ()  # autoscaled pools: signals and what was decided this pass
     standby: str | None = None  # a replica that does not lead: nothing judged or written; who leads instead
+    #: Seconds per step (observe, load, evidence, decide, capacity, directives, render, publish: git and the store).
+    steps: tuple[tuple[str, float], ...] = ()
 
     @property
     def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
@@ -236,6 +243,7 @@ class PassResult:
             "pushed": self.pushed, "attempts": self.attempts, "pending": list(self.pending),
             "notes": list(self.notes), "stalled": self.stalled, "observation_error": self.observation_error,
             "error": self.error, "standby": self.standby,
+            "steps": {name: round(seconds, 4) for name, seconds in self.steps},
             "capacity": [capacity_json(d, self.at) for d in self.capacity],
             "verdicts": [{"instance_id": v.instance_id, "machine_id": v.machine_id, "pool": v.pool,
                           "verdict": v.verdict, "blame": v.blame, "marks_bad": v.marks_bad,
@@ -359,8 +367,9 @@ def gather_evidence(source: ReportSource, observed: Observed, loaded: Loaded, in
 
 
 def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: datetime,
-                memory: PassMemory | None = None) -> Decided:
-    """decide: `judging.decide` over the due instances (every one without a memory), and what to remember of it."""
+                memory: PassMemory | None = None, queues: Mapping[str, QueueSnapshot] | None = None) -> Decided:
+    """decide: `judging.decide` over the due instances (every one without a memory), and what to remember of it.
+    `queues`: curio's snapshots of the pass (the Snark Market's missed deadlines are serving evidence)."""
     heard = None  # each worker's last signal: the memory's, brought up to date (else worked out from every report)
     if memory is not None and memory.judge is not None and evidence.changed is not None:
         heard = {**memory.last_heard, **{i: last_signal(evidence.reports[i]) for i in evidence.changed
@@ -369,7 +378,7 @@ def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: dat
     decision, remembered = decide_due(
         loaded.spec, evidence.reports, evidence.due, loaded.records, loaded.judged, inputs.desired_image_digest, now,
         judged_serving_ids=loaded.judged_serving, memory=memory.judge if memory is not None else None, fleet=fleet,
-        sets=loaded.sets)
+        sets=loaded.sets, market_misses=market_misses(queues or {}))
     return Decided(decision, remembered, fleet.last_heard())
 
 
@@ -390,25 +399,68 @@ class CapacityPlan:
     file: FileChange | None = None
 
 
+class DemandHistory:
+    """Each pool's demand samples of the recent passes, kept in the leader's memory between passes: the capacity
+    step reads them ("waiting work above target for the whole window") and adds its own. A replica that becomes
+    leader starts without them, and for one window grows on the queue's task ages and utilization alone."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, tuple[DemandSample, ...]] = {}
+
+    def samples(self) -> Mapping[str, Sequence[DemandSample]]:
+        return dict(self._samples)
+
+    def record(self, spec: FleetSpec, decisions: Sequence[CapacityDecision]) -> None:
+        """This pass's samples, keeping back to the longest window of each pool (one per pass time)."""
+        for d in decisions:
+            if d.sample is None or d.pool not in {p.name for p in spec.pools}:
+                continue
+            scaling = spec.pool(d.pool).scaling or ScalingSettings()
+            keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
+            self._samples[d.pool] = demand_history((*self._samples.get(d.pool, ()), d.sample), d.sample.at, keep)
+
+
+def read_queues(spec: FleetSpec, queue_reader: QueueReader | None) -> dict[str, QueueSnapshot]:
+    """curio's queue (and Snark Market) of every autoscaled pool with a `queue:` source; failures are snapshots
+    with an error, never exceptions."""
+    out = {}
+    for pool in spec.pools:
+        if pool.min_count is not None and pool.queue is not None:
+            out[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
+                              else QueueSnapshot(error="no queue reader in this process"))
+    return out
+
+
+def market_misses(queues: Mapping[str, QueueSnapshot]) -> dict[str, tuple[MarketMiss, ...]]:
+    """Per instance (the curio node's name), the Snark Market runs that missed their deadline on it."""
+    out: dict[str, list[MarketMiss]] = {}
+    for snapshot in queues.values():
+        for miss in snapshot.market.misses if snapshot.market is not None else ():
+            if miss.machine_name:
+                out.setdefault(miss.machine_name, []).append(miss)
+    return {name: tuple(found) for name, found in out.items()}
+
+
 def capacity_step(spec: FleetSpec, entries: Mapping[str, CapacityEntry], capacity_file: str,
                   reports: Iterable[InstanceReport], records: RecordSet, kill_budgets: Mapping[str, Any],
-                  desired_image_digest: str | None, now: datetime, queue_reader: QueueReader | None,
-                  prices: Mapping[str, float] | None = None) -> CapacityPlan:
-    """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it), and the new
-    capacity.yaml when anything changed. Only the reports of those pools are read."""
+                  desired_image_digest: str | None, now: datetime, queues: Mapping[str, QueueSnapshot],
+                  prices: Mapping[str, float] | None = None,
+                  history: Mapping[str, Sequence[DemandSample]] | None = None,
+                  last_heard: Mapping[str, datetime] | None = None) -> CapacityPlan:
+    """Capacity decisions for the autoscaled pools (`entries`: capacity.yaml as the tree has it; `queues`: curio's
+    snapshots, `read_queues`; `history`: the demand samples of the previous passes; `last_heard`: each worker's
+    last signal, as the judge's step had them), and the new capacity.yaml when anything changed."""
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
         return CapacityPlan()
     names = {p.name for p in ranged}
-    queues = {}
-    for pool in ranged:
-        if pool.queue is not None:
-            queues[pool.name] = (queue_reader.read(pool.queue) if queue_reader is not None
-                                 else QueueSnapshot(error="no queue reader in this process"))
     paused = [p.name for p in ranged if pool_pause(p.name, records, desired_image_digest) is not None]
     exhausted = [name for name, budget in kill_budgets.items() if getattr(budget, "exhausted", False)]
-    decisions = decide_all(spec, entries, [r for r in reports if r.pool in names], queues, now, prices=prices,
-                           paused_pools=paused, exhausted_pools=exhausted)
+    # Every report: the fleet's hearing (silence everywhere) is the whole fleet's, not these pools' alone.
+    reports = list(reports)
+    decisions = decide_all(spec, entries, reports, queues, now, prices=prices, paused_pools=paused,
+                           exhausted_pools=exhausted, history=history,
+                           hearing=hearing_for(spec, reports, now, last_heard))
     if not any(d.changed for d in decisions):
         return CapacityPlan(tuple(decisions))
     merged = {**entries, **{d.pool: d.entry for d in decisions}}
@@ -525,6 +577,7 @@ class Built:
     capacity: CapacityPlan
     directives: DirectivePlan
     request: CommitRequest | None
+    steps: tuple[tuple[str, float], ...] = ()  # seconds per step on this tip
 
     @property
     def decision(self) -> PassDecision:
@@ -539,26 +592,50 @@ class PassInputs:
     queue_reader: QueueReader | None = None
     prices: Mapping[str, float] | None = None
     leader_epoch: int | None = None
+    clock: Callable[[], float] = time.monotonic  # for the seconds per step
 
 
 def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs, now: datetime,
           memory: PassMemory | None = None) -> Built | Halted:
-    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request.
-    `memory`: the leader's warm state (read, never changed here)."""
+    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request (its
+    files rendered). `memory`: the leader's warm state (read, never changed here)."""
+    steps = _Laps(inputs.clock)
     loaded = load(view)
     if isinstance(loaded, Halted):
         return loaded
+    steps.lap("load")
     evidence = gather_evidence(source, observed, loaded, inputs, now, memory)
     if isinstance(evidence, Halted):
         return evidence
-    decided = decide_step(loaded, evidence, inputs, now, memory)
+    steps.lap("evidence")
+    queues = read_queues(loaded.spec, inputs.queue_reader)
+    decided = decide_step(loaded, evidence, inputs, now, memory, queues)
     decision = decided.decision
+    steps.lap("decide")
     capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
                              loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
-                             inputs.queue_reader, inputs.prices)
+                             queues, inputs.prices, memory.demand.samples() if memory is not None else None,
+                             decided.last_heard)
+    steps.lap("capacity")
     told = directives_step(loaded, evidence, decision, capacity, now, memory)
+    steps.lap("directives")
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
-    return Built(loaded, decided, capacity, told, request)
+    steps.lap("render")
+    return Built(loaded, decided, capacity, told, request, tuple(steps.laps))
+
+
+class _Laps:
+    """Seconds per step, for the pass's summary (`PassResult.steps`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.started = self.last = clock()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, step: str) -> None:
+        now = self.clock()
+        self.laps.append((step, now - self.last))
+        self.last = now
 
 
 @dataclass(frozen=True)
@@ -635,16 +712,17 @@ class _LostAfterPush(LeaseLost):
         self.published = Published(done.commit, done.pushed, done.attempts, seconds)
 
 
-def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None) -> PassResult:
+def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None,
+              steps: Sequence[tuple[str, float]] = ()) -> PassResult:
     """The pass's one summary, written once. `lost`: the term ended after the steps ran (the pass says
-    `not-leader`, never Succeeded; what it pushed before is still reported)."""
+    `not-leader`, never Succeeded; what it pushed before is still reported). `steps`: seconds per step."""
     decision = built.decision
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
                       attempts=published.attempts, pending=decision.pending, notes=(*decision.notes, *published.notes),
                       capacity=built.capacity.decisions,
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=published.seconds, error=str(lost) if lost else None,
-                      reason=lost.reason if lost else None)
+                      reason=lost.reason if lost else None, steps=tuple(steps))
 
 
 class PassMemory:
@@ -664,6 +742,7 @@ class PassMemory:
         self.base_docs: Mapping[str, Mapping[str, Any]] = {}
         self.stored: Mapping[str, Mapping[str, Any]] | None = None
         self.stored_epoch: int | None = None
+        self.demand = DemandHistory()
 
     def stored_in(self, epoch: int | None) -> Mapping[str, Mapping[str, Any]] | None:
         """The directives this replica stored last, if in the same term (another leader may have written since)."""
@@ -684,8 +763,13 @@ class PassMemory:
         self.judge = built.decided.memory
         self.directives = built.directives.memory
         self.base_docs = built.directives.base
+        self.demand.record(built.loaded.spec, built.capacity.decisions)
         if published.directives_stored:
             self.stored, self.stored_epoch = built.directives.docs, epoch
+        # What the leader keeps lives as long as it leads (10,000 reports: about a million objects, none in a
+        # reference cycle): out of the collector's generations, so the next passes' collections do not walk it
+        # again (as the loop's records, record_files.load_records). Replaced ones are freed by their refcounts.
+        gc.freeze()
 
 
 def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
@@ -698,9 +782,10 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
 
     `directive_sink`: gets what each live worker should do (serve, stop, wait), recomputed from the
     published records every pass (so a crash between commit and write only delays them one pass).
-    `queue_reader`: curio's queue for autoscaled pools with a `queue:` source (None: utilization only).
-    `prices`: instance -> $/h from the provisioner's slot state, so a shrinking pool drains the worst $/proof
-    first (None or unknown: the pool's max price, i.e. the slowest machine first).
+    `queue_reader`: curio's queue (and Snark Market) for autoscaled pools with a `queue:` source (None:
+    utilization only), read before judging: the market's missed deadlines are serving evidence.
+    `prices`: instance -> $/h from the provisioner's slot state or the marketplace, so a shrinking pool drains the
+    worst $/proof first (None or unknown: the pool's max price, i.e. the slowest machine first).
 
     `term`: when replicas share the store, the leadership term this pass runs in. Its epoch goes into the
     commit as a trailer and its fence runs right before the push and before the directives are stored: a
@@ -708,11 +793,13 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
 
     `memory`: kept by a long-running leader between its passes: the pass reads only what changed in the store
     since the last one and judges only the instances that are due, with the same outcome as a full pass."""
+    started = monotonic()
     observed = observe(source, memory)
     if isinstance(observed, Halted):
         return observed.result(now)
+    observed_s = monotonic() - started
     inputs = PassInputs(desired_image_digest, queue_reader, read_prices(prices),
-                        term.epoch if term is not None else None)
+                        term.epoch if term is not None else None, monotonic)
     outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
 
     def on_tip(view: FleetTreeView) -> CommitRequest | None:
@@ -722,13 +809,19 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     def directives_of() -> Mapping[str, Mapping[str, Any]] | None:
         return outcome[0].directives.docs if outcome and isinstance(outcome[0], Built) else None
 
+    def steps() -> list[tuple[str, float]]:
+        built = outcome[0]
+        assert isinstance(built, Built)
+        publishing = monotonic() - publish_started - sum(seconds for _, seconds in built.steps)
+        return [("observe", observed_s), *built.steps, ("publish", publishing)]
+
     stored = memory.stored_in(inputs.leader_epoch) if memory is not None else None
+    publish_started = monotonic()
     try:
         published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic, stored)
     except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
-        built = outcome[0]
-        assert isinstance(built, Built)
-        return summarize(now, built, exc.published, exc)
+        assert isinstance(outcome[0], Built)
+        return summarize(now, outcome[0], exc.published, exc, steps())
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
@@ -738,7 +831,7 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
         return built.result(now, published.attempts)
     if memory is not None:
         memory.keep(observed, built, published, inputs.leader_epoch)
-    return summarize(now, built, published)
+    return summarize(now, built, published, steps=steps())
 
 
 def follow(tree: FleetTree, source: ReportSource, memory: PassMemory | None) -> tuple[str, ...]:

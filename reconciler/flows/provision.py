@@ -32,6 +32,7 @@ from reconciler.domain import errors
 from reconciler.domain.marketplace import MarketplaceAuthError, MarketplaceError, MarketplaceRateLimitedError
 from reconciler.domain.planner import (
     STATUS_GONE,
+    Create,
     Delete,
     Hold,
     Keep,
@@ -251,8 +252,10 @@ def _carry_out(action: SlotAction, spec: FleetSpec, records: RecordSet, provider
             gone = f"destroyed {old.instance_id} on machine {old.machine_id}" if old else "nothing to destroy"
             return ActionResult(action, True, f"{head} {why} -> {gone}")
         pool = spec.pool(action.pool)
+        retest = action.retest_machine if isinstance(action, Create | Replace) else None
         inputs = slot_inputs(spec, pool, action.slot, records, image=image.ref, image_digest=image.digest,
-                             params_dir=image.params_dir, now=now)
+                             params_dir=image.params_dir, now=now,
+                             retest_machine_ids=frozenset({retest}) if retest else frozenset())
         out = provider.create(inputs)
         stored[action.slot] = out
         rate = "?" if out.expected_proofs_per_hour is None else f"{out.expected_proofs_per_hour:.0f}"

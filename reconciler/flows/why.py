@@ -26,6 +26,7 @@ from reconciler.adapters.git import LastChange, VerdictCommit
 from reconciler.adapters.record_files import parse_machine_record
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError
 from reconciler.domain.redact import escape_controls
+from reconciler.domain.retests import HELD_FOR_RETEST
 
 DEFAULT_TAIL = 20
 #: Verdicts `fleet why` shows unless asked for `--all` (newest first).
@@ -197,7 +198,7 @@ def render_text(h: MachineHistory, tail: int) -> str:
 
 def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
     ev = e.evidence
-    held = f", held by {e.held_by}" if e.held_by else ""
+    held = ", retest pending" if e.held_by == HELD_FOR_RETEST else f", held by {e.held_by}" if e.held_by else ""
     marks = "marks the machine bad" if e.marks_bad else "does not mark the machine bad"
     setting = ev.get("setting")
     change = f"    change:    {setting}" if isinstance(setting, str) else None
@@ -205,7 +206,7 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
            + (f", pool {e.pool}" if e.pool else "") + f", judged {e.at}",
            f"    root cause: {e.reason}",  # first (issue 14): phase, exit code, proofs, the error line
            f"    verdict:   {e.verdict} (blame: {e.blame}{held}; {marks})",
-           *([change] if change else [])]
+           *([change] if change else []), *_fleet_lines(ev)]
     rate = "-" if e.proofs_per_hour is None else f"{e.proofs_per_hour:g} proofs/h"
     spp = f" ({e.seconds_per_proof:g} s/proof)" if e.seconds_per_proof is not None else ""
     minimum = "-" if e.min_rate_proofs_per_hour is None else f"{e.min_rate_proofs_per_hour:g}"
@@ -225,6 +226,23 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
         # One shipped line stays one quoted line, whatever an older record holds (a newline inside it would print
         # a line of its own at column 0).
         out += [f"      | {escape_controls(str(line))}" for line in shown]
+    return out
+
+
+def _fleet_lines(ev: Mapping[str, Any]) -> list[str]:
+    """Which correlation across the fleet decided an unknown failure (or that a retest is pending), and a retest's
+    outcome (domain/correlation.py)."""
+    out = []
+    correlation = ev.get("correlation")
+    if isinstance(correlation, Mapping):
+        rule, detail = correlation.get("rule"), correlation.get("detail")
+        head = "retest:    pending" if rule == "retest" else f"decided:   by the fleet ({rule})" \
+            if correlation.get("decided") else "fleet:     undecided"
+        out.append(f"    {head}: {_show(detail)}")
+    retest = ev.get("retest")
+    if isinstance(retest, Mapping):
+        out.append(f"    retest:    of {_show(retest.get('of'))} ({_show(retest.get('signature'))}, requested "
+                   f"{_show(retest.get('requested_at'))}): {_show(retest.get('outcome'))}")
     return out
 
 

@@ -89,6 +89,14 @@ def render_plan_markdown(*, pools: Sequence[Mapping[str, Any]], actions: Sequenc
         lines += _table(["pool", "bounds", "desired now", "$/h at min", "$/h at max", "target utilization",
                          "queue"], rows, right=(2, 3, 4, 5))
         lines.append("")
+        market = [r for r in scaled if isinstance(r["autoscaled"].get("market"), Mapping)]
+        if market:
+            lines += ["Snark Market work (curio's proofshare) counts as demand only while it pays more per proof "
+                      "than the pool's own $/proof plus its margin; figures of the leader's last decision.", ""]
+            rows = [_market_row(r["pool"], r["autoscaled"]["market"]) for r in market]
+            lines += _table(["pool", "revenue $/proof", "$/proof", "break-even", "with margin", "market proofs served",
+                             "counted", "as of"], rows, right=(1, 2, 3, 4, 5))
+            lines.append("")
 
     lines += ["### Expected output and spend", "",
               "From the machines' own benchmark history: the best proven machines of each pool's GPU first; "
@@ -118,3 +126,16 @@ def render_plan_markdown(*, pools: Sequence[Mapping[str, Any]], actions: Sequenc
         lines += [f"- unreadable record (its machine is excluded from offers): {_cell(p)}" for p in record_problems]
         lines += ["", "</details>", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _market_row(pool: str, m: Mapping[str, Any]) -> list[str]:
+    def usd(key: str) -> str:
+        value = m.get(key)
+        return f"${value:.3f}" if isinstance(value, int | float) else "?"
+
+    served = m.get("served")
+    counted = "tables unreadable" if m.get("error") else ("**yes** (pays)" if m.get("paying") else
+                                                          "no (does not pay)")
+    return [f"**{_cell(pool)}**", usd("revenue_usd_per_proof"), usd("usd_per_proof"),
+            usd("break_even_usd_per_proof"), usd("threshold_usd_per_proof"),
+            "?" if not isinstance(served, int) else str(served), counted, _cell(m.get("as_of") or "no decision yet")]

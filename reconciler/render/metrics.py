@@ -68,6 +68,11 @@ METRIC_NAMES = (
     "fleet_pool_utilization",
     "fleet_pool_waiting_tasks",
     "fleet_pool_queue_up",
+    "fleet_pool_capacity_held",
+    "fleet_pool_market_revenue_usd_per_proof",
+    "fleet_pool_usd_per_proof",
+    "fleet_pool_market_proofs_served",
+    "fleet_pool_market_paying",
 )
 
 
@@ -169,7 +174,28 @@ def _capacity_metrics(pools: Sequence[PoolCapacityStatus]) -> Iterable[Metric]:
                                 labels=["pool", "task_type"])
     queue_up = GaugeMetricFamily("fleet_pool_queue_up", "1 if the pool's queue source was read by the last pass",
                                  labels=["pool"])
+    held = GaugeMetricFamily("fleet_pool_capacity_held", "1 while the last pass held the pool's count, by why "
+                             "(fleet-unheard, missing-data, cooldown, at-bound, ...; the page says it in a sentence)",
+                             labels=["pool", "held_by"])
+    revenue = GaugeMetricFamily("fleet_pool_market_revenue_usd_per_proof", "Snark Market: what a proof paid "
+                                "(mean over the window, else the asked price), in $", labels=["pool"])
+    cost = GaugeMetricFamily("fleet_pool_usd_per_proof", "the pool's measured cost per proof, in $ (its break-even "
+                             "for market work)", labels=["pool"])
+    served = GaugeMetricFamily("fleet_pool_market_proofs_served", "Snark Market proofs paid within the window",
+                               labels=["pool"])
+    paying = GaugeMetricFamily("fleet_pool_market_paying", "1 while market work pays by the pool's margin (and "
+                               "counts as demand)", labels=["pool"])
     for c in pools:
+        if c.held_by:
+            held.add_metric([c.pool, c.held_by], 1.0)
+        if c.market is not None:
+            paying.add_metric([c.pool], 1.0 if c.market.paying else 0.0)
+            if c.market.revenue_usd_per_proof is not None:
+                revenue.add_metric([c.pool], c.market.revenue_usd_per_proof)
+            if c.market.usd_per_proof is not None:
+                cost.add_metric([c.pool], c.market.usd_per_proof)
+            if c.market.served is not None:
+                served.add_metric([c.pool], c.market.served)
         desired.add_metric([c.pool], c.desired)
         low.add_metric([c.pool], c.min)
         high.add_metric([c.pool], c.max)
@@ -180,7 +206,7 @@ def _capacity_metrics(pools: Sequence[PoolCapacityStatus]) -> Iterable[Metric]:
             queue_up.add_metric([c.pool], 0.0 if c.queue_error is not None else 1.0)
             for kind, n in sorted(c.waiting.items()):
                 waiting.add_metric([c.pool, kind], n)
-    return (desired, low, high, draining, utilization, waiting, queue_up)
+    return (desired, low, high, draining, utilization, waiting, queue_up, held, revenue, cost, served, paying)
 
 
 #: Seconds buckets for commit+push (git over the network: ~0.1 s to a minute with retries).

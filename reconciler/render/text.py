@@ -118,6 +118,10 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
         for c in view.capacity:
             lines.append(f"  {c.pool}: {c.summary()}")
             lines.append(f"      {c.last()}")
+            if c.note:
+                lines.append(f"      now: {c.note}")
+            if c.market is not None:
+                lines.append(f"      {c.market.summary()}")
             lines.append(f"      ${c.usd_per_hour_at_min:.2f}/h at min, ${c.usd_per_hour_at_max:.2f}/h at max "
                          "(max price)")
     lines += _suspect_lines(view)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.curio_queue import CurioQueue
-from reconciler.domain.spec import QueueSource
+from reconciler.domain.spec import MarketSource, QueueSource
 from tests.postgres_server import PostgresServer
 
 DDL = (Path(__file__).parent.parent / "fixtures" / "curio" / "harmony_task.sql").read_text()
@@ -119,3 +119,99 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# --- the Snark Market (proofshare): curio's provider tables, read-only ----------------------------------
+
+MARKET_DDL = (Path(__file__).parent.parent / "fixtures" / "curio" / "proofshare.sql").read_text()
+MARKET_SOURCE = QueueSource(url_env="CURIO_DB_URL", task_types=("PoRep",),
+                            market=MarketSource(usd_per_fil=4.0, deadline_minutes=45.0, window_hours=24.0))
+FIL = 10**18
+
+
+@pytest.fixture
+def market_db(curio_db: tuple[PostgresServer, str]) -> tuple[PostgresServer, str]:
+    """curio_db plus the provider's proofshare tables as the migrations leave them, and:
+    - PSProve tasks: 2 waiting (posted 3 and 1 min ago), 1 running on node rtx4090-0-aaaaaa for 50 min (overdue);
+    - payments of one wallet, cumulative per nonce (attoFIL): nonce 0 (2 days ago, outside the window), 1, 2, 3
+      -> pays 0.004, 0.005 and 0.006 FIL in the window; another wallet's nonce 7 without its nonce 6 (unknown);
+    - the asked price 0.003 FIL; history: on rtx4090-1-bbbbbb a failed run and a run ended 50 min after
+      posting; on rtx4090-0-aaaaaa one in time; a PoRep failure (not market work)."""
+    server, db = curio_db
+    server.execute(MARKET_DDL, db)
+    server.execute("INSERT INTO harmony_machines (host_and_port, cpu, ram, gpu) VALUES "
+                   "('10.1.0.1:12300', 32, 1, 1), ('10.1.0.2:12300', 32, 1, 1)", db)
+    server.execute("INSERT INTO harmony_machine_details (machine_id, machine_name, tasks, layers) "
+                   "SELECT id, CASE host_and_port WHEN '10.1.0.1:12300' THEN 'rtx4090-0-aaaaaa' "
+                   "ELSE 'rtx4090-1-bbbbbb' END, 'PSProve', 'gpu' FROM harmony_machines "
+                   "WHERE host_and_port LIKE '10.1.0.%'", db)
+    server.execute("INSERT INTO harmony_task (posted_time, owner_id, added_by, name) VALUES "
+                   "(now() - interval '3 minutes', NULL, 1, 'PSProve'), "
+                   "(now() - interval '1 minutes', NULL, 1, 'PSProve'), "
+                   "(now() - interval '50 minutes', (SELECT id FROM harmony_machines "
+                   "WHERE host_and_port = '10.1.0.1:12300'), 1, 'PSProve')", db)
+    cumulative = [(0, 2 * FIL // 1000, "2 days"), (1, 6 * FIL // 1000, "3 hours"), (2, 11 * FIL // 1000, "2 hours"),
+                  (3, 17 * FIL // 1000, "1 hour")]
+    for nonce, amount, ago in cumulative:
+        server.execute("INSERT INTO proofshare_provider_payments (provider_id, request_cid, payment_nonce, "  # noqa: S608
+                       f"payment_cumulative_amount, payment_signature, created_at) VALUES (1001, 'bafy{nonce}', "
+                       f"{nonce}, '{amount}', '\\x00', now() - interval '{ago}')", db)
+    server.execute("INSERT INTO proofshare_provider_payments (provider_id, request_cid, payment_nonce, "
+                   "payment_cumulative_amount, payment_signature) VALUES (1002, 'bafyx', 7, '99000000000000000', "
+                   "'\\x00')", db)
+    server.execute("UPDATE proofshare_meta SET enabled = TRUE, wallet = 'f1abc', "  # noqa: S608
+                   f"pprice = '{3 * FIL // 1000}'", db)
+    history = [("PSProve", "10.1.0.2:12300", 120, 110, False, "failed to compute proof: cuzk: daemon unavailable"),
+               ("PSProve", "10.1.0.2:12300", 100, 50, True, ""), ("PSProve", "10.1.0.1:12300", 30, 25, True, ""),
+               ("PoRep", "10.1.0.2:12300", 20, 10, False, "boom")]
+    for n, (name, host, posted_ago, end_ago, ok, err) in enumerate(history):
+        server.execute("INSERT INTO harmony_task_history (task_id, name, posted, work_start, work_end, result, "  # noqa: S608
+                       f"completed_by_host_and_port, err) VALUES ({100 + n}, '{name}', "
+                       f"now() - interval '{posted_ago} minutes', now() - interval '{posted_ago} minutes', "
+                       f"now() - interval '{end_ago} minutes', {ok}, '{host}', '{err}')", db)
+    return server, db
+
+
+def _market_role(server: PostgresServer, db: str, tables: tuple[str, ...]) -> str:
+    role, password = f"r_{uuid.uuid4().hex[:10]}", f"pw-{uuid.uuid4().hex}"
+    server.create_role(role, password)
+    server.execute(f'GRANT CONNECT ON DATABASE "{db}" TO "{role}"')
+    server.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"', db)
+    for table in tables:
+        server.execute(f'GRANT SELECT ON {table} TO "{role}"', db)
+    return server.uri(db, role, password)
+
+
+MARKET_TABLES = ("harmony_task", "harmony_task_history", "harmony_machines", "harmony_machine_details",
+                 "proofshare_provider_payments", "proofshare_meta")
+
+
+def test_reads_the_markets_tasks_pay_asked_price_and_missed_deadlines_read_only(
+        market_db: tuple[PostgresServer, str]) -> None:
+    server, db = market_db
+    snapshot = CurioQueue({"CURIO_DB_URL": _market_role(server, db, MARKET_TABLES)}).read(MARKET_SOURCE)
+    assert snapshot.error is None and dict(snapshot.waiting) == {"PoRep": 3}  # PSProve is not the own queue
+    market = snapshot.market
+    assert market is not None and market.error is None
+    assert (market.waiting, market.running) == (2, 1)
+    # One proof's pay = its cumulative amount minus the previous nonce's (curio's PSListQueue); nonce 0 is outside
+    # the window, and the other wallet's nonce 7 has no nonce 6: unknown, not counted.
+    assert (market.paid_proofs, market.paid_atto) == (3, 15 * FIL // 1000)
+    assert market.asked_atto == 3 * FIL // 1000
+    misses = {(m.task_id, m.machine_name, m.succeeded, m.overdue) for m in market.misses}
+    overdue_id = next(m.task_id for m in market.misses if m.overdue)
+    assert misses == {(100, "rtx4090-1-bbbbbb", False, False), (101, "rtx4090-1-bbbbbb", True, False),
+                      (overdue_id, "rtx4090-0-aaaaaa", False, True)}
+    failed = next(m for m in market.misses if m.task_id == 100)
+    assert failed.error == "failed to compute proof: cuzk: daemon unavailable" and failed.host_and_port == \
+        "10.1.0.2:12300"
+
+
+def test_a_role_without_the_markets_grants_still_reads_the_queue(market_db: tuple[PostgresServer, str]) -> None:
+    server, db = market_db
+    url = _market_role(server, db, ("harmony_task",))
+    snapshot = CurioQueue({"CURIO_DB_URL": url}).read(MARKET_SOURCE)
+    assert snapshot.error is None and snapshot.total_waiting == 3
+    assert snapshot.market is not None and (snapshot.market.waiting, snapshot.market.running) == (2, 1)
+    assert snapshot.market.error is not None and snapshot.market.error.startswith("InsufficientPrivilege: ")
+    assert url.split(":")[2].split("@")[0] not in snapshot.market.error

@@ -178,7 +178,8 @@ def test_the_seed_incident_on_three_machines_pauses_the_pools_and_marks_no_machi
         assert verdict.reason.startswith("benchmark-error: benchmark exit 1, 0/10 proofs: ")
         assert "[#26a862" not in verdict.reason  # a progress line is never the cause
         if n < 2:
-            assert verdict.blame == "unknown" and verdict.held_by is None and not result.image_records
+            # Unexplained and nothing to correlate yet: unknown, held for one retest of the machine (issue 29).
+            assert verdict.blame == "unknown" and verdict.held_by == "retest" and not result.image_records
     signature = verdict.signature
     assert signature is not None and signature.startswith("benchmark-error-unrecognized-benchmark-exit-1-")
     assert (verdict.blame, verdict.held_by) == ("image", "circuit-breaker")

@@ -187,6 +187,9 @@ def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
     fakes.mkdir()
     (fakes / "ssh").write_text(FAKE_SSH_FORWARDER.replace("{python}", sys.executable))
     (fakes / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    # curio as the serve command: it records the node name it runs under, then plays the proving load.
+    (fakes / "curio-run").write_text(f'#!/usr/bin/env bash\necho "$CURIO_NODE_NAME" > {tmp_path / "node-name"}\n'
+                                     'exec proving-load "$@"\n')
     for f in fakes.iterdir():
         f.chmod(0o755)
     local = {name: free_port() for name in services}
@@ -198,7 +201,7 @@ def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
     env = worker_env(tmp_path, server.url, mirror.url, FLEET_AFTER_BENCH="serve", FLEET_FORWARDS=forwards,
                      FLEET_TUNNEL_SSH="fleet@bastion.invalid", FLEET_FORWARD_CHECK_S="0.3",
                      FLEET_FORWARD_RETRY_S="0.3", FLEET_FORWARD_FAILURES="2", FLEET_DIRECTIVE_POLL_S="0.3",
-                     FLEET_SERVE_CMD="proving-load", STANDIN_SERVE_SECONDS_PER_PROOF="0.1",
+                     FLEET_SERVE_CMD="curio-run", STANDIN_SERVE_SECONDS_PER_PROOF="0.1",
                      FAKE_SSH_LOG=str(tmp_path / "forward.log"))
     env["PATH"] = f"{fakes}:{env['PATH']}"
     worker = WorkerProcess(env, tmp_path / "run")
@@ -211,6 +214,8 @@ def test_serving_keeps_health_checked_forwards_and_sends_heartbeats(
         assert beats[-1]["gpus"] == [{"index": 0, "temperature_c": 71, "sm_clock_mhz": 2520,
                                       "max_sm_clock_mhz": 2820, "power_w": 305.12, "utilization_pct": 100}]
         assert beats[-1]["recent_proof_s"] is not None and beats[-1]["interval_s"] > 0
+        # curio's node runs under the instance id: its Snark Market runs name this machine (docs/capacity.md).
+        assert (tmp_path / "node-name").read_text().strip() == INSTANCE_ID
         # The database goes away: its forward is found dead (probe through it), restarted, and up again.
         port = services["yb"].port
         services["yb"].stop()

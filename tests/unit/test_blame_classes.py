@@ -22,8 +22,9 @@ def test_every_failure_not_positively_attributed_counts_against_an_image_and_onl
     # Issue 23 item 1: image, configuration and unexplained failures count; the machine, the network, the params
     # mirror and the marketplace are positive attributions that never do (a CUDA-code-only machine blame: breaker).
     assert [b for b in BLAMES if BLAME_CLASSES[b].counts_against_image] == ["image", "configuration", "unknown"]
-    # lost (serving): the same image failing or falling silent on K machines is evidence against the image too
-    assert {"benchmark-error", "params-failed", "timeout", "lost"} == CORRELATED_VERDICTS
+    # lost (serving): the same image failing or falling silent on K machines is evidence against the image too;
+    # market-deadline: the same image failing the Snark Market's proofs on K machines, likewise
+    assert {"benchmark-error", "params-failed", "timeout", "lost", "market-deadline"} == CORRELATED_VERDICTS
     for blame in ("image", "configuration", "unknown"):
         assert counts_against_image("benchmark-error", blame), blame
     assert not counts_against_image("below-min-rate", "machine") and not counts_against_image("stale-image", "image")

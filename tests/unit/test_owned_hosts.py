@@ -27,12 +27,14 @@ from reconciler.domain.hosts import (
     excluded_by_hosts,
     gpu_machine_id,
     host_of_machine,
+    host_story,
+    host_verdicts,
     machine_id_of_argument,
 )
 from reconciler.domain.marketplace import InstanceRequest, OfferQuery
 from reconciler.domain.planner import REASON_MACHINE_BAD, ObservedSlot, Replace, plan
 from reconciler.domain.ranking import mismatch, offer_query
-from reconciler.domain.records import RecordSet
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.slots import NoOfferError, SlotInputs
 from reconciler.domain.spec import BenchmarkSettings, ParamsSettings, PoolSpec
 from tests.fakes import FakeDockerEngine, FakeMarket
@@ -300,3 +302,60 @@ def test_the_request_env_secret_never_reaches_a_message(market: HostsMarketplace
         market.create_instance(gpu_machine_id("gpu-a", U[0]), request)
     assert "unknown device" in str(err.value)
     assert "SECRET" not in str(err.value) and not any("SECRET" in line for line in market.said)  # type: ignore[attr-defined]
+
+
+# --- a host's story: several GPUs failing alike name the host ---------------------------------------------------------
+
+
+def _failed(machine_id: str, at: str, signature: str | None, blame: str = "machine") -> MachineRecord:
+    entry = BenchmarkEntry(instance_id=f"i-{machine_id[-3:]}-{at[-9:-7]}", at=at, verdict="benchmark-error",
+                           blame=blame, marks_bad=blame == "machine", reason="benchmark-error", signature=signature)
+    return MachineRecord(machine_id=machine_id, status="bad", host_id=machine_id.partition(".")[0],
+                         benchmarks=(entry,))
+
+
+def test_several_gpus_of_a_host_failing_alike_name_the_host_and_one_does_not() -> None:
+    now = datetime(2026, 12, 6, 12, tzinfo=UTC)
+    one = [_failed(gpu_machine_id("gpu-a", U[0]), "2026-12-06T10:00:00Z", "gpu-ecc"),
+           MachineRecord(machine_id=gpu_machine_id("gpu-a", U[1]))]
+    assert host_verdicts(one, now) == []
+    story = host_story("gpu-a", one, now)
+    assert story[0] == "host gpu-a: 2 GPU(s) on record" and "each card answers for itself" in story[-1]
+    two = [*one, _failed(gpu_machine_id("gpu-a", U[2]), "2026-12-06T11:00:00Z", "gpu-ecc"),
+           _failed(gpu_machine_id("gpu-b", U[3]), "2026-12-06T11:00:00Z", "gpu-ecc")]  # another host: not counted
+    [verdict] = host_verdicts(two, now)
+    assert (verdict.host, verdict.signature, len(verdict.gpus)) == ("gpu-a", "gpu-ecc", 2)
+    assert "host gpu-a: 2 of its GPUs failed alike (gpu-ecc)" in host_story("gpu-a", two, now)[-1]
+    # Stale failures, other signatures, image blame and entries without a signature are no evidence.
+    old = [_failed(gpu_machine_id("gpu-a", U[0]), "2026-12-04T10:00:00Z", "gpu-ecc"),
+           _failed(gpu_machine_id("gpu-a", U[2]), "2026-12-06T11:00:00Z", "gpu-ecc")]
+    assert host_verdicts(old, now) == []
+    assert host_verdicts([_failed(gpu_machine_id("gpu-a", U[0]), "2026-12-06T10:00:00Z", "x", "image"),
+                          _failed(gpu_machine_id("gpu-a", U[2]), "2026-12-06T11:00:00Z", "x", "image")], now) == []
+    assert host_verdicts([_failed(gpu_machine_id("gpu-a", U[0]), "2026-12-06T10:00:00Z", None),
+                          _failed(gpu_machine_id("gpu-a", U[2]), "2026-12-06T11:00:00Z", None)], now) == []
+    assert host_story("gpu-z", two, now) == []
+
+
+def test_both_drivers_build_the_hosts_backend_from_plain_settings(tmp_path: Path) -> None:
+    """`fleet apply` and the pickled Pulumi provider carry only plain settings: the inventory's path."""
+    import pickle
+
+    from reconciler import REPO_ROOT
+    from reconciler.adapters.marketplace import build_marketplace
+    from reconciler.adapters.pulumi_provider import SlotResourceProvider
+
+    (tmp_path / "hosts.yaml").write_text(HOSTS_YAML)
+    owned = build_marketplace({"kind": "hosts", "hosts_file": str(tmp_path / "hosts.yaml")}, {})
+    assert isinstance(owned, HostsMarketplace) and list(owned.hosts) == ["gpu-a", "gpu-b"]
+    local = {"kind": "local", "state_dir": str(tmp_path / "market"),
+             "machines_file": str(REPO_ROOT / "reconciler" / "demo_assets" / "local-machines.yaml"),
+             "hosts_file": str(tmp_path / "hosts.yaml")}
+    both = build_marketplace(local, {})
+    assert isinstance(both, CombinedMarketplace) and both.owned.claims(f"gpu-b.{U[2]}")
+    assert not both.owned.claims("offer-41001") and not both.owned.claims("local-3")
+    provider = pickle.loads(pickle.dumps(SlotResourceProvider(local)))  # noqa: S301 - our own object
+    assert provider.backend["hosts_file"] == str(tmp_path / "hosts.yaml")
+    (tmp_path / "hosts.yaml").write_text(HOSTS_YAML.replace("gpus: 4", "gpus: many"))
+    with pytest.raises(Exception, match=r"hosts.yaml.*\$\.hosts\[1\]\.gpus"):
+        build_marketplace({"kind": "hosts", "hosts_file": str(tmp_path / "hosts.yaml")}, {})

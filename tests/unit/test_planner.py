@@ -153,3 +153,58 @@ def test_replace_reason_order_dead_before_bad_before_image() -> None:
     assert replace_reason("m", OLD_DIGEST, "running", {"m"}, DIGEST)[0] == REASON_MACHINE_BAD  # type: ignore[index]
     assert replace_reason("m", OLD_DIGEST, "running", set(), DIGEST)[0] == REASON_IMAGE_CHANGED  # type: ignore[index]
     assert replace_reason("m", DIGEST, "running", {"other"}, DIGEST) is None
+
+
+# --- a retest: the same machine once more after an unknown failure (issue 29) --------------------------------
+
+
+def _retest_records(machine: str, at: str = "2026-12-02T17:00:00Z") -> RecordSet:
+    from reconciler.domain.records import BenchmarkEntry
+    from reconciler.domain.retests import HELD_FOR_RETEST
+
+    entry = BenchmarkEntry(instance_id="a-0-f00d", at=at, verdict="benchmark-error", blame="unknown",
+                           marks_bad=False, reason="benchmark-error: not recognised: odd", pool="a",
+                           image_digest=DIGEST, signature="benchmark-error-unrecognized-x", held_by=HELD_FOR_RETEST)
+    return RecordSet(machines={machine: MachineRecord(machine_id=machine, benchmarks=(entry,))})
+
+
+def test_a_slot_whose_machine_waits_for_a_retest_rents_it_again() -> None:
+    observed = {"a-0": seen("a-0", "m1", status="exited"), "a-1": seen("a-1", "m2")}
+    actions = by_slot(plan(spec(a=2), observed, _retest_records("m1"), DIGEST, NOW))
+    replace = actions["a-0"]
+    assert isinstance(replace, Replace) and replace.reason == REASON_INSTANCE_DEAD
+    assert replace.retest_machine == "m1" and "retest of machine m1 (unknown failure of a-0-f00d" in replace.detail
+    assert isinstance(actions["a-1"], Keep)
+    # The instance already gone from the market: the create of its slot carries the retest too.
+    gone = by_slot(plan(spec(a=1), {"a-0": seen("a-0", "m1", status=STATUS_GONE)}, _retest_records("m1"), DIGEST, NOW))
+    assert isinstance(gone["a-0"], Create) and gone["a-0"].retest_machine == "m1"
+
+
+def test_no_retest_once_it_is_stale_or_for_a_machine_of_another_pool() -> None:
+    observed = {"a-0": seen("a-0", "m1", status="exited")}
+    stale = by_slot(plan(spec(a=1), observed, _retest_records("m1", at="2026-11-30T17:00:00Z"), DIGEST, NOW))
+    assert isinstance(stale["a-0"], Replace) and stale["a-0"].retest_machine is None
+    elsewhere = by_slot(plan(spec(b=1), {"b-0": seen("b-0", "m1", status="exited")}, _retest_records("m1"), DIGEST,
+                             NOW))
+    assert elsewhere["b-0"].retest_machine is None  # type: ignore[union-attr]
+    nothing = by_slot(plan(spec(a=1), observed, records(), DIGEST, NOW))  # no record at all: no retest
+    assert nothing["a-0"].retest_machine is None  # type: ignore[union-attr]
+
+
+def test_the_slot_provider_rents_the_retest_machine_first_while_it_is_offered() -> None:
+    from reconciler.adapters.slot_provider import SlotProvider
+    from reconciler.domain.marketplace import Offer
+    from reconciler.domain.slots import SlotInputs
+    from tests.fakes import FakeMarket
+
+    pool = spec(a=1).pools[0]
+    offers = [Offer(offer_id=f"o-{m}", machine_id=m, host_id=f"h-{m}", gpu_name="RTX 4090", num_gpus=1,
+                    price_usd_per_hour=price, reliability=0.99, inet_down_mbps=1000, disk_gb=500, cpu_ram_gb=256,
+                    cuda_max_good=12.4) for m, price in (("cheap", 0.2), ("m1", 0.5))]
+    base = SlotInputs(slot="a-0", pool=pool, image="r/x@" + DIGEST, image_digest=DIGEST, controller_url="http://c")
+    assert SlotProvider(FakeMarket(offers), b"s" * 32, nonce=lambda: "n1").create(base).machine_id == "cheap"
+    retest = SlotInputs(**{**base.__dict__, "retest_machine_ids": frozenset({"m1"})})
+    assert SlotProvider(FakeMarket(offers), b"s" * 32, nonce=lambda: "n2").create(retest).machine_id == "m1"
+    # Not offered any more: the slot is filled as usual (the retest stays pending until its window ends).
+    assert SlotProvider(FakeMarket(offers[:1]), b"s" * 32, nonce=lambda: "n3").create(retest).machine_id == "cheap"
+    assert SlotInputs.from_props(retest.to_props()).retest_machine_ids == frozenset({"m1"})

@@ -132,3 +132,17 @@ def test_the_corpus_covers_every_class_of_the_issue_23_tables() -> None:
                    "host-out-of-memory", "process-sigkill", "nvidia-driver-mismatch", "nvidia-driver-unreachable",
                    "nvidia-no-device"):
         assert needed in signatures, needed
+
+
+def test_the_corpus_covers_every_class_of_the_issue_29_tables() -> None:
+    """A whole tail from a real public string for each table class issue 29 built whole (aria2c's and curl's codes,
+    errnos in Rust's, Python's and aria2c's forms, signals, the worker's own exit codes) and for a generic-only
+    failure (unknown, not recognised)."""
+    cases = {p.stem: yaml.safe_load(p.read_text()) for p in CASES}
+    signatures = {c["expect"]["signature"] for c in cases.values()}
+    for needed in ("disk-full", "params-dir-error", "download-failed-network", "network-unreachable",
+                   "container-limit", "os-error-ambiguous:EAGAIN", "fatal-signal", "params-source-missing",
+                   "host-os-error", "params-not-found", "process-sigkill", "command-not-found"):
+        assert needed in signatures, needed
+    generic = [c for c in cases.values() if "not recognised" in c["expect"].get("root_cause_has", "")]
+    assert generic and all(c["expect"]["blame"] == "unknown" for c in generic)

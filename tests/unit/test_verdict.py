@@ -117,7 +117,8 @@ def test_a_params_failure_with_only_generic_lines_is_unknown_held_and_never_a_st
     assert "Download aborted" in v.reason or "exit code 1" in v.reason
     assert v.signature is not None and v.signature.startswith("params-failed-unrecognized-params-exit-22-")
     assert v.evidence["signature"]["generic"] == "download-failed-generic"
-    assert verdict_failure(v) is not None  # counted by the circuit breaker
+    # Not the image's to answer for: the fleet decides an unexplained fetch failure by its mirror or a retest.
+    assert verdict_failure(v) is None
 
 
 def test_params_failure_with_image_signature_blames_the_image() -> None:

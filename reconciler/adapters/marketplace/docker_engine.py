@@ -72,8 +72,9 @@ class SdkDockerEngine:
     """`DockerEngine` for one inventory host over the Docker SDK. Connects lazily, once."""
 
     def __init__(self, host: OwnedHost, *, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 api_timeout_s: float = API_TIMEOUT_S):
+                 api_timeout_s: float = API_TIMEOUT_S, stop_grace_s: int = STOP_GRACE_S):
         self.host = host
+        self._stop_grace_s = stop_grace_s
         self._connect_timeout_s = connect_timeout_s
         self._api_timeout_s = api_timeout_s
         self._client: docker.DockerClient | None = None
@@ -210,9 +211,14 @@ class SdkDockerEngine:
                 # A container the runtime would not start must not stay behind (it would look like a worker).
                 with contextlib.suppress(docker.errors.APIError):
                     container.remove(force=True)
-                text = exc.explanation or str(exc)
-                cause = CAUSE_UNKNOWN_GPU if "unknown device" in text else CAUSE_REFUSED
-                raise self._fault(cause, f"the container for {request.name} did not start: {_short(text)}",
+                text = str(exc.explanation or exc)
+                # The NVIDIA runtime's own line says what it refused; the OCI wrapping before it says nothing.
+                said = text[text.index("nvidia-container-cli:"):] if "nvidia-container-cli:" in text else text
+                if "unknown device" in said:
+                    gpu = request.gpu_device or request.env.get("NVIDIA_VISIBLE_DEVICES", "?")
+                    raise self._fault(CAUSE_UNKNOWN_GPU, f"GPU {gpu} is not on this host (the NVIDIA runtime: "
+                                      f"{_short(said)})", temporary=False) from None
+                raise self._fault(CAUSE_REFUSED, f"the container for {request.name} did not start: {_short(said)}",
                                   temporary=False) from None
             return str(container.id)
 
@@ -224,7 +230,7 @@ class SdkDockerEngine:
                 return
             with contextlib.suppress(docker.errors.NotFound):
                 if container.status in ("running", "restarting", "paused"):
-                    container.stop(timeout=STOP_GRACE_S)
+                    container.stop(timeout=self._stop_grace_s)
                 container.remove(force=True)
 
     def gpu_uuids(self, image: str) -> list[str]:

@@ -239,7 +239,7 @@ class HostsMarketplace:
         instances: list[Instance] = []
         for host in self.hosts.values():
             try:
-                containers = self._engine(host).containers(LABEL_FLEET)
+                containers = self._ours(host, self._engine(host))
             except HostError as exc:
                 self._fault(exc)
                 continue
@@ -256,6 +256,8 @@ class HostsMarketplace:
                                        f"[{CAUSE_NOT_IN_INVENTORY}]")
         try:
             container = self._engine(host).container(container_id)
+            if container is not None and container.labels.get(LABEL_HOST) not in (None, host.name):
+                container = None
         except HostError as exc:
             self._fault(exc)
             return Instance(contract_id, None, "", host.name, "unknown", gpu_name=host.gpu_name,
@@ -290,9 +292,15 @@ class HostsMarketplace:
                 raise HostError(host.name, CAUSE_NO_NVIDIA_RUNTIME, "Docker has no NVIDIA runtime (runtimes: "
                                 f"{', '.join(sorted(info.runtimes)) or 'none'}): install the NVIDIA container toolkit "
                                 "and run `nvidia-ctk runtime configure --runtime=docker`", temporary=False)
-        view = _HostView(host, self._gpus(host, engine), engine.containers(LABEL_FLEET))
+        view = _HostView(host, self._gpus(host, engine), self._ours(host, engine))
         self.faults.pop(host.name, None)
         return view
+
+    @staticmethod
+    def _ours(host: OwnedHost, engine: DockerEngine) -> list[ContainerView]:
+        """The fleet's containers this host started: a container labelled for another inventory host (one engine
+        reached under two names) is that host's to read and remove, never this one's."""
+        return [c for c in engine.containers(LABEL_FLEET) if c.labels.get(LABEL_HOST) in (None, host.name)]
 
     def _gpus(self, host: OwnedHost, engine: DockerEngine) -> tuple[str, ...]:
         if host.gpu_uuids:
