@@ -161,6 +161,7 @@ def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
     from reconciler.adapters.store.port import StoreError
     from reconciler.adapters.stores import StoreTargetError, is_database_uri, open_store, shown_target, store_target
+    from reconciler.cli.controller import exposure_warning
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -205,6 +206,7 @@ def run_command(args: argparse.Namespace) -> int:
     wake = threading.Event()  # set when this replica becomes leader (or on a signal): pass at once
     previous: dict[int, Any] = {}
     status_file = last_pass_path(git.workdir)
+    exposure = exposure_warning(args.listen[0], args) if args.listen is not None else None
     keeper: LeaseKeeper | None = None
     if replicated:
         name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
@@ -215,6 +217,8 @@ def run_command(args: argparse.Namespace) -> int:
         if keeper is not None:
             keeper.start()
             print(f"replica {keeper.holder}: {_leadership_line(keeper)}", flush=True)
+        if exposure is not None:
+            print(f"fleet reconcile --listen: warning: {exposure}", file=sys.stderr, flush=True)
         if args.listen is not None:
             surfaces = _surfaces(args, store, git, desired, status_file, prices)
             if surfaces is None:
@@ -253,6 +257,8 @@ def run_command(args: argparse.Namespace) -> int:
             doc = result.to_json(previous if isinstance(previous, dict) else None)
             if keeper is not None:
                 doc["leadership"] = keeper.status(datetime.now(UTC))
+            if exposure is not None:
+                doc["exposure"] = exposure  # `fleet status` and the page say it too
             write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             if result.standby is not None:
                 # JSON: one line per pass, as always; text: say it when it changes, not every interval.
@@ -299,7 +305,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
     from reconciler.adapters.spec_files import load_spec
     from reconciler.adapters.webhooks import WebhookConfigError
-    from reconciler.cli.controller import ConfigError, load_admin_token
+    from reconciler.cli.controller import ConfigError, load_admin_token, page_over_tls
     from reconciler.cli.surfaces import (
         SurfacesConfigError,
         build_surfaces,
@@ -309,9 +315,11 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     from reconciler.domain.spec import SpecError
 
     try:
-        notifications = load_spec(git.workdir / "fleet-spec" / "fleet.yaml").notifications
+        spec = load_spec(git.workdir / "fleet-spec" / "fleet.yaml")
+        notifications, controller_url = spec.notifications, spec.controller.url
     except SpecError:
-        notifications = None  # the loop stalls and says why; webhooks from the environment still work
+        # The loop stalls and says why; webhooks from the environment still work.
+        notifications, controller_url = None, None
     try:
         targets, notes = webhook_targets(notifications)
         surfaces = build_surfaces(
@@ -321,7 +329,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
             prices=prices,
             market=market_view(args.slot_state_dir) if args.slot_state_dir else None,
             refresh_s=args.status_refresh, metrics_open=args.metrics_open, webhook_targets=targets,
-            secure_cookie=args.tls_cert is not None)
+            secure_cookie=page_over_tls(args, controller_url), sessions=store)
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None
