@@ -23,7 +23,7 @@ from bench.common import fast_import_data, git
 from bench.data import DIGEST, POOLS, SLOTS_PER_POOL, T0, machine_id_of, machine_records, make_report
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
 from reconciler.adapters.record_files import render_machine_record
-from reconciler.domain.observations import format_time, parse_time
+from reconciler.domain.observations import BenchmarkResult, format_time, parse_time
 from reconciler.domain.records import BenchmarkEntry, MachineRecord
 
 
@@ -100,42 +100,48 @@ def write_fleet_store(db: Path, records: Sequence[MachineRecord], instances: int
     verdict), some were destroyed, some still benchmark, a few went silent while serving."""
     from reconciler.adapters.store.sqlite import SqliteStore
 
+    clock = [T0]
+    store = SqliteStore(db, now=lambda: clock[0])
+    try:
+        return fill_fleet(store, clock, records, instances, seed)
+    finally:
+        store.close()
+
+
+def fill_fleet(store: Any, clock: list[datetime], records: Sequence[MachineRecord], instances: int, seed: int = 13,
+               start: datetime = T0 + timedelta(hours=2), hours: float = 3.0) -> FleetShape:
+    """`write_fleet_store`'s instances into `store` (either adapter), whose clock reads `clock[0]`: registered from
+    `start` on (one a second), serving for `hours` - 1 until `start + hours` (the shape's `now`)."""
     if instances > len(records):
         raise ValueError(f"{instances} instances need as many machine records (one instance each), not {len(records)}")
     rng = random.Random(seed)
-    start = T0 + timedelta(hours=2)
-    now = start + timedelta(hours=3)
-    clock = [start]
+    now = start + timedelta(hours=hours)
     kinds: dict[str, list[str]] = {k: [] for k in ("serving", "failed", "destroyed", "benchmarking", "silent")}
-    store = SqliteStore(db, now=lambda: clock[0])
     destroyed_at = now - timedelta(minutes=30)
-    try:
-        batch: list[Any] = []
-        for i in range(instances):
-            rec = records[i % len(records)]
-            last = rec.benchmarks[-1]
-            pool = next(p for p in POOLS if p[0] == last.pool)
-            roll = rng.random()
-            if roll < BENCHMARKING:
-                kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
-            elif last.verdict != "ok":
-                kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
-            elif roll < BENCHMARKING + DESTROYED:
-                kind, iid = "destroyed", last.instance_id
-            elif roll < BENCHMARKING + DESTROYED + SILENT:
-                kind, iid = "silent", last.instance_id
-            else:
-                kind, iid = "serving", last.instance_id
-            kinds[kind].append(iid)
-            batch += _instance_writes(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
-            if len(batch) > 5_000:  # one transaction per few hundred instances (write_all)
-                _write(store, batch)
-                batch = []
-        _write(store, batch)
-        for iid in kinds["destroyed"]:
-            store.mark_destroyed(iid, destroyed_at)
-    finally:
-        store.close()
+    batch: list[Any] = []
+    for i in range(instances):
+        rec = records[i % len(records)]
+        last = rec.benchmarks[-1]
+        pool = next(p for p in POOLS if p[0] == last.pool)
+        roll = rng.random()
+        if roll < BENCHMARKING:
+            kind, iid = "benchmarking", f"{pool[0]}-{i % SLOTS_PER_POOL}-b{i:06x}"
+        elif last.verdict != "ok":
+            kind, iid = ("failed" if roll < BENCHMARKING + FAILED_ALIVE * 8 else "destroyed"), last.instance_id
+        elif roll < BENCHMARKING + DESTROYED:
+            kind, iid = "destroyed", last.instance_id
+        elif roll < BENCHMARKING + DESTROYED + SILENT:
+            kind, iid = "silent", last.instance_id
+        else:
+            kind, iid = "serving", last.instance_id
+        kinds[kind].append(iid)
+        batch += _instance_writes(store, clock, iid, rec, pool, kind, start + timedelta(seconds=i), now)
+        if len(batch) > 5_000:  # one transaction per few hundred instances (write_all)
+            _write(store, batch)
+            batch = []
+    _write(store, batch)
+    for iid in kinds["destroyed"]:
+        store.mark_destroyed(iid, destroyed_at)
     return FleetShape(*(tuple(kinds[k]) for k in ("serving", "failed", "destroyed", "benchmarking", "silent")),
                       now=now)
 
@@ -172,10 +178,14 @@ def _instance_writes(store: Any, clock: list[datetime], iid: str, rec: MachineRe
         writes.append(store.prepare_event(iid, doc))
     if (r := report.result) is not None:
         clock[0] = r.at
-        writes.append(store.prepare_result(iid, {
-            "protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
+        writes.append(store.prepare_result(iid, result_doc(r)))
+    return writes
+
+
+def result_doc(r: BenchmarkResult) -> dict[str, Any]:
+    """A benchmark result as the worker posts it."""
+    return {"protocol": 1, "outcome": r.outcome, "at": format_time(r.at), "requested": r.requested,
             "completed": r.completed, "failed": r.failed, "exit_code": r.exit_code,
             "proofs_per_hour": r.proofs_per_hour, "seconds_per_proof": r.seconds_per_proof,
             "image_digest": r.image_digest, "log_tail": list(r.log_tail),
-            "started_at": format_time(r.started_at or r.at)}))
-    return writes
+            "started_at": format_time(r.started_at or r.at)}

@@ -50,6 +50,46 @@ def run_chromium(chromium: str, tmp_path: Path, *args: str) -> subprocess.Comple
                           text=True, timeout=180, env=env, check=False)
 
 
+def sign_in(chromium: str, tmp_path: Path, url: str, token: str) -> None:
+    """Sign the test's Chromium profile in to the status page at `url` as a person does: the token POSTed by the
+    sign-in form, never in a URL. A local page submits the form (headless Chromium types nothing); its answer
+    sets the session cookie in the profile, which the next `run_chromium` of this test sends (SameSite=Strict:
+    a navigation started by the local page itself is cross-site and shows the sign-in page once)."""
+    page = tmp_path / "sign-in.html"
+    page.write_text(f'<html><body><form method="post" action="{url}/login"><input name="token" value="{token}">'
+                    "</form><script>document.forms[0].submit()</script></body></html>", encoding="utf-8")
+    done = run_chromium(chromium, tmp_path, "--virtual-time-budget=3000", "--dump-dom", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    page.unlink()  # the token does not stay on disk either
+
+
+def profile_history(tmp_path: Path) -> list[str]:
+    """Every URL in the test's Chromium profile's history (its History SQLite database)."""
+    import sqlite3
+
+    db = tmp_path / "chromium-profile" / "Default" / "History"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return [str(row[0]) for row in conn.execute("SELECT url FROM urls")]
+    finally:
+        conn.close()
+
+
+def profile_cookies(tmp_path: Path, name: str) -> list[dict[str, object]]:
+    """The cookies called `name` in the test's Chromium profile, with their flags (samesite 2 = Strict)."""
+    import sqlite3
+
+    db = tmp_path / "chromium-profile" / "Default" / "Cookies"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT host_key, is_httponly, samesite, is_secure, has_expires, expires_utc "
+                            "FROM cookies WHERE name = ?", (name,)).fetchall()
+    finally:
+        conn.close()
+    return [dict(zip(("host", "httponly", "samesite", "secure", "has_expires", "expires_utc"), row, strict=True))
+            for row in rows]
+
+
 def store_report(store: SqliteStore, clock: list[datetime], report: InstanceReport) -> None:
     """Feed a report to the real controller store as the worker protocol would have delivered it."""
     clock[0] = report.registered_at  # the controller stamps registration with its own clock

@@ -45,6 +45,12 @@ class FakeFeed(FakeReports):
         for report in reports:
             self.put(report)
 
+    @classmethod
+    def failing(cls, error: Exception) -> FakeFeed:
+        feed = cls()
+        feed.error = error
+        return feed
+
     def put(self, report: InstanceReport) -> None:
         self.items = [r for r in self.items if r.instance_id != report.instance_id] + [report]
         self.sequence += 1

@@ -12,15 +12,18 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file + fsync + rename: a crash or a full disk never leaves a partial file."""
+def write_text_atomic(path: Path, text: str, *, fsync: bool = True) -> None:
+    """Write via a temp file + fsync + rename: a crash or a full disk never leaves a partial file. `fsync=False`
+    for a file whose copy of record is elsewhere (a git work tree: git holds the content once committed, and a
+    sync rewrites the tree): readers still never see a partial file, and the write costs no disk flush."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

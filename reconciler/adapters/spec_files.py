@@ -25,6 +25,7 @@ from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.capacity_files import capacity_path, load_capacity
 from reconciler.domain.capacity import apply_entries
+from reconciler.domain.exposure import controller_url_warning
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
 from reconciler.domain.hosts import DockerTls, HostSelector, OwnedHost
 from reconciler.domain.spec import (
@@ -184,6 +185,9 @@ def _semantic_problems(doc: dict[str, Any], file: str, lines: dict[tuple[Any, ..
     def add(path: tuple[Any, ...], message: str, severity: str = "error") -> None:
         problems.append(SpecProblem(file, format_json_path(path), message, lines.get(path), severity))
 
+    controller: dict[str, Any] = doc["controller"] if isinstance(doc.get("controller"), dict) else {}
+    if isinstance(controller.get("url"), str) and (clear := controller_url_warning(controller["url"])) is not None:
+        add(("controller", "url"), clear, "warning")
     # .nan passes every JSON Schema bound (all comparisons are false); .inf makes a rate unreachable.
     for path, value in _leaves(doc):
         if isinstance(value, float) and not math.isfinite(value):

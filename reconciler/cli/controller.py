@@ -41,6 +41,24 @@ def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve HTTPS with this certificate chain (PEM; needs --tls-key)")
     parser.add_argument("--tls-key", type=Path, default=None, metavar="PEM",
                         help="private key of --tls-cert (PEM)")
+    parser.add_argument("--behind-tls-proxy", action="store_true",
+                        help="a reverse proxy in front terminates TLS: sign-in cookies are Secure, and listening on "
+                             "a non-loopback address without --tls-cert is not warned about")
+
+
+def page_over_tls(args: argparse.Namespace, controller_url: str | None) -> bool:
+    """Browsers reach this process's page over TLS: its own (--tls-cert), a proxy's (--behind-tls-proxy), or
+    the spec's `controller.url` says https. Sign-in cookies are then Secure."""
+    from reconciler.domain.exposure import served_over_tls
+
+    return args.tls_cert is not None or args.behind_tls_proxy or served_over_tls(controller_url)
+
+
+def exposure_warning(host: str, args: argparse.Namespace) -> str | None:
+    """The warning for listening on `host` with these TLS arguments (docs/security.md), or None."""
+    from reconciler.domain.exposure import listen_warning
+
+    return listen_warning(host, tls=args.tls_cert is not None, behind_tls_proxy=args.behind_tls_proxy)
 
 
 def tls_files(args: argparse.Namespace) -> tuple[Path, Path] | None:
@@ -90,6 +108,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_tls_arguments(serve)
     serve.set_defaults(func=run_serve)
+
+    revoke = actions.add_parser("revoke-sessions",
+                                help="sign every browser out of the status page (all replicas' sessions)")
+    revoke.add_argument("--db", required=True, metavar="PATH|URI", help="the controller store (as for serve)")
+    revoke.set_defaults(func=run_revoke_sessions)
 
     token = actions.add_parser("token", help="print the worker token for an instance id")
     token.add_argument("instance_id")
@@ -145,6 +168,8 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning(
             "no admin token ($%s): the read API %s and POST .../destroyed is disabled", ADMIN_TOKEN_ENV,
             "is open (--allow-open-reads)" if args.allow_open_reads else "is disabled")
+    if (exposure := exposure_warning(args.host, args)) is not None:
+        logging.getLogger(__name__).warning("%s", exposure)
     if args.allow_open_reads and args.host not in ("127.0.0.1", "::1", "localhost"):
         logging.getLogger(__name__).warning(
             "--allow-open-reads on %s: anyone who can reach this address can read every instance's (redacted) "
@@ -182,6 +207,23 @@ def run_serve(args: argparse.Namespace) -> int:
         store.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return 0
+
+
+def run_revoke_sessions(args: argparse.Namespace) -> int:
+    try:
+        store = open_store(store_target(args.db))
+    except StoreError as exc:
+        print(f"fleet controller revoke-sessions: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, StoreTargetError) else 1
+    try:
+        ended = store.revoke_sessions()
+    except StoreError as exc:
+        print(f"fleet controller revoke-sessions: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    print(f"ended {ended} status page session(s): every browser signs in again")
     return 0
 
 

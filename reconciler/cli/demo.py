@@ -251,7 +251,7 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
     surfaces = build_surfaces(
         spec_dir=workdir / "reconciler" / "fleet-spec", store=store, admin_token=None, read_token=read_token,
         desired_image_digest=None, last_pass_file=None, commits=lambda: _page_commits(workdir / "reconciler"),
-        prices=slot_prices(state_path.parent), market=market_view(state_path.parent), refresh_s=2.0)
+        prices=slot_prices(state_path.parent), market=market_view(state_path.parent), refresh_s=2.0, sessions=store)
     controller = ControllerServer(store, secret, admin_token=secrets.token_hex(16), allow_open_reads=True,
                                   require_machine_claim=True, extra_routes=surfaces.routes)
     market: LocalMarketplace | None = None
@@ -261,8 +261,8 @@ def run_demo(settings: DemoSettings, echo: Callable[[str], None] = print,
         with contextlib.ExitStack() as stack:
             mirror = stack.enter_context(_started(ParamsMirrorServer(workdir / "params-mirror")))
             echo(f"controller API on {controller.url}; params mirror on {mirror.url}")
-            page_url = f"{controller.url}/?token={read_token}"
-            echo(f"live status page: {page_url}")
+            page_url = f"{controller.url}/"
+            echo(f"live status page: {page_url} (sign in with the read token {read_token})")
             spec_text = demo_spec(controller.url, mirror.url, settings.proofs, settings.time_scale)
             origin = init_origin(workdir, spec_text)
             echo(f"git origin {origin}: operator committed {SPEC_PATH}")

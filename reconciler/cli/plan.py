@@ -1,4 +1,5 @@
-"""`fleet plan [--format text|json|markdown]`: what `fleet apply` (or `pulumi up`) would do, without doing it.
+"""`fleet plan [--format text|json|markdown] [--what-if]`: what `fleet apply` (or `pulumi up`) would do, without
+doing it; with `--what-if`, what the spec would have done over the fleet's own last days (flows/whatif.py).
 
 The PR check beside `fleet validate`: needs no credentials. With no `--state-dir` it compares the desired
 pools with the records only (bad machines known, paused pools) and says so; with `--state-dir` it also
@@ -12,6 +13,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -19,11 +21,14 @@ from typing import Any
 from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, describe_error, load_slot_state
 from reconciler.cli._shared import instant
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
+from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.forecast import fleet_forecast
 from reconciler.domain.marketplace import MarketplaceError
+from reconciler.domain.observations import format_time
 from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest, spend_cap_note
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotError
+from reconciler.domain.snark_market import economics_from_json
 from reconciler.domain.spec import FleetSpec
 from reconciler.flows.provision import ApplyError, load_inputs, resolve_image
 from reconciler.render.markdown import render_plan_markdown
@@ -41,7 +46,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="the same as --format json")
     p.add_argument("--at", type=instant, default=None, metavar="TIME",
                    help="read record expiry and probation as of this UTC time (ISO 8601) instead of now")
+    p.add_argument("--what-if", action="store_true",
+                   help="also replay the fleet's own history (verdicts, guards, capacity, spend) under the base "
+                        "spec and this spec, and show what differs (docs/what-if.md)")
+    p.add_argument("--since", type=duration_days, default=30.0, metavar="DURATION",
+                   help="with --what-if: how far back to replay, e.g. 30d, 12h (default: 30d)")
+    p.add_argument("--base", default="HEAD", metavar="REF",
+                   help="with --what-if: the branch the PR merges into: its history is replayed and its spec is "
+                        "the base (default: %(default)s)")
     p.set_defaults(func=run)
+
+
+def duration_days(text: str) -> float:
+    """`30d`, `12h`, `90m` (or a number of days) -> days."""
+    units = {"d": 1.0, "h": 1 / 24, "m": 1 / 1440}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "d")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 30d, 12h or 90m") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be > 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,18 +99,35 @@ def run(args: argparse.Namespace) -> int:
     slot_plan = plan(spec, observed or {}, records, digest, now) if observed is not None else None
     if observed is None:
         notes.insert(0, RECORDS_ONLY_NOTE)
-    rows = pool_rows(spec, records, observed, slot_plan, digest, now)
+    from reconciler.adapters.capacity_files import capacity_entries
+
+    rows = pool_rows(spec, records, observed, slot_plan, digest, now, capacity_entries(spec, args.spec))
     all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
     cap_note = spend_cap_note(spec)
     if cap_note is not None and not any("spend cap" in n for n in all_notes):
         all_notes.append(cap_note)
     output = "json" if args.json else (args.format or "text")
     forecasts = fleet_forecast(spec, records, now)
+    what_if = None
+    if args.what_if:
+        from reconciler.flows.whatif import WhatIfError, what_if_of_repo
+        from reconciler.render.whatif import Header
+
+        try:
+            result, inputs = what_if_of_repo(args.spec, args.base, args.since, now)
+        except WhatIfError as exc:
+            print(f"fleet plan --what-if: {exc}", file=sys.stderr)
+            return 1
+        what_if = (result, Header(str(args.spec), args.base, inputs.base_sha))
     if output == "markdown":
         actions = ([{"kind": a.kind, "slot": a.slot, "reason": a.reason, "detail": a.detail}
                     for a in slot_plan.actions] if slot_plan else None)
         sys.stdout.write(render_plan_markdown(pools=rows, actions=actions, forecasts=forecasts, image_digest=digest,
                                               notes=all_notes, record_problems=records.problems))
+        if what_if is not None:
+            from reconciler.render.whatif import render_whatif_markdown
+
+            sys.stdout.write("\n" + render_whatif_markdown(*what_if))
         return 0
     if output == "json":
         doc: dict[str, Any] = {
@@ -96,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
             "record_problems": list(records.problems),
             "forecast": [{**asdict(f), "slo_proofs_per_hour": f.slo_proofs_per_hour,
                           "cap_usd_per_hour": f.cap_usd_per_hour, "meets_slo": f.meets_slo} for f in forecasts]}
+        if what_if is not None:
+            from reconciler.render.whatif import whatif_json
+
+            doc["what_if"] = whatif_json(*what_if)
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
@@ -109,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
             print("no changes: slots match the spec")
     for note in all_notes:
         print(f"note: {note}")
+    if what_if is not None:
+        from reconciler.render.whatif import render_whatif_text
+
+        print()
+        sys.stdout.write(render_whatif_text(*what_if))
     return 0
 
 
@@ -127,9 +179,12 @@ def pause_notes(spec: FleetSpec, records: RecordSet, digest: str | None, now: da
 
 
 def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedSlot] | None,
-              slot_plan: SlotPlan | None, digest: str | None, now: datetime) -> list[dict[str, Any]]:
+              slot_plan: SlotPlan | None, digest: str | None, now: datetime,
+              capacity: Mapping[str, CapacityEntry] | None = None) -> list[dict[str, Any]]:
     """Per pool: desired vs running, the machines of its GPU model the records exclude at `now` (bad, permanent,
-    banned, unreadable) and those on probation (rentable again), as `fleet records` shows them."""
+    banned, unreadable) and those on probation (rentable again), as `fleet records` shows them; an autoscaled
+    pool's bounds and, with `queue.market`, the Snark Market figures of the leader's last decision
+    (capacity.yaml)."""
     bad = records.bad_machine_ids(now)
     on_probation = [b for b, standing in records.standings(now, passed_on_probation=True)
                     if standing.state == "probation"]
@@ -152,12 +207,20 @@ def pool_rows(spec: FleetSpec, records: RecordSet, observed: dict[str, ObservedS
         })
         if pool.min_count is not None:  # autoscaled: the bounds and what they may cost (the PR comment shows it)
             low, high = pool.bounds
-            rows[-1]["autoscaled"] = {
+            scaled: dict[str, Any] = {
                 "min": low, "max": high, "desired": pool.desired_count,
                 "usd_per_hour_at_min": round(low * pool.max_price_usd_per_hour, 2),
                 "usd_per_hour_at_max": round(high * pool.max_price_usd_per_hour, 2),
                 "target_utilization": pool.scaling.target_utilization if pool.scaling else None,
                 "queue": list(pool.queue.task_types) if pool.queue else None}
+            rows[-1]["autoscaled"] = scaled
+            entry = (capacity or {}).get(pool.name)
+            if pool.queue is not None and pool.queue.market is not None:
+                figures = entry.signals.get("market") if entry is not None else None
+                scaled["market"] = {
+                    **economics_from_json(figures if isinstance(figures, Mapping) else {}),
+                    "min_margin": pool.queue.market.min_margin,
+                    "as_of": format_time(entry.changed_at) if entry is not None and entry.changed_at else None}
     return rows
 
 

@@ -44,6 +44,7 @@ from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
+from reconciler.flows.demand import DemandRecorder
 from reconciler.flows.judge import LeaderTerm, PassMemory, PassResult, follow, run, run_pass
 
 if TYPE_CHECKING:
@@ -92,6 +93,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-name", default=None, metavar="NAME",
                    help="with a PostgreSQL store: this replica's name in the lease, status and /healthz "
                         "(default: host:port of --listen, or host:pid)")
+    p.add_argument("--demand-sample", type=float, default=60.0, metavar="SECONDS",
+                   help="the leader samples a pool's demand when it changed, at most this often (default: %(default)s) "
+                        "and at least every 15 min; the samples go to fleet-spec/demand/ for `fleet plan --what-if` "
+                        "(not with --once)")
+    p.add_argument("--demand-flush", type=float, default=3600.0, metavar="SECONDS",
+                   help="commit the demand samples with the next commit, or on their own once the oldest is this old "
+                        "(default: %(default)s)")
     from reconciler.cli.controller import add_tls_arguments
 
     add_tls_arguments(p)
@@ -153,6 +161,7 @@ def run_command(args: argparse.Namespace) -> int:
     from reconciler.adapters.curio_queue import CurioQueue
     from reconciler.adapters.store.port import StoreError
     from reconciler.adapters.stores import StoreTargetError, is_database_uri, open_store, shown_target, store_target
+    from reconciler.cli.controller import exposure_warning
 
     try:
         desired = desired_digest_arg(args.image_digest)
@@ -167,6 +176,10 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     if args.lease <= 0:
         print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
+        return 2
+    if args.demand_sample <= 0 or args.demand_flush < 0:
+        print(f"fleet reconcile: --demand-sample must be > 0 and --demand-flush >= 0 seconds, got "
+              f"{args.demand_sample:g} and {args.demand_flush:g}", file=sys.stderr)
         return 2
     try:
         target = store_target(args.controller_db)
@@ -193,6 +206,7 @@ def run_command(args: argparse.Namespace) -> int:
     wake = threading.Event()  # set when this replica becomes leader (or on a signal): pass at once
     previous: dict[int, Any] = {}
     status_file = last_pass_path(git.workdir)
+    exposure = exposure_warning(args.listen[0], args) if args.listen is not None else None
     keeper: LeaseKeeper | None = None
     if replicated:
         name = args.replica_name or replica_name(args.listen[1] if args.listen and args.listen[1] else None)
@@ -203,6 +217,8 @@ def run_command(args: argparse.Namespace) -> int:
         if keeper is not None:
             keeper.start()
             print(f"replica {keeper.holder}: {_leadership_line(keeper)}", flush=True)
+        if exposure is not None:
+            print(f"fleet reconcile --listen: warning: {exposure}", file=sys.stderr, flush=True)
         if args.listen is not None:
             surfaces = _surfaces(args, store, git, desired, status_file, prices)
             if surfaces is None:
@@ -215,6 +231,8 @@ def run_command(args: argparse.Namespace) -> int:
         # (--once) has no use for either.
         tree = GitFleetTree(git, record_cache=None if args.once else RecordCache())
         memory = None if args.once else PassMemory()
+        # The leader's demand samples (one pass has no tile to measure: --once records none).
+        demand = None if args.once else DemandRecorder(resolution_s=args.demand_sample, flush_s=args.demand_flush)
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
@@ -227,7 +245,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return _standby(tree, store, keeper, memory, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(tree, store, now, desired_image_digest=desired, directive_sink=store, queue_reader=queue,
-                            prices=prices, term=term, memory=memory)
+                            prices=prices, term=term, memory=memory, demand=demand)
 
         shown_standby: list[str] = []
 
@@ -239,6 +257,8 @@ def run_command(args: argparse.Namespace) -> int:
             doc = result.to_json(previous if isinstance(previous, dict) else None)
             if keeper is not None:
                 doc["leadership"] = keeper.status(datetime.now(UTC))
+            if exposure is not None:
+                doc["exposure"] = exposure  # `fleet status` and the page say it too
             write_text_atomic(status_file, json.dumps(doc, indent=2) + "\n")
             if result.standby is not None:
                 # JSON: one line per pass, as always; text: say it when it changes, not every interval.
@@ -285,7 +305,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     """The live page, /metrics and webhooks for this process; None (after saying why) if misconfigured."""
     from reconciler.adapters.spec_files import load_spec
     from reconciler.adapters.webhooks import WebhookConfigError
-    from reconciler.cli.controller import ConfigError, load_admin_token
+    from reconciler.cli.controller import ConfigError, load_admin_token, page_over_tls
     from reconciler.cli.surfaces import (
         SurfacesConfigError,
         build_surfaces,
@@ -295,9 +315,11 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
     from reconciler.domain.spec import SpecError
 
     try:
-        notifications = load_spec(git.workdir / "fleet-spec" / "fleet.yaml").notifications
+        spec = load_spec(git.workdir / "fleet-spec" / "fleet.yaml")
+        notifications, controller_url = spec.notifications, spec.controller.url
     except SpecError:
-        notifications = None  # the loop stalls and says why; webhooks from the environment still work
+        # The loop stalls and says why; webhooks from the environment still work.
+        notifications, controller_url = None, None
     try:
         targets, notes = webhook_targets(notifications)
         surfaces = build_surfaces(
@@ -307,7 +329,7 @@ def _surfaces(args: argparse.Namespace, store: Any, git: GitStore, desired: str 
             prices=prices,
             market=market_view(args.slot_state_dir) if args.slot_state_dir else None,
             refresh_s=args.status_refresh, metrics_open=args.metrics_open, webhook_targets=targets,
-            secure_cookie=args.tls_cert is not None)
+            secure_cookie=page_over_tls(args, controller_url), sessions=store)
     except (ConfigError, SurfacesConfigError, WebhookConfigError) as exc:
         print(f"fleet reconcile --listen: {exc}", file=sys.stderr)
         return None

@@ -17,6 +17,7 @@ from reconciler.adapters.spec_files import load_spec_cached
 from reconciler.cli._shared import instant
 from reconciler.domain.observations import format_time
 from reconciler.domain.records import RecordError
+from reconciler.domain.redact import escape_lines
 from reconciler.domain.spec import SpecError
 from reconciler.domain.status import PAGE_SIZE, FleetStatus, MarketStatus, StatusQuery, status_view
 from reconciler.domain.sweep import MARKET_VIEW_FILE
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if as_json:
         sys.stdout.write(json.dumps(view.to_json(), indent=2) + "\n")  # one write, not one per token
     else:
-        sys.stdout.write(render_text(view, everything=args.everything))
+        sys.stdout.write(escape_lines(render_text(view, everything=args.everything)))
     return 0
 
 

@@ -33,7 +33,7 @@ from reconciler.domain.spec import NotificationSettings
 from reconciler.domain.surfaces import CommitLine, MarketView
 from reconciler.flows.judge import PassResult
 from reconciler.flows.live_status import LiveStatusSource, StatusStore
-from reconciler.render.live import ReadAccess, StatusRoutes, install_access_log_redaction
+from reconciler.render.live import ReadAccess, SessionStore, StatusRoutes, install_access_log_redaction
 from reconciler.render.metrics import FleetMetrics, fleet_metrics
 
 #: The root of every fleet's marketplace labels (`domain.spec.fleet_label_prefix`: `gpu-fleet/<fleet>/<instance id>`).
@@ -80,6 +80,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
                    prices: Callable[[], Mapping[str, float]] | None = None,
                    refresh_s: float = 5.0, metrics_open: bool = False, open_reads: bool = False,
                    webhook_targets: Sequence[WebhookTarget] = (), secure_cookie: bool = False,
+                   sessions: SessionStore | None = None,
                    notifier_options: Mapping[str, Any] | None = None) -> Surfaces:
     if refresh_s <= 0:
         raise SurfacesConfigError(f"--status-refresh must be > 0 seconds, got {refresh_s:g}")
@@ -91,7 +92,7 @@ def build_surfaces(*, spec_dir: Path, store: StatusStore, admin_token: str | Non
     routes: list[BaseRoute] = []
     note = None
     if tokens or open_reads:
-        access = ReadAccess(tokens, open_reads=open_reads, secure_cookie=secure_cookie)
+        access = ReadAccess(tokens, open_reads=open_reads, secure_cookie=secure_cookie, sessions=sessions)
         routes = list(StatusRoutes(source.snapshot, access, metrics=metrics, refresh_s=refresh_s,
                                    metrics_open=metrics_open).routes())
         install_access_log_redaction()

@@ -15,6 +15,7 @@ from reconciler.adapters.record_history import RecordHistoryParser
 from reconciler.domain.hosts import HOST_NAME, host_story, machine_id_of_argument
 from reconciler.domain.observations import parse_time
 from reconciler.domain.records import RecordError, check_machine_id
+from reconciler.domain.redact import escape_lines
 from reconciler.flows.why import (
     DEFAULT_SHOWN,
     DEFAULT_TAIL,
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(to_json(history), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_text(history, max(0, args.tail)))
+        sys.stdout.write(escape_lines(render_text(history, max(0, args.tail))))
     return 0
 
 

@@ -127,8 +127,12 @@ def signatures_of(record: ImageSuspectRecord) -> frozenset[str]:
 
 
 def _entry_failure(machine_id: str, entry: BenchmarkEntry) -> Failure | None:
-    if not counts(entry.verdict, entry.blame, _signature_line(entry.evidence)) or not entry.signature \
-            or not entry.image_digest:
+    if not entry.signature or not entry.image_digest:
+        return None
+    # The signature line only decides a machine blame of a failure (`counts`): the evidence is read for those only.
+    line = _signature_line(entry.evidence) if entry.blame == "machine" and entry.verdict in CORRELATED_VERDICTS \
+        else None
+    if not counts(entry.verdict, entry.blame, line):
         return None
     try:
         at = parse_time(entry.at)
@@ -147,16 +151,45 @@ def verdict_failure(v: Verdict) -> Failure | None:
 def recorded_failures(records: RecordSet, since: datetime | None = None) -> list[Failure]:
     """Recorded verdicts that count against their image; with `since`, only those at or after it."""
     out = []
-    for rec in records.machines.values():  # each record's failures (times parsed) found once per record object
-        for failure in rec.derived("breaker.failures", _record_failures):
-            if since is None or failure.at >= since:
-                out.append(failure)
+    for rec in records.machines.values():  # each record's candidates (times parsed) found once per record object
+        for candidate in rec.derived("breaker.candidates", _record_candidates):
+            if since is None or candidate.at >= since:
+                failure = candidate.failure()
+                if failure is not None:
+                    out.append(failure)
     return out
 
 
-def _record_failures(record: MachineRecord) -> tuple[Failure, ...]:
-    found = (_entry_failure(record.machine_id, entry) for entry in record.benchmarks)
-    return tuple(f for f in found if f is not None)
+class _Candidate:
+    """A recorded entry that may count against its image. Whether it does is decided on first use, and reads the
+    entry's evidence (an indexed record reads it from its file) only when the signature line decides: a machine
+    blame of a failure (`counts`). A cold pass thereby reads the evidence of the entries within the window only."""
+
+    __slots__ = ("_failure", "at", "entry", "machine_id")
+
+    def __init__(self, machine_id: str, entry: BenchmarkEntry, at: datetime) -> None:
+        self.machine_id, self.entry, self.at = machine_id, entry, at
+        self._failure: tuple[Failure | None] | None = None
+
+    def failure(self) -> Failure | None:
+        if self._failure is None:
+            self._failure = (_entry_failure(self.machine_id, self.entry),)
+        return self._failure[0]
+
+
+def _record_candidates(record: MachineRecord) -> tuple[_Candidate, ...]:
+    out = []
+    for entry in record.benchmarks:
+        if not entry.signature or not entry.image_digest or not (
+                counts_against_image(entry.verdict, entry.blame)
+                or (entry.blame == "machine" and entry.verdict in CORRELATED_VERDICTS)):
+            continue  # cannot count, whatever its evidence says (`counts`)
+        try:
+            at = parse_time(entry.at)
+        except ValueError:
+            continue
+        out.append(_Candidate(record.machine_id, entry, at))
+    return tuple(out)
 
 
 def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str, KillBudget]:

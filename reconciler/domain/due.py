@@ -38,13 +38,7 @@ from operator import attrgetter
 from reconciler.domain.judging import JudgedSets, PassDecision, decide, judged_sets
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
-from reconciler.domain.serving import (
-    Directive,
-    FleetSignals,
-    directive_for,
-    health_reach,
-    heartbeats,
-)
+from reconciler.domain.serving import Directive, FleetSignals, directive_for
 from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
 from reconciler.domain.verdict import deadline
@@ -81,12 +75,14 @@ def decide_due(spec: FleetSpec, reports: Mapping[str, InstanceReport], due: Coll
                records: RecordSet, judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime,
                *, judged_serving_ids: Iterable[str] = (), memory: JudgeMemory | None = None,
                fleet: FleetSignals | None = None, sets: JudgedSets | None = None,
-               market_misses: Mapping[str, Sequence[MarketMiss]] | None = None) -> tuple[PassDecision, JudgeMemory]:
+               market_misses: Mapping[str, Sequence[MarketMiss]] | None = None,
+               prices: Mapping[str, float] | None = None) -> tuple[PassDecision, JudgeMemory]:
     """`decide` over every report in `reports`, worked out from the `due` ones (`JudgeMemory.due`; None: every one)
     and what `memory` says of the others; and the memory for the next pass. `fleet`: every worker's last signal,
     kept by the caller (else from `reports`); `sets`: `judged_sets` of these inputs, when the caller has them.
     `market_misses`: the Snark Market runs that missed their deadline, per instance (curio's evidence, not the
-    store's: the instances they name are due whatever their reports say)."""
+    store's: the instances they name are due whatever their reports say). `prices`: instance -> $/h, kept in the
+    record entries (`decide`)."""
     sets = sets or judged_sets(records, judged_instance_ids, judged_serving_ids)
     if memory is None:
         due = None  # nothing says what the others would give
@@ -94,7 +90,8 @@ def decide_due(spec: FleetSpec, reports: Mapping[str, InstanceReport], due: Coll
         due = {*due, *(i for i in market_misses if i in reports)}
     chosen = sorted(reports.values() if due is None else (reports[i] for i in due), key=_ORDER)
     decision = decide(spec, chosen, records, sets.judged, desired_image_digest, now,
-                      fleet=fleet or FleetSignals(tuple(reports.values())), sets=sets, market_misses=market_misses)
+                      fleet=fleet or FleetSignals(tuple(reports.values())), sets=sets, market_misses=market_misses,
+                      prices=prices)
     looked = {r.instance_id for r in chosen}
     pending = set(decision.pending)
     deadlines: dict[str, datetime] = {}
@@ -139,13 +136,16 @@ def _next_look(spec: FleetSpec, report: InstanceReport, sets: JudgedSets) -> dat
 
 def lost_check_at(report: InstanceReport, settings: ServingSettings) -> datetime | None:
     """The earliest time `judge_serving` can find this serving worker lost, its report unchanged: its last heartbeat
-    (or its serve start) + `lost_after_minutes`; None when it cannot (not serving, stopped, destroyed)."""
+    (or its serve start) + `lost_after_minutes`; None when it cannot (not serving, stopped, destroyed).
+
+    The last heartbeat is the last to arrive (events are in arrival order): `serving_health`'s newest heartbeat
+    is that one or a later one, so this is never later than the time the verdict can come."""
     started = report.first("serve", "started")
     if started is None or report.destroyed_at is not None or report.first("serve", "done") is not None \
             or report.first("serve", "failed") is not None:
         return None
-    beats = heartbeats(report, reach=health_reach(settings))  # as `serving_health` reads them
-    last = beats[-1].at if beats else started.at
+    last = next((e.at for e in reversed(report.events)
+                 if e.phase == "serve" and isinstance(e.details.get("heartbeat"), Mapping)), started.at)
     return last + timedelta(minutes=settings.lost_after_minutes)
 
 

@@ -59,6 +59,12 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(_escaped, text)
 
 
+def escape_lines(text: str) -> str:
+    """`text` as a terminal may show it: each line's control characters escaped, the line breaks kept. For
+    output composed from records that may predate escaping at ingest."""
+    return text if text.isprintable() else "\n".join(escape_controls(line) for line in text.split("\n"))
+
+
 # --- credential patterns ---------------------------------------------------------------------------------
 
 

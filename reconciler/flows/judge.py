@@ -12,12 +12,15 @@ order and writes one summary, the `PassResult`, once. The decisions inside the s
 - evidence: the instances about to be judged get their whole stored log ring instead of the report's tail;
 - decide: verdicts, record changes, breaker and kill budget (`domain.judging.decide`);
 - capacity: the autoscaled pools' counts (`domain.capacity.decide_all`) and the new capacity.yaml;
+- demand (a thin hook on capacity, the leader only): each pool's demand sample for `fleet plan --what-if`
+  (`flows.demand.DemandRecorder`), committed with the pass;
 - directives: what each live worker is told (serve, stop, wait, drain);
 - publish: the commit (records + capacity.yaml) pushed by the tree, then the directives stored.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import traceback
@@ -43,6 +46,7 @@ from reconciler.domain.capacity import (
     demand_history,
     hearing_for,
 )
+from reconciler.domain.demand import PoolSample
 from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
 from reconciler.domain.judging import (
@@ -67,6 +71,7 @@ from reconciler.domain.serving import FleetSignals, last_signal
 from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, QueueSource, ScalingSettings, SpecError
 from reconciler.domain.verdict import Verdict
+from reconciler.flows.demand import DemandRecorder, demand_trailers
 
 SPEC_DIR = "fleet-spec"
 SPEC_FILE = f"{SPEC_DIR}/fleet.yaml"
@@ -134,6 +139,14 @@ class FleetTreeView(Protocol):
 
     def trailer_values(self, key: str) -> frozenset[str]: ...
 
+    def text(self, path: str) -> str | None:
+        """A file under `spec_dir` at this tip (None: there is none): the demand recorder's day files."""
+        ...
+
+    def names(self, directory: str) -> list[str]:
+        """The files under `spec_dir`/`directory` at this tip, as paths relative to `spec_dir`."""
+        ...
+
 
 class FleetTree(Protocol):
     """The fleet repository as one pass's unit of work (`adapters.fleet_tree.GitFleetTree`; a fake in tests).
@@ -189,6 +202,8 @@ class PassResult:
     publish_seconds: float | None = None  # wall time of commit + push (with retries), when it committed
     capacity: tuple[CapacityDecision, ...] = ()  # autoscaled pools: signals and what was decided this pass
     standby: str | None = None  # a replica that does not lead: nothing judged or written; who leads instead
+    #: Seconds per step (observe, load, evidence, decide, capacity, directives, render, publish: git and the store).
+    steps: tuple[tuple[str, float], ...] = ()
 
     @property
     def breaker_trips(self) -> tuple[ImageSuspectRecord, ...]:
@@ -240,6 +255,7 @@ class PassResult:
             "pushed": self.pushed, "attempts": self.attempts, "pending": list(self.pending),
             "notes": list(self.notes), "stalled": self.stalled, "observation_error": self.observation_error,
             "error": self.error, "standby": self.standby,
+            "steps": {name: round(seconds, 4) for name, seconds in self.steps},
             "capacity": [capacity_json(d, self.at) for d in self.capacity],
             "verdicts": [{"instance_id": v.instance_id, "machine_id": v.machine_id, "pool": v.pool,
                           "verdict": v.verdict, "blame": v.blame, "marks_bad": v.marks_bad,
@@ -374,7 +390,7 @@ def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: dat
     decision, remembered = decide_due(
         loaded.spec, evidence.reports, evidence.due, loaded.records, loaded.judged, inputs.desired_image_digest, now,
         judged_serving_ids=loaded.judged_serving, memory=memory.judge if memory is not None else None, fleet=fleet,
-        sets=loaded.sets, market_misses=market_misses(queues or {}))
+        sets=loaded.sets, market_misses=market_misses(queues or {}), prices=inputs.prices)
     return Decided(decision, remembered, fleet.last_heard())
 
 
@@ -573,6 +589,8 @@ class Built:
     capacity: CapacityPlan
     directives: DirectivePlan
     request: CommitRequest | None
+    steps: tuple[tuple[str, float], ...] = ()  # seconds per step on this tip
+    demand: DemandTaken | None = None
 
     @property
     def decision(self) -> PassDecision:
@@ -587,28 +605,91 @@ class PassInputs:
     queue_reader: QueueReader | None = None
     prices: Mapping[str, float] | None = None
     leader_epoch: int | None = None
+    clock: Callable[[], float] = time.monotonic  # for the seconds per step
+    demand: DemandRecorder | None = None  # the leader's demand recorder (kept by the loop)
 
 
 def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs, now: datetime,
           memory: PassMemory | None = None) -> Built | Halted:
-    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request.
-    `memory`: the leader's warm state (read, never changed here)."""
+    """load -> evidence -> decide -> capacity -> directives on one tip of the tree, and the commit request (its
+    files rendered). `memory`: the leader's warm state (read, never changed here)."""
+    steps = _Laps(inputs.clock)
     loaded = load(view)
     if isinstance(loaded, Halted):
         return loaded
+    steps.lap("load")
     evidence = gather_evidence(source, observed, loaded, inputs, now, memory)
     if isinstance(evidence, Halted):
         return evidence
+    steps.lap("evidence")
     queues = read_queues(loaded.spec, inputs.queue_reader)
     decided = decide_step(loaded, evidence, inputs, now, memory, queues)
     decision = decided.decision
+    steps.lap("decide")
     capacity = capacity_step(loaded.spec, loaded.capacity, f"{loaded.spec_dir}/{CAPACITY_FILE}", observed.all,
                              loaded.records, decision.kill_budgets, inputs.desired_image_digest, now,
                              queues, inputs.prices, memory.demand.samples() if memory is not None else None,
                              decided.last_heard)
+    steps.lap("capacity")
     told = directives_step(loaded, evidence, decision, capacity, now, memory)
+    steps.lap("directives")
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
-    return Built(loaded, decided, capacity, told, request)
+    steps.lap("render")
+    taken = demand_step(view, loaded, observed, capacity, decision, inputs, now, committing=request is not None)
+    if taken is not None:
+        request = with_demand(request, taken.files, inputs.leader_epoch)
+        steps.lap("demand")
+    return Built(loaded, decided, capacity, told, request, tuple(steps.laps), taken)
+
+
+@dataclass(frozen=True)
+class DemandTaken:
+    """demand: this pass's samples and the day files that go with its commit (none: not due yet)."""
+
+    samples: tuple[PoolSample, ...]
+    files: tuple[FileChange, ...]
+
+
+def demand_step(view: FleetTreeView, loaded: Loaded, observed: Observed, capacity: CapacityPlan,
+                decision: PassDecision, inputs: PassInputs, now: datetime, *, committing: bool) -> DemandTaken | None:
+    """demand (a thin hook on capacity): each pool's demand sample when due, and the day files to commit with the
+    pass (with any commit it makes anyway, else once due). None without a recorder (`--once`, tests)."""
+    recorder = inputs.demand
+    if recorder is None:
+        return None
+    exhausted = [name for name, b in decision.kill_budgets.items() if b.exhausted]
+    samples = recorder.take(loaded.spec, view.text, observed.all, loaded.records, capacity.decisions, exhausted,
+                            inputs.prices or {}, inputs.desired_image_digest, now)
+    files = recorder.changes(view.text, view.names, loaded.spec_dir, samples, now, committing=committing)
+    return DemandTaken(samples, files)
+
+
+def with_demand(request: CommitRequest | None, demand_files: Sequence[FileChange],
+                leader_epoch: int | None = None) -> CommitRequest | None:
+    """`request` with the demand day files added (or a commit of them alone), each named in a `Fleet-Demand`
+    trailer."""
+    if not demand_files:
+        return request
+    trailers = demand_trailers(demand_files)
+    if request is None:
+        pools = sorted({path.split("/")[-2] for _, path in trailers})
+        return CommitRequest(f"fleet demand: samples of {', '.join(pools) or 'no pool'}", "",
+                             (*trailers, *leader_trailer(leader_epoch)), tuple(demand_files))
+    return replace(request, trailers=(*request.trailers, *trailers), changes=(*request.changes, *demand_files))
+
+
+class _Laps:
+    """Seconds per step, for the pass's summary (`PassResult.steps`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.started = self.last = clock()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, step: str) -> None:
+        now = self.clock()
+        self.laps.append((step, now - self.last))
+        self.last = now
 
 
 @dataclass(frozen=True)
@@ -685,16 +766,17 @@ class _LostAfterPush(LeaseLost):
         self.published = Published(done.commit, done.pushed, done.attempts, seconds)
 
 
-def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None) -> PassResult:
+def summarize(now: datetime, built: Built, published: Published, lost: LeaseLost | None = None,
+              steps: Sequence[tuple[str, float]] = ()) -> PassResult:
     """The pass's one summary, written once. `lost`: the term ended after the steps ran (the pass says
-    `not-leader`, never Succeeded; what it pushed before is still reported)."""
+    `not-leader`, never Succeeded; what it pushed before is still reported). `steps`: seconds per step."""
     decision = built.decision
     return PassResult(at=now, verdicts=decision.verdicts, commit=published.commit, pushed=published.pushed,
                       attempts=published.attempts, pending=decision.pending, notes=(*decision.notes, *published.notes),
                       capacity=built.capacity.decisions,
                       image_records=tuple(rec for _, rec in sorted(decision.image_records.items())),
                       publish_seconds=published.seconds, error=str(lost) if lost else None,
-                      reason=lost.reason if lost else None)
+                      reason=lost.reason if lost else None, steps=tuple(steps))
 
 
 class PassMemory:
@@ -738,13 +820,17 @@ class PassMemory:
         self.demand.record(built.loaded.spec, built.capacity.decisions)
         if published.directives_stored:
             self.stored, self.stored_epoch = built.directives.docs, epoch
+        # What the leader keeps lives as long as it leads (10,000 reports: about a million objects, none in a
+        # reference cycle): out of the collector's generations, so the next passes' collections do not walk it
+        # again (as the loop's records, record_files.load_records). Replaced ones are freed by their refcounts.
+        gc.freeze()
 
 
 def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
              term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None,
-             memory: PassMemory | None = None) -> PassResult:
+             memory: PassMemory | None = None, demand: DemandRecorder | None = None) -> PassResult:
     """One pass: observe, then the steps on the fresh tip of the tree (again on a newer tip if the push was
     refused), publish, and the one summary.
 
@@ -760,12 +846,18 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     replica whose term ended (paused past its lease, or cut off from the database) writes nothing.
 
     `memory`: kept by a long-running leader between its passes: the pass reads only what changed in the store
-    since the last one and judges only the instances that are due, with the same outcome as a full pass."""
+    since the last one and judges only the instances that are due, with the same outcome as a full pass.
+
+    `demand`: the leader's demand recorder (kept by the loop): samples of each pool's demand from the capacity
+    step, committed to fleet-spec/demand/ for `fleet plan --what-if`; it also remembers the instances' prices."""
+    started = monotonic()
     observed = observe(source, memory)
     if isinstance(observed, Halted):
         return observed.result(now)
-    inputs = PassInputs(desired_image_digest, queue_reader, read_prices(prices),
-                        term.epoch if term is not None else None)
+    observed_s = monotonic() - started
+    current = read_prices(prices)
+    inputs = PassInputs(desired_image_digest, queue_reader, current if demand is None else demand.known_prices(current),
+                        term.epoch if term is not None else None, monotonic, demand)
     outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
 
     def on_tip(view: FleetTreeView) -> CommitRequest | None:
@@ -775,23 +867,39 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     def directives_of() -> Mapping[str, Mapping[str, Any]] | None:
         return outcome[0].directives.docs if outcome and isinstance(outcome[0], Built) else None
 
+    def steps() -> list[tuple[str, float]]:
+        built = outcome[0]
+        assert isinstance(built, Built)
+        publishing = monotonic() - publish_started - sum(seconds for _, seconds in built.steps)
+        return [("observe", observed_s), *built.steps, ("publish", publishing)]
+
     stored = memory.stored_in(inputs.leader_epoch) if memory is not None else None
+    publish_started = monotonic()
     try:
         published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic, stored)
     except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
-        built = outcome[0]
-        assert isinstance(built, Built)
-        return summarize(now, built, exc.published, exc)
+        assert isinstance(outcome[0], Built)
+        _demand_done(demand, outcome[0], published=exc.published.commit is not None)
+        return summarize(now, outcome[0], exc.published, exc, steps())
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
+        _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
+        _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
     built = outcome[0]
     if isinstance(built, Halted):
         return built.result(now, published.attempts)
+    _demand_done(demand, built, published=True)
     if memory is not None:
         memory.keep(observed, built, published, inputs.leader_epoch)
-    return summarize(now, built, published)
+    return summarize(now, built, published, steps=steps())
+
+
+def _demand_done(demand: DemandRecorder | None, built: Built | Halted | None, *, published: bool) -> None:
+    """Tell the recorder what the pass published: its samples, and whether their day files went out with it."""
+    if demand is not None and isinstance(built, Built) and built.demand is not None:
+        demand.done(built.demand.samples, flushed=published and bool(built.demand.files))
 
 
 def follow(tree: FleetTree, source: ReportSource, memory: PassMemory | None) -> tuple[str, ...]:

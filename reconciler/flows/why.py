@@ -25,6 +25,7 @@ from typing import Any
 from reconciler.adapters.git import LastChange, VerdictCommit
 from reconciler.adapters.record_files import parse_machine_record
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordError
+from reconciler.domain.redact import escape_controls
 from reconciler.domain.retests import HELD_FOR_RETEST
 
 DEFAULT_TAIL = 20
@@ -217,12 +218,14 @@ def _entry_lines(e: BenchmarkEntry, tail: int) -> list[str]:
     daemon_log = ev.get("daemon_log")
     if isinstance(daemon_log, list) and daemon_log and tail:
         out.append(f"    daemon log ({len(daemon_log[-tail:])} line(s), timing noise filtered):")
-        out += [f"      | {line}" for line in daemon_log[-tail:]]
+        out += [f"      | {escape_controls(str(line))}" for line in daemon_log[-tail:]]
     log_tail = ev.get("log_tail")
     if isinstance(log_tail, list) and log_tail and tail:
         shown = log_tail[-tail:]
         out.append(f"    log tail ({len(shown)} of {len(log_tail)} line(s)):")
-        out += [f"      | {line}" for line in shown]
+        # One shipped line stays one quoted line, whatever an older record holds (a newline inside it would print
+        # a line of its own at column 0).
+        out += [f"      | {escape_controls(str(line))}" for line in shown]
     return out
 
 

@@ -3,11 +3,15 @@
 read: a snapshot callable gives the current status (cached by its source), nothing here writes anything.
 
 Access (read-only): the admin token or a separate read token. Scripts send `Authorization: Bearer <token>`.
-A browser signs in once - the login form POSTs the token, or a link carries `?token=` - and gets an
-HTTP-only, SameSite=Strict cookie holding an HMAC of the token (never the token itself), then a redirect to
-`/` so the token leaves the address bar and the history; `Referrer-Policy: no-referrer` keeps it out of
-Referer headers. The token never reaches a log: `install_access_log_redaction` masks `token=` in the ASGI
-server's access log lines, and nothing here logs a request. Every response is `no-store`; pages carry a CSP
+A browser signs in with the form, which POSTs the token (never in a URL: a URL stays in the browser's history
+and in a proxy's access log), and gets a session: a random id in an HTTP-only, SameSite=Strict cookie with an
+expiry (`Secure` when the page is served over TLS, here or by a proxy), the session itself in the controller
+store (`SessionStore`: every replica knows it; the store keeps a hash of the id, never the cookie) until it
+expires, the browser signs out (`/logout`), `fleet controller revoke-sessions` ends them all, or the token
+that signed it in is rotated. A link that still carries `?token=` is answered 204 No Content: the browser
+neither navigates nor records the URL, and nothing signs in. `Referrer-Policy: no-referrer` keeps URLs out of
+Referer headers; the token never reaches a log (`install_access_log_redaction` masks `token=` in the ASGI
+server's access log lines, and nothing here logs a request). Every response is `no-store`; pages carry a CSP
 that allows only this page's one inline script (per-response nonce) and fetches to this origin.
 """
 
@@ -18,8 +22,9 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
@@ -37,28 +42,52 @@ from reconciler.render.metrics import CONTENT_TYPE, FleetMetrics
 COOKIE_NAME = "fleet_status_session"
 FRAGMENT_PATH = "/status/fragment"
 LOGIN_PATH = "/login"
+LOGOUT_PATH = "/logout"
 MAX_LOGIN_BODY = 4096
-_SESSION_CONTEXT = b"gpu-fleet status page session v1"
+_TOKEN_CONTEXT = b"gpu-fleet status page token v1\x00"
 PAGE_CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'nonce-{nonce}'; "
             "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 
 
+class SessionStore(Protocol):
+    """Where sign-in sessions live (the controller store: adapters/store/sql.py)."""
+
+    def create_session(self, id_hash: str, token_fp: str, now: datetime, expires_at: datetime) -> None: ...
+
+    def session(self, id_hash: str, now: datetime) -> str | None: ...
+
+    def revoke_session(self, id_hash: str) -> bool: ...
+
+
+def token_fingerprint(token: str) -> str:
+    """What a session remembers of the token that signed it in: enough to end it when the token is rotated,
+    nothing to sign in with."""
+    return hashlib.sha256(_TOKEN_CONTEXT + token.encode()).hexdigest()
+
+
+def session_key(session_id: str) -> str:
+    """How the store finds a session: a hash of the cookie's id (a copy of the store holds no cookie)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class ReadAccess:
-    """Who may read: any of `tokens` (admin, read). `open_reads` lifts the check (local demo on 127.0.0.1)."""
+    """Who may read: any of `tokens` (admin, read), by header or by a session in `sessions`. `open_reads` lifts
+    the check (local demo on 127.0.0.1)."""
 
     tokens: tuple[str, ...]
     open_reads: bool = False
-    secure_cookie: bool = False  # set when served over TLS: the cookie is then never sent in clear
+    #: The page is served over TLS (in this process, or by a proxy in front): the cookie is then never sent in clear.
+    secure_cookie: bool = False
     cookie_max_age_s: int = 12 * 3600
+    sessions: SessionStore | None = None
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:
         if not self.open_reads and not any(self.tokens):
             raise ValueError("the status page needs a read or admin token (or open reads)")
-
-    @staticmethod
-    def session_value(token: str) -> str:
-        return hmac.new(token.encode(), _SESSION_CONTEXT, hashlib.sha256).hexdigest()
+        if not self.open_reads and self.sessions is None:
+            raise ValueError("signing in to the status page needs a session store")
 
     def token_ok(self, presented: str | None) -> bool:
         if not presented:
@@ -73,14 +102,30 @@ class ReadAccess:
         if scheme.lower() == "bearer" and self.token_ok(value.strip()):
             return True
         cookie = request.cookies.get(COOKIE_NAME)
-        if not cookie:
+        if not cookie or self.sessions is None:
             return False
-        return any(t and hmac.compare_digest(cookie, self.session_value(t)) for t in self.tokens)
+        signed_by = self.sessions.session(session_key(cookie), self.clock())
+        return signed_by is not None and any(
+            t and hmac.compare_digest(signed_by, token_fingerprint(t)) for t in self.tokens)
 
     def signed_in(self, token: str, to: str = "/") -> Response:
+        """A new session for a browser that presented `token`: the cookie, and a redirect to the page."""
+        assert self.sessions is not None  # (__post_init__: no sign-in without a store)
+        session_id = secrets.token_urlsafe(32)
+        now = self.clock()
+        self.sessions.create_session(session_key(session_id), token_fingerprint(token), now,
+                                     now + timedelta(seconds=self.cookie_max_age_s))
         response = RedirectResponse(to, status_code=303, headers=_COMMON_HEADERS)
-        response.set_cookie(COOKIE_NAME, self.session_value(token), max_age=self.cookie_max_age_s, path="/",
+        response.set_cookie(COOKIE_NAME, session_id, max_age=self.cookie_max_age_s, path="/",
                             httponly=True, samesite="strict", secure=self.secure_cookie)
+        return response
+
+    def signed_out(self, request: Request) -> Response:
+        cookie = request.cookies.get(COOKIE_NAME)
+        if cookie and self.sessions is not None:
+            self.sessions.revoke_session(session_key(cookie))
+        response = RedirectResponse("/", status_code=303, headers=_COMMON_HEADERS)
+        response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="strict", secure=self.secure_cookie)
         return response
 
 
@@ -137,6 +182,7 @@ class StatusRoutes:
     def routes(self) -> list[Route]:
         out = [Route("/", self.page, methods=["GET", "HEAD"]),
                Route(LOGIN_PATH, self.login, methods=["POST"]),
+               Route(LOGOUT_PATH, self.logout, methods=["POST"]),
                Route(FRAGMENT_PATH, self.fragment, methods=["GET"]),
                Route("/status.json", self.status_json, methods=["GET"])]
         if self._metrics is not None:
@@ -147,12 +193,10 @@ class StatusRoutes:
         return _html(render_login(action=LOGIN_PATH, problem=problem), status=401)
 
     def page(self, request: Request) -> Response:
-        token = request.query_params.get("token")
-        if token is not None:
-            # A link with ?token=: exchange it for the cookie and drop it from the URL at once.
-            if self._access.token_ok(token):
-                return self._access.signed_in(token)
-            return self._login_page("That token was not accepted.")
+        if "token" in request.query_params:
+            # A token in a URL is in the browser's history and a proxy's log already; signing in with it would
+            # keep such links alive. 204: the browser stays where it was and records no visit.
+            return Response(status_code=204, headers=_COMMON_HEADERS)
         if not self._access.allows(request):
             return self._login_page()
         try:
@@ -185,6 +229,9 @@ class StatusRoutes:
         if self._access.token_ok(token):
             return self._access.signed_in(token)
         return self._login_page("That token was not accepted.")
+
+    def logout(self, request: Request) -> Response:
+        return self._access.signed_out(request)
 
     def fragment(self, request: Request) -> Response:
         if not self._access.allows(request):

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reconciler.domain.observations import parse_time
+from reconciler.domain.redact import escape_controls
 from reconciler.domain.status import FleetStatus
 
 # --- rendering ---------------------------------------------------------------------------------------------
@@ -85,7 +86,8 @@ def _bad_machine_lines(view: FleetStatus, everything: bool) -> list[str]:
     lines = ["", f"machines excluded or on probation: {len(view.bad_machines)} ({counts})"
                  + ("" if everything else "; on probation listed, --all lists every one")]
     for b in listed:
-        lines.append(f"  {b.machine_id}  {b.standing}: {b.standing_detail}  <- {b.verdict or 'hand edit'}: {b.reason}")
+        lines.append(f"  {b.machine_id}  {b.standing}: {b.standing_detail}  <- {b.verdict or 'hand edit'}: "
+                     f"{escape_controls(b.reason)}")
     return lines
 
 
@@ -98,6 +100,8 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
         if isinstance(cond, dict):
             lines.append(f"  condition: {cond.get('type')}={cond.get('status')} {cond.get('reason')} since "
                          f"{cond.get('since')}: {cond.get('message')}")
+    if view.last_pass and view.last_pass.get("exposure"):
+        lines.append(f"warning: {view.last_pass['exposure']}")
     leadership = view.last_pass.get("leadership") if view.last_pass else None
     if isinstance(leadership, dict) and leadership.get("summary"):
         lines.append(f"leader: {leadership['summary']} (as of {leadership.get('at') or 'the last pass'})")
@@ -128,7 +132,7 @@ def render_text(view: FleetStatus, *, everything: bool = True) -> str:
         standing = f" [machine {i.standing}]" if i.standing and i.standing not in ("ok", i.state) else ""
         lines.append(f"  {i.instance_id}  {i.pool or '?'}  {where}  {i.state}{verdict}{standing}")
         if i.root_cause:  # the root cause first (issue 14), then how the attempt went
-            lines.append(f"      {i.root_cause}")
+            lines.append(f"      {escape_controls(i.root_cause)}")  # one line, whatever an older record holds
         lines.append(f"      {render_timeline(i.timeline)}")
         if i.serving is not None:
             lines.append(f"      serving: {i.serving.summary}{_gpu_text(i.serving.gpus)}")

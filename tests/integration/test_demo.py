@@ -57,11 +57,15 @@ def test_demo_converges_and_records_the_bad_machines(tmp_path: Path) -> None:
     pages: list[str] = []
 
     def look_at_the_live_page() -> None:
-        """Stands in for the person at the terminal: opens the printed URL, then presses Ctrl-C."""
+        """Stands in for the person at the terminal: opens the printed URL, signs in with the printed token (the
+        form), then presses Ctrl-C."""
         (url,) = [line.split(" at ", 1)[1].split(" - ")[0] for line in lines
                   if line.startswith("live status page stays up at ")]
-        with httpx.Client(follow_redirects=True) as browser:  # ?token= -> cookie -> /
-            pages.append(browser.get(url).text)
+        (token,) = [line.rsplit("sign in with the read token ", 1)[1].rstrip(")") for line in lines
+                    if line.startswith("live status page: ")]
+        with httpx.Client(follow_redirects=True) as browser:  # the form -> a session cookie -> /
+            assert "<form" in browser.get(url).text
+            pages.append(browser.post(url.rstrip("/") + "/login", data={"token": token}).text)
         raise KeyboardInterrupt
 
     outcome = run_demo(DemoSettings(workdir=workdir, deadline_s=120, time_scale=0.01, proofs=3, wait=True),

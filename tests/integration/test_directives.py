@@ -18,7 +18,7 @@ import pytest
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.store.schema import SCHEMA_VERSION
 from reconciler.adapters.store.sqlite import SqliteStore
-from tests.controller_support import T0, Harness, auth
+from tests.controller_support import ADMIN_AUTH, T0, Harness, auth
 from tests.store_support import sqlite_store_at
 
 
@@ -49,6 +49,23 @@ def test_directive_is_wait_until_a_pass_stores_one_then_what_it_stored(harness: 
                    "heartbeat_s": 60.0, "at": "2026-12-02T18:00:00Z"}
     assert list(directive_validator().iter_errors(got)) == []
     assert list(directive_validator().iter_errors(first.json())) == []
+
+
+def test_a_destroyed_instances_token_gets_stop_and_nothing_else(harness: Harness) -> None:
+    """Issue 30: a worker token ends with its instance. Once the provisioner marked it destroyed, whatever the
+    last pass decided (here `serve`), its directive is `stop` and its reports are refused."""
+    harness.register("rtx4090-0-aa")
+    harness.store.set_directives({"rtx4090-0-aa": {"protocol": 1, "action": "serve", "reason": "ok"}}, T0)
+    url = "/api/v1/instances/rtx4090-0-aa/directive"
+    assert harness.client.get(url, headers=auth("rtx4090-0-aa")).json()["action"] == "serve"
+    destroyed = harness.client.post("/api/v1/instances/rtx4090-0-aa/destroyed", headers=ADMIN_AUTH)
+    assert destroyed.status_code == 200
+    got = harness.client.get(url, headers=auth("rtx4090-0-aa")).json()
+    assert got["action"] == "stop" and got["reason"] == "instance destroyed"
+    assert list(directive_validator().iter_errors(got)) == []
+    logs = harness.client.post("/api/v1/instances/rtx4090-0-aa/logs", json={"protocol": 1, "lines": ["x"]},
+                               headers=auth("rtx4090-0-aa"))
+    assert logs.status_code == 410
 
 
 def test_directive_needs_the_instances_own_token(harness: Harness) -> None:

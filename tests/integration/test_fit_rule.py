@@ -37,7 +37,8 @@ POOL = PoolSpec(name="rtx4090", gpu_name="RTX 4090", count=1, min_rate_proofs_pe
 
 BIG_RAM = FitRule(
     "big_ram",
-    lambda o, q: None if o.cpu_ram_gb >= 200 else f"{o.cpu_ram_gb:g} GB of host RAM for the worker",
+    lambda o, q: o.cpu_ram_gb >= 200,
+    lambda o, q: f"{o.cpu_ram_gb:g} GB of host RAM for the worker",
     lambda q: "host RAM >= 200 GB (big boxes only)",
     lambda q: "below 200 GB of host RAM")
 
@@ -126,4 +127,4 @@ def test_the_rule_table_is_the_only_decider() -> None:
                   reliability=0.99, cpu_ram_gb=128)
     query = OfferQuery(gpu_name="RTX 4090", verified_only=False)
     assert ranking.mismatch(offer, query) is None
-    assert BIG_RAM.misfit(offer, query) == "128 GB of host RAM for the worker"
+    assert not BIG_RAM.fits(offer, query) and BIG_RAM.why(offer, query) == "128 GB of host RAM for the worker"

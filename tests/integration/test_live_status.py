@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -23,7 +24,7 @@ from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.surfaces import Surfaces, build_surfaces, market_view, slot_prices
 from reconciler.render.live import COOKIE_NAME
 from reconciler.render.metrics import METRIC_NAMES
-from tests.browser_support import run_chromium
+from tests.browser_support import profile_cookies, profile_history, run_chromium, sign_in
 from tests.html_support import FIRST, RUNNING, parse, table_rows, text_of
 from tests.live_support import ADMIN_TOKEN, READ_TOKEN, RUNNING_PRICE, LiveFleet, at_now, make_live_fleet, serve_asgi
 from tests.scenarios import DIGEST
@@ -38,7 +39,7 @@ def live(tmp_path: Path) -> Iterator[tuple[str, Surfaces]]:
                               read_token=READ_TOKEN, desired_image_digest=DIGEST, last_pass_file=None,
                               commits=lambda: git.recent_commits(5), prices=slot_prices(fleet.state_dir),
                               market=market_view(fleet.state_dir),
-                              refresh_s=1.0)
+                              refresh_s=1.0, sessions=store)
     surfaces.source._now = at_now  # the recorded incident's "now", so ages and windows are as recorded
     try:
         with serve_asgi(status_app_of(surfaces)) as url:
@@ -55,27 +56,37 @@ def status_app_of(surfaces: Surfaces) -> object:
     return Starlette(routes=surfaces.routes)
 
 
-def test_the_page_needs_a_token_and_a_browser_signs_in_with_a_cookie(live: tuple[str, Surfaces],
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_the_page_needs_a_token_and_a_browser_signs_in_with_a_session(live: tuple[str, Surfaces],
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
     url, _ = live
     caplog.set_level(logging.INFO, logger="uvicorn.access")
     with httpx.Client(base_url=url, follow_redirects=False) as client:
         denied = client.get("/")
         assert denied.status_code == 401 and 'action="/login"' in denied.text and "fleet status" in denied.text
-        assert client.get("/?token=wrong-token-0123456789abcdef").status_code == 401
         assert client.get("/status/fragment").status_code == 401
         assert client.get("/metrics").status_code == 401
+        # A token in a URL signs nothing in, right or wrong: 204, the browser stays put and records nothing.
+        for token in (READ_TOKEN, "wrong-token-0123456789abcdef"):
+            linked = client.get(f"/?token={token}")
+            assert linked.status_code == 204 and "set-cookie" not in linked.headers and linked.content == b""
 
-        signed = client.get(f"/?token={READ_TOKEN}")
+        signed = client.post("/login", data={"token": READ_TOKEN})
         assert signed.status_code == 303 and signed.headers["location"] == "/"
         cookie = signed.headers["set-cookie"]
         assert READ_TOKEN not in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+        assert "Max-Age=43200" in cookie and "Secure" not in cookie  # plain HTTP here: no Secure flag
         assert signed.headers["referrer-policy"] == "no-referrer"
         client.cookies.set(COOKIE_NAME, signed.cookies[COOKIE_NAME])
         page = client.get("/")
         assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
         nonce = page.headers["content-security-policy"].split("'nonce-")[1].split("'")[0]
-        assert f'<script nonce="{nonce}">' in page.text
+        assert f'<script nonce="{nonce}">' in page.text and 'action="/logout"' in page.text
+        # Signing out ends the session on the server: the same cookie is no longer good.
+        session = signed.cookies[COOKIE_NAME]
+        out = client.post("/logout")
+        assert out.status_code == 303 and f'{COOKIE_NAME}=""' in out.headers["set-cookie"]
+        client.cookies.set(COOKIE_NAME, session)
+        assert client.get("/").status_code == 401
 
     with httpx.Client(base_url=url, follow_redirects=False) as client:
         form = client.post("/login", data={"token": ADMIN_TOKEN})
@@ -84,8 +95,47 @@ def test_the_page_needs_a_token_and_a_browser_signs_in_with_a_cookie(live: tuple
         assert client.get("/").status_code == 200
         assert client.post("/login", data={"token": "nope"}).status_code == 401
         assert client.get("/status.json", headers={"Authorization": f"Bearer {READ_TOKEN}"}).status_code == 200
-    # The token travelled in a query string once: the access log masks it.
+    # The token travelled in a query string twice above: the access log masks it.
     assert READ_TOKEN not in caplog.text and "[REDACTED]" in caplog.text
+
+
+def test_sessions_expire_are_shared_by_replicas_and_end_with_the_token(tmp_path: Path) -> None:
+    """A session lives in the controller store: another replica's page knows it, it ends at its expiry, when
+    revoked (every session at once), or when the token that signed it in is rotated."""
+    from starlette.applications import Starlette
+
+    from reconciler.render.live import ReadAccess, StatusRoutes
+
+    store = SqliteStore(tmp_path / "c.db")
+    clock = [at_now()]
+    replicas = [ReadAccess((READ_TOKEN,), sessions=store, clock=lambda: clock[0], cookie_max_age_s=600)
+                for _ in range(2)]
+
+    def snapshot(query: object) -> object:
+        raise AssertionError("not reached: only access is tested")
+
+    def page(access: ReadAccess) -> Starlette:
+        return Starlette(routes=StatusRoutes(snapshot, access).routes())  # type: ignore[arg-type]
+
+    try:
+        with serve_asgi(page(replicas[0])) as first, serve_asgi(page(replicas[1])) as second:
+            signed = httpx.post(f"{first}/login", data={"token": READ_TOKEN})
+            session = {COOKIE_NAME: signed.cookies[COOKIE_NAME]}
+            assert httpx.get(f"{second}/status.json", cookies=session).status_code != 401  # the other replica knows it
+            clock[0] += timedelta(seconds=601)
+            assert httpx.get(f"{second}/status.json", cookies=session).status_code == 401  # expired
+            clock[0] = at_now()
+            session = {COOKIE_NAME: httpx.post(f"{first}/login", data={"token": READ_TOKEN}).cookies[COOKIE_NAME]}
+            from reconciler.cli import main  # as an operator ends them: every replica's at once
+
+            assert main(["controller", "revoke-sessions", "--db", str(tmp_path / "c.db")]) == 0
+            assert httpx.get(f"{first}/status.json", cookies=session).status_code == 401  # revoked
+        rotated = ReadAccess(("a-new-read-token-0123456789abcd",), sessions=store, clock=lambda: clock[0])
+        with serve_asgi(page(replicas[0])) as old, serve_asgi(page(rotated)) as new:
+            session = {COOKIE_NAME: httpx.post(f"{old}/login", data={"token": READ_TOKEN}).cookies[COOKIE_NAME]}
+            assert httpx.get(f"{new}/status.json", cookies=session).status_code == 401  # rotated: ended
+    finally:
+        store.close()
 
 
 def test_the_page_and_fragment_show_pools_spend_slo_machines_commits(live: tuple[str, Surfaces]) -> None:
@@ -153,8 +203,9 @@ def test_metrics_in_prometheus_format(live: tuple[str, Surfaces]) -> None:
 def test_the_live_page_in_chromium_refreshes_and_shows_pools_and_charts(
         chromium: str, live: tuple[str, Surfaces], tmp_path: Path) -> None:
     url, _ = live
-    # The browser follows ?token= to the cookie and to `/`; virtual time lets the refresh script run a few times.
-    dumped = run_chromium(chromium, tmp_path, "--virtual-time-budget=5000", "--dump-dom", f"{url}/?token={READ_TOKEN}")
+    # Signed in with the form (a session cookie in the profile); virtual time lets the refresh script run a few times.
+    sign_in(chromium, tmp_path, url, READ_TOKEN)
+    dumped = run_chromium(chromium, tmp_path, "--virtual-time-budget=5000", "--dump-dom", f"{url}/")
     assert dumped.returncode == 0, dumped.stderr[-2000:]
     dom = parse(dumped.stdout)
     (state,) = dom.find("div", id="refresh-state")
@@ -166,9 +217,45 @@ def test_the_live_page_in_chromium_refreshes_and_shows_pools_and_charts(
 
     shot = tmp_path / "live.png"
     taken = run_chromium(chromium, tmp_path, f"--screenshot={shot}", "--window-size=1400,1800",
-                         "--hide-scrollbars", f"{url}/?token={READ_TOKEN}")
+                         "--hide-scrollbars", f"{url}/")
     assert taken.returncode == 0, taken.stderr[-2000:]
     check_screenshot(shot)
+
+
+def test_cookies_are_secure_over_tls(tmp_path: Path) -> None:
+    """Served over TLS (the controller's own, `--behind-tls-proxy`, or an https `controller.url`): the session
+    cookie carries Secure, so a browser never sends it in clear."""
+    from starlette.applications import Starlette
+
+    from reconciler.render.live import ReadAccess, StatusRoutes
+
+    store = SqliteStore(tmp_path / "c.db")
+    try:
+        access = ReadAccess((READ_TOKEN,), secure_cookie=True, sessions=store)
+        with serve_asgi(Starlette(routes=StatusRoutes(lambda q: None, access).routes())) as url:  # type: ignore
+            cookie = httpx.post(f"{url}/login", data={"token": READ_TOKEN}).headers["set-cookie"]
+        assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    finally:
+        store.close()
+
+
+def test_signing_in_leaves_no_token_in_the_browser_history(chromium: str, live: tuple[str, Surfaces],
+                                                           tmp_path: Path) -> None:
+    """Issue 30: a fresh Chromium profile kept `/?token=...` in its History database. Signed in with the form and
+    then handed an old-style link: the profile's History holds no token, its cookie is HTTP-only, SameSite=Strict
+    and expires."""
+    url, _ = live
+    sign_in(chromium, tmp_path, url, READ_TOKEN)
+    shown = run_chromium(chromium, tmp_path, "--dump-dom", f"{url}/")
+    assert shown.returncode == 0 and 'id="pools"' in shown.stdout, shown.stdout[:500]
+    linked = run_chromium(chromium, tmp_path, "--dump-dom", f"{url}/?token={READ_TOKEN}")
+    assert linked.returncode == 0, linked.stderr[-2000:]
+    history = profile_history(tmp_path)
+    assert f"{url}/" in history and f"{url}/login" in history, history
+    assert not any(READ_TOKEN in visited for visited in history), history
+    (cookie,) = profile_cookies(tmp_path, COOKIE_NAME)
+    assert cookie["httponly"] == 1 and cookie["samesite"] == 2 and cookie["has_expires"] == 1, cookie
+    assert cookie["secure"] == 0  # plain HTTP on 127.0.0.1; Secure over TLS: test_cookies_are_secure_over_tls
 
 
 def _near(pixel: tuple[int, ...], rgb: tuple[int, int, int], tolerance: int = 12) -> bool:
@@ -229,8 +316,9 @@ def test_fleet_reconcile_listen_serves_the_page_and_metrics_beside_the_api(chrom
         assert httpx.get(url + "/metrics").status_code == 401
 
         shot = tmp_path / "reconcile.png"
+        sign_in(chromium, tmp_path, url, READ_TOKEN)
         taken = run_chromium(chromium, tmp_path, f"--screenshot={shot}", "--window-size=1400,1800",
-                             "--hide-scrollbars", f"{url}/?token={READ_TOKEN}")
+                             "--hide-scrollbars", f"{url}/")
         assert taken.returncode == 0, taken.stderr[-2000:]
         check_screenshot(shot)
     finally:

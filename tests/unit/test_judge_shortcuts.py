@@ -49,6 +49,36 @@ def test_the_breaker_window_gives_what_parsing_every_entry_gives() -> None:
         assert recorded_failures(records, since=since) == want, since
 
 
+class _Unread(Mapping[str, object]):
+    """An entry's evidence that must not be read (an indexed record reads it from its file)."""
+
+    def __getitem__(self, key: str) -> object:
+        raise AssertionError("evidence read")
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("evidence read")
+
+    def __len__(self) -> int:
+        raise AssertionError("evidence read")
+
+
+def test_the_breaker_reads_an_entrys_evidence_only_when_its_signature_line_decides() -> None:
+    """A cold pass builds every record from the index: the evidence of the machine-blamed failures outside the
+    window, of passing benchmarks and of image-blamed failures is never read (only a machine blame within the window
+    reads its signature line: `symptom_only`)."""
+    def entry(n: int, hours: float, verdict: str, blame: str, evidence: Mapping[str, object]) -> BenchmarkEntry:
+        return BenchmarkEntry(f"i{n}", f"{SINCE + timedelta(hours=hours):%Y-%m-%dT%H:%M:%SZ}", verdict, blame, False,
+                              "r", pool="p", image_digest=IMAGE_DIGEST, signature="cuda-unknown-error",
+                              evidence=evidence)
+    line = {"signature": {"line": "cuzk-daemon: sppark::Error #-999"}}
+    records = RecordSet(machines={"m1": MachineRecord("m1", benchmarks=(
+        entry(1, -30, "benchmark-error", "machine", _Unread()),  # outside the window
+        entry(2, 1, "ok", "none", _Unread()),
+        entry(3, 1, "benchmark-error", "image", _Unread()),
+        entry(4, 2, "benchmark-error", "machine", line)))})
+    assert [f.instance_id for f in recorded_failures(records, since=SINCE)] == ["i3", "i4"]
+
+
 def test_a_record_remembers_its_summaries_and_a_changed_record_starts_afresh() -> None:
     calls: list[str] = []
 

@@ -24,6 +24,7 @@ from reconciler.flows.judge import (
     PassInputs,
     PassMemory,
     build,
+    follow,
     load,
     run_pass,
 )
@@ -92,6 +93,9 @@ def test_one_pass_is_one_commit_of_records_and_trailers_and_a_rerun_writes_nothi
     assert again.ok and again.commit is None and again.verdicts == () and len(fake.commits) == 1
     assert sink.stored[-1] == sink.stored[0]  # recomputed every pass, the same
     assert again.condition().reason == "Succeeded"
+    assert [name for name, _ in again.steps] == ["observe", "load", "evidence", "decide", "capacity", "directives",
+                                                  "render", "publish"]
+    assert all(seconds >= 0 for _, seconds in again.steps) and set(again.to_json()["steps"]) == dict(again.steps).keys()
 
 
 def test_the_steps_read_the_tree_the_push_goes_to_and_run_again_on_a_newer_tip() -> None:
@@ -283,7 +287,7 @@ def test_a_warm_pass_reads_what_changed_and_decides_what_a_full_pass_decides() -
         now = T0 + timedelta(hours=3) + offset
         cold = run_pass(cold_tree, cold_source, now, directive_sink=cold_sink)
         warm = run_pass(warm_tree, warm_source, now, directive_sink=warm_sink, memory=memory)
-        assert warm == replace(cold, commit=warm.commit, publish_seconds=warm.publish_seconds), offset
+        assert warm == replace(cold, commit=warm.commit, publish_seconds=warm.publish_seconds, steps=warm.steps), offset
         assert [c.request for c in warm_tree.commits] == [c.request for c in cold_tree.commits]
     assert fake_verdicts(warm_tree) == ["below-min-rate", "ok", "benchmark-error", "timeout"]
     assert warm_source.calls == 1  # one bulk read, then the changes only
@@ -309,3 +313,30 @@ def test_a_warm_pass_that_failed_keeps_the_memory_it_had() -> None:
     assert not failed.ok and failed.reason == errors.GIT_PUSH_REJECTED
     again = run_pass(fake, source, LATER + timedelta(minutes=2), memory=memory)
     assert again.pushed and [v.instance_id for v in again.verdicts] == ["pro-1-a"]
+
+
+def test_a_follower_keeps_its_memory_of_the_store_and_takes_over_warm() -> None:
+    """A standby replica's passes (flows `follow`) read the store's changes into its memory and the tree's records,
+    judging and writing nothing; once it leads, its first pass reads only what changed since it last followed,
+    judges every instance (what the last leader decided is not its to remember) and stores every directive."""
+    fake = tree()
+    source = FakeFeed([completed_report("pro-0-a", "123", 20.0)])
+    memory = PassMemory()
+    views = fake.views
+    assert follow(fake, source, memory) == ()
+    assert source.calls == 1 and set(memory.reports) == {"pro-0-a"} and fake.views == views + 1
+    assert fake.commits == [] and memory.judge is None
+    source.put(completed_report("pro-1-a", "456", 35.0))
+    assert follow(fake, source, memory) == () and source.asked == [("pro-1-a",)]
+    source.put(error_report("pro-2-a", "456", DAEMON_REFUSED_TAIL))
+    sink = Sink()
+    result = run_pass(fake, source, LATER, directive_sink=sink, memory=memory, term=LeaderTerm(5, lambda: None))
+    assert source.calls == 1 and source.asked == [("pro-1-a",), ("pro-2-a",)]  # no second bulk read
+    assert sorted(v.instance_id for v in result.verdicts) == ["pro-0-a", "pro-1-a", "pro-2-a"]
+    assert sorted(sink.stored[-1]) == ["pro-0-a", "pro-1-a", "pro-2-a"]
+
+
+def test_a_follower_that_cannot_read_the_store_says_so_and_keeps_following_the_branch() -> None:
+    fake = tree()
+    notes = follow(fake, FakeFeed.failing(OSError("database is locked")), PassMemory())
+    assert notes == ("store not followed: OSError: database is locked",) and fake.views == 1

@@ -251,3 +251,18 @@ def test_fleet_validate_says_what_a_market_proof_must_pay(tmp_path, capsys) -> N
     assert ("  pool rtx4090: Snark Market work counts as demand while a proof pays more than its measured $/proof + "
             "20% (at most $0.0150 = 0.00375 FIL at $4/FIL: max price over min rate)") in capsys.readouterr().out
 
+
+
+def test_the_pr_comment_rows_carry_the_market_figures_of_the_leaders_last_decision() -> None:
+    from reconciler.cli.plan import pool_rows
+    from reconciler.render.markdown import render_plan_markdown
+
+    reports = [serving(f"i-{i}", f"rtx4090-{i}", BUSY) for i in range(2)]
+    d = one(entry(2), reports, market_queue(5.0, running=2), at(57))
+    spec = apply_entries(SPEC, {"rtx4090": d.entry})
+    (row,) = pool_rows(spec, RecordSet(machines={}), None, None, None, at(58), {"rtx4090": d.entry})
+    market = row["autoscaled"]["market"]
+    assert (market["revenue_usd_per_proof"], market["served"], market["paying"]) == (0.02, 10, True)
+    assert market["as_of"] == "2026-12-02T18:57:00Z" and market["min_margin"] == 0.2
+    text = render_plan_markdown(pools=[row], actions=None, forecasts=[], image_digest=None, notes=[])
+    assert "| **rtx4090** | $0.020 | $0.010 | $0.010 | $0.013 | 10 | **yes** (pays) | 2026-12-02T18:57:00Z |" in text

@@ -693,6 +693,10 @@ async def _read_body(receive: Receive, length: int, timeout_s: float) -> bytes:
 
 
 _INTERNAL_ERROR = Response(500, {"error": "internal error", "detail": None}, close=True)
+#: CPU time a loop turn spends preparing reports before it lets other requests in (see GroupCommit._flush).
+PREPARE_BUDGET_S = 0.02
+#: Bodies larger than this are prepared on a thread of their own, off the event loop (see GroupCommit._flush).
+INLINE_PREPARE_BYTES = 32 * 1024
 #: Threads that write turns to a store across a network: one runs a transaction while the others' turns wait in
 #: the store's group-commit queue, to be stored together by the next one.
 WRITER_THREADS = 4
@@ -712,6 +716,11 @@ class GroupCommit:
     the transaction under way ends (the busier the server, the bigger the batch, rather than a loop stalled on a
     socket). An embedded store (SQLite) is written in the loop's own turn: its statements run in-process and a
     thread hand-over would cost more than it saves.
+
+    The CPU work before the write stays off the loop's critical path: at most PREPARE_BUDGET_S of it per turn,
+    and a body over INLINE_PREPARE_BYTES is prepared on a thread of its own (the loop takes the GIL back within
+    the interpreter's switch interval), so a hostile worker's largest bodies never keep /healthz or other
+    workers waiting.
     """
 
     def __init__(self, api: ControllerApi):
@@ -720,6 +729,9 @@ class GroupCommit:
         self._scheduled = False
         self._writers = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix="store-writer") \
             if api.store.remote else None
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="report-preparer")
+        #: Reports prepared off the loop, waiting for the next turn's write.
+        self._prepared: list[tuple[PreparedReport, Callable[[Response], None]]] = []
         self.flushes = 0
         self.writes = 0
 
@@ -736,9 +748,7 @@ class GroupCommit:
     def submit(self, request: Request, step: BodyNeeded, body: bytes, deliver: Callable[[Response], None]) -> None:
         """Store the report with this turn's others; `deliver(response)` once they are committed."""
         self._queue.append((request, step, body, deliver))
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)  # after the other requests of this turn queued theirs
+        self._schedule()  # after the other requests of this turn queued theirs
 
     @staticmethod
     def _deliver(deliver: Callable[[Response], None], response: Response) -> None:
@@ -750,16 +760,27 @@ class GroupCommit:
     def _flush(self) -> None:
         self._scheduled = False
         batch, self._queue = self._queue, []
-        self.writes += len(batch)
         # First the CPU work of every report (parse, validate, redact), outside the write transaction, so its
-        # row locks are held only while statements run. Refusals are answered at once.
-        pending: list[tuple[PreparedReport, Callable[[Response], None]]] = []
-        for request, step, body, deliver in batch:
-            try:
-                item = self.api.prepare(request, step, body)
-            except Exception:
-                log.exception("internal error on %s %s", request.method, step.action)
-                item = _INTERNAL_ERROR
+        # row locks are held only while statements run. Refusals are answered at once. At most PREPARE_BUDGET_S
+        # of it per loop turn: the rest waits for the next turn, so that a burst of the largest bodies (each
+        # bounded: 256 KiB, redaction linear in it) never keeps the loop from reading other requests, /healthz
+        # and other workers' reports, for longer than that.
+        # A large body (a log batch near the 256 KiB limit can cost tens of milliseconds to redact) is prepared on
+        # a thread instead: the loop goes on serving, and writes it with a later turn's reports.
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        pending, self._prepared = self._prepared, []
+        for index, (request, step, body, deliver) in enumerate(batch):
+            if index and time.perf_counter() - started > PREPARE_BUDGET_S:
+                self._queue[:0] = batch[index:]
+                self._schedule()
+                break
+            self.writes += 1
+            if len(body) > INLINE_PREPARE_BYTES:
+                aside = loop.run_in_executor(self._preparer, self._prepare, request, step, body)
+                aside.add_done_callback(partial(self._prepared_aside, deliver))
+                continue
+            item = self._prepare(request, step, body)
             if isinstance(item, Response):
                 self._deliver(deliver, item)
             else:
@@ -775,6 +796,29 @@ class GroupCommit:
             return
         written = asyncio.get_running_loop().run_in_executor(self._writers, self._store, items)
         written.add_done_callback(partial(self._written, pending))
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _prepare(self, request: Request, step: BodyNeeded, body: bytes) -> PreparedReport | Response:
+        try:
+            return self.api.prepare(request, step, body)
+        except Exception:
+            log.exception("internal error on %s %s", request.method, step.action)
+            return _INTERNAL_ERROR
+
+    def _prepared_aside(self, deliver: Callable[[Response], None],
+                        prepared: asyncio.Future[PreparedReport | Response]) -> None:
+        if prepared.cancelled():  # the loop is closing: the server is stopping
+            return
+        item = prepared.result()
+        if isinstance(item, Response):
+            self._deliver(deliver, item)
+            return
+        self._prepared.append((item, deliver))
+        self._schedule()
 
     def _written(self, pending: list[tuple[PreparedReport, Callable[[Response], None]]],
                  written: asyncio.Future[list[Response]]) -> None:
@@ -1033,7 +1077,12 @@ class ControllerServer:
         if not server.ready.wait(timeout=30) or not server.started:
             self.stop()
             raise OSError(f"controller server did not start on {self.host}:{self.port}")
-        log.info("controller listening on %s", self.url)
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        log.info("controller on %s: connections capped at %d (open-file limit %s; docs/security.md)",
+                 self.url, self.guard.max_connections, "unlimited" if soft == resource.RLIM_INFINITY else soft)
+        if self.limits.max_connections is None and self.guard.max_connections < 1024:
+            log.warning("the open-file limit (%s) leaves %d connections for workers: raise it (systemd: "
+                        "LimitNOFILE=65536)", soft, self.guard.max_connections)
         return self
 
     @staticmethod

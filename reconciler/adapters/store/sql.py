@@ -630,6 +630,32 @@ class SqlStore:
         self._directives_at = sequence
         return self._directive_bodies
 
+    # --- the status page's sign-in sessions (render/live.py; schema.py `_SESSIONS`) ----------------------
+
+    def create_session(self, id_hash: str, token_fp: str, now: datetime, expires_at: datetime) -> None:
+        """A session found by `id_hash` until `expires_at`; sessions already expired are deleted with it."""
+        def body(conn: SqlConnection) -> None:
+            conn.execute("DELETE FROM sessions WHERE expires_at <= ?", (_iso(now),))
+            conn.execute("INSERT INTO sessions (id_hash, token_fp, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                         (id_hash, token_fp, _iso(now), _iso(expires_at)))
+
+        self._transaction(body)
+
+    def session(self, id_hash: str, now: datetime) -> str | None:
+        """The fingerprint of the token that signed in the session `id_hash`, while it has not expired or been
+        revoked; None otherwise."""
+        row = self._snapshot(lambda conn: conn.execute(
+            "SELECT token_fp FROM sessions WHERE id_hash = ? AND expires_at > ?", (id_hash, _iso(now))).fetchone())
+        return None if row is None else str(row[0])
+
+    def revoke_session(self, id_hash: str) -> bool:
+        return bool(self._transaction(lambda conn: conn.execute(
+            "DELETE FROM sessions WHERE id_hash = ?", (id_hash,)).rowcount))
+
+    def revoke_sessions(self) -> int:
+        """End every session (every replica's): each browser signs in again."""
+        return int(self._transaction(lambda conn: conn.execute("DELETE FROM sessions").rowcount))
+
     def directive(self, instance_id: str) -> dict[str, Any] | None:
         """The directive stored for the instance, with `at` (when it was set), or None; `stop` once the instance
         is marked destroyed, whatever the last pass decided (its token is good for nothing else then)."""
