@@ -28,6 +28,7 @@ from bench import (
     bench_records,
     bench_store,
     bench_views,
+    bench_whatif,
 )
 from bench.common import Figure
 
@@ -42,6 +43,7 @@ BENCHES: dict[str, Callable[[], list[Figure]]] = {
     "failover": bench_failover.run,
     "views": bench_views.run,
     "capacity": bench_capacity.run,
+    "whatif": bench_whatif.run,
 }
 RESULTS = Path(__file__).with_name("results.md")
 NOTES = Path(__file__).with_name("notes.md")

@@ -228,6 +228,13 @@ class FakeTreeView:
 
     def trailer_values(self, key: str) -> frozenset[str]:
         return self._tree.trailer_values(key)
+
+    def text(self, path: str) -> str | None:
+        return self._files.get(f"{self.spec_dir}/{path}")
+
+    def names(self, directory: str) -> list[str]:
+        prefix = f"{self.spec_dir}/{directory}/"
+        return sorted(p.removeprefix(f"{self.spec_dir}/") for p in self._files if p.startswith(prefix))
 class FakeDockerEngine:
     """Our fake of the hosts adapter's `DockerEngine` port: one host's containers in memory.
 

@@ -61,6 +61,18 @@ class TreeView:
     def trailer_values(self, key: str) -> frozenset[str]:
         return frozenset(self._trailer_values(key))
 
+    def text(self, path: str) -> str | None:
+        file = self._spec_path.parent / path
+        try:
+            return file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def names(self, directory: str) -> list[str]:
+        root = self._spec_path.parent
+        found = (root / directory).rglob("*")
+        return sorted(str(p.relative_to(root)) for p in found if p.is_file())
+
 
 class GitFleetTree:
     """`FleetTree` on a `GitStore` clone. `record_cache`: kept by a long-running loop between its passes, so a pass

@@ -629,6 +629,17 @@ class HistoryShape:
                 "makes it fast")
 
 
+@dataclass(frozen=True)
+class WindowCommit:
+    """A first-parent commit of a window of history: who, when (epoch seconds), and the files it changed."""
+
+    sha: str
+    parent: str | None
+    at: int
+    author: str
+    changes: tuple[tuple[str, str], ...]  # (A|M|D, path)
+
+
 class GitReader:
     """Read-only audit queries through plain `git` (no gitpython, no tree parsing in Python).
 
@@ -720,6 +731,59 @@ class GitReader:
         counted = self._run(["rev-list", "--count", f"--max-count={LONG_HISTORY_COMMITS}", ref, "--"])
         return HistoryShape(graph=bool(chunks), bloom={b"BIDX", b"BDAT"} <= chunks,
                             long=int(counted.strip() or 0) >= LONG_HISTORY_COMMITS)
+
+    # --- a window of history (`fleet plan --what-if`) ----------------------------------------------------
+
+    def resolve(self, ref: str) -> str:
+        """The commit `ref` names; GitStoreError if it names none."""
+        if ref.startswith("-"):
+            raise GitStoreError(f"ref {ref!r} is not a revision")
+        return self._run(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"]).decode().strip()
+
+    def commit_before(self, ref: str, at: float) -> str | None:
+        """The newest first-parent commit of `ref` committed before the epoch time `at` (None: there is none)."""
+        out = self._run(["rev-list", "-1", "--first-parent", f"--before=@{int(at)}", ref, "--"])
+        return out.decode().strip() or None
+
+    def window(self, ref: str, since: float, paths: list[str]) -> list[WindowCommit]:
+        """The first-parent commits of `ref` committed at or after the epoch time `since` that change `paths`,
+        oldest first, each with the files it changed against its first parent (a merged PR is one commit, at
+        the time it reached the branch)."""
+        if ref.startswith("-"):
+            raise GitStoreError(f"ref {ref!r} is not a revision")
+        out = self._run(["log", "--reverse", "--first-parent", "--diff-merges=first-parent", "--no-renames",
+                         "--name-status", f"--since=@{int(since)}", f"--format={_RS}%H{_FS}%P{_FS}%ct{_FS}%an",
+                         ref, "--", *paths]).decode("utf-8", errors="replace")
+        commits = []
+        for chunk in out.split(_RS):
+            if not chunk.strip():
+                continue
+            head, _, rest = chunk.partition("\n")
+            sha, parents, when, author = head.split(_FS, 3)
+            changes = []
+            for line in rest.splitlines():
+                status, _, path = line.partition("\t")
+                if path:
+                    changes.append((status[:1], path))
+            commits.append(WindowCommit(sha, parents.split()[0] if parents.split() else None, int(when), author,
+                                        tuple(changes)))
+        return commits
+
+    def files_under(self, ref: str, directory: str) -> list[str]:
+        """Every file path under `directory` in the tree of `ref`."""
+        if ref.startswith("-"):
+            raise GitStoreError(f"ref {ref!r} is not a revision")
+        out = self._run(["ls-tree", "-r", "--name-only", ref, "--", directory])
+        return [line for line in out.decode("utf-8", errors="replace").splitlines() if line]
+
+    def changed_in_worktree(self, ref: str, paths: list[str]) -> list[str]:
+        """Tracked files under `paths` whose working-tree content differs from `ref` (a PR's own edits)."""
+        out = self._run(["diff", "--name-only", "--no-renames", ref, "--", *paths])
+        return [line for line in out.decode("utf-8", errors="replace").splitlines() if line]
+
+    def blobs(self, names: list[str]) -> dict[str, str]:
+        """The text of each `<commit>:<path>` (names git does not have are left out), one `cat-file --batch`."""
+        return self._cat_blobs(names)
 
     def _cat_blobs(self, names: list[str]) -> dict[str, str]:
         """`git cat-file --batch` for every object name at once; names git does not have are left out."""

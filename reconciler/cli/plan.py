@@ -1,4 +1,5 @@
-"""`fleet plan [--format text|json|markdown]`: what `fleet apply` (or `pulumi up`) would do, without doing it.
+"""`fleet plan [--format text|json|markdown] [--what-if]`: what `fleet apply` (or `pulumi up`) would do, without
+doing it; with `--what-if`, what the spec would have done over the fleet's own last days (flows/whatif.py).
 
 The PR check beside `fleet validate`: needs no credentials. With no `--state-dir` it compares the desired
 pools with the records only (bad machines known, paused pools) and says so; with `--state-dir` it also
@@ -45,7 +46,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="the same as --format json")
     p.add_argument("--at", type=instant, default=None, metavar="TIME",
                    help="read record expiry and probation as of this UTC time (ISO 8601) instead of now")
+    p.add_argument("--what-if", action="store_true",
+                   help="also replay the fleet's own history (verdicts, guards, capacity, spend) under the base "
+                        "spec and this spec, and show what differs (docs/what-if.md)")
+    p.add_argument("--since", type=duration_days, default=30.0, metavar="DURATION",
+                   help="with --what-if: how far back to replay, e.g. 30d, 12h (default: 30d)")
+    p.add_argument("--base", default="HEAD", metavar="REF",
+                   help="with --what-if: the branch the PR merges into: its history is replayed and its spec is "
+                        "the base (default: %(default)s)")
     p.set_defaults(func=run)
+
+
+def duration_days(text: str) -> float:
+    """`30d`, `12h`, `90m` (or a number of days) -> days."""
+    units = {"d": 1.0, "h": 1 / 24, "m": 1 / 1440}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "d")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a duration such as 30d, 12h or 90m") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the duration must be > 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,11 +108,26 @@ def run(args: argparse.Namespace) -> int:
         all_notes.append(cap_note)
     output = "json" if args.json else (args.format or "text")
     forecasts = fleet_forecast(spec, records, now)
+    what_if = None
+    if args.what_if:
+        from reconciler.flows.whatif import WhatIfError, what_if_of_repo
+        from reconciler.render.whatif import Header
+
+        try:
+            result, inputs = what_if_of_repo(args.spec, args.base, args.since, now)
+        except WhatIfError as exc:
+            print(f"fleet plan --what-if: {exc}", file=sys.stderr)
+            return 1
+        what_if = (result, Header(str(args.spec), args.base, inputs.base_sha))
     if output == "markdown":
         actions = ([{"kind": a.kind, "slot": a.slot, "reason": a.reason, "detail": a.detail}
                     for a in slot_plan.actions] if slot_plan else None)
         sys.stdout.write(render_plan_markdown(pools=rows, actions=actions, forecasts=forecasts, image_digest=digest,
                                               notes=all_notes, record_problems=records.problems))
+        if what_if is not None:
+            from reconciler.render.whatif import render_whatif_markdown
+
+            sys.stdout.write("\n" + render_whatif_markdown(*what_if))
         return 0
     if output == "json":
         doc: dict[str, Any] = {
@@ -102,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
             "record_problems": list(records.problems),
             "forecast": [{**asdict(f), "slo_proofs_per_hour": f.slo_proofs_per_hour,
                           "cap_usd_per_hour": f.cap_usd_per_hour, "meets_slo": f.meets_slo} for f in forecasts]}
+        if what_if is not None:
+            from reconciler.render.whatif import whatif_json
+
+            doc["what_if"] = whatif_json(*what_if)
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
@@ -115,6 +156,11 @@ def run(args: argparse.Namespace) -> int:
             print("no changes: slots match the spec")
     for note in all_notes:
         print(f"note: {note}")
+    if what_if is not None:
+        from reconciler.render.whatif import render_whatif_text
+
+        print()
+        sys.stdout.write(render_whatif_text(*what_if))
     return 0
 
 

@@ -44,6 +44,7 @@ from reconciler.adapters.settings import IMAGE_DIGEST_ENV, settings
 from reconciler.cli._shared import desired_digest_arg, last_pass_path
 from reconciler.domain.leadership import describe
 from reconciler.domain.records import RecordError
+from reconciler.flows.demand import DemandRecorder
 from reconciler.flows.judge import LeaderTerm, PassMemory, PassResult, follow, run, run_pass
 
 if TYPE_CHECKING:
@@ -92,6 +93,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replica-name", default=None, metavar="NAME",
                    help="with a PostgreSQL store: this replica's name in the lease, status and /healthz "
                         "(default: host:port of --listen, or host:pid)")
+    p.add_argument("--demand-sample", type=float, default=60.0, metavar="SECONDS",
+                   help="the leader samples a pool's demand when it changed, at most this often (default: %(default)s) "
+                        "and at least every 15 min; the samples go to fleet-spec/demand/ for `fleet plan --what-if` "
+                        "(not with --once)")
+    p.add_argument("--demand-flush", type=float, default=3600.0, metavar="SECONDS",
+                   help="commit the demand samples with the next commit, or on their own once the oldest is this old "
+                        "(default: %(default)s)")
     from reconciler.cli.controller import add_tls_arguments
 
     add_tls_arguments(p)
@@ -169,6 +177,10 @@ def run_command(args: argparse.Namespace) -> int:
     if args.lease <= 0:
         print(f"fleet reconcile: --lease must be > 0 seconds, got {args.lease:g}", file=sys.stderr)
         return 2
+    if args.demand_sample <= 0 or args.demand_flush < 0:
+        print(f"fleet reconcile: --demand-sample must be > 0 and --demand-flush >= 0 seconds, got "
+              f"{args.demand_sample:g} and {args.demand_flush:g}", file=sys.stderr)
+        return 2
     try:
         target = store_target(args.controller_db)
     except StoreTargetError as exc:
@@ -219,6 +231,8 @@ def run_command(args: argparse.Namespace) -> int:
         # (--once) has no use for either.
         tree = GitFleetTree(git, record_cache=None if args.once else RecordCache())
         memory = None if args.once else PassMemory()
+        # The leader's demand samples (one pass has no tile to measure: --once records none).
+        demand = None if args.once else DemandRecorder(resolution_s=args.demand_sample, flush_s=args.demand_flush)
 
         # curio's queue for autoscaled pools with a `queue:` source (URL from the variable the spec names).
         queue = CurioQueue()
@@ -231,7 +245,7 @@ def run_command(args: argparse.Namespace) -> int:
                     return _standby(tree, store, keeper, memory, now)
                 term = LeaderTerm(epoch, partial(keeper.fence, epoch), keeper.store_fence(epoch))
             return run_pass(tree, store, now, desired_image_digest=desired, directive_sink=store, queue_reader=queue,
-                            prices=prices, term=term, memory=memory)
+                            prices=prices, term=term, memory=memory, demand=demand)
 
         shown_standby: list[str] = []
 

@@ -775,23 +775,34 @@ def decide_all(spec: FleetSpec, entries: Mapping[str, CapacityEntry], reports: S
 
     `history`: each pool's demand samples of the previous passes; `hearing`: the fleet's hearing at `now`
     (computed from `reports` when not given)."""
-    paused, exhausted = set(paused_pools), set(exhausted_pools)
     ranged = [p for p in spec.pools if p.min_count is not None]
     if not ranged:
         return []
     if hearing is None:
         hearing = hearing_for(spec, reports, now)
+    signals = {pool.name: signals_for(pool, reports, queues.get(pool.name) if pool.queue else None, spec.serving,
+                                      prices or {}, now, hearing=hearing, history=(history or {}).get(pool.name, ()))
+               for pool in ranged}
+    return decide_signals(spec, entries, signals, now, paused_pools=paused_pools, exhausted_pools=exhausted_pools)
+
+
+def decide_signals(spec: FleetSpec, entries: Mapping[str, CapacityEntry], signals: Mapping[str, PoolSignals],
+                   now: datetime, *, paused_pools: Iterable[str] = (),
+                   exhausted_pools: Iterable[str] = ()) -> list[CapacityDecision]:
+    """`decide_all` on signals already measured (one per ranged pool), in spec order; the spend cap is shared out
+    in that order. `domain.replay` decides recorded signals through it (`fleet plan --what-if`)."""
+    paused, exhausted = set(paused_pools), set(exhausted_pools)
     desired = {p.name: p.count if p.min_count is None else within_bounds(p, entries.get(p.name))[2]
                for p in spec.pools}
     out = []
-    for pool in ranged:
+    for pool in spec.pools:
+        if pool.min_count is None:
+            continue
         room = None
         if spec.max_total_dph is not None:
             others = sum(desired[p.name] * p.max_price_usd_per_hour for p in spec.pools if p.name != pool.name)
             room = spec.max_total_dph - others - desired[pool.name] * pool.max_price_usd_per_hour
-        sig = signals_for(pool, reports, queues.get(pool.name) if pool.queue else None, spec.serving,
-                          prices or {}, now, hearing=hearing, history=(history or {}).get(pool.name, ()))
-        decision = decide_pool(pool, entries.get(pool.name), sig, now, spend_room_usd=room,
+        decision = decide_pool(pool, entries.get(pool.name), signals[pool.name], now, spend_room_usd=room,
                                paused=pool.name in paused, kill_budget_exhausted=pool.name in exhausted)
         desired[pool.name] = decision.after
         out.append(decision)

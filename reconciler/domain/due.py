@@ -75,12 +75,14 @@ def decide_due(spec: FleetSpec, reports: Mapping[str, InstanceReport], due: Coll
                records: RecordSet, judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime,
                *, judged_serving_ids: Iterable[str] = (), memory: JudgeMemory | None = None,
                fleet: FleetSignals | None = None, sets: JudgedSets | None = None,
-               market_misses: Mapping[str, Sequence[MarketMiss]] | None = None) -> tuple[PassDecision, JudgeMemory]:
+               market_misses: Mapping[str, Sequence[MarketMiss]] | None = None,
+               prices: Mapping[str, float] | None = None) -> tuple[PassDecision, JudgeMemory]:
     """`decide` over every report in `reports`, worked out from the `due` ones (`JudgeMemory.due`; None: every one)
     and what `memory` says of the others; and the memory for the next pass. `fleet`: every worker's last signal,
     kept by the caller (else from `reports`); `sets`: `judged_sets` of these inputs, when the caller has them.
     `market_misses`: the Snark Market runs that missed their deadline, per instance (curio's evidence, not the
-    store's: the instances they name are due whatever their reports say)."""
+    store's: the instances they name are due whatever their reports say). `prices`: instance -> $/h, kept in the
+    record entries (`decide`)."""
     sets = sets or judged_sets(records, judged_instance_ids, judged_serving_ids)
     if memory is None:
         due = None  # nothing says what the others would give
@@ -88,7 +90,8 @@ def decide_due(spec: FleetSpec, reports: Mapping[str, InstanceReport], due: Coll
         due = {*due, *(i for i in market_misses if i in reports)}
     chosen = sorted(reports.values() if due is None else (reports[i] for i in due), key=_ORDER)
     decision = decide(spec, chosen, records, sets.judged, desired_image_digest, now,
-                      fleet=fleet or FleetSignals(tuple(reports.values())), sets=sets, market_misses=market_misses)
+                      fleet=fleet or FleetSignals(tuple(reports.values())), sets=sets, market_misses=market_misses,
+                      prices=prices)
     looked = {r.instance_id for r in chosen}
     pending = set(decision.pending)
     deadlines: dict[str, datetime] = {}

@@ -6,11 +6,11 @@ tree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
 
-from reconciler.domain.breaker import KillBudget, apply_guards
+from reconciler.domain.breaker import GuardOutcome, KillBudget, apply_guards
 from reconciler.domain.correlation import correlate
 from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import (
@@ -137,7 +137,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
            judged_instance_ids: Iterable[str], desired_image_digest: str | None, now: datetime, *,
            judged_serving_ids: Iterable[str] = (), fleet: FleetSignals | None = None,
            sets: JudgedSets | None = None,
-           market_misses: Mapping[str, Sequence[MarketMiss]] | None = None) -> PassDecision:
+           market_misses: Mapping[str, Sequence[MarketMiss]] | None = None,
+           prices: Mapping[str, float] | None = None) -> PassDecision:
     """Judge every unjudged report, run the verdicts through the breaker and kill budget, update records.
 
     A benchmark still running may get an early verdict; an instance that passed and serves may get a
@@ -147,7 +148,8 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
 
     `fleet`: when the controller last heard every worker, for the serving verdicts (None: from `reports`; the warm
     pass judges a few reports against the whole fleet's signals). `sets`: `judged_sets` of these inputs when the
-    caller has them already."""
+    caller has them already. `prices`: instance -> $/h (the provisioner's slot state, when the leader has it), kept
+    in each entry (a replay's price-cap check reads it)."""
     reports = list(reports)
     sets = sets or judged_sets(records, judged_instance_ids, judged_serving_ids)
     judged, judged_serving, passed = sets.judged, sets.serving, sets.passed
@@ -226,24 +228,40 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
         else:
             candidates.append(verdict)
             by_machine.setdefault(machine_id, []).append(verdict)
-    # The unknowns first: the fleet decides them by correlation or a retest (issue 29), then the guards (the
-    # breaker's image correlation, the kill budget) see what was decided.
-    correlated = correlate(spec, records, candidates, now)
-    notes += correlated.notes
-    guarded = apply_guards(spec, records, correlated.verdicts, now)
-    notes += guarded.notes
-    changed: dict[str, MachineRecord] = {}
-    for v in guarded.verdicts:
-        assert v.machine_id is not None  # candidates all have a checked machine id
-        current = changed.get(v.machine_id) or machines.get(v.machine_id) or MachineRecord(v.machine_id)
-        entry, note = with_expiry(v, current, spec.record_expiry, now)
-        if note:
-            notes.append(note)
-        changed[v.machine_id] = current.with_entry(entry, host_id=v.host_id, gpu_name=v.gpu_name)
+    guarded, changed, recorded_notes = guard_and_record(spec, records, candidates, now, prices=prices)
+    notes += recorded_notes
     return PassDecision(verdicts=(*guarded.verdicts, *unrecordable), machine_records=changed,
                         image_records=guarded.image_records,
                         pending=tuple(pending), notes=tuple(notes), kill_budgets=guarded.kill_budgets,
                         quarantined=tuple(quarantined))
+
+
+def guard_and_record(spec: FleetSpec, records: RecordSet, candidates: Sequence[Verdict], now: datetime, *,
+                     prices: Mapping[str, float] | None = None) -> tuple[GuardOutcome, dict[str, MachineRecord],
+                                                                         list[str]]:
+    """The judged verdicts (each with a checked machine id) through the fleet's correlation of unknowns, the circuit
+    breaker and the kill budget, then into their machines' records (expiry and probation stamped): the guards'
+    outcome, the changed records and the notes. `decide` ends with it; `domain.replay` replays recorded verdicts
+    through it.
+
+    `prices`: instance -> $/h it was rented at (when the leader knows it): kept in the record entry."""
+    # The unknowns first: the fleet decides them by correlation or a retest (issue 29), then the guards (the
+    # breaker's image correlation, the kill budget) see what was decided.
+    correlated = correlate(spec, records, candidates, now)
+    guarded = apply_guards(spec, records, correlated.verdicts, now)
+    notes = [*correlated.notes, *guarded.notes]
+    changed: dict[str, MachineRecord] = {}
+    for v in guarded.verdicts:
+        assert v.machine_id is not None  # candidates all have a checked machine id
+        current = changed.get(v.machine_id) or records.machines.get(v.machine_id) or MachineRecord(v.machine_id)
+        entry, note = with_expiry(v, current, spec.record_expiry, now)
+        if note:
+            notes.append(note)
+        price = prices.get(v.instance_id) if prices else None
+        if price is not None:
+            entry = replace(entry, price_usd_per_hour=price)
+        changed[v.machine_id] = current.with_entry(entry, host_id=v.host_id, gpu_name=v.gpu_name)
+    return guarded, changed, notes
 
 
 def awaiting_evidence(spec: FleetSpec, reports: Iterable[InstanceReport], judged_instance_ids: Iterable[str],

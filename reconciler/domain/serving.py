@@ -669,7 +669,10 @@ def judge_early(report: InstanceReport, pool: PoolSpec, settings: EarlyVerdictSe
             "requested": check.requested, "concurrency": check.concurrency,
             "best_seconds": round(check.best_seconds, 2), "bounded_by": check.bounded_by,
             "min_measured_proofs": settings.min_measured_proofs,
-            "best_case_proofs_per_hour": round(check.best_case_proofs_per_hour, 2)},
+            "best_case_proofs_per_hour": round(check.best_case_proofs_per_hour, 2),
+            # Every proof seen (index, ok, seconds), warm-up included: a replay under other early-verdict
+            # settings or another minimum judges them again (`fleet plan --what-if`).
+            "samples": [[p.index, p.ok, p.seconds] for p in proof_samples(report)]},
         "saved": {"minutes": round(check.saved_minutes, 1), "usd_at_most": round(check.saved_usd_at_most, 2),
                   "price_basis": f"pool max ${pool.max_price_usd_per_hour:g}/h"},
         "log_tail": redact_lines(list(report.log_tail)[-EVIDENCE_LOG_LINES:]),

@@ -112,7 +112,10 @@ class Verdict:
         a configuration blame (the setting it names is still what to change); the kill budget keeps the blame
         (the machine may well be bad, we just may not kill more now)."""
         blame = "image" if by == HELD_BY_CIRCUIT_BREAKER and self.blame != "configuration" else self.blame
-        return replace(self, marks_bad=False, held_by=by, blame=blame)
+        # What the judge said before the guard: a replay under other guards (`fleet plan --what-if`) starts there.
+        unguarded = self.evidence.get("unguarded") or {"blame": self.blame, "marks_bad": self.marks_bad}
+        return replace(self, marks_bad=False, held_by=by, blame=blame,
+                       evidence={**self.evidence, "unguarded": unguarded})
 
     def to_entry(self) -> BenchmarkEntry:
         return BenchmarkEntry(
@@ -516,6 +519,10 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, *, verdict: 
         evidence["proofs"] = {"requested": report.result.requested, "completed": attempt.completed,
                               "failed": report.result.failed}
         labels = proof_results(report.result)
+        if labels:  # each proof's seconds in index order: a replay's early verdict reads them (fleet plan --what-if)
+            evidence["proofs"]["seconds"] = [p.seconds for p in labels]
+        if report.result.concurrency:
+            evidence["proofs"]["concurrency"] = report.result.concurrency
         if labels and any(p.label != "COMPLETED" for p in labels):
             evidence["proofs"]["labels"] = [p.label for p in labels]
             # Why each failed proof failed, from the daemon (protocol additions), once per distinct reason.

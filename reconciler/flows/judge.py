@@ -12,6 +12,8 @@ order and writes one summary, the `PassResult`, once. The decisions inside the s
 - evidence: the instances about to be judged get their whole stored log ring instead of the report's tail;
 - decide: verdicts, record changes, breaker and kill budget (`domain.judging.decide`);
 - capacity: the autoscaled pools' counts (`domain.capacity.decide_all`) and the new capacity.yaml;
+- demand (a thin hook on capacity, the leader only): each pool's demand sample for `fleet plan --what-if`
+  (`flows.demand.DemandRecorder`), committed with the pass;
 - directives: what each live worker is told (serve, stop, wait, drain);
 - publish: the commit (records + capacity.yaml) pushed by the tree, then the directives stored.
 """
@@ -44,6 +46,7 @@ from reconciler.domain.capacity import (
     demand_history,
     hearing_for,
 )
+from reconciler.domain.demand import PoolSample
 from reconciler.domain.due import DirectiveMemory, JudgeMemory, decide_due, directives_due
 from reconciler.domain.errors import READY, RECONCILING, STALLED, STANDBY, Condition
 from reconciler.domain.judging import (
@@ -68,6 +71,7 @@ from reconciler.domain.serving import FleetSignals, last_signal
 from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, QueueSource, ScalingSettings, SpecError
 from reconciler.domain.verdict import Verdict
+from reconciler.flows.demand import DemandRecorder, demand_trailers
 
 SPEC_DIR = "fleet-spec"
 SPEC_FILE = f"{SPEC_DIR}/fleet.yaml"
@@ -134,6 +138,14 @@ class FleetTreeView(Protocol):
     def capacity(self) -> Mapping[str, CapacityEntry]: ...
 
     def trailer_values(self, key: str) -> frozenset[str]: ...
+
+    def text(self, path: str) -> str | None:
+        """A file under `spec_dir` at this tip (None: there is none): the demand recorder's day files."""
+        ...
+
+    def names(self, directory: str) -> list[str]:
+        """The files under `spec_dir`/`directory` at this tip, as paths relative to `spec_dir`."""
+        ...
 
 
 class FleetTree(Protocol):
@@ -378,7 +390,7 @@ def decide_step(loaded: Loaded, evidence: Evidence, inputs: PassInputs, now: dat
     decision, remembered = decide_due(
         loaded.spec, evidence.reports, evidence.due, loaded.records, loaded.judged, inputs.desired_image_digest, now,
         judged_serving_ids=loaded.judged_serving, memory=memory.judge if memory is not None else None, fleet=fleet,
-        sets=loaded.sets, market_misses=market_misses(queues or {}))
+        sets=loaded.sets, market_misses=market_misses(queues or {}), prices=inputs.prices)
     return Decided(decision, remembered, fleet.last_heard())
 
 
@@ -578,6 +590,7 @@ class Built:
     directives: DirectivePlan
     request: CommitRequest | None
     steps: tuple[tuple[str, float], ...] = ()  # seconds per step on this tip
+    demand: DemandTaken | None = None
 
     @property
     def decision(self) -> PassDecision:
@@ -593,6 +606,7 @@ class PassInputs:
     prices: Mapping[str, float] | None = None
     leader_epoch: int | None = None
     clock: Callable[[], float] = time.monotonic  # for the seconds per step
+    demand: DemandRecorder | None = None  # the leader's demand recorder (kept by the loop)
 
 
 def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs: PassInputs, now: datetime,
@@ -621,7 +635,47 @@ def build(view: FleetTreeView, source: ReportSource, observed: Observed, inputs:
     steps.lap("directives")
     request = commit_request(decision, capacity.decisions, capacity.file, inputs.leader_epoch, loaded.spec_dir)
     steps.lap("render")
-    return Built(loaded, decided, capacity, told, request, tuple(steps.laps))
+    taken = demand_step(view, loaded, observed, capacity, decision, inputs, now, committing=request is not None)
+    if taken is not None:
+        request = with_demand(request, taken.files, inputs.leader_epoch)
+        steps.lap("demand")
+    return Built(loaded, decided, capacity, told, request, tuple(steps.laps), taken)
+
+
+@dataclass(frozen=True)
+class DemandTaken:
+    """demand: this pass's samples and the day files that go with its commit (none: not due yet)."""
+
+    samples: tuple[PoolSample, ...]
+    files: tuple[FileChange, ...]
+
+
+def demand_step(view: FleetTreeView, loaded: Loaded, observed: Observed, capacity: CapacityPlan,
+                decision: PassDecision, inputs: PassInputs, now: datetime, *, committing: bool) -> DemandTaken | None:
+    """demand (a thin hook on capacity): each pool's demand sample when due, and the day files to commit with the
+    pass (with any commit it makes anyway, else once due). None without a recorder (`--once`, tests)."""
+    recorder = inputs.demand
+    if recorder is None:
+        return None
+    exhausted = [name for name, b in decision.kill_budgets.items() if b.exhausted]
+    samples = recorder.take(loaded.spec, view.text, observed.all, loaded.records, capacity.decisions, exhausted,
+                            inputs.prices or {}, inputs.desired_image_digest, now)
+    files = recorder.changes(view.text, view.names, loaded.spec_dir, samples, now, committing=committing)
+    return DemandTaken(samples, files)
+
+
+def with_demand(request: CommitRequest | None, demand_files: Sequence[FileChange],
+                leader_epoch: int | None = None) -> CommitRequest | None:
+    """`request` with the demand day files added (or a commit of them alone), each named in a `Fleet-Demand`
+    trailer."""
+    if not demand_files:
+        return request
+    trailers = demand_trailers(demand_files)
+    if request is None:
+        pools = sorted({path.split("/")[-2] for _, path in trailers})
+        return CommitRequest(f"fleet demand: samples of {', '.join(pools) or 'no pool'}", "",
+                             (*trailers, *leader_trailer(leader_epoch)), tuple(demand_files))
+    return replace(request, trailers=(*request.trailers, *trailers), changes=(*request.changes, *demand_files))
 
 
 class _Laps:
@@ -776,7 +830,7 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
              desired_image_digest: str | None = None, directive_sink: DirectiveSink | None = None,
              monotonic: Callable[[], float] = time.monotonic, queue_reader: QueueReader | None = None,
              term: LeaderTerm | None = None, prices: Callable[[], Mapping[str, float]] | None = None,
-             memory: PassMemory | None = None) -> PassResult:
+             memory: PassMemory | None = None, demand: DemandRecorder | None = None) -> PassResult:
     """One pass: observe, then the steps on the fresh tip of the tree (again on a newer tip if the push was
     refused), publish, and the one summary.
 
@@ -792,14 +846,18 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
     replica whose term ended (paused past its lease, or cut off from the database) writes nothing.
 
     `memory`: kept by a long-running leader between its passes: the pass reads only what changed in the store
-    since the last one and judges only the instances that are due, with the same outcome as a full pass."""
+    since the last one and judges only the instances that are due, with the same outcome as a full pass.
+
+    `demand`: the leader's demand recorder (kept by the loop): samples of each pool's demand from the capacity
+    step, committed to fleet-spec/demand/ for `fleet plan --what-if`; it also remembers the instances' prices."""
     started = monotonic()
     observed = observe(source, memory)
     if isinstance(observed, Halted):
         return observed.result(now)
     observed_s = monotonic() - started
-    inputs = PassInputs(desired_image_digest, queue_reader, read_prices(prices),
-                        term.epoch if term is not None else None, monotonic)
+    current = read_prices(prices)
+    inputs = PassInputs(desired_image_digest, queue_reader, current if demand is None else demand.known_prices(current),
+                        term.epoch if term is not None else None, monotonic, demand)
     outcome: list[Built | Halted] = []  # the steps' outcome on the last tip the tree was synced to
 
     def on_tip(view: FleetTreeView) -> CommitRequest | None:
@@ -821,17 +879,27 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
         published = publish(tree, on_tip, directive_sink, directives_of, now, term, monotonic, stored)
     except _LostAfterPush as exc:  # published (or found nothing to publish), then found the term over
         assert isinstance(outcome[0], Built)
+        _demand_done(demand, outcome[0], published=exc.published.commit is not None)
         return summarize(now, outcome[0], exc.published, exc, steps())
     except (LeaseLost, TemporaryGitError) as exc:  # retried next pass (by whichever replica leads then)
+        _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, error=str(exc), reason=exc.reason)
     except GitStoreError as exc:
+        _demand_done(demand, outcome[0] if outcome else None, published=False)
         return PassResult(at=now, stalled=str(exc), reason=exc.reason)
     built = outcome[0]
     if isinstance(built, Halted):
         return built.result(now, published.attempts)
+    _demand_done(demand, built, published=True)
     if memory is not None:
         memory.keep(observed, built, published, inputs.leader_epoch)
     return summarize(now, built, published, steps=steps())
+
+
+def _demand_done(demand: DemandRecorder | None, built: Built | Halted | None, *, published: bool) -> None:
+    """Tell the recorder what the pass published: its samples, and whether their day files went out with it."""
+    if demand is not None and isinstance(built, Built) and built.demand is not None:
+        demand.done(built.demand.samples, flushed=published and bool(built.demand.files))
 
 
 def follow(tree: FleetTree, source: ReportSource, memory: PassMemory | None) -> tuple[str, ...]:
