@@ -14,7 +14,7 @@ from reconciler.adapters.record_files import parse_machine_record
 from reconciler.adapters.record_history import RecordHistoryParser
 from reconciler.domain.hosts import HOST_NAME, host_story, machine_id_of_argument
 from reconciler.domain.observations import parse_time
-from reconciler.domain.records import RecordError, check_machine_id
+from reconciler.domain.records import MACHINES_DIR, RecordError, check_machine_id
 from reconciler.domain.redact import escape_lines
 from reconciler.flows.why import (
     DEFAULT_SHOWN,
@@ -100,13 +100,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _host_story(args: argparse.Namespace) -> list[str]:
-    """`fleet why <host>`: the owned host's GPUs as the checkout's records have them (empty: not a host on record)."""
-    from reconciler.adapters.record_files import load_records
-
-    repo = args.repo or Path.cwd()
-    records = load_records(repo / args.spec_dir)
+    """`fleet why <host>`: the owned host's GPUs as the checkout's records have them (empty: not a host on record).
+    Only the host's own record files (`<host>.<GPU UUID>.yaml`) are read: a marketplace machine id also has the
+    shape of a host name, and `fleet why 40213` must not parse every record of the fleet first."""
+    machines = (args.repo or Path.cwd()) / args.spec_dir / MACHINES_DIR
+    records = []
+    for file in sorted(machines.glob(f"{args.machine_id}.GPU-*.yaml")):  # HOST_NAME: no glob characters
+        try:
+            records.append(parse_machine_record(file.read_text(encoding="utf-8"), file))
+        except (RecordError, OSError, UnicodeDecodeError, TypeError):
+            continue  # as load_records: an unreadable record is not part of the story
     now = parse_time(args.at) if args.at else datetime.now(UTC)
-    return host_story(args.machine_id, records.machines.values(), now)
+    return host_story(args.machine_id, records, now)
 
 
 def _pool_history(args: argparse.Namespace) -> int:
