@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from reconciler.domain.correlation import RULE_IMAGE
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.records import (
     BenchmarkEntry,
@@ -251,7 +252,7 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
 def _held_for_image(v: Verdict, record: ImageSuspectRecord) -> Verdict:
     """`v` held by the circuit breaker, its evidence saying which correlation decided it (the image's)."""
     held = v.held(HELD_BY_CIRCUIT_BREAKER)
-    correlation = {"rule": "image", "decided": held.blame, "machines": list(record.machines),
+    correlation = {"rule": RULE_IMAGE, "decided": held.blame, "machines": list(record.machines),
                    "detail": f"the same failure ({v.signature}) on machines {', '.join(record.machines)} with image "
                              f"{record.image_digest[:19]}: the image (circuit breaker)"}
     return replace(held, evidence={**held.evidence, "correlation": correlation})
