@@ -176,6 +176,14 @@ class Prober(threading.Thread):
         while not self.stopping.wait(0.1):
             self.latencies.append(healthz_seconds(self.ctl))
 
+    def probe_more(self, count: int, within_s: float = 30.0) -> None:
+        """Wait until `count` more probes have answered (or not): a block that is over in less than a few
+        probe intervals on a fast machine is still probed while its connections are held."""
+        goal = len(self.latencies) + count
+        deadline = time.monotonic() + within_s
+        while len(self.latencies) < goal and time.monotonic() < deadline:
+            time.sleep(0.05)
+
 
 def machine_slowdown() -> float:
     """How much slower than its CPU time this machine runs a CPU-bound piece of Python now (1 when the process
@@ -206,6 +214,7 @@ def stays_responsive(ctl: Controller) -> Iterator[Prober]:
     prober.start()
     try:
         yield prober
+        prober.probe_more(3)  # the attack is still in place here: the held connections close after the block
     finally:
         prober.stopping.set()
         prober.join(timeout=30)
