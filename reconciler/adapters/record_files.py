@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from reconciler import SCHEMA_DIR
 from reconciler.adapters import record_codec
+from reconciler.adapters.collector import collector_paused
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
@@ -381,13 +382,8 @@ def load_records(spec_dir: str | Path, cache: RecordCache | None = None) -> Reco
     unreadable: set[str] = set()
     if cache is not None:
         cache.begin()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # a bulk parse allocates millions of objects that all stay alive: cyclic GC passes are waste
-    try:
+    with collector_paused():  # a bulk parse allocates millions of objects that all stay alive
         _load_into(spec_dir, cache, machines, images, problems, unreadable)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     if cache is not None:
         cache.end()
         if cache.parsed > 1000:

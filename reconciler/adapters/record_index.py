@@ -55,6 +55,7 @@ import reconciler.domain.records
 import reconciler.domain.verdicts
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
+from reconciler.adapters.collector import collector_paused
 from reconciler.adapters.record_files import (
     RecordCache,
     check_record_name,
@@ -393,7 +394,7 @@ class RecordIndex:
 
     def load(self, spec_dir: str | Path) -> RecordSet:
         """The RecordSet of `spec_dir`, equal to `record_files.load_records(spec_dir)`."""
-        with _collector_paused():
+        with collector_paused():
             try:
                 return self._load(Path(spec_dir))
             except sqlite3.DatabaseError as exc:  # the file went bad under us: rebuild and answer once more
@@ -830,7 +831,7 @@ class RecordIndex:
                 rows[blob] = parsed.summary
         rows.update(self._stored("summary", [b for b in blobs if b not in out and b not in rows]))
         source, loads = self._evidence, marshal.loads
-        with _collector_paused():
+        with collector_paused():
             for blob, row in rows.items():
                 out[blob] = _summary_of(loads(row), source)
         return out
@@ -841,7 +842,7 @@ class RecordIndex:
         (`BenchmarkEntry.from_field_values`), its evidence read from the file on use."""
         out: dict[str, MachineRecord] = {}
         source, entry = self._evidence, BenchmarkEntry.from_field_values
-        with _collector_paused():
+        with collector_paused():
             rows = self._stored("data", list(blobs))
             for blob in blobs - rows.keys():  # parsed by the last load but not stored (the write lock was held)
                 parsed = self._fresh.get(blob)
@@ -854,18 +855,6 @@ class RecordIndex:
                                                            for i, e in enumerate(entries)))
         return out
 
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic GC paused: a load or a bulk build allocates millions of objects that mostly stay alive, and
-    collector passes over them are waste (none of them is in a reference cycle)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 #: Every RecordIndex of this process (see RecordIndex._file_open_elsewhere_here).
@@ -1036,7 +1025,7 @@ def load_for_pass(spec_dir: str | Path, cache: RecordCache | None) -> RecordSet:
     if cache is None:  # `--once`: decide builds the records it walks
         return records
     machines = records.machines
-    with _collector_paused():  # as load_records: 10,000 records that all stay alive
+    with collector_paused():  # as load_records: 10,000 records that all stay alive
         blobs = machines.blobs if isinstance(machines, BuiltOnUse) else {}
         cache.prime(spec_dir, {mid: (blobs[mid], rec) for mid, rec in machines.items() if mid in blobs})
         # The loop keeps them for its lifetime: out of the collector's generations (see load_records).

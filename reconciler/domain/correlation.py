@@ -75,21 +75,36 @@ def recorded_facts(records: RecordSet, since: datetime) -> list[Fact]:
 
 def correlate(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict], now: datetime) -> Correlated:
     """The pass's verdicts with every `unknown` admission failure decided by the fleet where a correlation says
-    who, else held for a retest (module docstring); a verdict on a machine with a retest pending says its outcome."""
+    who, else held for a retest (module docstring); a verdict on a machine with a retest pending says its outcome.
+
+    The fleet's recorded facts are read only when a verdict needs the fleet (an undecided failure): a retest's
+    outcome needs its own machine's record only, and most passes have neither (every record's entries is most
+    of a cold pass's time at 10,000 machines)."""
     window = timedelta(hours=spec.circuit_breaker.window_hours)
     retest_window = timedelta(hours=spec.retest.window_hours)
-    history = recorded_facts(records, now - max(window, retest_window))
+    since = now - max(window, retest_window)
+    fleet: list[Fact] | None = None  # every recorded fact since `since`, then this pass's: read on first need
+    judged: list[Fact] = []  # this pass's, in order
     notes: list[str] = []
     out: list[Verdict] = []
     for v in verdicts:
-        v = _with_retest_outcome(v, history, now - retest_window)
+        if _may_be_a_retest(v):
+            mine = [f for f in fleet if f.machine_id == v.machine_id] if fleet is not None else [
+                *(f for rec in records.records_of([str(v.machine_id)])
+                  for f in rec.derived("retests.facts", record_facts) if f.at >= since),
+                *(f for f in judged if f.machine_id == v.machine_id)]
+            v = _with_retest_outcome(v, mine, now - retest_window)
         if _undecided(v):
-            v, note = _decide(spec, v, history, now)
+            if fleet is None:
+                fleet = [*recorded_facts(records, since), *judged]
+            v, note = _decide(spec, v, fleet, now)
             if note:
                 notes.append(note)
         out.append(v)
         if (fact := fact_of(v)) is not None:
-            history.append(fact)
+            judged.append(fact)
+            if fleet is not None:
+                fleet.append(fact)
     return Correlated(tuple(out), tuple(notes))
 
 
@@ -192,10 +207,16 @@ def _with_correlation(v: Verdict, correlation: Mapping[str, Any]) -> Verdict:
     return replace(v, evidence={**v.evidence, "correlation": dict(correlation)})
 
 
+def _may_be_a_retest(v: Verdict) -> bool:
+    # A stale image retests nothing; serving verdicts come after admission.
+    return v.machine_id is not None and v.verdict in (*CORRELATED, "ok", "below-min-rate")
+
+
 def _with_retest_outcome(v: Verdict, history: Sequence[Fact], since: datetime) -> Verdict:
-    """A verdict on a machine whose newest recorded attempt is held for a retest is that retest: its outcome."""
-    if v.machine_id is None or v.verdict not in (*CORRELATED, "ok", "below-min-rate"):
-        return v  # a stale image retests nothing; serving verdicts come after admission
+    """A verdict on a machine whose newest recorded attempt is held for a retest is that retest: its outcome
+    (`history`: its machine's facts, oldest first, or the fleet's)."""
+    if not _may_be_a_retest(v):
+        return v
     mine = [f for f in history if f.machine_id == v.machine_id and f.instance_id != v.instance_id]
     if not mine or mine[-1].held_by != HELD_FOR_RETEST or mine[-1].at < since:
         return v

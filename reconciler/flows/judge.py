@@ -31,6 +31,7 @@ from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, render_capacity
+from reconciler.adapters.collector import collector_paused
 from reconciler.adapters.git import CommitRequest, FileChange, GitStoreError, PublishResult, TemporaryGitError
 from reconciler.adapters.record_files import render_image_record, render_machine_record
 from reconciler.domain import errors
@@ -850,6 +851,16 @@ def run_pass(tree: FleetTree, source: ReportSource, now: datetime, *,
 
     `demand`: the leader's demand recorder (kept by the loop): samples of each pool's demand from the capacity
     step, committed to fleet-spec/demand/ for `fleet plan --what-if`; it also remembers the instances' prices."""
+    with collector_paused():  # a pass at fleet size allocates millions of objects: see adapters/collector.py
+        return _run_pass(tree, source, now, desired_image_digest=desired_image_digest, directive_sink=directive_sink,
+                         monotonic=monotonic, queue_reader=queue_reader, term=term, prices=prices, memory=memory,
+                         demand=demand)
+
+
+def _run_pass(tree: FleetTree, source: ReportSource, now: datetime, *, desired_image_digest: str | None,
+              directive_sink: DirectiveSink | None, monotonic: Callable[[], float], queue_reader: QueueReader | None,
+              term: LeaderTerm | None, prices: Callable[[], Mapping[str, float]] | None, memory: PassMemory | None,
+              demand: DemandRecorder | None) -> PassResult:
     started = monotonic()
     observed = observe(source, memory)
     if isinstance(observed, Halted):
