@@ -27,6 +27,7 @@ from pulumi.dynamic import Resource
 from reconciler.adapters.pulumi_provider import SlotResourceProvider, write_pool_data
 from reconciler.domain.planner import pool_pause
 from reconciler.domain.records import RecordSet
+from reconciler.domain.retests import retests_pending
 from reconciler.domain.slots import PoolData, digest_of_image_ref, slot_inputs
 from reconciler.domain.spec import FleetSpec, PoolSpec
 
@@ -104,15 +105,33 @@ def static_slot_props(spec: FleetSpec, pool: PoolSpec, records: RecordSet, *, po
     Built once per pool (not per slot: the records are read once), with the pool's records-derived data
     written once to `pool_data_dir` and referenced by digest from every slot."""
     # The time of this `pulumi up`: bad records that expired by now put their machines on probation.
+    now = datetime.now(UTC)
     base = slot_inputs(spec, pool, f"{pool.name}-0", records, image="", image_digest="", params_dir=params_dir,
-                       now=datetime.now(UTC))
+                       now=now)
     ref = write_pool_data(pool_data_dir, PoolData(bad_machine_ids=base.bad_machine_ids, measured=base.measured))
     static = replace(base, bad_machine_ids=frozenset(), measured={}).to_props()
     for name in ("bad_machine_ids", "measured", "image", "image_digest", "paused_reason"):
         static.pop(name, None)
+    retests = retest_machines_by_slot(spec, pool, records, base.bad_machine_ids, now)
     # A draining slot (an autoscaled pool shrinking) keeps its instance until the leader releases it.
-    return {slot: {**static, "slot": slot, "pool_data": ref, **({"draining": True} if slot in pool.draining else {})}
+    return {slot: {**static, "slot": slot, "pool_data": ref, **({"draining": True} if slot in pool.draining else {}),
+                   **({"retest_machine_ids": sorted(retests[slot])} if slot in retests else {})}
             for slot in pool.slot_names()}
+
+
+def retest_machines_by_slot(spec: FleetSpec, pool: PoolSpec, records: RecordSet, bad: frozenset[str],
+                            now: datetime) -> dict[str, set[str]]:
+    """Per slot, the machines held for a retest whose unknown failure was that slot's instance (the planner's
+    `retest_machine` for `fleet apply`): the slot's next create rents that machine first while it is offered. A
+    slot's instance ids are `<slot>-<nonce>` (adapters/slot_provider.py). Only steers a create: the provider's
+    diff makes it an update, never a replacement of a working instance."""
+    slots = set(pool.slot_names())
+    out: dict[str, set[str]] = {}
+    for pending in retests_pending(records, spec, now).values():
+        slot = pending.instance_id.rpartition("-")[0]
+        if pending.pool == pool.name and slot in slots and pending.machine_id not in bad:
+            out.setdefault(slot, set()).add(pending.machine_id)
+    return out
 
 
 def _pause_reason(pool: PoolSpec, records: RecordSet, digest: str) -> str | None:

@@ -62,7 +62,8 @@ CONFIG_KEYS = (("vastaiApiKey", "vast_api_key"), ("controllerSecret", "controlle
 
 #: Inputs that only steer the NEXT create (ranking data, holds): a change alone leaves the instance as it is
 #: and previews as no change.
-_STEERING_ONLY = frozenset({"pool_data", "bad_machine_ids", "measured", "priors", "paused_reason"})
+_STEERING_ONLY = frozenset({"pool_data", "bad_machine_ids", "measured", "priors", "paused_reason",
+                            "retest_machine_ids"})
 
 
 def from_pulumi(value: Any) -> Any:

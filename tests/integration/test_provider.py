@@ -243,6 +243,9 @@ def test_dynamic_provider_crud_against_local_marketplace(local_backend: dict[str
     ranking_only = provider.diff(created.id, state, {**props, "measured": {"m-dear": 80.0}})
     # Ranking data only steers the next create: the instance stays, and the preview says "no change".
     assert not ranking_only.changes and not ranking_only.replaces
+    # A retest to rent first (the program sets it on the slot whose instance failed `unknown`): the next create's.
+    retest = provider.diff(created.id, state, {**props, "retest_machine_ids": ["m-cheap"]})
+    assert not retest.changes and not retest.replaces
     constraint = provider.diff(created.id, state, {**props, "pool": {**props["pool"], "max_price_usd_per_hour": 0.7}})
     assert constraint.changes and not constraint.replaces
     updated = provider.update(created.id, state, {**props, "measured": {"m-dear": 80.0}})
