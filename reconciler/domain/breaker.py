@@ -215,7 +215,8 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     changed: dict[str, ImageSuspectRecord] = {}
     budgets = kill_budgets(spec, records, now)
     used = {pool: set(b.used) for pool, b in budgets.items()}
-    already_bad = records.bad_machine_ids(now)  # on probation: rentable, so a new failure is a new kill
+    # On probation: rentable, so a new failure is a new kill.
+    already_bad = records.excluded_of((v.machine_id for v in verdicts if v.marks_bad and v.machine_id), now)
     notes: list[str] = []
     out: list[Verdict] = []
     for v in verdicts:
@@ -245,7 +246,10 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
             else:
                 pool_used.add(machine)
         out.append(v)
-    final_budgets = {pool: replace(b, used=tuple(sorted(used[pool]))) for pool, b in budgets.items()}
+    # `used` only grows: a pool whose set kept its size kept its budget (a replay runs this for every pool of
+    # tens of thousands of passes).
+    final_budgets = {pool: b if len(used[pool]) == len(b.used) else replace(b, used=tuple(sorted(used[pool])))
+                     for pool, b in budgets.items()}
     return GuardOutcome(tuple(out), changed, final_budgets, tuple(notes))
 
 

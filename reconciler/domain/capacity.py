@@ -42,9 +42,11 @@ scale_down_after apart, down -> up at least cooldown + scale_up_after apart; so 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
@@ -288,7 +290,12 @@ class PoolSignals:
     heartbeat_s: float = 300.0  # how often serving workers report (serving.heartbeat_minutes)
 
     def count(self, state: str) -> int:
-        return sum(1 for s in self.slots if s.state == state)
+        return self._counts.get(state, 0)
+
+    @cached_property
+    def _counts(self) -> dict[str, int]:
+        # Asked for several states per decision (a replay decides tens of thousands of times): counted once.
+        return dict(Counter(s.state for s in self.slots))
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         up, down = self.utilization_up, self.utilization_down
@@ -722,16 +729,20 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
 
     drain_ids: list[str] = []
     drained: list[SlotState] = []
-    active = [i for i in slots if i not in draining]
+    drains = set(draining)
+    active = [i for i in slots if i not in drains]
     if new > len(active):  # grow: cancel drains first (cheapest), then new slots at the lowest free indices
         cancel = sorted(draining)[:new - len(active)]
         draining = tuple(i for i in draining if i not in cancel)
         active += cancel
-        free = (i for i in range(len(slots) + new + 1) if i not in slots)
+        taken = set(slots)
+        free = (i for i in range(len(slots) + new + 1) if i not in taken)
+        added = []
         while len(active) < new:
             index = next(free)
             active.append(index)
-            slots = (*slots, index)
+            added.append(index)
+        slots = (*slots, *added)
     elif new < len(active):  # every shrink: slots with nothing proving go now, then drain the worst $/proof
         surplus = len(active) - new
         empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]

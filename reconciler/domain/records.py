@@ -517,6 +517,16 @@ class RecordSet:
                                   | self.unreadable_machine_ids)
         return cast(frozenset[str], self._derived[key])
 
+    def excluded_of(self, machine_ids: Iterable[str], now: datetime) -> frozenset[str]:
+        """Those of `machine_ids` that `bad_machine_ids(now)` holds, reading only their own records (the guards
+        ask this for one pass's verdicts; a replay asks it tens of thousands of times)."""
+        wanted = set(machine_ids)
+        if "bad" in self._derived and f"bad@{now.isoformat()}" in self._derived:
+            return self.bad_machine_ids(now) & wanted
+        return frozenset(s.machine_id for s in self.summaries_of(sorted(wanted))
+                         if s.is_bad and s.listed is not None and s.listed.standing(now).excluded
+                         ) | (self.unreadable_machine_ids & wanted)
+
     def standings(self, now: datetime | None, *,
                   passed_on_probation: bool = False) -> list[tuple[BadMachine, Standing]]:
         """Every machine recorded bad or banned, by id, with where it stands at `now` (`standing_of`): bad,

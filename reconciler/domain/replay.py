@@ -505,12 +505,13 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
 
 
 def _synth_slots(pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
-                 draining_serving: int, states: dict[tuple[str, int, str], SlotState] | None = None
-                 ) -> tuple[SlotState, ...]:
+                 draining_serving: int, states: dict[tuple[str, int, str], SlotState] | None = None,
+                 bounds: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> tuple[SlotState, ...]:
     """Slot states for the replay's entry from counts: serving first, then on the way, then empty; draining slots
     serving as many as history had, the rest stopped. Samples keep counts, not which index was which.
-    `states`: SlotState objects to reuse (a slot in a state is the same value every time)."""
-    slots, draining, _ = within_bounds(pool, entry)
+    `states`: SlotState objects to reuse (a slot in a state is the same value every time); `bounds`:
+    `within_bounds(pool, entry)` when the caller has it."""
+    slots, draining, _ = within_bounds(pool, entry) if bounds is None else bounds
     drained = set(draining)
     made = {} if states is None else states
     out = []
@@ -571,9 +572,10 @@ class _Memo:
         key = (*self._key(pool, entry), serving, on_the_way, draining_serving)
         found = self._slots.get(key)
         if found is None:
-            if len(self._slots) > 2_000:
+            if len(self._slots) > 20_000:  # a fleet of 40 autoscaled pools cycles through ~10,000 of them
                 self._slots.clear()
-            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, self._states)
+            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, self._states,
+                                                    self.bounds(pool, entry))
         return found
 
 
@@ -866,7 +868,8 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
     if signals:
         images = RecordSet(images=records.images)
         paused = [name for name in signals if pool_pause(name, images, _digest(records, samples[name]))]
-        exhausted = [name for name in signals if name in guards.exhausted(spec, entries, records, at)]
+        spent = guards.exhausted(spec, entries, records, at)
+        exhausted = [name for name in signals if name in spent]
         run.paused.update(paused)
         run.exhausted.update(exhausted)
         decided: list[tuple[str, CapacityEntry, int, int, DemandSample | None]] = []  # (pool, entry, before, after,

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, parse_capacity
+from reconciler.adapters.collector import collector_paused
 from reconciler.adapters.demand_files import DEMAND_DIR, days_between, parse_history
 from reconciler.adapters.git import BOT_NAME, GitReader, GitStoreError
 from reconciler.adapters.record_files import parse_image_record, parse_machine_record
@@ -143,13 +144,15 @@ def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime
     pr_spec = _spec(text, str(spec_path), problems)
     if pr_spec is None:
         raise WhatIfError("; ".join(problems))
-    try:
-        repo = GitReader.discover(spec_path.parent)
-        since = until - timedelta(days=days)
-        history, base_spec, sha = load_history(repo, spec_path.parent, base_ref, since, until)
-    except GitStoreError as exc:
-        raise WhatIfError(str(exc)) from None
-    return what_if(history, base_spec, pr_spec), WhatIfInputs(base_ref, sha, history, base_spec)
+    # The history and three replays of it allocate millions of objects that live until the answer is out.
+    with collector_paused():
+        try:
+            repo = GitReader.discover(spec_path.parent)
+            since = until - timedelta(days=days)
+            history, base_spec, sha = load_history(repo, spec_path.parent, base_ref, since, until)
+        except GitStoreError as exc:
+            raise WhatIfError(str(exc)) from None
+        return what_if(history, base_spec, pr_spec), WhatIfInputs(base_ref, sha, history, base_spec)
 
 
 def _spec(text: str | None, name: str, problems: list[str]) -> FleetSpec | None:
