@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from operator import attrgetter
 
 from reconciler.domain.judging import JudgedSets, PassDecision, decide, judged_sets
 from reconciler.domain.observations import InstanceReport
-from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
+from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet, record_time
 from reconciler.domain.serving import Directive, FleetSignals, directive_for
 from reconciler.domain.snark_market import MarketMiss
 from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
@@ -275,16 +275,7 @@ def _standing_change(record: MachineRecord, now: datetime) -> datetime | None:
     last = record.last_bad_entry()
     if last is None:
         return None
-    times = [t for t in (last.expiry(), _time(last.probation_until)) if t is not None and t > now]
+    times = [t for t in (last.expiry(), record_time(last.probation_until)) if t is not None and t > now]
     return min(times, default=None)
 
 
-def _time(text: str | None) -> datetime | None:
-    """A record's RFC 3339 time as `standing_of` reads it (unreadable: None, as there)."""
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

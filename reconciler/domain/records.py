@@ -93,7 +93,7 @@ class BenchmarkEntry:
     probation: bool | None = None  # True: this failure came on probation, so it is permanent
 
     def expiry(self) -> datetime | None:
-        return _time_or_none(self.expires_at)
+        return record_time(self.expires_at)
 
     def field_values(self) -> tuple[Any, ...]:
         """Every field but the evidence, in field order: what `from_field_values` takes back (the record index
@@ -234,7 +234,7 @@ def standing_of(status: str, last: BenchmarkEntry | None, now: datetime | None) 
     if status == "pardoned":
         return Standing("pardoned", False, "pardoned by an operator")
     expires = last.expiry() if last else None
-    until = _time_or_none(last.probation_until) if last else None
+    until = record_time(last.probation_until) if last else None
     on_probation = (f"probation since {last.expires_at}" + (f" until {last.probation_until}" if last
                                                             and last.probation_until else "")) if last else ""
     if status == "bad":
@@ -256,14 +256,19 @@ def standing_of(status: str, last: BenchmarkEntry | None, now: datetime | None) 
     return Standing("ok", False, "ok")
 
 
-def _time_or_none(text: str | None) -> datetime | None:
+def record_time(text: str | None, *, naive_as_utc: bool = True) -> datetime | None:
+    """A record's RFC 3339 time, None when absent or unreadable (a hand-edited record): `standing_of` reads an
+    unreadable expiry as "no expiry" (stays bad: the safe side). A time without an offset is UTC, or unreadable
+    with `naive_as_utc=False` (the replay's reading)."""
     if not text:
         return None
     try:
         value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        return None  # a hand-edited, unreadable time: treated as "no expiry" (stays bad: the safe side)
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return None
+    if value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC) if naive_as_utc else None
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from reconciler.domain.demand import PoolSample, market_of
 from reconciler.domain.judging import guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.planner import pool_pause
-from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet
+from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet, record_time
 from reconciler.domain.serving import EARLY, SERVING_VERDICTS, FleetHearing, judge_early
 from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
 from reconciler.domain.verdict import HELD_BY_KILL_BUDGET, Verdict, judge
@@ -1142,13 +1142,7 @@ def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:
 
 
 def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return value if value.tzinfo is not None else None
+    return record_time(text, naive_as_utc=False)
 
 
 def _phase(entry: BenchmarkEntry, name: str) -> datetime | None:

@@ -18,6 +18,7 @@ from itertools import pairwise
 from reconciler.domain.breaker import signatures_of
 from reconciler.domain.capacity import within_bounds
 from reconciler.domain.observations import format_time
+from reconciler.domain.records import record_time
 from reconciler.domain.replay import (
     JUDGED,
     NOT_JUDGED,
@@ -492,13 +493,7 @@ def _only(a: Counter[str], b: Counter[str]) -> Counter[str]:
 
 
 def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return value if value.tzinfo is not None else None
+    return record_time(text, naive_as_utc=False)
 
 
 def pools_of(result: WhatIf) -> Mapping[str, PoolDelta]:

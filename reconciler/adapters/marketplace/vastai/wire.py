@@ -292,17 +292,6 @@ def parse_instance(raw: Any) -> Instance:
     )
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (the HTTP-date form is rare for APIs; we fall back to our own backoff)."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
 def api_message(payload: Any) -> str | None:
     if isinstance(payload, Mapping):
         for key in ("msg", "error", "detail", "message"):
