@@ -1,14 +1,20 @@
 """Shared pieces of the loop tests: fake report sources (the `ReportSource` port, and one that keeps a change
-sequence as the controller stores do: `ChangeFeed`) and a trailer reader.
+sequence as the controller stores do: `ChangeFeed`), a trailer reader, and the base of the end-to-end worlds
+that drive the real loop step by step (`LoopWorld`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Self
 
+from reconciler.adapters.git import GitStore
+from reconciler.adapters.record_files import load_records
 from reconciler.domain.observations import InstanceReport
+from reconciler.domain.records import RecordSet
 from tests.gitrepos import git
 
 
@@ -70,3 +76,33 @@ class FakeFeed(FakeReports):
 
 def trailers(origin: Path, key: str) -> list[str]:
     return [v for v in git(origin, "log", f"--format=%(trailers:key={key},valueonly)", "main").split("\n") if v]
+
+
+class LoopWorld:
+    """An end-to-end world around the real loop (serving, owned hosts, the what-if history): a subclass sets
+    `bot` (the bot's clone of the fleet repository) and its pacing, `step()` runs one round (apply, then a pass)
+    and `explain()` says what the world holds when a wait runs out."""
+
+    bot: GitStore
+    deadline_s: float = 150.0  # how long `run_until` waits by default
+    poll_s: float = 0.3  # between steps
+
+    def step(self) -> Any:
+        raise NotImplementedError
+
+    def explain(self) -> str:
+        raise NotImplementedError
+
+    def run_until(self, what: str, predicate: Callable[[Self], bool], timeout_s: float | None = None) -> None:
+        timeout = self.deadline_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.step()
+            if predicate(self):
+                return
+            time.sleep(self.poll_s)
+        raise AssertionError(f"not reached within {timeout:.0f}s: {what}\n{self.explain()}")
+
+    def records(self) -> RecordSet:
+        self.bot.sync()
+        return load_records(self.bot.workdir / "fleet-spec")

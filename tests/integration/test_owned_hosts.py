@@ -20,8 +20,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,7 +41,6 @@ from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.demo import init_origin, make_params
 from reconciler.domain.hosts import OwnedHost, gpu_machine_id
 from reconciler.domain.marketplace import InstanceRequest, OfferQuery
-from reconciler.domain.records import RecordSet
 from reconciler.flows.judge import PassResult, run_pass
 from reconciler.flows.provision import Image, apply_fleet, git_orphan_recorder
 from tests.docker_support import (  # noqa: F401  (pytest fixtures)
@@ -55,6 +53,7 @@ from tests.docker_support import (  # noqa: F401  (pytest fixtures)
     start_engine,
     stop_engine,
 )
+from tests.loop_support import LoopWorld
 from tests.ssh_support import SshHost, client_home, keygen, start_sshd
 from tests.worker_support import WORKER_IMAGE
 
@@ -193,7 +192,10 @@ def quick_stop(host: OwnedHost) -> SdkDockerEngine:
 
 
 @dataclass
-class World:
+class World(LoopWorld):
+    deadline_s = DEADLINE_S
+    poll_s = 0.5
+
     rig: Rig
     tmp: Path
     said: list[str] = field(default_factory=list)
@@ -238,19 +240,6 @@ class World:
         assert result.ok, result.headline()
         self.passes.append(result)
         return result
-
-    def run_until(self, what: str, predicate: Callable[[World], bool]) -> None:
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            self.step()
-            if predicate(self):
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"not reached within {DEADLINE_S:.0f}s: {what}\n{self.explain()}")
-
-    def records(self) -> RecordSet:
-        self.bot.sync()
-        return load_records(self.bot.workdir / "fleet-spec")
 
     def verdicts(self, machine_id: str) -> list[str]:
         record = self.records().machines.get(machine_id)

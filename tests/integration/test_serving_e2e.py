@@ -46,11 +46,11 @@ from reconciler.adapters.spec_files import load_spec
 from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.cli.demo import init_origin, make_params
 from reconciler.domain.observations import InstanceReport
-from reconciler.domain.records import RecordSet
 from reconciler.domain.status import status_view
 from reconciler.flows.judge import PassResult, run_pass
 from reconciler.flows.provision import Image, apply_fleet
 from reconciler.render.text import render_text
+from tests.loop_support import LoopWorld
 
 pytestmark = [
     pytest.mark.slow,  # minutes of real worker processes: `make test` (CI) runs them, the quick loop skips them
@@ -101,8 +101,11 @@ def machine(tmp: Path, machine_id: str, price: float, seconds_per_proof: float, 
 
 
 @dataclass
-class ServingWorld:
+class ServingWorld(LoopWorld):
     """The whole loop on this machine: controller, params mirror, origin, reconciler, provisioner."""
+
+    deadline_s = DEADLINE_S
+    poll_s = 0.3
 
     tmp: Path
     machines: list[LocalMachine]
@@ -143,21 +146,6 @@ class ServingWorld:
         assert result.ok, result.headline()
         self.passes.append(result)
         return result
-
-    def run_until(self, what: str, predicate: Callable[[ServingWorld], bool], timeout_s: float = DEADLINE_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.step()
-            if predicate(self):
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"not reached within {timeout_s:.0f}s: {what}\n{self.explain()}")
-
-    # --- observations -------------------------------------------------------------------------------
-
-    def records(self) -> RecordSet:
-        self.bot.sync()
-        return load_records(self.bot.workdir / "fleet-spec")
 
     def reports(self) -> list[InstanceReport]:
         return list(self.store.reports())

@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import signal
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from reconciler.flows.demand import DemandRecorder
 from reconciler.flows.judge import PassMemory, PassResult, run_pass
 from reconciler.flows.provision import Image, apply_fleet
 from tests.gitrepos import git
+from tests.loop_support import LoopWorld
 from tests.postgres_server import PostgresServer
 
 pytestmark = [
@@ -125,7 +125,10 @@ def machines(tmp: Path) -> list[LocalMachine]:
 
 
 @dataclass
-class World:
+class World(LoopWorld):
+    deadline_s = DEADLINE_S
+    poll_s = 0.2
+
     tmp: Path
     queue_url: str
     passes: list[PassResult] = field(default_factory=list)
@@ -166,19 +169,6 @@ class World:
         assert result.ok, result.headline()
         self.passes.append(result)
         return result
-
-    def run_until(self, what: str, predicate: Callable[[World], bool], timeout_s: float = DEADLINE_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.step()
-            if predicate(self):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"not reached within {timeout_s:.0f}s: {what}\n{self.explain()}")
-
-    def records(self) -> RecordSet:
-        self.bot.sync()
-        return load_records(self.bot.workdir / "fleet-spec")
 
     def entries(self, pool: str) -> list[tuple[str, Any]]:
         recs = self.records()
