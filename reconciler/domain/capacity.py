@@ -377,15 +377,17 @@ def within_bounds(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[in
     low, high = pool.bounds
     if entry is None:
         return tuple(range(low)), (), low
-    slots = tuple(sorted(set(entry.slots)))
-    draining = tuple(i for i in sorted(set(entry.draining)) if i in slots)
+    taken = set(entry.slots)
+    slots = tuple(sorted(taken))
+    draining = tuple(i for i in sorted(set(entry.draining)) if i in taken)
     desired = min(max(entry.desired, low), high)
-    active = [i for i in slots if i not in draining]
+    drains = set(draining)
+    active = [i for i in slots if i not in drains]
     if len(active) < desired:  # grow: un-drain first, then the lowest free indices
-        undrain = list(draining)[:desired - len(active)]
+        undrain = set(draining[:desired - len(active)])
         draining = tuple(i for i in draining if i not in undrain)
-        active = sorted(active + undrain)
-        free = (i for i in range(len(slots) + desired + 1) if i not in slots)
+        active = sorted(active + sorted(undrain))
+        free = (i for i in range(len(slots) + desired + 1) if i not in taken)
         while len(active) < desired:
             index = next(free)
             active.append(index)
@@ -720,9 +722,11 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     by_index = {s.index: s for s in signals.slots}
     # A draining slot whose worker stopped (drained, failed, gone) is released: nothing is proving there now.
     released = [i for i in draining if by_index.get(i) is None or by_index[i].state in GONE]
-    draining = tuple(i for i in draining if i not in released)
-    slots = tuple(i for i in slots if i not in released)
-    demand = _measure(pool, signals, now, len([i for i in slots if i not in draining]))
+    if released:
+        gone = set(released)
+        draining = tuple(i for i in draining if i not in gone)
+        slots = tuple(i for i in slots if i not in gone)
+    demand = _measure(pool, signals, now, len(slots) - len(draining))
     ruling = _rule(pool, stored, signals, demand, now, desired, spend_room_usd=spend_room_usd, paused=paused,
                    exhausted=kill_budget_exhausted)
     new = ruling.new
@@ -733,7 +737,8 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     active = [i for i in slots if i not in drains]
     if new > len(active):  # grow: cancel drains first (cheapest), then new slots at the lowest free indices
         cancel = sorted(draining)[:new - len(active)]
-        draining = tuple(i for i in draining if i not in cancel)
+        cancelled = set(cancel)
+        draining = tuple(i for i in draining if i not in cancelled)
         active += cancel
         taken = set(slots)
         free = (i for i in range(len(slots) + new + 1) if i not in taken)
@@ -746,11 +751,13 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     elif new < len(active):  # every shrink: slots with nothing proving go now, then drain the worst $/proof
         surplus = len(active) - new
         empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]
-        for index in sorted(empty, reverse=True)[:surplus]:
-            released.append(index)
-            slots = tuple(i for i in slots if i != index)
-            active.remove(index)
-            surplus -= 1
+        let_go = sorted(empty, reverse=True)[:surplus]
+        if let_go:
+            released += let_go
+            gone = set(let_go)
+            slots = tuple(i for i in slots if i not in gone)
+            active = [i for i in active if i not in gone]
+            surplus -= len(let_go)
         for state in sorted((by_index[i] for i in active if i in by_index), key=_drain_order)[:surplus]:
             draining = (*draining, state.index)
             drained.append(state)

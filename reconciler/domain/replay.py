@@ -846,7 +846,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
     would decide on exactly the same inputs: the pool's spec, its entry, history's own signals (no machine and no
     task more or less than history), the same guards, and no spend cap tying the pools together."""
     run.steps += 1
-    signals: dict[str, PoolSignals] = {}
+    ranged: dict[str, tuple[PoolSpec, PoolSample, _PoolState, int]] = {}  # autoscaled pools sampled now
     own: set[str] = set()  # pools deciding on history's own signals
     for pool in spec.pools:
         sample = samples.get(pool.name)
@@ -861,15 +861,14 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         _account(run.pools.setdefault(pool.name, PoolRun(pool.name)), state, pool, sample, serving_gap,
                  max(slots - sample.slots, -sample.rented), at)
         if pool.min_count is not None:
-            signals[pool.name] = _signals(pool, entries.get(pool.name), sample, state, serving_gap, at, memo,
-                                          spec.serving)
+            ranged[pool.name] = (pool, sample, state, serving_gap)
             if serving_gap == 0 and _gap_now(state) == 0 and abs(state.backlog) < 1e-9:
                 own.add(pool.name)
-    if signals:
+    if ranged:
         images = RecordSet(images=records.images)
-        paused = [name for name in signals if pool_pause(name, images, _digest(records, samples[name]))]
+        paused = [name for name in ranged if pool_pause(name, images, _digest(records, samples[name]))]
         spent = guards.exhausted(spec, entries, records, at)
-        exhausted = [name for name in signals if name in spent]
+        exhausted = [name for name in ranged if name in spent]
         run.paused.update(paused)
         run.exhausted.update(exhausted)
         decided: list[tuple[str, CapacityEntry, int, int, DemandSample | None]] = []  # (pool, entry, before, after,
@@ -882,7 +881,10 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 if kept is not None and kept[0] == key:
                     reused.add(name)
                     decided.append((name, kept[1], kept[2], kept[3], kept[4]))
-        deciding_signals = {n: sig for n, sig in signals.items() if n not in reused}
+        # The signals only of the pools deciding (a reused decision's signals were history's own).
+        deciding_signals = {name: _signals(pool, entries.get(name), sample, state, serving_gap, at, memo,
+                                           spec.serving)
+                            for name, (pool, sample, state, serving_gap) in ranged.items() if name not in reused}
         if deciding_signals:
             # Each pool is decided at its own samples: one not sampled now decided no change at this pass (a change
             # is always sampled). With a spend cap it enters as a fixed count at its desired (all the cap reads of
