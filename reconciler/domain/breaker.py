@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 from reconciler.domain.correlation import RULE_IMAGE
 from reconciler.domain.observations import format_time, parse_time
@@ -207,13 +208,18 @@ def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str
             for p in spec.pools}
 
 
-def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict], now: datetime) -> GuardOutcome:
-    """Run each new verdict, in order, through the circuit breaker, then the kill budget."""
+def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict], now: datetime, *,
+                 budgets: Mapping[str, KillBudget] | None = None) -> GuardOutcome:
+    """Run each new verdict, in order, through the circuit breaker, then the kill budget.
+
+    `budgets`: `kill_budgets(spec, records, now)` when the caller keeps it (a replay keeps it from pass to pass and
+    hands over only the records the breaker reads); None: read from `records`."""
     window = timedelta(hours=spec.circuit_breaker.window_hours)
     history = recorded_failures(records, since=now - window)
     images: dict[str, ImageSuspectRecord] = dict(records.images)
     changed: dict[str, ImageSuspectRecord] = {}
-    budgets = kill_budgets(spec, records, now)
+    if budgets is None:
+        budgets = kill_budgets(spec, records, now)
     used = {pool: set(b.used) for pool, b in budgets.items()}
     # On probation: rentable, so a new failure is a new kill.
     already_bad = records.excluded_of((v.machine_id for v in verdicts if v.marks_bad and v.machine_id), now)
@@ -305,6 +311,7 @@ def _at(entry: BenchmarkEntry) -> datetime:
     return _parsed_at(entry.at)
 
 
+@lru_cache(maxsize=16_384)  # the kill budget reads the same marks' times pass after pass (a replay: thousands)
 def _parsed_at(at: str) -> datetime:
     try:
         return parse_time(at)

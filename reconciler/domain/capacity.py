@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from itertools import pairwise
+from operator import attrgetter
 from typing import Any
 
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
@@ -293,9 +294,14 @@ class PoolSignals:
         return self._counts.get(state, 0)
 
     @cached_property
+    def by_index(self) -> dict[int, SlotState]:
+        """The slot states by slot index."""
+        return dict(zip(map(attrgetter("index"), self.slots), self.slots, strict=True))
+
+    @cached_property
     def _counts(self) -> dict[str, int]:
         # Asked for several states per decision (a replay decides tens of thousands of times): counted once.
-        return dict(Counter(s.state for s in self.slots))
+        return dict(Counter(map(attrgetter("state"), self.slots)))
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         up, down = self.utilization_up, self.utilization_down
@@ -381,17 +387,15 @@ def within_bounds(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[in
     slots = tuple(sorted(taken))
     draining = tuple(i for i in sorted(set(entry.draining)) if i in taken)
     desired = min(max(entry.desired, low), high)
-    drains = set(draining)
-    active = [i for i in slots if i not in drains]
-    if len(active) < desired:  # grow: un-drain first, then the lowest free indices
-        undrain = set(draining[:desired - len(active)])
+    active = len(slots) - len(draining)
+    if active < desired:  # grow: un-drain first, then the lowest free indices
+        undrain = set(draining[:desired - active])
         draining = tuple(i for i in draining if i not in undrain)
-        active = sorted(active + sorted(undrain))
+        active += len(undrain)
         free = (i for i in range(len(slots) + desired + 1) if i not in taken)
-        while len(active) < desired:
-            index = next(free)
-            active.append(index)
-            slots = (*slots, index)
+        while active < desired:
+            slots = (*slots, next(free))
+            active += 1
     return tuple(sorted(slots)), draining, desired
 
 
@@ -719,7 +723,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     stored = entry
     slots, draining, desired = within_bounds(pool, entry)
     before = entry.desired if entry is not None else desired
-    by_index = {s.index: s for s in signals.slots}
+    by_index = signals.by_index
     # A draining slot whose worker stopped (drained, failed, gone) is released: nothing is proving there now.
     released = [i for i in draining if by_index.get(i) is None or by_index[i].state in GONE]
     if released:
@@ -733,23 +737,18 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
 
     drain_ids: list[str] = []
     drained: list[SlotState] = []
-    drains = set(draining)
-    active = [i for i in slots if i not in drains]
-    if new > len(active):  # grow: cancel drains first (cheapest), then new slots at the lowest free indices
-        cancel = sorted(draining)[:new - len(active)]
-        cancelled = set(cancel)
-        draining = tuple(i for i in draining if i not in cancelled)
-        active += cancel
+    active_count = len(slots) - len(draining)  # draining is a part of slots (within_bounds)
+    if new > active_count:  # grow: cancel drains first (cheapest), then new slots at the lowest free indices
+        cancel = set(sorted(draining)[:new - active_count])
+        draining = tuple(i for i in draining if i not in cancel)
         taken = set(slots)
         free = (i for i in range(len(slots) + new + 1) if i not in taken)
-        added = []
-        while len(active) < new:
-            index = next(free)
-            active.append(index)
-            added.append(index)
+        added = [next(free) for _ in range(new - active_count - len(cancel))]
         slots = (*slots, *added)
-    elif new < len(active):  # every shrink: slots with nothing proving go now, then drain the worst $/proof
-        surplus = len(active) - new
+    elif new < active_count:  # every shrink: slots with nothing proving go now, then drain the worst $/proof
+        surplus = active_count - new
+        drains = set(draining)
+        active = [i for i in slots if i not in drains]
         empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]
         let_go = sorted(empty, reverse=True)[:surplus]
         if let_go:
@@ -810,8 +809,9 @@ def decide_signals(spec: FleetSpec, entries: Mapping[str, CapacityEntry], signal
     """`decide_all` on signals already measured (one per ranged pool), in spec order; the spend cap is shared out
     in that order. `domain.replay` decides recorded signals through it (`fleet plan --what-if`)."""
     paused, exhausted = set(paused_pools), set(exhausted_pools)
-    desired = {p.name: p.count if p.min_count is None else within_bounds(p, entries.get(p.name))[2]
-               for p in spec.pools}
+    # Only the spend cap reads the other pools' counts.
+    desired = {} if spec.max_total_dph is None else {
+        p.name: p.count if p.min_count is None else within_bounds(p, entries.get(p.name))[2] for p in spec.pools}
     out = []
     for pool in spec.pools:
         if pool.min_count is None:

@@ -237,18 +237,20 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
 
 
 def guard_and_record(spec: FleetSpec, records: RecordSet, candidates: Sequence[Verdict], now: datetime, *,
-                     prices: Mapping[str, float] | None = None) -> tuple[GuardOutcome, dict[str, MachineRecord],
-                                                                         list[str]]:
+                     prices: Mapping[str, float] | None = None,
+                     budgets: Mapping[str, KillBudget] | None = None) -> tuple[GuardOutcome,
+                                                                               dict[str, MachineRecord], list[str]]:
     """The judged verdicts (each with a checked machine id) through the fleet's correlation of unknowns, the circuit
     breaker and the kill budget, then into their machines' records (expiry and probation stamped): the guards'
     outcome, the changed records and the notes. `decide` ends with it; `domain.replay` replays recorded verdicts
     through it.
 
-    `prices`: instance -> $/h it was rented at (when the leader knows it): kept in the record entry."""
+    `prices`: instance -> $/h it was rented at (when the leader knows it): kept in the record entry. `budgets`: the
+    kill budgets at `now` when the caller keeps them (`breaker.apply_guards`)."""
     # The unknowns first: the fleet decides them by correlation or a retest (issue 29), then the guards (the
     # breaker's image correlation, the kill budget) see what was decided.
     correlated = correlate(spec, records, candidates, now)
-    guarded = apply_guards(spec, records, correlated.verdicts, now)
+    guarded = apply_guards(spec, records, correlated.verdicts, now, budgets=budgets)
     notes = [*correlated.notes, *guarded.notes]
     changed: dict[str, MachineRecord] = {}
     for v in guarded.verdicts:

@@ -724,8 +724,7 @@ def replay(history: History, spec_at: Callable[[datetime], FleetSpec], label: st
                 run.judged.setdefault(payload.attempt.instance_id, []).append(
                     Judged(payload.attempt, NOT_RENTED, why=why))
         elif kind == 2:
-            _verdict_pass(run, records, guards.applied(spec_at(at), entries), payload, at, spec_at(at), admitted,
-                          dropped)
+            _verdict_pass(run, records, guards, entries, payload, at, spec_at(at), admitted, dropped)
         else:
             _capacity_step(run, records, entries, payload, at, spec_at(at), pools, cold, memo, guards, follow)
     for name, state in pools.items():
@@ -784,8 +783,9 @@ def _not_rented(records: ReplayRecords, c: Candidate, spec: FleetSpec, at: datet
     return None
 
 
-def _verdict_pass(run: Run, records: ReplayRecords, applied: FleetSpec, group: Sequence[Candidate], at: datetime,
-                  spec: FleetSpec, admitted: dict[str, Judged], dropped: set[str]) -> None:
+def _verdict_pass(run: Run, records: ReplayRecords, guards: _Guards, entries: Mapping[str, CapacityEntry],
+                  group: Sequence[Candidate], at: datetime, spec: FleetSpec, admitted: dict[str, Judged],
+                  dropped: set[str]) -> None:
     verdicts: list[Verdict] = []
     kept: dict[str, Candidate] = {}
     for c in group:
@@ -812,13 +812,13 @@ def _verdict_pass(run: Run, records: ReplayRecords, applied: FleetSpec, group: S
         return
     run.passes += 1
     # A pass of passing verdicts reads only its own machines' records (a retest's outcome is on the machine's
-    # own); a failure reads the breaker's and the correlation's window, a verdict marking a machine bad the kill
-    # budget's marks: what `guard_and_record` can read for these verdicts, nothing more (most passes pass).
+    # own); a failure reads the breaker's and the correlation's window: what `guard_and_record` can read for these
+    # verdicts, nothing more (most passes pass). The kill budgets are the ones the replay keeps (`_Guards`).
     failing = any(v.is_failure for v in verdicts)
     view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
-                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0,
-                        spec.kill_budget.window_hours if any(v.marks_bad for v in verdicts) else 0.0)
-    guarded, changed, _ = guard_and_record(applied, view, verdicts, at)
+                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0, 0.0)
+    guarded, changed, _ = guard_and_record(guards.applied(spec, entries), view, verdicts, at,
+                                           budgets=guards.budgets(spec, entries, records, at))
     for v in guarded.verdicts:
         c = kept[v.instance_id]
         j = Judged(c.attempt, JUDGED, v, as_recorded=c.as_recorded)
@@ -925,7 +925,7 @@ def _entry_key(entry: CapacityEntry | None) -> tuple[object, ...] | None:
 
 
 class _Guards:
-    """What the capacity decision reads of the guards, kept between passes: the spec with the replay's capacity
+    """What the passes read of the guards, kept between them: the spec with the replay's capacity
     entries applied (again only when an entry changed) and each pool's kill budget (`breaker.kill_budgets`, again
     only when a bad mark was added or removed, or one left the window; the pool's allowance follows its count)."""
 
@@ -936,7 +936,7 @@ class _Guards:
         self._key: tuple[int, int] | None = None
         self._until: datetime | None = None
         self._used: dict[str, tuple[str, ...]] = {}
-        self._answer: tuple[int, frozenset[str]] | None = None
+        self._answer: tuple[int, dict[str, KillBudget]] | None = None
 
     def applied(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> FleetSpec:
         """`capacity.apply_entries(spec, entries)`, pool by pool: a pool whose entry did not change keeps its
@@ -957,8 +957,9 @@ class _Guards:
             self._applied = (key, replace(spec, pools=tuple(pools)))
         return self._applied[1]
 
-    def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
-                  at: datetime) -> frozenset[str]:
+    def budgets(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
+                at: datetime) -> Mapping[str, KillBudget]:
+        """`breaker.kill_budgets` of the applied spec on the replay's records at `at`."""
         applied = self.applied(spec, entries)
         key = (id(spec), records.marks_version)
         if key != self._key or self._until is None or at >= self._until:
@@ -970,9 +971,13 @@ class _Guards:
             self._key, self._until = key, min(leaving, default=at + window)
             self._answer = None
         if self._answer is None or self._answer[0] != self.entries_version:
-            self._answer = (self.entries_version, frozenset(p.name for p in applied.pools if KillBudget(
-                p.name, applied.kill_budget.allowed(p.count), self._used.get(p.name, ())).exhausted))
+            self._answer = (self.entries_version, {p.name: KillBudget(
+                p.name, applied.kill_budget.allowed(p.count), self._used.get(p.name, ())) for p in applied.pools})
         return self._answer[1]
+
+    def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
+                  at: datetime) -> frozenset[str]:
+        return frozenset(name for name, b in self.budgets(spec, entries, records, at).items() if b.exhausted)
 
 
 def _digest(records: ReplayRecords, sample: PoolSample) -> str | None:
