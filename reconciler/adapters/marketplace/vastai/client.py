@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from reconciler.adapters.closing import Closing
 from reconciler.adapters.marketplace.vastai.errors import (
     _GONE,
     _GONE_ON_DELETE,
@@ -153,7 +154,7 @@ class _RateLimited:
     code: str | None = None  # the body's `error`, e.g. search_quota_exceeded
 
 
-class VastAiMarketplace:
+class VastAiMarketplace(Closing):
     """`base.Marketplace` over vast.ai's REST API (or the strict fake of it on 127.0.0.1 in tests)."""
 
     def __init__(
@@ -225,12 +226,6 @@ class VastAiMarketplace:
 
     def close(self) -> None:
         self._http.close()
-
-    def __enter__(self) -> VastAiMarketplace:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- the port --------------------------------------------------------------------------------
 
