@@ -251,10 +251,8 @@ def _fate_of(run: Run, a: Attempt) -> Judged | None:
 
 
 def _min(spec: FleetSpec, pool: str | None) -> float | None:
-    try:
-        return spec.pool(pool).min_rate_proofs_per_hour if pool else None
-    except KeyError:
-        return None
+    found = spec.find_pool(pool)
+    return found.min_rate_proofs_per_hour if found else None
 
 
 def _by_pool(run: Run) -> dict[str | None, list[Judged]]:
