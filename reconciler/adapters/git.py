@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from reconciler.adapters.atomic_files import write_text_atomic
+from reconciler.adapters.closing import Closing
 from reconciler.adapters.settings import test_pause_point
 from reconciler.domain import errors
 from reconciler.domain.backoff import backoff_delay
@@ -213,7 +214,7 @@ def _mode(path: str) -> int:
         return 0
 
 
-class GitStore:
+class GitStore(Closing):
     """A bot clone of the fleet repo: sync to the remote tip, publish record commits, read the trail."""
 
     def __init__(self, workdir: Path, *, remote: str = "origin", branch: str = "main", max_attempts: int = 5,
@@ -273,12 +274,6 @@ class GitStore:
     def close(self) -> None:
         """End gitpython's long-lived `git cat-file` helpers (they would outlive a short-lived caller)."""
         self._repo.close()
-
-    def __enter__(self) -> GitStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- writing ---------------------------------------------------------------------------------------
 

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
+from reconciler.domain.json_numbers import json_number
 from reconciler.domain.surfaces import MarketView, Orphan
 
 MARKET_VIEW_FILE = "market.json"
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def read_market_view(state_dir: Path) -> MarketView:
@@ -32,7 +28,7 @@ def read_market_view(state_dir: Path) -> MarketView:
     for item in doc.get("orphans") or []:
         if not isinstance(item, dict) or not item.get("contract_id"):
             continue
-        price = _num(item.get("price_usd_per_hour"))
+        price = json_number(item.get("price_usd_per_hour"))
         detail = ", ".join(part for part in (
             str(item.get("kind") or ""), str(item.get("why") or ""),
             f"machine {item['machine_id']}" if item.get("machine_id") else "",
@@ -40,5 +36,6 @@ def read_market_view(state_dir: Path) -> MarketView:
             "due for destruction" if item.get("due") else "within its grace period") if part)
         orphans.append(Orphan(str(item["contract_id"]), str(item.get("label") or "") or None,
                               "due" if item.get("due") else "found", detail))
-    return MarketView(tuple(orphans), _num(doc.get("max_total_dph")), _num(doc.get("orphans_usd_per_hour")) or 0.0,
+    return MarketView(tuple(orphans), json_number(doc.get("max_total_dph")),
+                      json_number(doc.get("orphans_usd_per_hour")) or 0.0,
                       str(doc.get("at")) if doc.get("at") else None)

@@ -55,6 +55,7 @@ import reconciler.domain.records
 import reconciler.domain.verdicts
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
+from reconciler.adapters.closing import Closing
 from reconciler.adapters.collector import collector_paused
 from reconciler.adapters.record_files import (
     RecordCache,
@@ -318,7 +319,7 @@ class BuiltOnUse(Mapping[str, _V], Generic[_V]):
         return self._built.items()
 
 
-class RecordIndex:
+class RecordIndex(Closing):
     """The index of one spec directory's record files (see the module docstring). One thread at a time;
     several processes may share the file (SQLite locking; a writer that cannot get the lock skips storing
     and the next command stores instead). `parsed`, `hashed`, `reused`: counts of the last load."""
@@ -383,12 +384,6 @@ class RecordIndex:
 
     def close(self) -> None:
         self._db.close()
-
-    def __enter__(self) -> RecordIndex:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- loading ----------------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from itertools import pairwise
 from operator import attrgetter
 from typing import Any
 
+from reconciler.domain.json_numbers import json_number
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
 from reconciler.domain.serving import (
     SILENT_LOST,
@@ -248,8 +249,7 @@ class DemandSample:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> DemandSample:
         def num(key: str) -> float | None:
-            value = doc.get(key)
-            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            return json_number(doc.get(key))
 
         active = doc.get("active")
         if not isinstance(active, int) or isinstance(active, bool) or not isinstance(doc.get("at"), str):

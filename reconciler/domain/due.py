@@ -40,7 +40,7 @@ from reconciler.domain.observations import InstanceReport
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet, record_time
 from reconciler.domain.serving import Directive, FleetSignals, directive_for
 from reconciler.domain.snark_market import MarketMiss
-from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
+from reconciler.domain.spec import FleetSpec, ServingSettings
 from reconciler.domain.verdict import deadline
 
 _ORDER = attrgetter("registered_at", "instance_id")
@@ -123,7 +123,7 @@ _EVERY_PASS = object()
 def _next_look(spec: FleetSpec, report: InstanceReport, sets: JudgedSets) -> datetime | object | None:
     """When `decide`'s outcome for this report, unchanged and without a verdict this pass, can change with time
     alone: a time, `_EVERY_PASS`, or None (only a new report, another judged set or another spec changes it)."""
-    pool = _pool(spec, report.pool)
+    pool = spec.find_pool(report.pool)
     iid = report.instance_id
     if iid not in sets.judged:
         if report.quarantine is not None or pool is None:
@@ -147,13 +147,6 @@ def lost_check_at(report: InstanceReport, settings: ServingSettings) -> datetime
     last = next((e.at for e in reversed(report.events)
                  if e.phase == "serve" and isinstance(e.details.get("heartbeat"), Mapping)), started.at)
     return last + timedelta(minutes=settings.lost_after_minutes)
-
-
-def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:
-    try:
-        return spec.pool(name) if name else None
-    except KeyError:
-        return None
 
 
 # --- directives -----------------------------------------------------------------------------------------

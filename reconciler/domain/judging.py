@@ -30,7 +30,7 @@ from reconciler.domain.serving import (
     with_expiry,
 )
 from reconciler.domain.snark_market import MarketMiss
-from reconciler.domain.spec import FleetSpec, PoolSpec
+from reconciler.domain.spec import FleetSpec
 from reconciler.domain.verdict import Verdict, deadline, judge
 
 INSTANCE_TRAILER = "Fleet-Instance"
@@ -173,7 +173,7 @@ def decide(spec: FleetSpec, reports: Iterable[InstanceReport], records: RecordSe
             quarantined.append((report.instance_id, report.quarantine))
             notes.append(f"instance {report.instance_id}: quarantined, not judged: {report.quarantine}")
             continue
-        pool = _pool(spec, report.pool)
+        pool = spec.find_pool(report.pool)
         if pool is None:
             if not serving:
                 notes.append(f"instance {report.instance_id}: pool {report.pool!r} is not in the spec; not judged")
@@ -276,7 +276,7 @@ def awaiting_evidence(spec: FleetSpec, reports: Iterable[InstanceReport], judged
     for report in reports:
         if report.instance_id in judged or report.quarantine is not None:
             continue
-        pool = _pool(spec, report.pool)
+        pool = spec.find_pool(report.pool)
         if pool is None:
             continue
         if report.failure() is not None or report.result is not None:
@@ -287,13 +287,6 @@ def awaiting_evidence(spec: FleetSpec, reports: Iterable[InstanceReport], judged
         if now >= due and (report.destroyed_at is None or report.destroyed_at >= due):
             out.append(report.instance_id)
     return out
-
-
-def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:
-    try:
-        return spec.pool(name) if name else None
-    except KeyError:
-        return None
 
 
 def _machine_id(value: str | None) -> str | None:

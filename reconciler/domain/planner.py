@@ -129,52 +129,46 @@ class ObservedSlot:
 
 
 @dataclass(frozen=True)
-class Create:
+class _OnSlot:
+    """What every slot action says: the slot, its pool, why (a REASON_*) and in words. An action with a usual
+    reason gives it as its default; fields keep this order, so positional construction is as before."""
+
     slot: str
     pool: str
-    reason: str = REASON_MISSING
+    reason: str
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Create(_OnSlot):
+    reason: str = REASON_MISSING
     kind: str = "create"
     #: A machine to benchmark once more (domain/correlation.py): rented first while the market offers it.
     retest_machine: str | None = None
 
 
 @dataclass(frozen=True)
-class Replace:
-    slot: str
-    pool: str
-    reason: str
-    detail: str = ""
+class Replace(_OnSlot):
     kind: str = "replace"
     retest_machine: str | None = None
 
 
 @dataclass(frozen=True)
-class Delete:
-    slot: str
-    pool: str
-    reason: str
-    detail: str = ""
+class Delete(_OnSlot):
     kind: str = "delete"
 
 
 @dataclass(frozen=True)
-class Keep:
-    slot: str
-    pool: str
+class Keep(_OnSlot):
     reason: str = ""
-    detail: str = ""
     kind: str = "keep"
 
 
 @dataclass(frozen=True)
-class Hold:
+class Hold(_OnSlot):
     """A desired slot deliberately left without an instance (its pool is paused)."""
 
-    slot: str
-    pool: str
     reason: str = REASON_POOL_PAUSED
-    detail: str = ""
     kind: str = "hold"
 
 

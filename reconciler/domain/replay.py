@@ -43,6 +43,7 @@ from reconciler.domain.capacity import (
     within_bounds,
 )
 from reconciler.domain.demand import PoolSample, market_of
+from reconciler.domain.json_numbers import json_number
 from reconciler.domain.judging import guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.planner import pool_pause
@@ -197,12 +198,12 @@ def rated_report(attempt: Attempt) -> InstanceReport | None:
     entry does not carry its rate)."""
     e = attempt.entry
     ev = e.evidence
-    rate = e.proofs_per_hour if e.proofs_per_hour is not None else _float(ev.get("proofs_per_hour"))
-    spp = e.seconds_per_proof if e.seconds_per_proof is not None else _float(ev.get("seconds_per_proof"))
+    rate = e.proofs_per_hour if e.proofs_per_hour is not None else json_number(ev.get("proofs_per_hour"))
+    spp = e.seconds_per_proof if e.seconds_per_proof is not None else json_number(ev.get("seconds_per_proof"))
     if rate is None and not spp:
         return None
     proofs = _mapping(ev.get("proofs"))
-    seconds = [_float(s) for s in proofs.get("seconds") or ()] if isinstance(proofs.get("seconds"), list) else []
+    seconds = [json_number(s) for s in proofs.get("seconds") or ()] if isinstance(proofs.get("seconds"), list) else []
     requested = _int(proofs.get("requested")) or len(seconds)
     completed = _int(proofs.get("completed")) or requested
     if not completed:
@@ -262,10 +263,10 @@ def candidate(attempt: Attempt, spec: FleetSpec, recorded: FleetSpec) -> Candida
     """The verdict `attempt` gets under `spec`, before the guards. `recorded`: the spec in force when it was judged
     (a verdict taken as recorded is a limit only where `spec` differs from it in what that verdict depends on)."""
     e = attempt.entry
-    pool = _pool(spec, e.pool)
+    pool = spec.find_pool(e.pool)
     if pool is None:
         return Candidate(attempt, None, attempt.at, NOT_JUDGED, f"pool {e.pool!r} is not in the spec")
-    then = _pool(recorded, e.pool)
+    then = recorded.find_pool(e.pool)
     if attempt.serving:
         changed = then is None or spec.serving != recorded.serving or \
             pool.min_rate_proofs_per_hour != then.min_rate_proofs_per_hour
@@ -297,7 +298,7 @@ def candidate(attempt: Attempt, spec: FleetSpec, recorded: FleetSpec) -> Candida
         started = _phase(e, "benchmark-started")
         measured = early_ev.get("samples") if isinstance(early_ev.get("samples"), list) else None
         if started is not None and measured:
-            samples = [(int(s[0]), bool(s[1]), _float(s[2])) for s in measured
+            samples = [(int(s[0]), bool(s[1]), json_number(s[2])) for s in measured
                        if isinstance(s, list) and len(s) == 3 and isinstance(s[0], int)]
             early = first_early(attempt, pool, spec, samples, started, _int(early_ev.get("requested")) or
                                 pool.benchmark.proofs, _int(early_ev.get("concurrency")))
@@ -689,7 +690,7 @@ def replay(history: History, spec_at: Callable[[datetime], FleetSpec], label: st
     guards = _Guards()
     start_spec, then = spec_at(history.since), history.spec_at(history.since)
     for pool in start_spec.pools:  # machines the policy has beyond history's from the start (its own bounds)
-        was = _pool(then, pool.name)
+        was = then.find_pool(pool.name)
         if was is not None:
             gap = memo.desired(pool, entries) - memo.desired(was, entries)
             pools[pool.name] = _PoolState(gaps=[(history.since, gap)])
@@ -743,7 +744,8 @@ def _reused_candidate(follow: Run | None, a: Attempt, spec: FleetSpec) -> Candid
         return None
     c, then = kept
     name = a.entry.pool
-    if (_pool(spec, name), spec.early_verdict, spec.serving) != (_pool(then, name), then.early_verdict, then.serving):
+    if (spec.find_pool(name), spec.early_verdict, spec.serving) != \
+            (then.find_pool(name), then.early_verdict, then.serving):
         return None
     return c
 
@@ -773,7 +775,7 @@ def _not_rented(records: ReplayRecords, c: Candidate, spec: FleetSpec, at: datet
     if records.excluded(a.machine_id, at):
         return f"machine {a.machine_id} was excluded then ({records.machines[a.machine_id].standing(at).detail})"
     digest, pool = a.entry.image_digest, a.entry.pool
-    price, spec_pool = a.entry.price_usd_per_hour, _pool(spec, pool)
+    price, spec_pool = a.entry.price_usd_per_hour, spec.find_pool(pool)
     if price is not None and spec_pool is not None and price > spec_pool.max_price_usd_per_hour + 1e-9:
         return f"its ${price:.2f}/h is above the pool's max price ${spec_pool.max_price_usd_per_hour:.2f}/h"
     if digest and pool and spec_pool is not None:
@@ -1141,13 +1143,6 @@ def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, in
 _BLAMES = ("none", "machine", "image", "network", "params", "configuration", "marketplace", "unknown")
 
 
-def _pool(spec: FleetSpec, name: str | None) -> PoolSpec | None:
-    try:
-        return spec.pool(name) if name else None
-    except KeyError:
-        return None
-
-
 def _time(text: str | None) -> datetime | None:
     return record_time(text, naive_as_utc=False)
 
@@ -1159,10 +1154,6 @@ def _phase(entry: BenchmarkEntry, name: str) -> datetime | None:
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-
-
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _int(value: Any) -> int | None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from reconciler.domain.json_numbers import json_number
 from reconciler.domain.observations import format_time
 
 ATTO_PER_FIL = 10**18
@@ -181,8 +182,7 @@ def market_economics(snapshot: MarketSnapshot, *, usd_per_fil: float, min_margin
 def economics_from_json(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a view shows from a pass's (or capacity.yaml's) market JSON, unknown ones as None."""
     def num(key: str) -> float | None:
-        value = doc.get(key)
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        return json_number(doc.get(key))
 
     return {"revenue_usd_per_proof": num("revenue_usd_per_proof"), "usd_per_proof": num("usd_per_proof"),
             "break_even_usd_per_proof": num("break_even_usd_per_proof"),

@@ -304,6 +304,14 @@ class FleetSpec:
                 return p
         raise KeyError(name)
 
+    def find_pool(self, name: str | None) -> PoolSpec | None:
+        """The pool of that name; None without a name or when this spec has none of it (a report or record of a
+        pool removed since, or of one another version of the spec had)."""
+        try:
+            return self.pool(name) if name else None
+        except KeyError:
+            return None
+
     def prior_proofs_per_hour(self, gpu_name: str) -> float | None:
         return self.gpu_priors.get(gpu_name, GPU_PRIOR_PROOFS_PER_HOUR.get(gpu_name))
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from reconciler.domain.json_numbers import json_number
 from reconciler.domain.marketplace import Instance
 
 KIND_DUPLICATE = "duplicate"
@@ -57,8 +58,7 @@ class Orphan:
     @classmethod
     def from_json(cls, doc: Mapping[str, object]) -> Orphan:
         def num(key: str) -> float | None:
-            value = doc.get(key)
-            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            return json_number(doc.get(key))
 
         slot = doc.get("slot")
         return cls(contract_id=str(doc["contract_id"]), label=str(doc["label"]),

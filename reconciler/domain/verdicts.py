@@ -28,7 +28,11 @@ exactly the correlation the breaker exists for (the seed incident: exit 1 after 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -102,21 +106,22 @@ BLAME_CLASSES: dict[str, BlameClass] = {b.name: b for b in (
 BLAMES: tuple[str, ...] = tuple(BLAME_CLASSES)
 
 
-def blame_class(name: str) -> BlameClass:
-    """The registered blame class; an unregistered name is a programming error (the KeyError names it)."""
+def _registered(table: Mapping[str, _T], what: str, name: str) -> _T:
+    """The entry registered under `name`; an unregistered name is a programming error (the KeyError names it)."""
     try:
-        return BLAME_CLASSES[name]
+        return table[name]
     except KeyError:
-        raise KeyError(f"blame {name!r} is not registered in domain/verdicts.py (known: {', '.join(BLAMES)})") \
+        raise KeyError(f"{what} {name!r} is not registered in domain/verdicts.py (known: {', '.join(table)})") \
             from None
+
+
+def blame_class(name: str) -> BlameClass:
+    """The registered blame class (KeyError for an unregistered name)."""
+    return _registered(BLAME_CLASSES, "blame", name)
 
 
 def verdict_kind(name: str) -> VerdictKind:
-    try:
-        return VERDICT_KINDS[name]
-    except KeyError:
-        raise KeyError(f"verdict {name!r} is not registered in domain/verdicts.py (known: {', '.join(VERDICTS)})") \
-            from None
+    return _registered(VERDICT_KINDS, "verdict", name)
 
 
 def counts_against_image(verdict: str, blame: str) -> bool:

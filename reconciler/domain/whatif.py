@@ -29,6 +29,7 @@ from reconciler.domain.replay import (
     Judged,
     PoolRun,
     Run,
+    Trip,
     attempts,
     replay,
 )
@@ -72,15 +73,6 @@ class Hold:
     at: datetime
     held_by: str
     verdict: str
-
-
-@dataclass(frozen=True)
-class TripLine:
-    at: datetime
-    image_digest: str
-    signature: str
-    pools: tuple[str, ...]
-    machines: int
 
 
 @dataclass(frozen=True)
@@ -173,8 +165,8 @@ class WhatIf:
     pools: tuple[PoolDelta, ...]
     flips: tuple[Flip, ...]
     flip_count: int
-    trips_base_only: tuple[TripLine, ...]
-    trips_pr_only: tuple[TripLine, ...]
+    trips_base_only: tuple[Trip, ...]
+    trips_pr_only: tuple[Trip, ...]
     holds_base_only: tuple[Hold, ...]
     holds_pr_only: tuple[Hold, ...]
     self_check: SelfCheck
@@ -251,10 +243,8 @@ def _fate_of(run: Run, a: Attempt) -> Judged | None:
 
 
 def _min(spec: FleetSpec, pool: str | None) -> float | None:
-    try:
-        return spec.pool(pool).min_rate_proofs_per_hour if pool else None
-    except KeyError:
-        return None
+    found = spec.find_pool(pool)
+    return found.min_rate_proofs_per_hour if found else None
 
 
 def _by_pool(run: Run) -> dict[str | None, list[Judged]]:
@@ -310,10 +300,9 @@ def _sums(flips: Sequence[Flip]) -> tuple[int, float, float, int]:
             sum(1 for f in flips if f.price is None))
 
 
-def _trip_lines(run: Run, other: Run) -> tuple[TripLine, ...]:
+def _trip_lines(run: Run, other: Run) -> tuple[Trip, ...]:
     theirs = {(t.image_digest, s) for t in other.trips for s in t.signature.split(", ")}
-    return tuple(TripLine(t.at, t.image_digest, t.signature, t.pools, len(t.machines)) for t in run.trips
-                 if any((t.image_digest, s) not in theirs for s in t.signature.split(", ")))
+    return tuple(t for t in run.trips if any((t.image_digest, s) not in theirs for s in t.signature.split(", ")))
 
 
 def _holds(run: Run, other: Run) -> tuple[Hold, ...]:

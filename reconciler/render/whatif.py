@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.domain.observations import format_time
-from reconciler.domain.whatif import Flip, Hold, PoolDelta, PoolTotals, TripLine, WhatIf
+from reconciler.domain.replay import Trip
+from reconciler.domain.whatif import Flip, Hold, PoolDelta, PoolTotals, WhatIf
 
 WHAT_IF_TITLE = "What would this PR have done?"
 
@@ -113,9 +114,14 @@ def _flip_line(f: Flip) -> str:
             f"{f.base} -> {f.pr}{mins}")
 
 
-def _trip_line(t: TripLine) -> str:
-    return (f"{format_time(t.at)} image {t.image_digest[:19]} on {t.signature!r} ({t.machines} machines; pools "
+def _trip_line(t: Trip) -> str:
+    return (f"{format_time(t.at)} image {t.image_digest[:19]} on {t.signature!r} ({len(t.machines)} machines; pools "
             f"{', '.join(t.pools) or 'all'})")
+
+
+def _trip_json(t: Trip) -> dict[str, Any]:
+    """A trip as the report gives it: how many machines it stood on, not which."""
+    return {**t.__dict__, "at": format_time(t.at), "machines": len(t.machines)}
 
 
 def _hold_line(h: Hold) -> str:
@@ -279,8 +285,8 @@ def whatif_json(r: WhatIf, header: Header) -> dict[str, Any]:
                                               strict=True))} for p in r.pools],
         "flips": [{**f.__dict__, "at": format_time(f.at)} for f in r.flips], "flip_count": r.flip_count,
         "guards": {
-            "trips_pr_only": [{**t.__dict__, "at": format_time(t.at)} for t in r.trips_pr_only],
-            "trips_base_only": [{**t.__dict__, "at": format_time(t.at)} for t in r.trips_base_only],
+            "trips_pr_only": [_trip_json(t) for t in r.trips_pr_only],
+            "trips_base_only": [_trip_json(t) for t in r.trips_base_only],
             "holds_pr_only": [{**h.__dict__, "at": format_time(h.at)} for h in r.holds_pr_only],
             "holds_base_only": [{**h.__dict__, "at": format_time(h.at)} for h in r.holds_base_only]},
         "limits": [{"count": limit.count, "what": limit.what} for limit in r.limits],

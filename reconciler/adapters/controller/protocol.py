@@ -159,20 +159,13 @@ def _structure_walk(value: Any) -> list[dict[str, str]]:
     """`structure_problems` the slow way, with the path of every problem."""
     problems: list[dict[str, str]] = []
 
-    def bad_text(text: str) -> bool:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-
     def walk(node: Any, path: list[Any], depth: int) -> None:
         if len(problems) >= MAX_REPORTED_PROBLEMS:
             return
         if depth > MAX_JSON_DEPTH:
             problems.append({"path": _json_path(path), "message": f"nested deeper than {MAX_JSON_DEPTH} levels"})
         elif isinstance(node, str):
-            if bad_text(node):
+            if not _is_utf8_text(node):
                 problems.append({"path": _json_path(path), "message": "string is not valid Unicode (lone surrogate)"})
         elif isinstance(node, bool) or node is None:
             return
@@ -188,7 +181,7 @@ def _structure_walk(value: Any) -> list[dict[str, str]]:
                 walk(item, [*path, i], depth + 1)
         elif isinstance(node, dict):
             for key, item in node.items():
-                if bad_text(key):
+                if not _is_utf8_text(key):
                     problems.append({"path": _json_path(path), "message": "object key is not valid Unicode"})
                     continue
                 walk(item, [*path, key], depth + 1)

@@ -8,7 +8,8 @@ upgrade steps after `found`. Each adapter runs them in one transaction and recor
 A new table or column is added to `LAYOUT` and as an upgrade step of a new version, both here.
 
 SQLite stores older than version 3 (written before PostgreSQL was supported) first replay their own history
-(`SQLITE_HISTORY`, kept as it was written); a PostgreSQL database was created at version 3 or later.
+(`SQLITE_HISTORY`: the statements as they were written, its tables built from the first tables the layout also
+starts from); a PostgreSQL database was created at version 3 or later.
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ CREATE TABLE sessions (
     Ddl("CREATE INDEX sessions_by_expiry ON sessions (expires_at)"),
 )
 
-#: The current layout: what a new store is created with.
-LAYOUT: tuple[Ddl, ...] = (
-    Ddl("""
-CREATE TABLE instances (
+#: The first tables, in DIALECTS' words, as SQLite's version 1 and PostgreSQL's version 3 created them: both the
+#: layout and SQLite's history below are built from these, so a new store and one upgraded from version 1 cannot
+#: differ in them. A later column is appended in LAYOUT (and added by an upgrade step), never edited in here.
+_INSTANCE_COLUMNS = """
     instance_id     TEXT PRIMARY KEY,
     received_at     TEXT NOT NULL,
     worker_at       TEXT NOT NULL,
@@ -96,14 +97,8 @@ CREATE TABLE instances (
     worker_dropped  {int64} NOT NULL DEFAULT 0,
     progress_events INTEGER NOT NULL DEFAULT 0,
     other_events    INTEGER NOT NULL DEFAULT 0,
-    destroyed_at    TEXT,
-    change_seq      {int64} NOT NULL DEFAULT 0,
-    log_key_lines   INTEGER NOT NULL DEFAULT 0
-)"""),
-    # An event's identity is (instance, time, fingerprint of the redacted document): a worker's events arrive in
-    # time order, so a batch's new keys are neighbours in the index (one or two pages dirtied, not 20).
-    Ddl("""
-CREATE TABLE events (
+    destroyed_at    TEXT"""
+_EVENT_COLUMNS = """
     id          {row_id},
     instance_id TEXT NOT NULL REFERENCES instances(instance_id),
     phase       TEXT NOT NULL,
@@ -114,23 +109,40 @@ CREATE TABLE events (
     message     TEXT,
     log_tail    TEXT NOT NULL,
     details     TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    UNIQUE (instance_id, at, fingerprint)
-)"""),
-    Ddl("CREATE INDEX events_by_status ON events (instance_id, status, id)"),
-    Ddl("""
+    fingerprint TEXT NOT NULL,"""
+_EVENTS_BY_STATUS = "CREATE INDEX events_by_status ON events (instance_id, status, id)"
+_RESULTS = """
 CREATE TABLE results (
     instance_id TEXT PRIMARY KEY REFERENCES instances(instance_id),
     received_at TEXT NOT NULL,
     body        TEXT NOT NULL
-)"""),
-    Ddl("""
+)"""
+_LOG_LINES = """
 CREATE TABLE log_lines (
     instance_id TEXT NOT NULL,
     seq         {int64} NOT NULL,
     line        TEXT NOT NULL,
     PRIMARY KEY (instance_id, seq)
-){without_rowid}"""),
+){without_rowid}"""
+
+
+def _events_table(name: str, key: str) -> str:
+    """The events table under `name`, unique on `key` (version 1: instance and fingerprint; since 3: with time)."""
+    return f"CREATE TABLE {name} ({_EVENT_COLUMNS}\n    UNIQUE ({key})\n)"
+
+
+#: The current layout: what a new store is created with.
+LAYOUT: tuple[Ddl, ...] = (
+    Ddl("CREATE TABLE instances (" + _INSTANCE_COLUMNS + """,
+    change_seq      {int64} NOT NULL DEFAULT 0,
+    log_key_lines   INTEGER NOT NULL DEFAULT 0
+)"""),
+    # An event's identity is (instance, time, fingerprint of the redacted document): a worker's events arrive in
+    # time order, so a batch's new keys are neighbours in the index (one or two pages dirtied, not 20).
+    Ddl(_events_table("events", "instance_id, at, fingerprint")),
+    Ddl(_EVENTS_BY_STATUS),
+    Ddl(_RESULTS),
+    Ddl(_LOG_LINES),
     # What the reconciler decided per instance, for workers to read (GET .../directive).
     Ddl("""
 CREATE TABLE directives (
@@ -166,58 +178,15 @@ UPGRADES: dict[int, tuple[Ddl, ...]] = {
 #: The oldest version a store of each dialect can have been written at (SQLite replays its history below first).
 _OLDEST: dict[Dialect, int] = {"sqlite": 1, "postgres": 3}
 
+
+def _sqlite_script(*ddl: str) -> str:
+    return "".join(f"{Ddl(text).render('sqlite')};\n" for text in ddl)
+
+
 #: SQLite's versions 1 to 3, as they were written: `SQLITE_HISTORY[i]` brings version i to i + 1.
 SQLITE_HISTORY: tuple[str, ...] = (
-    """
-CREATE TABLE instances (
-    instance_id     TEXT PRIMARY KEY,
-    received_at     TEXT NOT NULL,
-    worker_at       TEXT NOT NULL,
-    pool            TEXT,
-    slot            TEXT,
-    machine_id      TEXT,
-    host_id         TEXT,
-    contract_id     TEXT,
-    gpu_name        TEXT,
-    image_digest    TEXT,
-    image_version   TEXT,
-    hostname        TEXT,
-    gpus            TEXT NOT NULL DEFAULT '[]',
-    registrations   INTEGER NOT NULL DEFAULT 1,
-    next_line_seq   INTEGER NOT NULL DEFAULT 0,
-    ring_dropped    INTEGER NOT NULL DEFAULT 0,
-    worker_dropped  INTEGER NOT NULL DEFAULT 0,
-    progress_events INTEGER NOT NULL DEFAULT 0,
-    other_events    INTEGER NOT NULL DEFAULT 0,
-    destroyed_at    TEXT
-);
-CREATE TABLE events (
-    id          INTEGER PRIMARY KEY,
-    instance_id TEXT NOT NULL REFERENCES instances(instance_id),
-    phase       TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    at          TEXT NOT NULL,
-    received_at TEXT NOT NULL,
-    exit_code   INTEGER,
-    message     TEXT,
-    log_tail    TEXT NOT NULL,
-    details     TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    UNIQUE (instance_id, fingerprint)
-);
-CREATE INDEX events_by_status ON events (instance_id, status, id);
-CREATE TABLE results (
-    instance_id TEXT PRIMARY KEY REFERENCES instances(instance_id),
-    received_at TEXT NOT NULL,
-    body        TEXT NOT NULL
-);
-CREATE TABLE log_lines (
-    instance_id TEXT NOT NULL,
-    seq         INTEGER NOT NULL,
-    line        TEXT NOT NULL,
-    PRIMARY KEY (instance_id, seq)
-) WITHOUT ROWID;
-""",
+    _sqlite_script("CREATE TABLE instances (" + _INSTANCE_COLUMNS + "\n)",
+                   _events_table("events", "instance_id, fingerprint"), _EVENTS_BY_STATUS, _RESULTS, _LOG_LINES),
     # Version 2: the directives.
     """
 CREATE TABLE IF NOT EXISTS directives (
@@ -228,29 +197,11 @@ CREATE TABLE IF NOT EXISTS directives (
 """,
     # Version 3: events keyed (instance, time, fingerprint) instead of (instance, fingerprint); the table is
     # rebuilt (SQLite cannot change a table constraint), every event kept with its id.
-    """
-CREATE TABLE events_v3 (
-    id          INTEGER PRIMARY KEY,
-    instance_id TEXT NOT NULL REFERENCES instances(instance_id),
-    phase       TEXT NOT NULL,
-    status      TEXT NOT NULL,
-    at          TEXT NOT NULL,
-    received_at TEXT NOT NULL,
-    exit_code   INTEGER,
-    message     TEXT,
-    log_tail    TEXT NOT NULL,
-    details     TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    UNIQUE (instance_id, at, fingerprint)
-);
+    _sqlite_script(_events_table("events_v3", "instance_id, at, fingerprint"), """
 INSERT INTO events_v3 (id, instance_id, phase, status, at, received_at, exit_code, message, log_tail, details,
                        fingerprint)
     SELECT id, instance_id, phase, status, at, received_at, exit_code, message, log_tail, details, fingerprint
-    FROM events ORDER BY id;
-DROP TABLE events;
-ALTER TABLE events_v3 RENAME TO events;
-CREATE INDEX events_by_status ON events (instance_id, status, id);
-""",
+    FROM events ORDER BY id""", "DROP TABLE events", "ALTER TABLE events_v3 RENAME TO events", _EVENTS_BY_STATUS),
 )
 
 

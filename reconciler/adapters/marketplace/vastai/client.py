@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from reconciler.adapters.closing import Closing
 from reconciler.adapters.marketplace.vastai.errors import (
     _GONE,
     _GONE_ON_DELETE,
@@ -153,7 +154,7 @@ class _RateLimited:
     code: str | None = None  # the body's `error`, e.g. search_quota_exceeded
 
 
-class VastAiMarketplace:
+class VastAiMarketplace(Closing):
     """`base.Marketplace` over vast.ai's REST API (or the strict fake of it on 127.0.0.1 in tests)."""
 
     def __init__(
@@ -225,12 +226,6 @@ class VastAiMarketplace:
 
     def close(self) -> None:
         self._http.close()
-
-    def __enter__(self) -> VastAiMarketplace:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # -- the port --------------------------------------------------------------------------------
 
@@ -401,23 +396,22 @@ class VastAiMarketplace:
         """The exception for a refused call: auth errors stop the run, an offer taken tries the next one."""
         path = urlsplit(url).path
         said = f"HTTP {error.status}: {self._quote(error.message)}"
+
+        def stop(what: str, then: str = "") -> MarketplaceAuthError:
+            return MarketplaceAuthError(
+                f"{what} Stopping: no slot is dropped, no instance destroyed, nothing recorded.{then}",
+                kind=error.kind, key_source=self.key_source)
+
         if error.kind == KIND_KEY_REFUSED:
-            return MarketplaceAuthError(
-                f"vast.ai rejected the API key from {self.key_source} ({said}): the key is unknown or was deleted. "
-                "Stopping: no slot is dropped, no instance destroyed, nothing recorded. Set a valid key and run again.",
-                kind=error.kind, key_source=self.key_source)
+            return stop(f"vast.ai rejected the API key from {self.key_source} ({said}): the key is unknown or was "
+                        "deleted.", " Set a valid key and run again.")
         if error.kind == KIND_SESSION_EXPIRED:
-            return MarketplaceAuthError(
-                f"vast.ai says the session of the API key from {self.key_source} expired ({said}); this 404 does "
-                "not mean anything is gone. Stopping: no slot is dropped, no instance destroyed, nothing recorded. "
-                "Renew the key (or its 2FA session) and run again.",
-                kind=error.kind, key_source=self.key_source)
+            return stop(f"vast.ai says the session of the API key from {self.key_source} expired ({said}); this 404 "
+                        "does not mean anything is gone.", " Renew the key (or its 2FA session) and run again.")
         if error.kind == KIND_PERMISSION:
-            return MarketplaceAuthError(
-                f"vast.ai forbids {method} {path} for the API key from {self.key_source} ({said}): a scoped key needs "
-                "the permissions misc (search), instance_read (list/show) and instance_write (create/destroy). "
-                "Stopping: no slot is dropped, no instance destroyed, nothing recorded.",
-                kind=error.kind, key_source=self.key_source)
+            return stop(f"vast.ai forbids {method} {path} for the API key from {self.key_source} ({said}): a scoped "
+                        "key needs the permissions misc (search), instance_read (list/show) and instance_write "
+                        "(create/destroy).")
         if error.kind == KIND_OFFER_TAKEN:
             return OfferTakenError(f"vast.ai: offer {offer_id} is no longer available ({said}); another offer may be")
         if error.kind == KIND_UNEXPLAINED_404:
