@@ -11,6 +11,7 @@ demand day files. All from git: the PR job has the repository and no controller 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -56,9 +57,36 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
     problems: list[str] = []
 
     start = repo.commit_before(sha, since.timestamp())
-    # Commits after `until` (a replay "as of" an earlier time) are the future: not read.
-    commits = [c for c in repo.window(sha, since.timestamp(), [spec_file, machines_dir, images_dir])
-               if c.at <= until.timestamp()]
+
+    # Records as the base holds them: the working tree's, and the base's version of any the PR edits.
+    records = load_indexed(spec_dir)
+    record_problems = list(records.problems)
+    machines: dict[str, MachineRecord] = {}
+    for rec in records.machines.values():
+        if any(_after(e.at, since) for e in rec.benchmarks):
+            machines[rec.machine_id] = rec
+    images: dict[str, ImageSuspectRecord] = dict(records.images)
+    edited_by_pr = repo.changed_in_worktree(sha, [machines_dir, images_dir])
+    base_texts = repo.blobs([f"{sha}:{p}" for p in edited_by_pr])
+    for path in edited_by_pr:
+        _put(path, base_texts.get(f"{sha}:{path}"), machines, images, machines_dir, record_problems, since)
+
+    # git lists the window's commits (seconds at fleet size: a tree diff per commit) on another core while this
+    # one reads the demand samples. Started after the record load, which may fork.
+    with ThreadPoolExecutor(max_workers=1) as background:
+        listed = background.submit(repo.window, sha, since.timestamp(), [spec_file, machines_dir, images_dir])
+        demand_paths = [p for p in repo.files_under(sha, f"{spec_rel}/{DEMAND_DIR}")
+                        if PurePosixPath(p).stem in {d.isoformat() for d in days_between(since, until)}]
+        demand_texts = repo.blobs([f"{sha}:{p}" for p in demand_paths])
+        by_pool: dict[str, list[tuple[str, str]]] = {}
+        for p in demand_paths:
+            text = demand_texts.get(f"{sha}:{p}")
+            if text is not None:
+                by_pool.setdefault(PurePosixPath(p).parent.name, []).append((p, text))
+        demand = parse_history(by_pool, since, until)
+        # Commits after `until` (a replay "as of" an earlier time) are the future: not read.
+        commits = [c for c in listed.result() if c.at <= until.timestamp()]
+
     first = start or (commits[0].sha if commits else sha)
     found = repo.blobs([f"{first}:{spec_file}", f"{first}:{capacity_file}", f"{sha}:{spec_file}"])
     base_spec = _spec(found.get(f"{sha}:{spec_file}"), f"{base_ref}:{spec_file}", problems)
@@ -71,19 +99,7 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
         entries, cap_problems = parse_capacity(found[f"{first}:{capacity_file}"], capacity_file)
         capacity_start = entries
         problems += [f"{p} (capacity at the window's start)" for p in map(str, cap_problems)]
-
-    # Records as the base holds them: the working tree's, and the base's version of any the PR edits.
-    records = load_indexed(spec_dir)
-    problems += list(records.problems)
-    machines: dict[str, MachineRecord] = {}
-    for rec in records.machines.values():
-        if any(_after(e.at, since) for e in rec.benchmarks):
-            machines[rec.machine_id] = rec
-    images: dict[str, ImageSuspectRecord] = dict(records.images)
-    edited_by_pr = repo.changed_in_worktree(sha, [machines_dir, images_dir])
-    base_texts = repo.blobs([f"{sha}:{p}" for p in edited_by_pr])
-    for path in edited_by_pr:
-        _put(path, base_texts.get(f"{sha}:{path}"), machines, images, machines_dir, problems, since)
+    problems += record_problems
 
     # What changed in the window: spec versions, humans' record edits, deleted records.
     wanted = []
@@ -117,16 +133,6 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
                 edits.append(RecordEdit(at, name, None, before, after))
             else:
                 edits.append(RecordEdit(at, None, f"sha256:{name}", before, after))
-
-    demand_paths = [p for p in repo.files_under(sha, f"{spec_rel}/{DEMAND_DIR}")
-                    if PurePosixPath(p).stem in {d.isoformat() for d in days_between(since, until)}]
-    demand_texts = repo.blobs([f"{sha}:{p}" for p in demand_paths])
-    by_pool: dict[str, list[tuple[str, str]]] = {}
-    for p in demand_paths:
-        text = demand_texts.get(f"{sha}:{p}")
-        if text is not None:
-            by_pool.setdefault(PurePosixPath(p).parent.name, []).append((p, text))
-    demand = parse_history(by_pool, since, until)
     problems += list(demand.problems)
     history = History(since=since, until=until, machines=machines, images=images, edits=tuple(edits),
                       specs=tuple(specs), capacity_start=capacity_start, demand=demand.samples,
