@@ -706,6 +706,11 @@ def _rule(pool: PoolSpec, stored: CapacityEntry | None, signals: PoolSignals, de
     return _Ruling(wanted, DOWN, line)
 
 
+def _same_in_order(stored: tuple[int, ...], ordered: tuple[int, ...]) -> bool:
+    """Whether `stored` sorted is `ordered` (a stored entry is usually in order already)."""
+    return stored == ordered or tuple(sorted(stored)) == ordered
+
+
 def _drain_order(state: SlotState) -> tuple[float, int]:
     """Worst first: a machine with no measured $/proof (on its way, or unmeasured), then the highest $/proof."""
     cost = state.usd_per_proof
@@ -744,7 +749,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         taken = set(slots)
         free = (i for i in range(len(slots) + new + 1) if i not in taken)
         added = [next(free) for _ in range(new - active_count - len(cancel))]
-        slots = (*slots, *added)
+        slots = tuple(sorted((*slots, *added)))
     elif new < active_count:  # every shrink: slots with nothing proving go now, then drain the worst $/proof
         surplus = active_count - new
         drains = set(draining)
@@ -758,10 +763,11 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
             active = [i for i in active if i not in gone]
             surplus -= len(let_go)
         for state in sorted((by_index[i] for i in active if i in by_index), key=_drain_order)[:surplus]:
-            draining = (*draining, state.index)
             drained.append(state)
             if state.instance_id:
                 drain_ids.append(state.instance_id)
+        if drained:
+            draining = tuple(sorted((*draining, *(s.index for s in drained))))
     reason = ruling.sentence
     if drained:
         reason += "; draining " + ", ".join(
@@ -769,14 +775,15 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
                              "no measured $/proof" if s.state == "serving" else "still on its way") + ")"
             for s in drained)
     changed_here = ruling.direction is not None
+    # slots and draining stay in order: within_bounds sorts them, and every change above keeps or restores it.
     entry_out = CapacityEntry(
-        pool.name, new, tuple(sorted(slots)), tuple(sorted(draining)),
+        pool.name, new, slots, draining,
         now if changed_here else (stored.changed_at if stored else None),
         ruling.direction if changed_here else (stored.direction if stored else None),
         reason if changed_here else (stored.reason if stored else initial_entry(pool).reason),
         signals.to_json(now) if changed_here or stored is None else stored.signals)
-    file_changed = stored is None or (entry_out.desired, entry_out.slots, entry_out.draining) != \
-        (stored.desired, tuple(sorted(stored.slots)), tuple(sorted(stored.draining)))
+    file_changed = stored is None or entry_out.desired != stored.desired or \
+        not _same_in_order(stored.slots, slots) or not _same_in_order(stored.draining, draining)
     return CapacityDecision(pool.name, before, entry_out, file_changed, signals, ruling.held_by,
                             "" if changed_here and not ruling.held_by else ruling.sentence,
                             tuple(f"{pool.name}-{i}" for i in sorted(released)), tuple(drain_ids), (low, high),
