@@ -728,9 +728,8 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
     stored = entry
     slots, draining, desired = within_bounds(pool, entry)
     before = entry.desired if entry is not None else desired
-    by_index = signals.by_index
     # A draining slot whose worker stopped (drained, failed, gone) is released: nothing is proving there now.
-    released = [i for i in draining if by_index.get(i) is None or by_index[i].state in GONE]
+    released = [i for i in draining if (s := signals.by_index.get(i)) is None or s.state in GONE] if draining else []
     if released:
         gone = set(released)
         draining = tuple(i for i in draining if i not in gone)
@@ -752,6 +751,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         slots = tuple(sorted((*slots, *added)))
     elif new < active_count:  # every shrink: slots with nothing proving go now, then drain the worst $/proof
         surplus = active_count - new
+        by_index = signals.by_index
         drains = set(draining)
         active = [i for i in slots if i not in drains]
         empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]
