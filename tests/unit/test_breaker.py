@@ -234,3 +234,18 @@ def test_kill_budget_window_slides_and_already_bad_machines_cost_nothing() -> No
     fresh = verdict_of(completed_report("p-222", "222", 20.0))  # pool allows 1 per window
     out = apply_guards(SPEC, records, [again, fresh], LATER)
     assert [v.marks_bad for v in out.verdicts] == [True, True]
+
+
+def test_kill_budgets_handed_over_decide_as_the_ones_read_from_the_records() -> None:
+    # A replay keeps the budgets from pass to pass and hands them over with only the records the breaker reads:
+    # the same budgets give the same verdicts; the handed budgets are the ones spent, not the view's.
+    earlier = verdict_of(completed_report("p-111", "111", 20.0, pool="rtx4090"), LATER - timedelta(hours=2))
+    records = records_of([earlier])
+    new = [verdict_of(completed_report(f"p-{m}", m, 20.0, pool="rtx4090")) for m in ("222", "333")]
+    read = apply_guards(SPEC, records, new, LATER)
+    handed = apply_guards(SPEC, RecordSet(), new, LATER, budgets=kill_budgets(SPEC, records, LATER))
+    assert handed.verdicts == read.verdicts and handed.kill_budgets == read.kill_budgets
+    assert [v.held_by for v in handed.verdicts] == [None, "kill-budget"]
+    # Budgets that say the window holds no mark (none read): both new marks fit the pool's two.
+    fresh = apply_guards(SPEC, records, new, LATER, budgets=kill_budgets(SPEC, RecordSet(), LATER))
+    assert [v.held_by for v in fresh.verdicts] == [None, None]
