@@ -910,7 +910,8 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
                 kept_state = pools[name]
                 kept_state.history = demand_history((*kept_state.history, demand), demand.at, keep)
-            guards.entries_version += _entry_key(entries.get(name)) != _entry_key(entry)
+            if _entry_key(entries.get(name)) != _entry_key(entry):
+                guards.entry_changed(name)
             entries[name] = entry
             if after != before:
                 run.capacity.append(CapacityChange(at, name, before, after, entry.direction or "", entry.reason))
@@ -932,32 +933,50 @@ class _Guards:
     only when a bad mark was added or removed, or one left the window; the pool's allowance follows its count)."""
 
     def __init__(self) -> None:
-        self.entries_version = 0  # bumped by whoever changes the entries
-        self._applied: tuple[tuple[int, int], FleetSpec] | None = None
+        self._spec_id: int | None = None  # the spec the applied pools and budgets below are of
+        self._dirty: set[str] = set()  # pools whose entry changed since they were applied
+        self._applied: FleetSpec | None = None
         self._pools: dict[tuple[object, ...], PoolSpec] = {}  # (pool, its entry) -> the pool applied
         self._key: tuple[int, int] | None = None
         self._until: datetime | None = None
         self._used: dict[str, tuple[str, ...]] = {}
-        self._answer: tuple[int, dict[str, KillBudget]] | None = None
+        self._budgets: dict[str, KillBudget] | None = None
+
+    def entry_changed(self, pool: str) -> None:
+        """Called by whoever changes a pool's capacity entry."""
+        self._dirty.add(pool)
 
     def applied(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> FleetSpec:
-        """`capacity.apply_entries(spec, entries)`, pool by pool: a pool whose entry did not change keeps its
-        applied spec (a change touches one pool; applying every pool again cost a fleet's slots each time)."""
-        key = (id(spec), self.entries_version)
-        if self._applied is None or self._applied[0] != key:
-            pools = []
-            for pool in spec.pools:
-                entry = entries.get(pool.name) if pool.min_count is not None else None
-                pool_key = (id(pool), _entry_key(entry))
-                found = self._pools.get(pool_key)
-                if found is None:
-                    if len(self._pools) > 20_000:
-                        self._pools.clear()
-                    one = {pool.name: entry} if entry is not None else {}
-                    found = self._pools[pool_key] = apply_entries(replace(spec, pools=(pool,)), one).pools[0]
-                pools.append(found)
-            self._applied = (key, replace(spec, pools=tuple(pools)))
-        return self._applied[1]
+        """`capacity.apply_entries(spec, entries)`, pool by pool: only a pool whose entry changed is applied again
+        (a change touches one pool; applying every pool again cost a fleet's slots each time)."""
+        if self._spec_id != id(spec) or self._applied is None:
+            self._spec_id, self._applied, self._budgets = id(spec), None, None
+            self._dirty = {p.name for p in spec.pools}
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            before = self._applied.pools if self._applied is not None else spec.pools
+            pools = [self._pool(spec, pool, entries) if pool.name in dirty else now
+                     for pool, now in zip(spec.pools, before, strict=True)]
+            self._applied = replace(spec, pools=tuple(pools))
+            if self._budgets is not None:
+                self._budgets.update({p.name: self._budget(self._applied, p) for p in pools if p.name in dirty})
+        assert self._applied is not None
+        return self._applied
+
+    def _pool(self, spec: FleetSpec, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> PoolSpec:
+        entry = entries.get(pool.name) if pool.min_count is not None else None
+        pool_key = (id(pool), _entry_key(entry))
+        found = self._pools.get(pool_key)
+        if found is None:
+            if len(self._pools) > 20_000:
+                self._pools.clear()
+            one = {pool.name: entry} if entry is not None else {}
+            found = self._pools[pool_key] = apply_entries(replace(spec, pools=(pool,)), one).pools[0]
+        return found
+
+    def _budget(self, applied: FleetSpec, pool: PoolSpec) -> KillBudget:
+        """A pool's kill budget: its allowance follows its applied count."""
+        return KillBudget(pool.name, applied.kill_budget.allowed(pool.count), self._used.get(pool.name, ()))
 
     def budgets(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                 at: datetime) -> Mapping[str, KillBudget]:
@@ -971,11 +990,10 @@ class _Guards:
             marks = [_time(when) for _, _, when in records.marks_since(at - window)]
             leaving = [m + window for m in marks if m is not None and m + window > at]
             self._key, self._until = key, min(leaving, default=at + window)
-            self._answer = None
-        if self._answer is None or self._answer[0] != self.entries_version:
-            self._answer = (self.entries_version, {p.name: KillBudget(
-                p.name, applied.kill_budget.allowed(p.count), self._used.get(p.name, ())) for p in applied.pools})
-        return self._answer[1]
+            self._budgets = None
+        if self._budgets is None:
+            self._budgets = {p.name: self._budget(applied, p) for p in applied.pools}
+        return self._budgets
 
     def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                   at: datetime) -> frozenset[str]:
