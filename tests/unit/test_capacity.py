@@ -352,6 +352,25 @@ def test_growing_again_cancels_drains_before_renting() -> None:
     assert d.after == 3 and d.entry.slots == (0, 1, 2, 3) and d.entry.draining == (3,)
 
 
+def test_an_entry_stored_out_of_order_decides_as_the_same_entry_in_order() -> None:
+    # capacity.yaml written by hand (or by an older leader) may list slots and drains in any order: the decision,
+    # its entry (in order) and whether the file changes are those of the same entry in order.
+    busy = [serving(f"i-{i}", f"rtx4090-{i}", BUSY_HOUR) for i in range(4)]
+    idle = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(3)]
+    unreadable = {"rtx4090": QueueSnapshot(error="OperationalError: connection refused")}
+    cases = [(entry(2, slots=(3, 0, 2, 1), draining=(3, 2), direction="down"),
+              entry(2, slots=(0, 1, 2, 3), draining=(2, 3), direction="down"), busy, NO_QUEUE),
+             (entry(3, slots=(2, 0, 1)), entry(3), idle, unreadable),
+             (entry(4, slots=(3, 1, 0, 2)), entry(4), [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR, rate=r)
+                                                         for i, r in enumerate((50.0, 30.0, 45.0, 60.0))], NO_QUEUE)]
+    for shuffled, ordered, reports, queues in cases:
+        a, b = one(SPEC, shuffled, reports, queues, at(57)), one(SPEC, ordered, reports, queues, at(57))
+        assert (a.entry, a.changed, a.drain, a.released, a.after) == (b.entry, b.changed, b.drain, b.released, b.after)
+        assert a.entry.slots == tuple(sorted(a.entry.slots)) and a.entry.draining == tuple(sorted(a.entry.draining))
+    held = one(SPEC, cases[1][0], idle, unreadable, at(57))
+    assert not held.changed and held.entry.slots == (0, 1, 2)
+
+
 # --- bounds, pinning, the file -------------------------------------------------------------------------
 
 
