@@ -958,8 +958,9 @@ class _Guards:
             pools = [self._pool(spec, pool, entries) if pool.name in dirty else now
                      for pool, now in zip(spec.pools, before, strict=True)]
             self._applied = replace(spec, pools=tuple(pools))
-            if self._budgets is not None:
-                self._budgets.update({p.name: self._budget(self._applied, p) for p in pools if p.name in dirty})
+            if self._budgets is not None:  # a new mapping: a pass may still hold the one `budgets` gave it
+                self._budgets = {**self._budgets,
+                                 **{p.name: self._budget(self._applied, p) for p in pools if p.name in dirty}}
         assert self._applied is not None
         return self._applied
 

@@ -350,7 +350,7 @@ def self_check(history: History, recorded: Run, found: Sequence[Attempt]) -> Sel
     trips = trips_matched = 0
     replayed_trips = {(t.image_digest, s): t.at for t in recorded.trips for s in t.signature.split(", ")}
     for digest, img in sorted(history.images.items()):
-        tripped = _time(img.tripped_at)
+        tripped = record_time(img.tripped_at, naive_as_utc=False)
         if tripped is None or not history.since <= tripped <= history.until:
             continue
         for sig in sorted(signatures_of(img)):
@@ -479,10 +479,6 @@ def _limits(history: History, base: Run, pr: Run, flips: Sequence[Flip], base_sp
 
 def _only(a: Counter[str], b: Counter[str]) -> Counter[str]:
     return Counter({k: v for k, v in a.items() if k not in b})
-
-
-def _time(text: str | None) -> datetime | None:
-    return record_time(text, naive_as_utc=False)
 
 
 def pools_of(result: WhatIf) -> Mapping[str, PoolDelta]:
