@@ -179,13 +179,62 @@ class WhatIf:
         return (self.until - self.since).total_seconds() / 86400
 
 
-def what_if(history: History, base: FleetSpec, pr: FleetSpec) -> WhatIf:
-    """The base spec's and the PR's replays of `history`, compared; with the self-check and the limits."""
-    found = attempts(history)
-    recorded = replay(history, history.spec_at, "recorded", found=found)
+@dataclass(frozen=True)
+class Runs:
+    """The replays a what-if compares: the specs as they were (the self-check's), the base's and the PR's (the same
+    run where the specs are the same)."""
+
+    recorded: Run
+    base: Run
+    pr: Run
+
+
+def recorded_run(history: History, found: Sequence[Attempt]) -> Run:
+    """The specs as they were, replayed (the self-check's run; the base's too where the spec did not change)."""
+    return replay(history, history.spec_at, "recorded", found=found)
+
+
+def needs_policy_runs(history: History, base: FleetSpec, pr: FleetSpec) -> bool:
+    """Whether any replay beside the recorded one is needed (the spec changed in the window, or the PR changes it)."""
+    return not all(_same(v.spec, base) for v in history.specs) or not _same(pr, base)
+
+
+def policy_runs(history: History, base: FleetSpec, pr: FleetSpec, found: Sequence[Attempt],
+                recorded: Run | None) -> tuple[Run | None, Run | None]:
+    """(the base's run, the PR's run); None where it is the run before it (the recorded run is the base's where the
+    spec did not change in the window; the PR's is the base's where the PR does not change the spec).
+
+    The PR's run takes over the base's candidates and capacity decisions where their inputs are exactly the same
+    (`replay`'s `follow`). `recorded`: the recorded run when the caller has it; None when it is being replayed
+    elsewhere at the same time (`flows.whatif`): the PR's run then decides everything itself, to the same answer."""
     unchanged = all(_same(v.spec, base) for v in history.specs)
-    base_run = recorded if unchanged else replay(history, lambda _t: base, "base", found=found)
-    pr_run = base_run if _same(pr, base) else replay(history, lambda _t: pr, "PR", found=found, follow=base_run)
+    base_run = None if unchanged else replay(history, lambda _t: base, "base", found=found)
+    if _same(pr, base):
+        return base_run, None
+    lead = recorded if base_run is None else base_run
+    return base_run, replay(history, lambda _t: pr, "PR", found=found, follow=lead)
+
+
+def replays(history: History, base: FleetSpec, pr: FleetSpec, found: Sequence[Attempt]) -> Runs:
+    """Every run, one after the other, in this process."""
+    recorded = recorded_run(history, found)
+    base_run, pr_run = policy_runs(history, base, pr, found, recorded)
+    return runs_of(recorded, base_run, pr_run)
+
+
+def runs_of(recorded: Run, base_run: Run | None, pr_run: Run | None) -> Runs:
+    """`Runs` from `policy_runs`' answer (None: the run before it)."""
+    base_of = base_run if base_run is not None else recorded
+    return Runs(recorded, base_of, pr_run if pr_run is not None else base_of)
+
+
+def what_if(history: History, base: FleetSpec, pr: FleetSpec, *, found: Sequence[Attempt] | None = None,
+            runs: Runs | None = None) -> WhatIf:
+    """The base spec's and the PR's replays of `history`, compared; with the self-check and the limits. `found` and
+    `runs`: `attempts(history)` and its replays when the caller has them (`flows.whatif` replays on two cores)."""
+    found = attempts(history) if found is None else found
+    runs = replays(history, base, pr, found) if runs is None else runs
+    recorded, base_run, pr_run = runs.recorded, runs.base, runs.pr
     flips = _flips(base_run, pr_run, found, base, pr)
     pools = _pool_deltas(history, base_run, pr_run, base, pr, flips)
     return WhatIf(

@@ -7,27 +7,34 @@ record the PR edits read back from the base), every first-parent commit that cha
 human's pardon, ban or cleared suspect is applied when it reached the branch; a deleted record keeps its last
 version), the spec in force at the window's start and each change of it, capacity.yaml at the start and the
 demand day files. All from git: the PR job has the repository and no controller database.
+
+The replays take a core each for tens of seconds at fleet size: the specs as they were (the self-check's run) are
+replayed in a forked child while this process replays the PR's spec (`adapters.forked`); the child's run comes
+back without the attempts it judged (the parent has them all: they are sent as their places in the list).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 
 from reconciler.adapters.capacity_files import CAPACITY_FILE, parse_capacity
 from reconciler.adapters.collector import collector_paused
 from reconciler.adapters.demand_files import DEMAND_DIR, days_between, parse_history
+from reconciler.adapters.forked import ForkedCall
 from reconciler.adapters.git import BOT_NAME, GitReader, GitStoreError
 from reconciler.adapters.record_files import parse_image_record, parse_machine_record
 from reconciler.adapters.record_index import load_indexed
 from reconciler.adapters.spec_files import check_spec_text
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.records import IMAGES_DIR, MACHINES_DIR, ImageSuspectRecord, MachineRecord, RecordError
-from reconciler.domain.replay import History, RecordEdit, SpecVersion
+from reconciler.domain.replay import Attempt, History, Judged, RecordEdit, Run, SpecVersion, attempts
 from reconciler.domain.spec import FleetSpec
-from reconciler.domain.whatif import WhatIf, what_if
+from reconciler.domain.verdict import Verdict
+from reconciler.domain.whatif import Runs, WhatIf, needs_policy_runs, policy_runs, recorded_run, runs_of, what_if
 
 
 class WhatIfError(Exception):
@@ -158,7 +165,47 @@ def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime
             history, base_spec, sha = load_history(repo, spec_path.parent, base_ref, since, until)
         except GitStoreError as exc:
             raise WhatIfError(str(exc)) from None
-        return what_if(history, base_spec, pr_spec), WhatIfInputs(base_ref, sha, history, base_spec)
+        found = attempts(history)
+        runs = replays_on_two_cores(history, base_spec, pr_spec, found)
+        return what_if(history, base_spec, pr_spec, found=found, runs=runs), WhatIfInputs(base_ref, sha, history,
+                                                                                           base_spec)
+
+
+def replays_on_two_cores(history: History, base: FleetSpec, pr: FleetSpec, found: Sequence[Attempt], *,
+                         fork: bool | None = None) -> Runs | None:
+    """The recorded run replayed in a forked child while this process replays the base's and the PR's specs (the
+    PR's run then decides everything itself rather than take over the recorded run's decisions: the same answer).
+    None: one replay is all there is, or there is no child to run it (`what_if` replays them one after the other)."""
+    if not needs_policy_runs(history, base, pr):
+        return None
+    with ForkedCall(lambda: _sent(recorded_run(history, found), found), fork=fork) as child:
+        if child.ran_here is not None:
+            return None
+        base_run, pr_run = policy_runs(history, base, pr, found, recorded=None)
+        recorded = _received(child.result(), found)
+    return runs_of(recorded, base_run, pr_run)
+
+
+@dataclass(frozen=True)
+class _SentRun:
+    """A run as a child sends it back: each fate's attempt as its place in `found`, and without what only a run
+    following it would reuse (its candidates and decisions)."""
+
+    run: Run
+    fates: dict[str, list[tuple[int, str, Verdict | None, str, str | None]]]
+
+
+def _sent(run: Run, found: Sequence[Attempt]) -> _SentRun:
+    place = {id(a): i for i, a in enumerate(found)}
+    return _SentRun(replace(run, judged={}, candidates={}, decisions={}), {
+        iid: [(place[id(j.attempt)], j.outcome, j.verdict, j.why, j.as_recorded) for j in fates]
+        for iid, fates in run.judged.items()})
+
+
+def _received(sent: _SentRun, found: Sequence[Attempt]) -> Run:
+    return replace(sent.run, judged={iid: [Judged(found[i], outcome, verdict, why, as_recorded)
+                                           for i, outcome, verdict, why, as_recorded in fates]
+                                     for iid, fates in sent.fates.items()})
 
 
 def _spec(text: str | None, name: str, problems: list[str]) -> FleetSpec | None:

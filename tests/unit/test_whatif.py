@@ -27,6 +27,7 @@ from reconciler.domain.replay import (
 )
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET
 from reconciler.domain.whatif import what_if
+from reconciler.flows.whatif import replays_on_two_cores
 from reconciler.render.whatif import Header, render_whatif_markdown, render_whatif_text
 from tests.scenarios import (
     IMAGE_CUDA_TAIL,
@@ -211,3 +212,18 @@ def test_attempt_times_come_from_the_record() -> None:
     (a,) = attempts(h)
     assert isinstance(a, Attempt) and a.at == LATER and a.registered_at == T0
     assert isinstance(h.machines["m-a"], MachineRecord)
+
+
+def test_the_replays_on_two_cores_answer_what_one_process_answers() -> None:
+    # The recorded run in a forked child, the PR's run here deciding everything itself (no run to follow).
+    h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [86.0] * 10),
+                             rated("c", "m-c", [60.0] * 10)])])
+    found = attempts(h)
+    raised = with_min(50)
+    runs = replays_on_two_cores(h, SPEC, raised, found)
+    assert runs is not None and runs.recorded is not runs.pr
+    assert what_if(h, SPEC, raised, found=found, runs=runs) == what_if(h, SPEC, raised)
+    # The child's fates come back holding the parent's own attempts (sent as their places in the list).
+    assert {id(j.attempt) for j in runs.recorded.fates()} <= {id(a) for a in found}
+    assert replays_on_two_cores(h, SPEC, SPEC, found) is None  # one replay is all there is
+    assert replays_on_two_cores(h, SPEC, raised, found, fork=False) is None  # no child: one process does it
