@@ -108,66 +108,73 @@ def parse_day(text: str, pool: str, file: str) -> tuple[list[PoolSample], list[s
         return [], [f"{file}: no header line starting with at,span_s: not a demand file"]
     samples: list[PoolSample] = []
     problems: list[str] = []
+    extra_columns = [k for k in dict.fromkeys(header) if k not in COLUMNS]  # once per file, not per line
     for number, cells in enumerate(reader, start=2):
         doc = dict(zip(header, cells, strict=False))
         try:
-            samples.append(_sample(pool, doc))
+            samples.append(_sample(pool, doc, extra_columns))
         except (DemandFileError, ValueError, KeyError) as exc:
             problems.append(f"{file}: data line {number - 1}: {exc}")
     return samples, problems
 
 
-def _sample(pool: str, doc: Mapping[str, str]) -> PoolSample:
-    def integer(key: str, default: int = 0) -> int:
-        text = doc.get(key, "")
-        if text == "":
-            return default
-        value = int(text)
-        if value < 0:
-            raise DemandFileError(f"{key} {text!r} is negative")
-        return value
+def _integer(doc: Mapping[str, str], key: str, default: int = 0) -> int:
+    text = doc.get(key, "")
+    if text == "":
+        return default
+    value = int(text)
+    if value < 0:
+        raise DemandFileError(f"{key} {text!r} is negative")
+    return value
 
-    def number(key: str, default: float = 0.0) -> float:
-        text = doc.get(key, "")
-        if text == "":
-            return default
-        value = float(text)
-        if not value >= 0 or value == float("inf"):
-            raise DemandFileError(f"{key} {text!r} is not a finite number >= 0")
-        return value
 
-    def counts(key: str) -> dict[str, int] | None:
-        text = doc.get(key, "-")
-        if text == "-":
-            return None
-        out: dict[str, int] = {}
-        for part in filter(None, text.split(";")):
-            kind, _, n = part.partition("=")
-            if not kind or not n.isdigit():
-                raise DemandFileError(f"{key} {text!r}: expected Type=count;Type=count")
-            out[kind] = int(n)
-        return out
+def _number(doc: Mapping[str, str], key: str, default: float = 0.0) -> float:
+    text = doc.get(key, "")
+    if text == "":
+        return default
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise DemandFileError(f"{key} {text!r} is not a finite number >= 0")
+    return value
 
-    def use(key: str) -> Utilization | None:
-        text = doc.get(key, "")
-        if not text:
-            return None
-        parts = text.split("/")
-        if len(parts) != 4:
-            raise DemandFileError(f"{key} {text!r}: expected busy_s/wall_s/machines/window_s")
-        values = [float(p) for p in parts]
-        if any(not v >= 0 for v in values):
-            raise DemandFileError(f"{key} {text!r}: negative")
-        return Utilization(values[0], values[1], int(values[2]), values[3])
 
+def _optional(doc: Mapping[str, str], key: str) -> float | None:
+    return _number(doc, key) if doc.get(key, "") != "" else None
+
+
+def _task_counts(doc: Mapping[str, str], key: str) -> dict[str, int] | None:
+    text = doc.get(key, "-")
+    if text == "-":
+        return None
+    out: dict[str, int] = {}
+    for part in filter(None, text.split(";")):
+        kind, _, n = part.partition("=")
+        if not kind or not n.isdigit():
+            raise DemandFileError(f"{key} {text!r}: expected Type=count;Type=count")
+        out[kind] = int(n)
+    return out
+
+
+def _utilization(doc: Mapping[str, str], key: str) -> Utilization | None:
+    text = doc.get(key, "")
+    if not text:
+        return None
+    parts = text.split("/")
+    if len(parts) != 4:
+        raise DemandFileError(f"{key} {text!r}: expected busy_s/wall_s/machines/window_s")
+    values = [float(p) for p in parts]
+    if any(not v >= 0 for v in values):
+        raise DemandFileError(f"{key} {text!r}: negative")
+    return Utilization(values[0], values[1], int(values[2]), values[3])
+
+
+def _sample(pool: str, doc: Mapping[str, str], extra_columns: Iterable[str]) -> PoolSample:
+    """One line (`doc`: column -> text); `extra_columns`: the file's columns beyond COLUMNS (kept when set)."""
     at_text = doc.get("at", "")
     try:
         at = parse_time(at_text)
     except ValueError:
         raise DemandFileError(f"at {at_text!r} is not an RFC 3339 time") from None
-    def optional(key: str) -> float | None:
-        return number(key) if doc.get(key, "") != "" else None
-
     market = None
     if doc.get("market"):
         try:
@@ -181,19 +188,21 @@ def _sample(pool: str, doc: Mapping[str, str]) -> PoolSample:
         raise DemandFileError(f"queue {queue!r}: expected ok, error or nothing")
     oldest = doc.get("oldest_s", "")
     upcoming = doc.get("upcoming", "")
-    extra = {k: v for k, v in doc.items() if k not in COLUMNS and v}
+    extra = {k: doc[k] for k in extra_columns if doc.get(k)}
     return PoolSample(
-        pool=pool, at=at, span_s=number("span_s"), desired=integer("desired"), slots=integer("slots"),
-        draining=integer("draining"), serving=integer("serving"), on_the_way=integer("on_the_way"),
-        stopped=integer("stopped"), draining_serving=integer("draining_serving"), busy_s=number("busy_s"),
-        wall_s=number("wall_s"), proofs=integer("proofs"), usd_per_hour=number("usd_h"),
-        unpriced=integer("unpriced"), waiting=counts("waiting"), running=counts("running"),
-        oldest_wait_s=number("oldest_s") if oldest else None, queue_error=queue == "error",
-        upcoming=integer("upcoming") if upcoming else None, up=use("up"), down=use("down"),
-        paused=doc.get("paused") == "1", exhausted=doc.get("exhausted") == "1", image=doc.get("image", ""),
-        changed=doc.get("changed") == "1", heard_s=optional("heard_s"), back_s=optional("back_s"),
-        silent_s=optional("silent_s"), unheard=doc.get("unheard") == "1", memory_s=optional("memory_s"),
-        market=market, quiet_s=optional("quiet_s"), overdue=doc.get("overdue") == "1", extra=extra)
+        pool=pool, at=at, span_s=_number(doc, "span_s"), desired=_integer(doc, "desired"),
+        slots=_integer(doc, "slots"), draining=_integer(doc, "draining"), serving=_integer(doc, "serving"),
+        on_the_way=_integer(doc, "on_the_way"), stopped=_integer(doc, "stopped"),
+        draining_serving=_integer(doc, "draining_serving"), busy_s=_number(doc, "busy_s"),
+        wall_s=_number(doc, "wall_s"), proofs=_integer(doc, "proofs"), usd_per_hour=_number(doc, "usd_h"),
+        unpriced=_integer(doc, "unpriced"), waiting=_task_counts(doc, "waiting"),
+        running=_task_counts(doc, "running"), oldest_wait_s=_number(doc, "oldest_s") if oldest else None,
+        queue_error=queue == "error", upcoming=_integer(doc, "upcoming") if upcoming else None,
+        up=_utilization(doc, "up"), down=_utilization(doc, "down"), paused=doc.get("paused") == "1",
+        exhausted=doc.get("exhausted") == "1", image=doc.get("image", ""), changed=doc.get("changed") == "1",
+        heard_s=_optional(doc, "heard_s"), back_s=_optional(doc, "back_s"), silent_s=_optional(doc, "silent_s"),
+        unheard=doc.get("unheard") == "1", memory_s=_optional(doc, "memory_s"), market=market,
+        quiet_s=_optional(doc, "quiet_s"), overdue=doc.get("overdue") == "1", extra=extra)
 
 
 def merged_day(existing: str | None, pool: str, file: str, new: Iterable[PoolSample]) -> str:
