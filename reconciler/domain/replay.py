@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from reconciler.domain.breaker import KillBudget, kill_budgets
@@ -505,30 +506,41 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
     return low or 0
 
 
+class _SlotValues:
+    """One pool's slot states by state and slot index, each made once: a slot in a state is the same value every
+    time, so a replay's slot states are picked from lists instead of made again."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self._made: dict[str, list[SlotState]] = {}
+
+    def take(self, state: str, indices: Sequence[int]) -> list[SlotState]:
+        """The states of the slots `indices` (in ascending order) in `state`."""
+        made = self._made.setdefault(state, [])
+        for i in range(len(made), indices[-1] + 1 if indices else 0):
+            made.append(SlotState(f"{self.pool}-{i}", i, None if state == "empty" else f"{self.pool}-{i}", state))
+        return list(map(made.__getitem__, indices))
+
+
 def _synth_slots(pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
-                 draining_serving: int, states: dict[tuple[str, int, str], SlotState] | None = None,
+                 draining_serving: int, values: _SlotValues | None = None,
                  bounds: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> tuple[SlotState, ...]:
     """Slot states for the replay's entry from counts: serving first, then on the way, then empty; draining slots
     serving as many as history had, the rest stopped. Samples keep counts, not which index was which.
-    `states`: SlotState objects to reuse (a slot in a state is the same value every time); `bounds`:
-    `within_bounds(pool, entry)` when the caller has it."""
+    `values`: the pool's slot states to reuse; `bounds`: `within_bounds(pool, entry)` when the caller has it."""
     slots, draining, _ = within_bounds(pool, entry) if bounds is None else bounds
+    made = _SlotValues(pool.name) if values is None else values
+    # within_bounds gives both in index order, draining a part of slots.
     drained = set(draining)
-    made = {} if states is None else states
-    out = []
-    active = drains = 0
-    for i in slots:
-        if i in drained:
-            state = "serving" if drains < draining_serving else "stopped"
-            drains += 1
-        else:
-            state = "serving" if active < serving else "on-the-way" if active < serving + on_the_way else "empty"
-            active += 1
-        found = made.get((pool.name, i, state))
-        if found is None:
-            found = made[(pool.name, i, state)] = SlotState(
-                f"{pool.name}-{i}", i, None if state == "empty" else f"{pool.name}-{i}", state)
-        out.append(found)
+    active = [i for i in slots if i not in drained] if draining else slots
+    # In index order, the k-th active slot serves while k < serving, is on its way while k < serving + on_the_way.
+    up = max(0, serving)
+    way = max(up, serving + on_the_way)
+    out = made.take("serving", active[:up]) + made.take("on-the-way", active[up:way]) + made.take("empty", active[way:])
+    if draining:  # the k-th draining slot serves while k < draining_serving, the others stopped
+        kept = max(0, draining_serving)
+        out += made.take("serving", draining[:kept]) + made.take("stopped", draining[kept:])
+        out.sort(key=attrgetter("index"))  # back in slot order
     return tuple(out)
 
 
@@ -539,7 +551,7 @@ class _Memo:
     def __init__(self) -> None:
         self._bounds: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
         self._slots: dict[tuple[object, ...], tuple[SlotState, ...]] = {}
-        self._states: dict[tuple[str, int, str], SlotState] = {}
+        self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
 
     @staticmethod
@@ -575,7 +587,8 @@ class _Memo:
         if found is None:
             if len(self._slots) > 20_000:  # a fleet of 40 autoscaled pools cycles through ~10,000 of them
                 self._slots.clear()
-            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, self._states,
+            values = self._values.get(pool.name) or self._values.setdefault(pool.name, _SlotValues(pool.name))
+            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, values,
                                                     self.bounds(pool, entry))
         return found
 
