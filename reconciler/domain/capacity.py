@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import pairwise
 from operator import attrgetter
 from typing import Any
@@ -383,10 +383,18 @@ def within_bounds(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[in
     low, high = pool.bounds
     if entry is None:
         return tuple(range(low)), (), low
-    taken = set(entry.slots)
+    return _bounded(low, high, entry.desired, entry.slots, entry.draining)
+
+
+@lru_cache(maxsize=4096)
+def _bounded(low: int, high: int, desired: int, entry_slots: tuple[int, ...],
+             entry_draining: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """`within_bounds` of an entry, cached on what it reads (ints and tuples of ints, which hash fast): a pass asks
+    it a few times per pool, and `fleet plan --what-if` hundreds of thousands of times of the same few entries."""
+    taken = set(entry_slots)
     slots = tuple(sorted(taken))
-    draining = tuple(i for i in sorted(set(entry.draining)) if i in taken)
-    desired = min(max(entry.desired, low), high)
+    draining = tuple(i for i in sorted(set(entry_draining)) if i in taken)
+    desired = min(max(desired, low), high)
     active = len(slots) - len(draining)
     if active < desired:  # grow: un-drain first, then the lowest free indices
         undrain = set(draining[:desired - active])
