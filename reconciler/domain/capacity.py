@@ -289,6 +289,9 @@ class PoolSignals:
     market: MarketEconomics | None = None  # a pool with `queue.market`
     history: tuple[DemandSample, ...] = ()  # the previous passes' samples (oldest first)
     heartbeat_s: float = 300.0  # how often serving workers report (serving.heartbeat_minutes)
+    #: The slots' states counted by the caller that made the slots (None: counted here). `domain.replay` makes
+    #: them from counts, so it knows them.
+    counts: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
 
     def count(self, state: str) -> int:
         return self._counts.get(state, 0)
@@ -299,9 +302,9 @@ class PoolSignals:
         return dict(zip(map(attrgetter("index"), self.slots), self.slots, strict=True))
 
     @cached_property
-    def _counts(self) -> dict[str, int]:
+    def _counts(self) -> Mapping[str, int]:
         # Asked for several states per decision (a replay decides tens of thousands of times): counted once.
-        return dict(Counter(map(attrgetter("state"), self.slots)))
+        return self.counts if self.counts is not None else dict(Counter(map(attrgetter("state"), self.slots)))
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         up, down = self.utilization_up, self.utilization_down

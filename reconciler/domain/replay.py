@@ -524,9 +524,11 @@ class _SlotValues:
 
 def _synth_slots(pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
                  draining_serving: int, values: _SlotValues | None = None,
-                 bounds: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> tuple[SlotState, ...]:
+                 bounds: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> tuple[tuple[SlotState, ...],
+                                                                                           dict[str, int]]:
     """Slot states for the replay's entry from counts: serving first, then on the way, then empty; draining slots
-    serving as many as history had, the rest stopped. Samples keep counts, not which index was which.
+    serving as many as history had, the rest stopped. Samples keep counts, not which index was which. With them,
+    how many slots are in each state (`PoolSignals.counts`: only states that have slots, as a Counter has them).
     `values`: the pool's slot states to reuse; `bounds`: `within_bounds(pool, entry)` when the caller has it."""
     slots, draining, _ = within_bounds(pool, entry) if bounds is None else bounds
     made = _SlotValues(pool.name) if values is None else values
@@ -536,12 +538,19 @@ def _synth_slots(pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_t
     # In index order, the k-th active slot serves while k < serving, is on its way while k < serving + on_the_way.
     up = max(0, serving)
     way = max(up, serving + on_the_way)
-    out = made.take("serving", active[:up]) + made.take("on-the-way", active[up:way]) + made.take("empty", active[way:])
+    picked = [("serving", active[:up]), ("on-the-way", active[up:way]), ("empty", active[way:])]
     if draining:  # the k-th draining slot serves while k < draining_serving, the others stopped
         kept = max(0, draining_serving)
-        out += made.take("serving", draining[:kept]) + made.take("stopped", draining[kept:])
+        picked += [("serving", draining[:kept]), ("stopped", draining[kept:])]
+    out: list[SlotState] = []
+    counts: dict[str, int] = {}
+    for state, indices in picked:
+        if indices:
+            out += made.take(state, indices)
+            counts[state] = counts.get(state, 0) + len(indices)
+    if draining:
         out.sort(key=attrgetter("index"))  # back in slot order
-    return tuple(out)
+    return tuple(out), counts
 
 
 class _Memo:
@@ -550,7 +559,7 @@ class _Memo:
 
     def __init__(self) -> None:
         self._bounds: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
-        self._slots: dict[tuple[object, ...], tuple[SlotState, ...]] = {}
+        self._slots: dict[tuple[object, ...], tuple[tuple[SlotState, ...], dict[str, int]]] = {}
         self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
 
@@ -581,7 +590,7 @@ class _Memo:
         return found
 
     def slots(self, pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
-              draining_serving: int) -> tuple[SlotState, ...]:
+              draining_serving: int) -> tuple[tuple[SlotState, ...], dict[str, int]]:
         key = (*self._key(pool, entry), serving, on_the_way, draining_serving)
         found = self._slots.get(key)
         if found is None:
@@ -1148,13 +1157,14 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
     # The demand the leader remembered: the replay's own samples, as far back as the leader's memory reached.
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
     history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
-    slots = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
-    if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now)
+    slots, counts = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
+    if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now;
+        # the counts of states hold)
         first = next((k for k, slot in enumerate(slots) if slot.state == "serving"), None)
         if first is not None:
             slots = (*slots[:first], replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),
                      *slots[first + 1:])
-    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0)
+    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0, counts)
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:

@@ -504,3 +504,51 @@ def test_known_prices_decide_the_worst_usd_per_proof() -> None:
     assert d.drain == ("i-0",)
     d = one(SPEC, entry(2), reports, NO_QUEUE, at(57), prices={"i-0": 0.30, "i-1": 0.45})
     assert d.drain == ("i-1",)
+
+
+def test_within_bounds_cached_gives_what_it_computes_afresh() -> None:
+    # within_bounds is cached on the pool's bounds and the entry's counts, slots and draining: an equal entry (another
+    # object, or stored out of order) gets exactly what the rule computes for it, and decides the same.
+    from reconciler.domain.capacity import _bounded, within_bounds
+
+    pool = SPEC.pool("rtx4090")  # bounds 1..8
+    cases = [(3, (0, 1, 2), ()), (5, (4, 0, 2), (2,)), (0, (), ()), (12, (1, 3), (3, 1)), (2, (0, 1, 2, 3), (2, 3)),
+             (1, (0, 1, 2), (1, 2))]
+    for desired, slots, draining in cases:
+        stored = CapacityEntry("rtx4090", desired, slots, draining)
+        fresh = _bounded.__wrapped__(*pool.bounds, desired, slots, draining)
+        assert within_bounds(pool, stored) == within_bounds(pool, replace(stored, slots=tuple(slots))) == fresh
+    reports = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR, rate=r) for i, r in enumerate((50.0, 30.0, 45.0))]
+    _bounded.cache_clear()
+    cold = one(SPEC, entry(3), reports, NO_QUEUE, at(57))
+    warm = one(SPEC, entry(3), reports, NO_QUEUE, at(57))
+    assert _bounded.cache_info().hits and (cold.entry, cold.drain, cold.released) == (warm.entry, warm.drain,
+                                                                                       warm.released)
+
+
+def test_slot_counts_handed_in_decide_as_those_counted_from_the_slots() -> None:
+    # The replay knows how many slots it made in each state and hands the counts in (PoolSignals.counts): every
+    # rule reads them as it reads the counts of the slots themselves.
+    from collections import Counter
+
+    from reconciler.domain.capacity import decide_pool, signals_for
+    from reconciler.domain.serving import FleetHearing
+
+    pool = apply_entries(SPEC, entry(4)).pool("rtx4090")
+    cases = [[serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(4)],  # shrinks
+             [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(3)],  # one empty, released first
+             [*(serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(3)),
+              benchmarking("n-3", "rtx4090-3", 40)],  # on its way: held
+             [serving(f"i-{i}", f"rtx4090-{i}", BUSY_HOUR) for i in range(4)],  # grows
+             [serving("i-0", "rtx4090-0", IDLE_HOUR, stopped_at=50)]]  # stopped
+    for reports in cases:
+        now = at(57)
+        counted = signals_for(pool, reports, NO_QUEUE["rtx4090"], SPEC.serving, {}, now,
+                              hearing=FleetHearing(now, timedelta(minutes=20)))
+        handed = replace(counted, counts=dict(Counter(s.state for s in counted.slots)))
+        for stored in (entry(4)["rtx4090"], None):
+            a = decide_pool(pool, stored, counted, now)
+            b = decide_pool(pool, stored, handed, now)
+            assert (a.entry, a.changed, a.held_by, a.note, a.released, a.drain, a.sample) == \
+                (b.entry, b.changed, b.held_by, b.note, b.released, b.drain, b.sample)
+            assert a.signals.to_json(now) == b.signals.to_json(now)
