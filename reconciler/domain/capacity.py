@@ -604,7 +604,9 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
                       "way); not shrinking before it serves"), HELD_ON_THE_WAY
     back = signals.hearing.back if signals.hearing is not None else None
     due = timedelta(seconds=HEARTBEAT_GRACE * signals.heartbeat_s)
-    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due]
+    # Only a slot heard of can be overdue: a look at C speed first (the what-if replay's slots mostly were not).
+    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due] \
+        if any(map(attrgetter("heard_at"), signals.slots)) else []
     if overdue:
         late = max(overdue, key=lambda s: now - (s.heard_at or now))
         return None, (f"held: {len(overdue)} serving machine(s) not heard for longer than a heartbeat allows ("
@@ -765,7 +767,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         by_index = signals.by_index
         drains = set(draining)
         active = [i for i in slots if i not in drains]
-        empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]
+        empty = [i for i in active if (s := by_index.get(i)) is None or s.state in GONE]
         let_go = sorted(empty, reverse=True)[:surplus]
         if let_go:
             released += let_go
@@ -773,7 +775,9 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
             slots = tuple(i for i in slots if i not in gone)
             active = [i for i in active if i not in gone]
             surplus -= len(let_go)
-        for state in sorted((by_index[i] for i in active if i in by_index), key=_drain_order)[:surplus]:
+        # (no sort when the released slots were the whole surplus)
+        worst = sorted((by_index[i] for i in active if i in by_index), key=_drain_order) if surplus else []
+        for state in worst[:surplus]:
             drained.append(state)
             if state.instance_id:
                 drain_ids.append(state.instance_id)
