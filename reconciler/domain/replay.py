@@ -558,7 +558,8 @@ class _Memo:
     slot states of the same counts): computed once per distinct input. Entries change only at decisions."""
 
     def __init__(self) -> None:
-        self._bounds: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+        #: Per pool: the pool and entry last asked of, and their bounds.
+        self._last: dict[str, tuple[PoolSpec, CapacityEntry | None, tuple[tuple[int, ...], tuple[int, ...], int]]] = {}
         self._slots: dict[tuple[object, ...], tuple[tuple[SlotState, ...], dict[str, int]]] = {}
         self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
@@ -569,12 +570,13 @@ class _Memo:
             (pool.name, pool.bounds, entry.desired, entry.slots, entry.draining)
 
     def bounds(self, pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        key = self._key(pool, entry)
-        found = self._bounds.get(key)
-        if found is None:
-            if len(self._bounds) > 10_000:
-                self._bounds.clear()
-            found = self._bounds[key] = within_bounds(pool, entry)
+        """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
+        several times (the pool's ~250 slots take longer to hash than the check that they are the ones)."""
+        last = self._last.get(pool.name)
+        if last is not None and last[0] is pool and last[1] is entry:
+            return last[2]
+        found = within_bounds(pool, entry)
+        self._last[pool.name] = (pool, entry, found)  # held: an object's id is not reused while it lives
         return found
 
     def desired(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
@@ -876,13 +878,14 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         sample = samples.get(pool.name)
         if sample is None:
             continue
-        state = pools.setdefault(pool.name, _PoolState())
+        state = pools.get(pool.name) or pools.setdefault(pool.name, _PoolState())  # (made only when missing)
         start = cold.get(pool.name) or timedelta(minutes=pool.scaling.cold_start_minutes if pool.scaling else 15.0)
         serving_gap = _serving_gap(state, at, start)
         # Instances billed beyond history's: the replay's slots beyond history's (each slot holds an instance
         # unless history's was empty), so a pool draining in history is not counted twice.
         slots = pool.count if pool.min_count is None else len(memo.bounds(pool, entries.get(pool.name))[0])
-        _account(run.pools.setdefault(pool.name, PoolRun(pool.name)), state, pool, sample, serving_gap,
+        prun = run.pools.get(pool.name) or run.pools.setdefault(pool.name, PoolRun(pool.name))
+        _account(prun, state, pool, sample, serving_gap,
                  max(slots - sample.slots, -sample.rented), at)
         if pool.min_count is not None:
             ranged[pool.name] = (pool, sample, state, serving_gap)
@@ -901,7 +904,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         if follow is not None and spec.max_total_dph is None:
             for name in own:
                 kept = follow.decisions.get((name, at))
-                key = (_entry_key(entries.get(name)), spec.pool(name), name in paused, name in exhausted, None)
+                key = (_entry_key(entries.get(name)), ranged[name][0], name in paused, name in exhausted, None)
                 if kept is not None and kept[0] == key:
                     reused.add(name)
                     decided.append((name, kept[1], kept[2], kept[3], kept[4]))
@@ -919,7 +922,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 deciding = replace(spec, pools=tuple(
                     p if p.name in deciding_signals or p.min_count is None else memo.fixed(p, entries)
                     for p in spec.pools))
-            keys = {n: (_entry_key(entries.get(n)), spec.pool(n), n in paused, n in exhausted, spec.max_total_dph)
+            keys = {n: (_entry_key(entries.get(n)), ranged[n][0], n in paused, n in exhausted, spec.max_total_dph)
                     for n in deciding_signals}
             for d in decide_signals(deciding, entries, deciding_signals, at, paused_pools=paused,
                                     exhausted_pools=exhausted):
@@ -928,7 +931,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                     run.decisions[(d.pool, at)] = (keys[d.pool], d.entry, d.before, d.after, d.sample)
         for name, entry, before, after, demand in decided:
             if demand is not None:  # remembered as the leader's memory remembers it (flows.judge.DemandHistory)
-                scaling = spec.pool(name).scaling or ScalingSettings()
+                scaling = ranged[name][0].scaling or ScalingSettings()
                 keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
                 kept_state = pools[name]
                 kept_state.history = demand_history((*kept_state.history, demand), demand.at, keep)
