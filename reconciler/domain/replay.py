@@ -515,10 +515,12 @@ class _SlotValues:
         self._made: dict[str, list[SlotState]] = {}
 
     def take(self, state: str, indices: Sequence[int]) -> list[SlotState]:
-        """The states of the slots `indices` (in ascending order) in `state`."""
+        """The states of the slots `indices` (distinct, in ascending order) in `state`."""
         made = self._made.setdefault(state, [])
         for i in range(len(made), indices[-1] + 1 if indices else 0):
             made.append(SlotState(f"{self.pool}-{i}", i, None if state == "empty" else f"{self.pool}-{i}", state))
+        if indices and indices[-1] - indices[0] == len(indices) - 1:  # a run of indices (the usual): a slice
+            return made[indices[0]:indices[-1] + 1]
         return list(map(made.__getitem__, indices))
 
 
