@@ -552,3 +552,28 @@ def test_slot_counts_handed_in_decide_as_those_counted_from_the_slots() -> None:
             assert (a.entry, a.changed, a.held_by, a.note, a.released, a.drain, a.sample) == \
                 (b.entry, b.changed, b.held_by, b.note, b.released, b.drain, b.sample)
             assert a.signals.to_json(now) == b.signals.to_json(now)
+
+
+def test_the_replays_slot_states_come_with_their_counts() -> None:
+    # The replay makes a pool's slot states from counts and hands those counts to the decision (PoolSignals.counts):
+    # they are what counting the states gives, and the slots are those of the entry, in index order.
+    from collections import Counter
+
+    from reconciler.domain.capacity import within_bounds
+    from reconciler.domain.replay import _synth_slots
+
+    pool = SPEC.pool("rtx4090")  # bounds 1..8
+    entries = [None, CapacityEntry("rtx4090", 5, (0, 1, 2, 3, 4)), CapacityEntry("rtx4090", 3, (4, 0, 7, 2), (7, 0)),
+               CapacityEntry("rtx4090", 6, (1, 2, 3), (2,)), CapacityEntry("rtx4090", 1, (0, 1, 2), (0, 1, 2))]
+    for stored in entries:
+        slots, draining, _ = within_bounds(pool, stored)
+        for serving_, on_the_way, draining_serving in [(0, 0, 0), (2, 1, 1), (9, 0, 3), (1, 9, 0), (-1, 2, -1)]:
+            states, counts = _synth_slots(pool, stored, serving_, on_the_way, draining_serving)
+            assert counts == dict(Counter(s.state for s in states))
+            assert tuple(s.index for s in states) == slots
+            assert all(s.state in ("serving", "stopped") for s in states if s.index in draining)
+    # Slots 0, 2, 4, 7 with 7 draining (desired 3 un-drains 0): active 0 serves, 2 is on its way, 4 is empty; 7
+    # serves as history's one draining machine did.
+    states, counts = _synth_slots(pool, entries[2], 1, 1, 1)
+    assert [s.state for s in states] == ["serving", "on-the-way", "empty", "serving"]
+    assert counts == {"serving": 2, "on-the-way": 1, "empty": 1}

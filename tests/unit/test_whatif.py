@@ -211,24 +211,3 @@ def test_attempt_times_come_from_the_record() -> None:
     (a,) = attempts(h)
     assert isinstance(a, Attempt) and a.at == LATER and a.registered_at == T0
     assert isinstance(h.machines["m-a"], MachineRecord)
-
-
-def test_the_replays_slot_states_come_with_their_counts() -> None:
-    # The replay makes a pool's slot states from counts and hands those counts to the decision (PoolSignals.counts):
-    # they are what counting the states gives, and the slots are those of the entry, in index order.
-    from collections import Counter
-
-    from reconciler.domain.capacity import CapacityEntry, within_bounds
-    from reconciler.domain.replay import _synth_slots
-    from tests.capacity_support import autoscaled_spec
-
-    pool = autoscaled_spec().pool("rtx4090")  # bounds 1..8
-    entries = [None, CapacityEntry(POOL, 5, (0, 1, 2, 3, 4)), CapacityEntry(POOL, 3, (4, 0, 7, 2), (7, 0)),
-               CapacityEntry(POOL, 6, (1, 2, 3), (2,)), CapacityEntry(POOL, 1, (0, 1, 2), (0, 1, 2))]
-    for stored in entries:
-        slots, draining, _ = within_bounds(pool, stored)
-        for serving_, on_the_way, draining_serving in [(0, 0, 0), (2, 1, 1), (9, 0, 3), (1, 9, 0), (-1, 2, -1)]:
-            states, counts = _synth_slots(pool, stored, serving_, on_the_way, draining_serving)
-            assert counts == dict(Counter(s.state for s in states))
-            assert tuple(s.index for s in states) == slots
-            assert all(s.state in ("serving", "stopped") for s in states if s.index in draining)
