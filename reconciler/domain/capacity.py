@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import pairwise
 from operator import attrgetter
 from typing import Any
@@ -289,6 +289,9 @@ class PoolSignals:
     market: MarketEconomics | None = None  # a pool with `queue.market`
     history: tuple[DemandSample, ...] = ()  # the previous passes' samples (oldest first)
     heartbeat_s: float = 300.0  # how often serving workers report (serving.heartbeat_minutes)
+    #: The slots' states counted by the caller that made the slots (None: counted here). `domain.replay` makes
+    #: them from counts, so it knows them.
+    counts: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
 
     def count(self, state: str) -> int:
         return self._counts.get(state, 0)
@@ -299,9 +302,9 @@ class PoolSignals:
         return dict(zip(map(attrgetter("index"), self.slots), self.slots, strict=True))
 
     @cached_property
-    def _counts(self) -> dict[str, int]:
+    def _counts(self) -> Mapping[str, int]:
         # Asked for several states per decision (a replay decides tens of thousands of times): counted once.
-        return dict(Counter(map(attrgetter("state"), self.slots)))
+        return self.counts if self.counts is not None else dict(Counter(map(attrgetter("state"), self.slots)))
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         up, down = self.utilization_up, self.utilization_down
@@ -383,10 +386,18 @@ def within_bounds(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[in
     low, high = pool.bounds
     if entry is None:
         return tuple(range(low)), (), low
-    taken = set(entry.slots)
+    return _bounded(low, high, entry.desired, entry.slots, entry.draining)
+
+
+@lru_cache(maxsize=4096)
+def _bounded(low: int, high: int, desired: int, entry_slots: tuple[int, ...],
+             entry_draining: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """`within_bounds` of an entry, cached on what it reads (ints and tuples of ints, which hash fast): a pass asks
+    it a few times per pool, and `fleet plan --what-if` hundreds of thousands of times of the same few entries."""
+    taken = set(entry_slots)
     slots = tuple(sorted(taken))
-    draining = tuple(i for i in sorted(set(entry.draining)) if i in taken)
-    desired = min(max(entry.desired, low), high)
+    draining = tuple(i for i in sorted(set(entry_draining)) if i in taken)
+    desired = min(max(desired, low), high)
     active = len(slots) - len(draining)
     if active < desired:  # grow: un-drain first, then the lowest free indices
         undrain = set(draining[:desired - active])
@@ -593,7 +604,9 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
                       "way); not shrinking before it serves"), HELD_ON_THE_WAY
     back = signals.hearing.back if signals.hearing is not None else None
     due = timedelta(seconds=HEARTBEAT_GRACE * signals.heartbeat_s)
-    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due]
+    # Only a slot heard of can be overdue: a look at C speed first (the what-if replay's slots mostly were not).
+    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due] \
+        if any(map(attrgetter("heard_at"), signals.slots)) else []
     if overdue:
         late = max(overdue, key=lambda s: now - (s.heard_at or now))
         return None, (f"held: {len(overdue)} serving machine(s) not heard for longer than a heartbeat allows ("
@@ -754,7 +767,7 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         by_index = signals.by_index
         drains = set(draining)
         active = [i for i in slots if i not in drains]
-        empty = [i for i in active if by_index.get(i) is None or by_index[i].state in GONE]
+        empty = [i for i in active if (s := by_index.get(i)) is None or s.state in GONE]
         let_go = sorted(empty, reverse=True)[:surplus]
         if let_go:
             released += let_go
@@ -762,7 +775,9 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
             slots = tuple(i for i in slots if i not in gone)
             active = [i for i in active if i not in gone]
             surplus -= len(let_go)
-        for state in sorted((by_index[i] for i in active if i in by_index), key=_drain_order)[:surplus]:
+        # (no sort when the released slots were the whole surplus)
+        worst = sorted((by_index[i] for i in active if i in by_index), key=_drain_order) if surplus else []
+        for state in worst[:surplus]:
             drained.append(state)
             if state.instance_id:
                 drain_ids.append(state.instance_id)

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from reconciler.domain.breaker import KillBudget, kill_budgets
@@ -505,31 +506,53 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
     return low or 0
 
 
+class _SlotValues:
+    """One pool's slot states by state and slot index, each made once: a slot in a state is the same value every
+    time, so a replay's slot states are picked from lists instead of made again."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self._made: dict[str, list[SlotState]] = {}
+
+    def take(self, state: str, indices: Sequence[int]) -> list[SlotState]:
+        """The states of the slots `indices` (distinct, in ascending order) in `state`."""
+        made = self._made.setdefault(state, [])
+        for i in range(len(made), indices[-1] + 1 if indices else 0):
+            made.append(SlotState(f"{self.pool}-{i}", i, None if state == "empty" else f"{self.pool}-{i}", state))
+        if indices and indices[-1] - indices[0] == len(indices) - 1:  # a run of indices (the usual): a slice
+            return made[indices[0]:indices[-1] + 1]
+        return list(map(made.__getitem__, indices))
+
+
 def _synth_slots(pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
-                 draining_serving: int, states: dict[tuple[str, int, str], SlotState] | None = None,
-                 bounds: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> tuple[SlotState, ...]:
+                 draining_serving: int, values: _SlotValues | None = None,
+                 bounds: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> tuple[tuple[SlotState, ...],
+                                                                                           dict[str, int]]:
     """Slot states for the replay's entry from counts: serving first, then on the way, then empty; draining slots
-    serving as many as history had, the rest stopped. Samples keep counts, not which index was which.
-    `states`: SlotState objects to reuse (a slot in a state is the same value every time); `bounds`:
-    `within_bounds(pool, entry)` when the caller has it."""
+    serving as many as history had, the rest stopped. Samples keep counts, not which index was which. With them,
+    how many slots are in each state (`PoolSignals.counts`: only states that have slots, as a Counter has them).
+    `values`: the pool's slot states to reuse; `bounds`: `within_bounds(pool, entry)` when the caller has it."""
     slots, draining, _ = within_bounds(pool, entry) if bounds is None else bounds
+    made = _SlotValues(pool.name) if values is None else values
+    # within_bounds gives both in index order, draining a part of slots.
     drained = set(draining)
-    made = {} if states is None else states
-    out = []
-    active = drains = 0
-    for i in slots:
-        if i in drained:
-            state = "serving" if drains < draining_serving else "stopped"
-            drains += 1
-        else:
-            state = "serving" if active < serving else "on-the-way" if active < serving + on_the_way else "empty"
-            active += 1
-        found = made.get((pool.name, i, state))
-        if found is None:
-            found = made[(pool.name, i, state)] = SlotState(
-                f"{pool.name}-{i}", i, None if state == "empty" else f"{pool.name}-{i}", state)
-        out.append(found)
-    return tuple(out)
+    active = [i for i in slots if i not in drained] if draining else slots
+    # In index order, the k-th active slot serves while k < serving, is on its way while k < serving + on_the_way.
+    up = max(0, serving)
+    way = max(up, serving + on_the_way)
+    picked = [("serving", active[:up]), ("on-the-way", active[up:way]), ("empty", active[way:])]
+    if draining:  # the k-th draining slot serves while k < draining_serving, the others stopped
+        kept = max(0, draining_serving)
+        picked += [("serving", draining[:kept]), ("stopped", draining[kept:])]
+    out: list[SlotState] = []
+    counts: dict[str, int] = {}
+    for state, indices in picked:
+        if indices:
+            out += made.take(state, indices)
+            counts[state] = counts.get(state, 0) + len(indices)
+    if draining:
+        out.sort(key=attrgetter("index"))  # back in slot order
+    return tuple(out), counts
 
 
 class _Memo:
@@ -537,9 +560,10 @@ class _Memo:
     slot states of the same counts): computed once per distinct input. Entries change only at decisions."""
 
     def __init__(self) -> None:
-        self._bounds: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
-        self._slots: dict[tuple[object, ...], tuple[SlotState, ...]] = {}
-        self._states: dict[tuple[str, int, str], SlotState] = {}
+        #: Per pool: the pool and entry last asked of, and their bounds.
+        self._last: dict[str, tuple[PoolSpec, CapacityEntry | None, tuple[tuple[int, ...], tuple[int, ...], int]]] = {}
+        self._slots: dict[tuple[object, ...], tuple[tuple[SlotState, ...], dict[str, int]]] = {}
+        self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
 
     @staticmethod
@@ -548,12 +572,13 @@ class _Memo:
             (pool.name, pool.bounds, entry.desired, entry.slots, entry.draining)
 
     def bounds(self, pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        key = self._key(pool, entry)
-        found = self._bounds.get(key)
-        if found is None:
-            if len(self._bounds) > 10_000:
-                self._bounds.clear()
-            found = self._bounds[key] = within_bounds(pool, entry)
+        """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
+        several times (the pool's ~250 slots take longer to hash than the check that they are the ones)."""
+        last = self._last.get(pool.name)
+        if last is not None and last[0] is pool and last[1] is entry:
+            return last[2]
+        found = within_bounds(pool, entry)
+        self._last[pool.name] = (pool, entry, found)  # held: an object's id is not reused while it lives
         return found
 
     def desired(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
@@ -569,13 +594,14 @@ class _Memo:
         return found
 
     def slots(self, pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
-              draining_serving: int) -> tuple[SlotState, ...]:
+              draining_serving: int) -> tuple[tuple[SlotState, ...], dict[str, int]]:
         key = (*self._key(pool, entry), serving, on_the_way, draining_serving)
         found = self._slots.get(key)
         if found is None:
             if len(self._slots) > 20_000:  # a fleet of 40 autoscaled pools cycles through ~10,000 of them
                 self._slots.clear()
-            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, self._states,
+            values = self._values.get(pool.name) or self._values.setdefault(pool.name, _SlotValues(pool.name))
+            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, values,
                                                     self.bounds(pool, entry))
         return found
 
@@ -854,13 +880,14 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         sample = samples.get(pool.name)
         if sample is None:
             continue
-        state = pools.setdefault(pool.name, _PoolState())
+        state = pools.get(pool.name) or pools.setdefault(pool.name, _PoolState())  # (made only when missing)
         start = cold.get(pool.name) or timedelta(minutes=pool.scaling.cold_start_minutes if pool.scaling else 15.0)
         serving_gap = _serving_gap(state, at, start)
         # Instances billed beyond history's: the replay's slots beyond history's (each slot holds an instance
         # unless history's was empty), so a pool draining in history is not counted twice.
         slots = pool.count if pool.min_count is None else len(memo.bounds(pool, entries.get(pool.name))[0])
-        _account(run.pools.setdefault(pool.name, PoolRun(pool.name)), state, pool, sample, serving_gap,
+        prun = run.pools.get(pool.name) or run.pools.setdefault(pool.name, PoolRun(pool.name))
+        _account(prun, state, pool, sample, serving_gap,
                  max(slots - sample.slots, -sample.rented), at)
         if pool.min_count is not None:
             ranged[pool.name] = (pool, sample, state, serving_gap)
@@ -879,7 +906,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
         if follow is not None and spec.max_total_dph is None:
             for name in own:
                 kept = follow.decisions.get((name, at))
-                key = (_entry_key(entries.get(name)), spec.pool(name), name in paused, name in exhausted, None)
+                key = (_entry_key(entries.get(name)), ranged[name][0], name in paused, name in exhausted, None)
                 if kept is not None and kept[0] == key:
                     reused.add(name)
                     decided.append((name, kept[1], kept[2], kept[3], kept[4]))
@@ -897,7 +924,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 deciding = replace(spec, pools=tuple(
                     p if p.name in deciding_signals or p.min_count is None else memo.fixed(p, entries)
                     for p in spec.pools))
-            keys = {n: (_entry_key(entries.get(n)), spec.pool(n), n in paused, n in exhausted, spec.max_total_dph)
+            keys = {n: (_entry_key(entries.get(n)), ranged[n][0], n in paused, n in exhausted, spec.max_total_dph)
                     for n in deciding_signals}
             for d in decide_signals(deciding, entries, deciding_signals, at, paused_pools=paused,
                                     exhausted_pools=exhausted):
@@ -906,7 +933,7 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                     run.decisions[(d.pool, at)] = (keys[d.pool], d.entry, d.before, d.after, d.sample)
         for name, entry, before, after, demand in decided:
             if demand is not None:  # remembered as the leader's memory remembers it (flows.judge.DemandHistory)
-                scaling = spec.pool(name).scaling or ScalingSettings()
+                scaling = ranged[name][0].scaling or ScalingSettings()
                 keep = timedelta(minutes=max(scaling.scale_up_after_minutes, scaling.scale_down_after_minutes))
                 kept_state = pools[name]
                 kept_state.history = demand_history((*kept_state.history, demand), demand.at, keep)
@@ -1135,13 +1162,14 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
     # The demand the leader remembered: the replay's own samples, as far back as the leader's memory reached.
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
     history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
-    slots = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
-    if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now)
+    slots, counts = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
+    if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now;
+        # the counts of states hold)
         first = next((k for k, slot in enumerate(slots) if slot.state == "serving"), None)
         if first is not None:
             slots = (*slots[:first], replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),
                      *slots[first + 1:])
-    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0)
+    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0, counts)
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:

@@ -504,3 +504,76 @@ def test_known_prices_decide_the_worst_usd_per_proof() -> None:
     assert d.drain == ("i-0",)
     d = one(SPEC, entry(2), reports, NO_QUEUE, at(57), prices={"i-0": 0.30, "i-1": 0.45})
     assert d.drain == ("i-1",)
+
+
+def test_within_bounds_cached_gives_what_it_computes_afresh() -> None:
+    # within_bounds is cached on the pool's bounds and the entry's counts, slots and draining: an equal entry (another
+    # object, or stored out of order) gets exactly what the rule computes for it, and decides the same.
+    from reconciler.domain.capacity import _bounded, within_bounds
+
+    pool = SPEC.pool("rtx4090")  # bounds 1..8
+    cases = [(3, (0, 1, 2), ()), (5, (4, 0, 2), (2,)), (0, (), ()), (12, (1, 3), (3, 1)), (2, (0, 1, 2, 3), (2, 3)),
+             (1, (0, 1, 2), (1, 2))]
+    for desired, slots, draining in cases:
+        stored = CapacityEntry("rtx4090", desired, slots, draining)
+        fresh = _bounded.__wrapped__(*pool.bounds, desired, slots, draining)
+        assert within_bounds(pool, stored) == within_bounds(pool, replace(stored, slots=tuple(slots))) == fresh
+    reports = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR, rate=r) for i, r in enumerate((50.0, 30.0, 45.0))]
+    _bounded.cache_clear()
+    cold = one(SPEC, entry(3), reports, NO_QUEUE, at(57))
+    warm = one(SPEC, entry(3), reports, NO_QUEUE, at(57))
+    assert _bounded.cache_info().hits and (cold.entry, cold.drain, cold.released) == (warm.entry, warm.drain,
+                                                                                       warm.released)
+
+
+def test_slot_counts_handed_in_decide_as_those_counted_from_the_slots() -> None:
+    # The replay knows how many slots it made in each state and hands the counts in (PoolSignals.counts): every
+    # rule reads them as it reads the counts of the slots themselves.
+    from collections import Counter
+
+    from reconciler.domain.capacity import decide_pool, signals_for
+    from reconciler.domain.serving import FleetHearing
+
+    pool = apply_entries(SPEC, entry(4)).pool("rtx4090")
+    cases = [[serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(4)],  # shrinks
+             [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(3)],  # one empty, released first
+             [*(serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(3)),
+              benchmarking("n-3", "rtx4090-3", 40)],  # on its way: held
+             [serving(f"i-{i}", f"rtx4090-{i}", BUSY_HOUR) for i in range(4)],  # grows
+             [serving("i-0", "rtx4090-0", IDLE_HOUR, stopped_at=50)]]  # stopped
+    for reports in cases:
+        now = at(57)
+        counted = signals_for(pool, reports, NO_QUEUE["rtx4090"], SPEC.serving, {}, now,
+                              hearing=FleetHearing(now, timedelta(minutes=20)))
+        handed = replace(counted, counts=dict(Counter(s.state for s in counted.slots)))
+        for stored in (entry(4)["rtx4090"], None):
+            a = decide_pool(pool, stored, counted, now)
+            b = decide_pool(pool, stored, handed, now)
+            assert (a.entry, a.changed, a.held_by, a.note, a.released, a.drain, a.sample) == \
+                (b.entry, b.changed, b.held_by, b.note, b.released, b.drain, b.sample)
+            assert a.signals.to_json(now) == b.signals.to_json(now)
+
+
+def test_the_replays_slot_states_come_with_their_counts() -> None:
+    # The replay makes a pool's slot states from counts and hands those counts to the decision (PoolSignals.counts):
+    # they are what counting the states gives, and the slots are those of the entry, in index order.
+    from collections import Counter
+
+    from reconciler.domain.capacity import within_bounds
+    from reconciler.domain.replay import _synth_slots
+
+    pool = SPEC.pool("rtx4090")  # bounds 1..8
+    entries = [None, CapacityEntry("rtx4090", 5, (0, 1, 2, 3, 4)), CapacityEntry("rtx4090", 3, (4, 0, 7, 2), (7, 0)),
+               CapacityEntry("rtx4090", 6, (1, 2, 3), (2,)), CapacityEntry("rtx4090", 1, (0, 1, 2), (0, 1, 2))]
+    for stored in entries:
+        slots, draining, _ = within_bounds(pool, stored)
+        for serving_, on_the_way, draining_serving in [(0, 0, 0), (2, 1, 1), (9, 0, 3), (1, 9, 0), (-1, 2, -1)]:
+            states, counts = _synth_slots(pool, stored, serving_, on_the_way, draining_serving)
+            assert counts == dict(Counter(s.state for s in states))
+            assert tuple(s.index for s in states) == slots
+            assert all(s.state in ("serving", "stopped") for s in states if s.index in draining)
+    # Slots 0, 2, 4, 7 with 7 draining (desired 3 un-drains 0): active 0 serves, 2 is on its way, 4 is empty; 7
+    # serves as history's one draining machine did.
+    states, counts = _synth_slots(pool, entries[2], 1, 1, 1)
+    assert [s.state for s in states] == ["serving", "on-the-way", "empty", "serving"]
+    assert counts == {"serving": 2, "on-the-way": 1, "empty": 1}
