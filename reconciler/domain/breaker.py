@@ -196,12 +196,20 @@ def _record_candidates(record: MachineRecord) -> tuple[_Candidate, ...]:
 
 def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str, KillBudget]:
     """Per pool: machines newly marked bad within the kill-budget window (from the records)."""
+    return kill_budgets_of_marks(spec, records.bad_marks(), now)  # from indexed columns when records are indexed
+
+
+def kill_budgets_of_marks(spec: FleetSpec, marks: Iterable[tuple[str, str | None, str]],
+                          now: datetime) -> dict[str, KillBudget]:
+    """`kill_budgets` from the bad marks themselves, (machine id, pool, at) as `RecordSet.bad_marks` gives them, in
+    any order: every mark within the window must be among them, older ones may be (a replay keeps its marks sorted
+    by time and hands over those within reach instead of a RecordSet of every machine they name)."""
     since = now - timedelta(hours=spec.kill_budget.window_hours)
     used: dict[str, set[str]] = {p.name: set() for p in spec.pools}
     # An ISO time whose date sorts before `older` is older than the window whatever its offset (at most a day):
     # skipped without parsing (a fleet's history holds tens of thousands of such marks).
     older = (since - timedelta(days=2)).strftime("%Y-%m-%d")
-    for machine_id, pool, at in records.bad_marks():  # from indexed columns when the records are indexed
+    for machine_id, pool, at in marks:
         if pool in used and at[:10] >= older and _parsed_at(at) >= since:
             used[pool].add(machine_id)
     return {p.name: KillBudget(p.name, spec.kill_budget.allowed(p.count), tuple(sorted(used[p.name])))

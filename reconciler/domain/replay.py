@@ -27,9 +27,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
-from reconciler.domain.breaker import KillBudget, kill_budgets
+from reconciler.domain.breaker import KillBudget, kill_budgets_of_marks
 from reconciler.domain.capacity import (
     CapacityEntry,
     DemandSample,
@@ -327,12 +328,13 @@ class ReplayRecords:
         self.machines: dict[str, MachineRecord] = dict(machines)
         self.images: dict[str, ImageSuspectRecord] = dict(images)
         self._judged: list[tuple[datetime, str]] = []  # (time, machine) of every recorded verdict
-        self._marks: list[tuple[str, str, str | None]] = []  # (at, machine, pool) of every bad mark
+        #: (machine, pool, at) of every bad mark, by `at` (`RecordSet.bad_marks`' shape: the kill budget's input)
+        self._marks: list[tuple[str, str | None, str]] = []
         self.marks_version = 0  # counts every change of the bad marks (what the kill budget reads)
         for rec in self.machines.values():
             self._index(rec, rec.benchmarks)
         self._judged.sort()
-        self._marks.sort()
+        self._marks.sort(key=_mark_at)
 
     def _index(self, rec: MachineRecord, entries: Iterable[BenchmarkEntry]) -> None:
         for e in entries:
@@ -340,7 +342,7 @@ class ReplayRecords:
             if at is not None:
                 bisect.insort(self._judged, (at, rec.machine_id))
             if e.marks_bad:
-                bisect.insort(self._marks, (e.at, rec.machine_id, e.pool))
+                bisect.insort(self._marks, (rec.machine_id, e.pool, e.at), key=_mark_at)
                 self.marks_version += 1
 
     def put(self, rec: MachineRecord) -> None:
@@ -356,7 +358,7 @@ class ReplayRecords:
         self.marks_version += 1
         if self.machines.pop(machine_id, None) is not None:
             self._judged = [f for f in self._judged if f[1] != machine_id]
-            self._marks = [m for m in self._marks if m[1] != machine_id]
+            self._marks = [m for m in self._marks if m[0] != machine_id]
 
     def _reindex(self, rec: MachineRecord) -> None:
         self.remove(rec.machine_id)
@@ -364,22 +366,20 @@ class ReplayRecords:
         self._index(rec, rec.benchmarks)
 
     def marks_since(self, since: datetime) -> list[tuple[str, str | None, str]]:
+        """(machine, pool, at) of the bad marks whose time reads at or after two days before `since` (every one
+        at or after `since` whatever its offset: `breaker.kill_budgets_of_marks`), oldest first."""
         older = format_time(since - timedelta(days=2))
-        i = bisect.bisect_left(self._marks, (older,))
-        return [(m, p, at) for at, m, p in self._marks[i:]]
+        return self._marks[bisect.bisect_left(self._marks, older, key=_mark_at):]
 
-    def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float, kill_hours: float) -> RecordSet:
-        """What the guards read at `now` for verdicts on `machine_ids`: the records of those machines, of every
-        machine judged within `judged_hours` (the breaker's and the correlation's windows: failures that count
-        against an image, machines that passed it, retests; 0: none) and of every machine marked bad within reach
-        of the kill budget's window (0: none); the others cannot change what `guard_and_record` decides. And the
-        image records."""
+    def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float) -> RecordSet:
+        """What the guards read at `now` for verdicts on `machine_ids` (the kill budgets aside: `_Guards`): the
+        records of those machines and of every machine judged within `judged_hours` (the breaker's and the
+        correlation's windows: failures that count against an image, machines that passed it, retests; 0: none);
+        the others cannot change what `guard_and_record` decides. And the image records."""
         wanted = set(machine_ids)
         if judged_hours:
             i = bisect.bisect_left(self._judged, (now - timedelta(hours=judged_hours), ""))
             wanted |= {m for _, m in self._judged[i:]}
-        if kill_hours:
-            wanted |= {m for m, _, _ in self.marks_since(now - timedelta(hours=kill_hours))}
         return RecordSet({m: self.machines[m] for m in sorted(wanted) if m in self.machines}, dict(self.images))
 
     def excluded(self, machine_id: str, now: datetime) -> bool:
@@ -818,7 +818,7 @@ def _verdict_pass(run: Run, records: ReplayRecords, guards: _Guards, entries: Ma
     # verdicts, nothing more (most passes pass). The kill budgets are the ones the replay keeps (`_Guards`).
     failing = any(v.is_failure for v in verdicts)
     view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
-                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0, 0.0)
+                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0)
     guarded, changed, _ = guard_and_record(guards.applied(spec, entries), view, verdicts, at,
                                            budgets=guards.budgets(spec, entries, records, at))
     for v in guarded.verdicts:
@@ -981,14 +981,15 @@ class _Guards:
 
     def budgets(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                 at: datetime) -> Mapping[str, KillBudget]:
-        """`breaker.kill_budgets` of the applied spec on the replay's records at `at`."""
+        """`breaker.kill_budgets` of the applied spec on the replay's records at `at` (read from its own marks)."""
         applied = self.applied(spec, entries)
         key = (id(spec), records.marks_version)
         if key != self._key or self._until is None or at >= self._until:
             window = timedelta(hours=spec.kill_budget.window_hours)
-            budgets = kill_budgets(applied, records.view(at, (), 0.0, spec.kill_budget.window_hours), at)
+            within = records.marks_since(at - window)
+            budgets = kill_budgets_of_marks(applied, within, at)
             self._used = {name: b.used for name, b in budgets.items()}
-            marks = [_time(when) for _, _, when in records.marks_since(at - window)]
+            marks = [_time(when) for _, _, when in within]
             leaving = [m + window for m in marks if m is not None and m + window > at]
             self._key, self._until = key, min(leaving, default=at + window)
             self._budgets = None
@@ -1160,6 +1161,9 @@ def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, in
 # --- helpers ---------------------------------------------------------------------------------------------
 
 _BLAMES = ("none", "machine", "image", "network", "params", "configuration", "marketplace", "unknown")
+
+
+_mark_at = itemgetter(2)  # a bad mark's time, as recorded
 
 
 def _time(text: str | None) -> datetime | None:

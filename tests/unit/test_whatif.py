@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from reconciler.domain.breaker import kill_budgets_of_marks
 from reconciler.domain.judging import decide, guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult
 from reconciler.domain.records import MachineRecord, RecordSet
@@ -144,16 +145,19 @@ def test_the_replays_record_view_gives_correlation_and_guards_what_the_full_reco
         verdicts = [v for v in decide(SPEC, new, RecordSet(), set(), None, now).verdicts]
         passing = [v for v in verdicts if not v.is_failure]
         assert passing
+        # The kill budgets from the replay's own marks within reach (as `_Guards` keeps them).
+        budgets = kill_budgets_of_marks(
+            SPEC, replay_records.marks_since(now - timedelta(hours=SPEC.kill_budget.window_hours)), now)
         for chosen in (verdicts, passing):  # a pass that passes reads less
-            failing, marking = any(v.is_failure for v in chosen), any(v.marks_bad for v in chosen)
+            failing = any(v.is_failure for v in chosen)
             view = replay_records.view(
                 now, {v.machine_id for v in chosen if v.machine_id},
-                max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours) if failing else 0.0,
-                SPEC.kill_budget.window_hours if marking else 0.0)
-            got, want = guard_and_record(SPEC, view, chosen, now), guard_and_record(SPEC, records, chosen, now)
-            # The same verdicts, records and image records (the pass's kill budgets it reports only for what it read).
-            assert (got[0].verdicts, got[0].image_records, got[1], got[2]) == \
-                (want[0].verdicts, want[0].image_records, want[1], want[2]), hours
+                max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours) if failing else 0.0)
+            got = guard_and_record(SPEC, view, chosen, now, budgets=budgets)
+            want = guard_and_record(SPEC, records, chosen, now)
+            # The same verdicts, records, image records and kill budgets.
+            assert (got[0].verdicts, got[0].image_records, got[0].kill_budgets, got[1], got[2]) == \
+                (want[0].verdicts, want[0].image_records, want[0].kill_budgets, want[1], want[2]), hours
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
