@@ -223,7 +223,9 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     `budgets`: `kill_budgets(spec, records, now)` when the caller keeps it (a replay keeps it from pass to pass and
     hands over only the records the breaker reads); None: read from `records`."""
     window = timedelta(hours=spec.circuit_breaker.window_hours)
-    history = recorded_failures(records, since=now - window)
+    # The window's recorded failures are read when a verdict first counts against its image (most passes have none:
+    # a replay's view then never builds the records of the window).
+    history: list[Failure] | None = None
     images: dict[str, ImageSuspectRecord] = dict(records.images)
     changed: dict[str, ImageSuspectRecord] = {}
     if budgets is None:
@@ -236,6 +238,8 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     for v in verdicts:
         failure = verdict_failure(v)
         if failure is not None:
+            if history is None:
+                history = recorded_failures(records, since=now - window)
             history.append(failure)
             record = images.get(failure.image_digest)
             if record is not None and record.active and failure.signature in signatures_of(record):

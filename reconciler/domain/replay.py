@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import itemgetter
@@ -331,6 +331,7 @@ class ReplayRecords:
         #: (machine, pool, at) of every bad mark, by `at` (`RecordSet.bad_marks`' shape: the kill budget's input)
         self._marks: list[tuple[str, str | None, str]] = []
         self.marks_version = 0  # counts every change of the bad marks (what the kill budget reads)
+        self.version = 0  # counts every change of the machine records (a view is read before the next)
         for rec in self.machines.values():
             self._index(rec, rec.benchmarks)
         self._judged.sort()
@@ -346,6 +347,7 @@ class ReplayRecords:
                 self.marks_version += 1
 
     def put(self, rec: MachineRecord) -> None:
+        self.version += 1
         old = self.machines.get(rec.machine_id)
         known = len(old.benchmarks) if old is not None else 0
         if old is not None and old.benchmarks != rec.benchmarks[:known]:
@@ -356,6 +358,7 @@ class ReplayRecords:
 
     def remove(self, machine_id: str) -> None:
         self.marks_version += 1
+        self.version += 1
         if self.machines.pop(machine_id, None) is not None:
             self._judged = [f for f in self._judged if f[1] != machine_id]
             self._marks = [m for m in self._marks if m[0] != machine_id]
@@ -375,16 +378,72 @@ class ReplayRecords:
         """What the guards read at `now` for verdicts on `machine_ids` (the kill budgets aside: `_Guards`): the
         records of those machines and of every machine judged within `judged_hours` (the breaker's and the
         correlation's windows: failures that count against an image, machines that passed it, retests; 0: none);
-        the others cannot change what `guard_and_record` decides. And the image records."""
-        wanted = set(machine_ids)
-        if judged_hours:
-            i = bisect.bisect_left(self._judged, (now - timedelta(hours=judged_hours), ""))
-            wanted |= {m for _, m in self._judged[i:]}
-        return RecordSet({m: self.machines[m] for m in sorted(wanted) if m in self.machines}, dict(self.images))
+        the others cannot change what `guard_and_record` decides. And the image records.
+
+        The window's records are gathered when the guards first read beyond the pass's own machines (`_Window`):
+        a failing pass mostly reads only its own (no failure that counts against its image, none undecided). The
+        view is to be read before the records change again (the pass's guards read it)."""
+        own = {m: self.machines[m] for m in sorted(set(machine_ids)) if m in self.machines}
+        if not judged_hours:
+            return RecordSet(own, dict(self.images))
+        return RecordSet(_Window(self, own, now - timedelta(hours=judged_hours)), dict(self.images))
+
+    def within(self, since: datetime, own: Iterable[str]) -> dict[str, MachineRecord]:
+        """The records of `own` and of every machine judged at or after `since`, by machine id."""
+        wanted = set(own)
+        wanted.update(m for _, m in self._judged[bisect.bisect_left(self._judged, (since, "")):])
+        return {m: self.machines[m] for m in sorted(wanted) if m in self.machines}
 
     def excluded(self, machine_id: str, now: datetime) -> bool:
         rec = self.machines.get(machine_id)
         return rec is not None and rec.is_bad_at(now)
+
+
+class _Window(Mapping[str, MachineRecord]):
+    """`ReplayRecords.within(since, own)` as a mapping, gathered on first need: a look-up of one of `own` (the pass's
+    own machines) or of a machine without a record does not gather it."""
+
+    __slots__ = ("_all", "_own", "_records", "_since", "_version")
+
+    def __init__(self, records: ReplayRecords, own: dict[str, MachineRecord], since: datetime) -> None:
+        self._records, self._own, self._since = records, own, since
+        self._version = records.version
+        self._all: dict[str, MachineRecord] | None = None
+
+    def _whole(self) -> dict[str, MachineRecord]:
+        if self._all is None:
+            self._current()
+            self._all = self._records.within(self._since, self._own)
+        return self._all
+
+    def _current(self) -> None:
+        if self._records.version != self._version:
+            raise RuntimeError("the replay's records changed after this view was taken")
+
+    def __getitem__(self, machine_id: str) -> MachineRecord:
+        found = self._own.get(machine_id)
+        if found is not None:
+            return found
+        if self._all is None:
+            self._current()
+            if machine_id not in self._records.machines:
+                raise KeyError(machine_id)
+        return self._whole()[machine_id]
+
+    def __contains__(self, machine_id: object) -> bool:
+        if machine_id in self._own:
+            return True
+        if self._all is None:
+            self._current()
+            if machine_id not in self._records.machines:
+                return False
+        return machine_id in self._whole()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
 
 
 def records_at_start(history: History, found: Sequence[Attempt]) -> tuple[dict[str, MachineRecord],

@@ -160,6 +160,29 @@ def test_the_replays_record_view_gives_correlation_and_guards_what_the_full_reco
                 (want[0].verdicts, want[0].image_records, want[0].kill_budgets, want[1], want[2]), hours
 
 
+def test_a_failing_pass_view_gathers_the_window_only_when_the_guards_read_beyond_its_own_machines() -> None:
+    passes = [(T0 + timedelta(hours=i), [error_report(f"e{i}", f"m-e{i}", IMAGE_CUDA_TAIL, pool=POOL,
+                                                      registered_min=60 * i)]) for i in range(4)]
+    h = history_of(passes)
+    replay_records = ReplayRecords(h.machines, h.images)
+    now = T0 + timedelta(hours=4)
+    since = now - timedelta(hours=2)
+    view = replay_records.view(now, {"m-e3", "m-new"}, 2.0)
+    machines = view.machines
+    # Its own machines (and one without a record) are read without gathering the window ...
+    assert machines["m-e3"] is h.machines["m-e3"] and "m-new" not in machines and machines.get("m-new") is None
+    # ... so a change of the records after them is caught when the window is read at last.
+    replay_records.put(h.machines["m-e0"])
+    with pytest.raises(RuntimeError):
+        list(machines)
+    # Read in time, it holds the records of its own machines and of those judged within the window, by id.
+    view = replay_records.view(now, {"m-e3", "m-new"}, 2.0)
+    judged = sorted(m for m, rec in h.machines.items() if any(e.at >= "2026-12-02T20:" for e in rec.benchmarks))
+    assert dict(view.machines) == replay_records.within(since, {"m-e3"}) == {m: h.machines[m] for m in judged}
+    assert list(view.machines) == judged and len(view.machines) == len(judged) >= 2
+    assert "m-e0" not in view.machines and "m-e2" in view.machines
+
+
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
     h = history_of([(LATER, [completed_report(f"s{i}", f"m{i}", 20.0, pool=POOL) for i in range(4)])])
     held = [a.entry for a in attempts(h) if a.entry.held_by == HELD_BY_KILL_BUDGET]
