@@ -230,7 +230,7 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     changed: dict[str, ImageSuspectRecord] = {}
     if budgets is None:
         budgets = kill_budgets(spec, records, now)
-    used = {pool: set(b.used) for pool, b in budgets.items()}
+    used: dict[str, set[str]] = {}  # the machines of each pool's budget, once a verdict may spend it
     # On probation: rentable, so a new failure is a new kill.
     already_bad = records.excluded_of((v.machine_id for v in verdicts if v.marks_bad and v.machine_id), now)
     notes: list[str] = []
@@ -253,8 +253,10 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
                     notes.append(f"circuit breaker tripped: {tripped.reason}")
                     v = _held_for_image(v, tripped)
         machine, pool = v.machine_id, v.pool
-        if v.marks_bad and machine and pool in used and machine not in already_bad:
-            pool_used = used[pool]
+        if v.marks_bad and machine and pool is not None and pool in budgets and machine not in already_bad:
+            pool_used = used.get(pool)
+            if pool_used is None:
+                pool_used = used[pool] = set(budgets[pool].used)
             allowed = budgets[pool].allowed
             if machine not in pool_used and len(pool_used) >= allowed:
                 notes.append(f"kill budget of pool {pool} exhausted ({len(pool_used)}/{allowed} machines "
@@ -264,10 +266,12 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
             else:
                 pool_used.add(machine)
         out.append(v)
-    # `used` only grows: a pool whose set kept its size kept its budget (a replay runs this for every pool of
-    # tens of thousands of passes).
-    final_budgets = {pool: b if len(used[pool]) == len(b.used) else replace(b, used=tuple(sorted(used[pool])))
-                     for pool, b in budgets.items()}
+    # `used` only grows: a pool whose set kept its size kept its budget (a replay runs this for tens of thousands
+    # of passes, most of which spend no budget).
+    final_budgets = dict(budgets)
+    for pool, pool_used in used.items():
+        if len(pool_used) != len(budgets[pool].used):
+            final_budgets[pool] = replace(budgets[pool], used=tuple(sorted(pool_used)))
     return GuardOutcome(tuple(out), changed, final_budgets, tuple(notes))
 
 
