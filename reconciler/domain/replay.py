@@ -1043,13 +1043,13 @@ class _Guards:
         """`breaker.kill_budgets` of the applied spec on the replay's records at `at` (read from its own marks)."""
         applied = self.applied(spec, entries)
         key = (id(spec), records.marks_version)
-        if key != self._key or self._until is None or at >= self._until:
+        if key != self._key or self._until is None or at > self._until:
             window = timedelta(hours=spec.kill_budget.window_hours)
             within = records.marks_since(at - window)
             budgets = kill_budgets_of_marks(applied, within, at)
             self._used = {name: b.used for name, b in budgets.items()}
             marks = [_time(when) for _, _, when in within]
-            leaving = [m + window for m in marks if m is not None and m + window > at]
+            leaving = [m + window for m in marks if m is not None and m + window >= at]
             self._key, self._until = key, min(leaving, default=at + window)
             self._budgets = None
         if self._budgets is None:

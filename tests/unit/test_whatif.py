@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from reconciler.domain.breaker import kill_budgets_of_marks
+from reconciler.domain.breaker import kill_budgets, kill_budgets_of_marks
 from reconciler.domain.judging import decide, guard_and_record
-from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult
-from reconciler.domain.records import MachineRecord, RecordSet
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult, format_time
+from reconciler.domain.records import MachineRecord, RecordSet, record_time
 from reconciler.domain.replay import (
     NOT_RENTED,
     UNKNOWN,
@@ -21,6 +21,7 @@ from reconciler.domain.replay import (
     History,
     ReplayRecords,
     SpecVersion,
+    _Guards,
     attempts,
     candidate,
     replay,
@@ -181,6 +182,27 @@ def test_a_failing_pass_view_gathers_the_window_only_when_the_guards_read_beyond
     assert dict(view.machines) == replay_records.within(since, {"m-e3"}) == {m: h.machines[m] for m in judged}
     assert list(view.machines) == judged and len(view.machines) == len(judged) >= 2
     assert "m-e0" not in view.machines and "m-e2" in view.machines
+
+
+def test_the_kill_budgets_the_replay_keeps_are_the_rules_at_every_pass_as_marks_leave_the_window() -> None:
+    # Two marks an hour apart; passes before, exactly when and after each leaves the window, and a new mark between:
+    # the budgets kept between passes are those `breaker.kill_budgets` reads from the records then.
+    h = history_of([(T0, [completed_report("s0", "m-s0", 20.0, pool=POOL)]),
+                    (T0 + timedelta(hours=1), [completed_report("s1", "m-s1", 20.0, pool=POOL)])])
+    records, guards = ReplayRecords(h.machines, h.images), _Guards()
+    window = timedelta(hours=SPEC.kill_budget.window_hours)
+    left = sorted(record_time(at) for _, _, at in records.marks_since(T0 - window))
+    assert len(left) == 2
+    times = sorted({t + d for t in left for d in (-window, timedelta(0), window, window + timedelta(minutes=5))})
+    for at in times:
+        if at == times[4]:  # a new mark meanwhile (as the first leaves), on a machine in the budget before
+            records.put(records.machines["m-s0"].with_entry(replace(
+                records.machines["m-s0"].benchmarks[-1], instance_id="s0b", at=format_time(at)),
+                host_id=None, gpu_name=None))
+        applied = guards.applied(SPEC, {})
+        want = kill_budgets(applied, RecordSet(machines=dict(records.machines)), at)
+        assert dict(guards.budgets(SPEC, {}, records, at)) == want, at
+    assert want[POOL].used == ("m-s0",)  # the new mark stays; both first marks left
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
