@@ -328,14 +328,15 @@ class ReplayRecords:
         self.machines: dict[str, MachineRecord] = dict(machines)
         self.images: dict[str, ImageSuspectRecord] = dict(images)
         self._judged: list[tuple[datetime, str]] = []  # (time, machine) of every recorded verdict
-        #: (machine, pool, at) of every bad mark, by `at` (`RecordSet.bad_marks`' shape: the kill budget's input)
-        self._marks: list[tuple[str, str | None, str]] = []
+        #: pool -> (machine, pool, at) of its bad marks, by `at` (`RecordSet.bad_marks`' shape: the kill budget's
+        #: input)
+        self._marks: dict[str | None, list[tuple[str, str | None, str]]] = {}
         self.marks_version = 0  # counts every change of the bad marks (what the kill budget reads)
+        self._pool_versions: dict[str | None, int] = {}  # ... of each pool's
         self.version = 0  # counts every change of the machine records (a view is read before the next)
         for rec in self.machines.values():
             self._index(rec, rec.benchmarks)
         self._judged.sort()
-        self._marks.sort(key=_mark_at)
 
     def _index(self, rec: MachineRecord, entries: Iterable[BenchmarkEntry]) -> None:
         for e in entries:
@@ -343,8 +344,16 @@ class ReplayRecords:
             if at is not None:
                 bisect.insort(self._judged, (at, rec.machine_id))
             if e.marks_bad:
-                bisect.insort(self._marks, (rec.machine_id, e.pool, e.at), key=_mark_at)
-                self.marks_version += 1
+                bisect.insort(self._marks.setdefault(e.pool, []), (rec.machine_id, e.pool, e.at), key=_mark_at)
+                self._marked(e.pool)
+
+    def _marked(self, pool: str | None) -> None:
+        self.marks_version += 1
+        self._pool_versions[pool] = self._pool_versions.get(pool, 0) + 1
+
+    def pool_marks_version(self, pool: str | None) -> int:
+        """Counts every change of the pool's bad marks."""
+        return self._pool_versions.get(pool, 0)
 
     def put(self, rec: MachineRecord) -> None:
         self.version += 1
@@ -361,18 +370,29 @@ class ReplayRecords:
         self.version += 1
         if self.machines.pop(machine_id, None) is not None:
             self._judged = [f for f in self._judged if f[1] != machine_id]
-            self._marks = [m for m in self._marks if m[0] != machine_id]
+            for pool, marks in self._marks.items():
+                kept = [m for m in marks if m[0] != machine_id]
+                if len(kept) != len(marks):
+                    self._marks[pool] = kept
+                    self._marked(pool)
 
     def _reindex(self, rec: MachineRecord) -> None:
         self.remove(rec.machine_id)
         self.machines[rec.machine_id] = rec
         self._index(rec, rec.benchmarks)
 
-    def marks_since(self, since: datetime) -> list[tuple[str, str | None, str]]:
-        """(machine, pool, at) of the bad marks whose time reads at or after two days before `since` (every one
-        at or after `since` whatever its offset: `breaker.kill_budgets_of_marks`), oldest first."""
+    def marks_since(self, since: datetime,
+                    pools: Iterable[str | None] | None = None) -> list[tuple[str, str | None, str]]:
+        """(machine, pool, at) of the bad marks of `pools` (None: every pool) whose time reads at or after two days
+        before `since` (every one at or after `since` whatever its offset: `breaker.kill_budgets_of_marks`), each
+        pool's oldest first."""
         older = format_time(since - timedelta(days=2))
-        return self._marks[bisect.bisect_left(self._marks, older, key=_mark_at):]
+        out: list[tuple[str, str | None, str]] = []
+        for pool in self._marks if pools is None else pools:
+            marks = self._marks.get(pool)
+            if marks:
+                out += marks[bisect.bisect_left(marks, older, key=_mark_at):]
+        return out
 
     def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float) -> RecordSet:
         """What the guards read at `now` for verdicts on `machine_ids` (the kill budgets aside: `_Guards`): the
@@ -989,15 +1009,19 @@ def _entry_key(entry: CapacityEntry | None) -> tuple[object, ...] | None:
 class _Guards:
     """What the passes read of the guards, kept between them: the spec with the replay's capacity
     entries applied (again only when an entry changed) and each pool's kill budget (`breaker.kill_budgets`, again
-    only when a bad mark was added or removed, or one left the window; the pool's allowance follows its count)."""
+    for a pool only when a bad mark of it was added or removed, or one left the window; the pool's allowance
+    follows its count)."""
 
     def __init__(self) -> None:
         self._spec_id: int | None = None  # the spec the applied pools and budgets below are of
         self._dirty: set[str] = set()  # pools whose entry changed since they were applied
         self._applied: FleetSpec | None = None
         self._pools: dict[tuple[object, ...], PoolSpec] = {}  # (pool, its entry) -> the pool applied
-        self._key: tuple[int, int] | None = None
-        self._until: datetime | None = None
+        self._marks_spec: int | None = None  # the spec the kill budgets' marks below were read under
+        self._marks_seen = -1  # the records' marks_version then
+        self._seen: dict[str, int] = {}  # pool -> its marks' version when its budget was read
+        self._leaves: dict[str, datetime] = {}  # pool -> when a mark of its budget leaves the window (read again)
+        self._until: datetime | None = None  # the first of those
         self._used: dict[str, tuple[str, ...]] = {}
         self._budgets: dict[str, KillBudget] | None = None
 
@@ -1040,18 +1064,32 @@ class _Guards:
 
     def budgets(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                 at: datetime) -> Mapping[str, KillBudget]:
-        """`breaker.kill_budgets` of the applied spec on the replay's records at `at` (read from its own marks)."""
+        """`breaker.kill_budgets` of the applied spec on the replay's records at `at`, from the replay's own marks
+        and pool by pool (the rule reads a pool's own marks against its own allowance): read again for the pools
+        whose marks changed or one of whose marks left the window since."""
         applied = self.applied(spec, entries)
-        key = (id(spec), records.marks_version)
-        if key != self._key or self._until is None or at > self._until:
+        if id(spec) != self._marks_spec:
+            self._marks_spec, self._seen, self._leaves = id(spec), {}, {}
+        elif self._budgets is not None and records.marks_version == self._marks_seen and self._until is not None \
+                and at <= self._until:
+            return self._budgets
+        stale = [p for p in applied.pools if self._seen.get(p.name) != records.pool_marks_version(p.name)
+                 or at > self._leaves[p.name]]
+        if stale:
             window = timedelta(hours=spec.kill_budget.window_hours)
-            within = records.marks_since(at - window)
-            budgets = kill_budgets_of_marks(applied, within, at)
-            self._used = {name: b.used for name, b in budgets.items()}
-            marks = [_time(when) for _, _, when in within]
-            leaving = [m + window for m in marks if m is not None and m + window >= at]
-            self._key, self._until = key, min(leaving, default=at + window)
-            self._budgets = None
+            names = [p.name for p in stale]
+            budgets = kill_budgets_of_marks(replace(applied, pools=tuple(stale)),
+                                            records.marks_since(at - window, names), at)
+            for name in names:
+                self._used[name] = budgets[name].used
+                self._seen[name] = records.pool_marks_version(name)
+                times = [_time(when) for _, _, when in records.marks_since(at - window, (name,))]
+                self._leaves[name] = min((t + window for t in times if t is not None and t + window >= at),
+                                         default=at + window)
+            if self._budgets is not None:  # a new mapping: a pass may still hold the one given before
+                self._budgets = {**self._budgets, **{p.name: self._budget(applied, p) for p in stale}}
+        self._marks_seen = records.marks_version
+        self._until = min(self._leaves.values(), default=None)
         if self._budgets is None:
             self._budgets = {p.name: self._budget(applied, p) for p in applied.pools}
         return self._budgets

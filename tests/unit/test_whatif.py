@@ -185,24 +185,25 @@ def test_a_failing_pass_view_gathers_the_window_only_when_the_guards_read_beyond
 
 
 def test_the_kill_budgets_the_replay_keeps_are_the_rules_at_every_pass_as_marks_leave_the_window() -> None:
-    # Two marks an hour apart; passes before, exactly when and after each leaves the window, and a new mark between:
-    # the budgets kept between passes are those `breaker.kill_budgets` reads from the records then.
+    # Marks in two pools; passes before, exactly when and after each leaves the window, and a new mark between: the
+    # budgets kept between passes (read again pool by pool) are those `breaker.kill_budgets` reads from the records.
     h = history_of([(T0, [completed_report("s0", "m-s0", 20.0, pool=POOL)]),
+                    (T0 + timedelta(minutes=30), [completed_report("o0", "m-o0", 20.0, pool="rtx-pro-4000")]),
                     (T0 + timedelta(hours=1), [completed_report("s1", "m-s1", 20.0, pool=POOL)])])
     records, guards = ReplayRecords(h.machines, h.images), _Guards()
     window = timedelta(hours=SPEC.kill_budget.window_hours)
     left = sorted(record_time(at) for _, _, at in records.marks_since(T0 - window))
-    assert len(left) == 2
+    assert len(left) == 3 and len(records.marks_since(T0 - window, [POOL])) == 2
     times = sorted({t + d for t in left for d in (-window, timedelta(0), window, window + timedelta(minutes=5))})
     for at in times:
-        if at == times[4]:  # a new mark meanwhile (as the first leaves), on a machine in the budget before
+        if at == left[0] + window:  # a new mark meanwhile (as the first leaves), on a machine in the budget before
             records.put(records.machines["m-s0"].with_entry(replace(
                 records.machines["m-s0"].benchmarks[-1], instance_id="s0b", at=format_time(at)),
                 host_id=None, gpu_name=None))
         applied = guards.applied(SPEC, {})
         want = kill_budgets(applied, RecordSet(machines=dict(records.machines)), at)
         assert dict(guards.budgets(SPEC, {}, records, at)) == want, at
-    assert want[POOL].used == ("m-s0",)  # the new mark stays; both first marks left
+    assert want[POOL].used == ("m-s0",) and want["rtx-pro-4000"].used == ()  # the new mark stays; the others left
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
