@@ -1049,7 +1049,9 @@ class _Guards:
 
     def _pool(self, spec: FleetSpec, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> PoolSpec:
         entry = entries.get(pool.name) if pool.min_count is not None else None
-        pool_key = (id(pool), _entry_key(entry))
+        # What `apply_entries` reads of an entry (`within_bounds`: its counts and slots, not when or why it changed):
+        # a pool's entries cycle through a few of those.
+        pool_key = (id(pool), None if entry is None else (entry.desired, entry.slots, entry.draining))
         found = self._pools.get(pool_key)
         if found is None:
             if len(self._pools) > 20_000:

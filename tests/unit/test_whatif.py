@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from reconciler.domain.breaker import kill_budgets, kill_budgets_of_marks
+from reconciler.domain.capacity import CapacityEntry, apply_entries
 from reconciler.domain.judging import decide, guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult, format_time
 from reconciler.domain.records import MachineRecord, RecordSet, record_time
@@ -30,6 +31,7 @@ from reconciler.domain.replay import (
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET
 from reconciler.domain.whatif import what_if
 from reconciler.render.whatif import Header, render_whatif_markdown, render_whatif_text
+from tests.capacity_support import autoscaled_spec
 from tests.scenarios import (
     IMAGE_CUDA_TAIL,
     SPEC,
@@ -204,6 +206,23 @@ def test_the_kill_budgets_the_replay_keeps_are_the_rules_at_every_pass_as_marks_
         want = kill_budgets(applied, RecordSet(machines=dict(records.machines)), at)
         assert dict(guards.budgets(SPEC, {}, records, at)) == want, at
     assert want[POOL].used == ("m-s0",) and want["rtx-pro-4000"].used == ()  # the new mark stays; the others left
+
+
+def test_the_spec_the_replay_keeps_is_apply_entries_of_its_entries_after_every_change() -> None:
+    # The replay applies a pool's entry again only when it changed, and remembers the pool applied per entry read:
+    # an entry that differs only in when and why it changed, one back to an earlier count, a draining slot.
+    spec = autoscaled_spec()
+    guards = _Guards()
+    first = CapacityEntry(POOL, 3, (0, 1, 2), changed_at=T0, direction="up", reason="up")
+    steps = [first, replace(first, changed_at=T0 + timedelta(hours=1), direction="down", reason="again"),
+             CapacityEntry(POOL, 5, (0, 1, 2, 3, 4), changed_at=T0 + timedelta(hours=2), direction="up"),
+             CapacityEntry(POOL, 2, (0, 1, 2, 3, 4), (3, 4), changed_at=T0 + timedelta(hours=3), direction="down"),
+             replace(first, changed_at=T0 + timedelta(hours=4))]
+    assert guards.applied(spec, {}) == apply_entries(spec, {})
+    for entry in steps:
+        entries = {POOL: entry}
+        guards.entry_changed(POOL)
+        assert guards.applied(spec, entries) == apply_entries(spec, entries), entry
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
