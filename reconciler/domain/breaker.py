@@ -196,12 +196,20 @@ def _record_candidates(record: MachineRecord) -> tuple[_Candidate, ...]:
 
 def kill_budgets(spec: FleetSpec, records: RecordSet, now: datetime) -> dict[str, KillBudget]:
     """Per pool: machines newly marked bad within the kill-budget window (from the records)."""
+    return kill_budgets_of_marks(spec, records.bad_marks(), now)  # from indexed columns when records are indexed
+
+
+def kill_budgets_of_marks(spec: FleetSpec, marks: Iterable[tuple[str, str | None, str]],
+                          now: datetime) -> dict[str, KillBudget]:
+    """`kill_budgets` from the bad marks themselves, (machine id, pool, at) as `RecordSet.bad_marks` gives them, in
+    any order: every mark within the window must be among them, older ones may be (a replay keeps its marks sorted
+    by time and hands over those within reach instead of a RecordSet of every machine they name)."""
     since = now - timedelta(hours=spec.kill_budget.window_hours)
     used: dict[str, set[str]] = {p.name: set() for p in spec.pools}
     # An ISO time whose date sorts before `older` is older than the window whatever its offset (at most a day):
     # skipped without parsing (a fleet's history holds tens of thousands of such marks).
     older = (since - timedelta(days=2)).strftime("%Y-%m-%d")
-    for machine_id, pool, at in records.bad_marks():  # from indexed columns when the records are indexed
+    for machine_id, pool, at in marks:
         if pool in used and at[:10] >= older and _parsed_at(at) >= since:
             used[pool].add(machine_id)
     return {p.name: KillBudget(p.name, spec.kill_budget.allowed(p.count), tuple(sorted(used[p.name])))
@@ -215,12 +223,14 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     `budgets`: `kill_budgets(spec, records, now)` when the caller keeps it (a replay keeps it from pass to pass and
     hands over only the records the breaker reads); None: read from `records`."""
     window = timedelta(hours=spec.circuit_breaker.window_hours)
-    history = recorded_failures(records, since=now - window)
+    # The window's recorded failures are read when a verdict first counts against its image (most passes have none:
+    # a replay's view then never builds the records of the window).
+    history: list[Failure] | None = None
     images: dict[str, ImageSuspectRecord] = dict(records.images)
     changed: dict[str, ImageSuspectRecord] = {}
     if budgets is None:
         budgets = kill_budgets(spec, records, now)
-    used = {pool: set(b.used) for pool, b in budgets.items()}
+    used: dict[str, set[str]] = {}  # the machines of each pool's budget, once a verdict may spend it
     # On probation: rentable, so a new failure is a new kill.
     already_bad = records.excluded_of((v.machine_id for v in verdicts if v.marks_bad and v.machine_id), now)
     notes: list[str] = []
@@ -228,6 +238,8 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
     for v in verdicts:
         failure = verdict_failure(v)
         if failure is not None:
+            if history is None:
+                history = recorded_failures(records, since=now - window)
             history.append(failure)
             record = images.get(failure.image_digest)
             if record is not None and record.active and failure.signature in signatures_of(record):
@@ -241,8 +253,10 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
                     notes.append(f"circuit breaker tripped: {tripped.reason}")
                     v = _held_for_image(v, tripped)
         machine, pool = v.machine_id, v.pool
-        if v.marks_bad and machine and pool in used and machine not in already_bad:
-            pool_used = used[pool]
+        if v.marks_bad and machine and pool is not None and pool in budgets and machine not in already_bad:
+            pool_used = used.get(pool)
+            if pool_used is None:
+                pool_used = used[pool] = set(budgets[pool].used)
             allowed = budgets[pool].allowed
             if machine not in pool_used and len(pool_used) >= allowed:
                 notes.append(f"kill budget of pool {pool} exhausted ({len(pool_used)}/{allowed} machines "
@@ -252,10 +266,12 @@ def apply_guards(spec: FleetSpec, records: RecordSet, verdicts: Sequence[Verdict
             else:
                 pool_used.add(machine)
         out.append(v)
-    # `used` only grows: a pool whose set kept its size kept its budget (a replay runs this for every pool of
-    # tens of thousands of passes).
-    final_budgets = {pool: b if len(used[pool]) == len(b.used) else replace(b, used=tuple(sorted(used[pool])))
-                     for pool, b in budgets.items()}
+    # `used` only grows: a pool whose set kept its size kept its budget (a replay runs this for tens of thousands
+    # of passes, most of which spend no budget).
+    final_budgets = dict(budgets)
+    for pool, pool_used in used.items():
+        if len(pool_used) != len(budgets[pool].used):
+            final_budgets[pool] = replace(budgets[pool], used=tuple(sorted(pool_used)))
     return GuardOutcome(tuple(out), changed, final_budgets, tuple(notes))
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
-from reconciler.domain.breaker import KillBudget, kill_budgets
+from reconciler.domain.breaker import KillBudget, kill_budgets_of_marks
 from reconciler.domain.capacity import (
     CapacityEntry,
     DemandSample,
@@ -328,12 +328,15 @@ class ReplayRecords:
         self.machines: dict[str, MachineRecord] = dict(machines)
         self.images: dict[str, ImageSuspectRecord] = dict(images)
         self._judged: list[tuple[datetime, str]] = []  # (time, machine) of every recorded verdict
-        self._marks: list[tuple[str, str, str | None]] = []  # (at, machine, pool) of every bad mark
+        #: pool -> (machine, pool, at) of its bad marks, by `at` (`RecordSet.bad_marks`' shape: the kill budget's
+        #: input)
+        self._marks: dict[str | None, list[tuple[str, str | None, str]]] = {}
         self.marks_version = 0  # counts every change of the bad marks (what the kill budget reads)
+        self._pool_versions: dict[str | None, int] = {}  # ... of each pool's
+        self.version = 0  # counts every change of the machine records (a view is read before the next)
         for rec in self.machines.values():
             self._index(rec, rec.benchmarks)
         self._judged.sort()
-        self._marks.sort()
 
     def _index(self, rec: MachineRecord, entries: Iterable[BenchmarkEntry]) -> None:
         for e in entries:
@@ -341,10 +344,19 @@ class ReplayRecords:
             if at is not None:
                 bisect.insort(self._judged, (at, rec.machine_id))
             if e.marks_bad:
-                bisect.insort(self._marks, (e.at, rec.machine_id, e.pool))
-                self.marks_version += 1
+                bisect.insort(self._marks.setdefault(e.pool, []), (rec.machine_id, e.pool, e.at), key=_mark_at)
+                self._marked(e.pool)
+
+    def _marked(self, pool: str | None) -> None:
+        self.marks_version += 1
+        self._pool_versions[pool] = self._pool_versions.get(pool, 0) + 1
+
+    def pool_marks_version(self, pool: str | None) -> int:
+        """Counts every change of the pool's bad marks."""
+        return self._pool_versions.get(pool, 0)
 
     def put(self, rec: MachineRecord) -> None:
+        self.version += 1
         old = self.machines.get(rec.machine_id)
         known = len(old.benchmarks) if old is not None else 0
         if old is not None and old.benchmarks != rec.benchmarks[:known]:
@@ -355,37 +367,103 @@ class ReplayRecords:
 
     def remove(self, machine_id: str) -> None:
         self.marks_version += 1
+        self.version += 1
         if self.machines.pop(machine_id, None) is not None:
             self._judged = [f for f in self._judged if f[1] != machine_id]
-            self._marks = [m for m in self._marks if m[1] != machine_id]
+            for pool, marks in self._marks.items():
+                kept = [m for m in marks if m[0] != machine_id]
+                if len(kept) != len(marks):
+                    self._marks[pool] = kept
+                    self._marked(pool)
 
     def _reindex(self, rec: MachineRecord) -> None:
         self.remove(rec.machine_id)
         self.machines[rec.machine_id] = rec
         self._index(rec, rec.benchmarks)
 
-    def marks_since(self, since: datetime) -> list[tuple[str, str | None, str]]:
+    def marks_since(self, since: datetime,
+                    pools: Iterable[str | None] | None = None) -> list[tuple[str, str | None, str]]:
+        """(machine, pool, at) of the bad marks of `pools` (None: every pool) whose time reads at or after two days
+        before `since` (every one at or after `since` whatever its offset: `breaker.kill_budgets_of_marks`), each
+        pool's oldest first."""
         older = format_time(since - timedelta(days=2))
-        i = bisect.bisect_left(self._marks, (older,))
-        return [(m, p, at) for at, m, p in self._marks[i:]]
+        out: list[tuple[str, str | None, str]] = []
+        for pool in self._marks if pools is None else pools:
+            marks = self._marks.get(pool)
+            if marks:
+                out += marks[bisect.bisect_left(marks, older, key=_mark_at):]
+        return out
 
-    def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float, kill_hours: float) -> RecordSet:
-        """What the guards read at `now` for verdicts on `machine_ids`: the records of those machines, of every
-        machine judged within `judged_hours` (the breaker's and the correlation's windows: failures that count
-        against an image, machines that passed it, retests; 0: none) and of every machine marked bad within reach
-        of the kill budget's window (0: none); the others cannot change what `guard_and_record` decides. And the
-        image records."""
-        wanted = set(machine_ids)
-        if judged_hours:
-            i = bisect.bisect_left(self._judged, (now - timedelta(hours=judged_hours), ""))
-            wanted |= {m for _, m in self._judged[i:]}
-        if kill_hours:
-            wanted |= {m for m, _, _ in self.marks_since(now - timedelta(hours=kill_hours))}
-        return RecordSet({m: self.machines[m] for m in sorted(wanted) if m in self.machines}, dict(self.images))
+    def view(self, now: datetime, machine_ids: Iterable[str], judged_hours: float) -> RecordSet:
+        """What the guards read at `now` for verdicts on `machine_ids` (the kill budgets aside: `_Guards`): the
+        records of those machines and of every machine judged within `judged_hours` (the breaker's and the
+        correlation's windows: failures that count against an image, machines that passed it, retests; 0: none);
+        the others cannot change what `guard_and_record` decides. And the image records.
+
+        The window's records are gathered when the guards first read beyond the pass's own machines (`_Window`):
+        a failing pass mostly reads only its own (no failure that counts against its image, none undecided). The
+        view is to be read before the records change again (the pass's guards read it)."""
+        own = {m: self.machines[m] for m in sorted(set(machine_ids)) if m in self.machines}
+        if not judged_hours:
+            return RecordSet(own, dict(self.images))
+        return RecordSet(_Window(self, own, now - timedelta(hours=judged_hours)), dict(self.images))
+
+    def within(self, since: datetime, own: Iterable[str]) -> dict[str, MachineRecord]:
+        """The records of `own` and of every machine judged at or after `since`, by machine id."""
+        wanted = set(own)
+        wanted.update(m for _, m in self._judged[bisect.bisect_left(self._judged, (since, "")):])
+        return {m: self.machines[m] for m in sorted(wanted) if m in self.machines}
 
     def excluded(self, machine_id: str, now: datetime) -> bool:
         rec = self.machines.get(machine_id)
         return rec is not None and rec.is_bad_at(now)
+
+
+class _Window(Mapping[str, MachineRecord]):
+    """`ReplayRecords.within(since, own)` as a mapping, gathered on first need: a look-up of one of `own` (the pass's
+    own machines) or of a machine without a record does not gather it."""
+
+    __slots__ = ("_all", "_own", "_records", "_since", "_version")
+
+    def __init__(self, records: ReplayRecords, own: dict[str, MachineRecord], since: datetime) -> None:
+        self._records, self._own, self._since = records, own, since
+        self._version = records.version
+        self._all: dict[str, MachineRecord] | None = None
+
+    def _whole(self) -> dict[str, MachineRecord]:
+        if self._all is None:
+            self._current()
+            self._all = self._records.within(self._since, self._own)
+        return self._all
+
+    def _current(self) -> None:
+        if self._records.version != self._version:
+            raise RuntimeError("the replay's records changed after this view was taken")
+
+    def __getitem__(self, machine_id: str) -> MachineRecord:
+        found = self._own.get(machine_id)
+        if found is not None:
+            return found
+        if self._all is None:
+            self._current()
+            if machine_id not in self._records.machines:
+                raise KeyError(machine_id)
+        return self._whole()[machine_id]
+
+    def __contains__(self, machine_id: object) -> bool:
+        if machine_id in self._own:
+            return True
+        if self._all is None:
+            self._current()
+            if machine_id not in self._records.machines:
+                return False
+        return machine_id in self._whole()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
 
 
 def records_at_start(history: History, found: Sequence[Attempt]) -> tuple[dict[str, MachineRecord],
@@ -844,7 +922,7 @@ def _verdict_pass(run: Run, records: ReplayRecords, guards: _Guards, entries: Ma
     # verdicts, nothing more (most passes pass). The kill budgets are the ones the replay keeps (`_Guards`).
     failing = any(v.is_failure for v in verdicts)
     view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
-                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0, 0.0)
+                        max(spec.circuit_breaker.window_hours, spec.retest.window_hours) if failing else 0.0)
     guarded, changed, _ = guard_and_record(guards.applied(spec, entries), view, verdicts, at,
                                            budgets=guards.budgets(spec, entries, records, at))
     for v in guarded.verdicts:
@@ -957,15 +1035,19 @@ def _entry_key(entry: CapacityEntry | None) -> tuple[object, ...] | None:
 class _Guards:
     """What the passes read of the guards, kept between them: the spec with the replay's capacity
     entries applied (again only when an entry changed) and each pool's kill budget (`breaker.kill_budgets`, again
-    only when a bad mark was added or removed, or one left the window; the pool's allowance follows its count)."""
+    for a pool only when a bad mark of it was added or removed, or one left the window; the pool's allowance
+    follows its count)."""
 
     def __init__(self) -> None:
         self._spec_id: int | None = None  # the spec the applied pools and budgets below are of
         self._dirty: set[str] = set()  # pools whose entry changed since they were applied
         self._applied: FleetSpec | None = None
         self._pools: dict[tuple[object, ...], PoolSpec] = {}  # (pool, its entry) -> the pool applied
-        self._key: tuple[int, int] | None = None
-        self._until: datetime | None = None
+        self._marks_spec: int | None = None  # the spec the kill budgets' marks below were read under
+        self._marks_seen = -1  # the records' marks_version then
+        self._seen: dict[str, int] = {}  # pool -> its marks' version when its budget was read
+        self._leaves: dict[str, datetime] = {}  # pool -> when a mark of its budget leaves the window (read again)
+        self._until: datetime | None = None  # the first of those
         self._used: dict[str, tuple[str, ...]] = {}
         self._budgets: dict[str, KillBudget] | None = None
 
@@ -993,7 +1075,9 @@ class _Guards:
 
     def _pool(self, spec: FleetSpec, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> PoolSpec:
         entry = entries.get(pool.name) if pool.min_count is not None else None
-        pool_key = (id(pool), _entry_key(entry))
+        # What `apply_entries` reads of an entry (`within_bounds`: its counts and slots, not when or why it changed):
+        # a pool's entries cycle through a few of those.
+        pool_key = (id(pool), None if entry is None else (entry.desired, entry.slots, entry.draining))
         found = self._pools.get(pool_key)
         if found is None:
             if len(self._pools) > 20_000:
@@ -1008,17 +1092,32 @@ class _Guards:
 
     def budgets(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                 at: datetime) -> Mapping[str, KillBudget]:
-        """`breaker.kill_budgets` of the applied spec on the replay's records at `at`."""
+        """`breaker.kill_budgets` of the applied spec on the replay's records at `at`, from the replay's own marks
+        and pool by pool (the rule reads a pool's own marks against its own allowance): read again for the pools
+        whose marks changed or one of whose marks left the window since."""
         applied = self.applied(spec, entries)
-        key = (id(spec), records.marks_version)
-        if key != self._key or self._until is None or at >= self._until:
+        if id(spec) != self._marks_spec:
+            self._marks_spec, self._seen, self._leaves = id(spec), {}, {}
+        elif self._budgets is not None and records.marks_version == self._marks_seen and self._until is not None \
+                and at <= self._until:
+            return self._budgets
+        stale = [p for p in applied.pools if self._seen.get(p.name) != records.pool_marks_version(p.name)
+                 or at > self._leaves[p.name]]
+        if stale:
             window = timedelta(hours=spec.kill_budget.window_hours)
-            budgets = kill_budgets(applied, records.view(at, (), 0.0, spec.kill_budget.window_hours), at)
-            self._used = {name: b.used for name, b in budgets.items()}
-            marks = [_time(when) for _, _, when in records.marks_since(at - window)]
-            leaving = [m + window for m in marks if m is not None and m + window > at]
-            self._key, self._until = key, min(leaving, default=at + window)
-            self._budgets = None
+            names = [p.name for p in stale]
+            budgets = kill_budgets_of_marks(replace(applied, pools=tuple(stale)),
+                                            records.marks_since(at - window, names), at)
+            for name in names:
+                self._used[name] = budgets[name].used
+                self._seen[name] = records.pool_marks_version(name)
+                times = [_time(when) for _, _, when in records.marks_since(at - window, (name,))]
+                self._leaves[name] = min((t + window for t in times if t is not None and t + window >= at),
+                                         default=at + window)
+            if self._budgets is not None:  # a new mapping: a pass may still hold the one given before
+                self._budgets = {**self._budgets, **{p.name: self._budget(applied, p) for p in stale}}
+        self._marks_seen = records.marks_version
+        self._until = min(self._leaves.values(), default=None)
         if self._budgets is None:
             self._budgets = {p.name: self._budget(applied, p) for p in applied.pools}
         return self._budgets
@@ -1188,6 +1287,9 @@ def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, in
 # --- helpers ---------------------------------------------------------------------------------------------
 
 _BLAMES = ("none", "machine", "image", "network", "params", "configuration", "marketplace", "unknown")
+
+
+_mark_at = itemgetter(2)  # a bad mark's time, as recorded
 
 
 def _time(text: str | None) -> datetime | None:

@@ -6,11 +6,12 @@ failure recurs on distinct machines with one image, and which never do."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
-from reconciler.domain.breaker import apply_guards, kill_budgets
+from reconciler.domain.breaker import apply_guards, kill_budgets, kill_budgets_of_marks
 from reconciler.domain.records import ImageSuspectRecord, RecordSet
 from reconciler.domain.verdict import Verdict
 from tests.scenarios import (
@@ -249,3 +250,21 @@ def test_kill_budgets_handed_over_decide_as_the_ones_read_from_the_records() -> 
     # Budgets that say the window holds no mark (none read): both new marks fit the pool's two.
     fresh = apply_guards(SPEC, records, new, LATER, budgets=kill_budgets(SPEC, RecordSet(), LATER))
     assert [v.held_by for v in fresh.verdicts] == [None, None]
+
+
+def test_kill_budgets_from_the_marks_decide_as_the_ones_read_from_the_records() -> None:
+    # A replay keeps its bad marks sorted by time and hands over those within reach of the window, not a RecordSet of
+    # every machine they name: the same rule on the same marks, in any order, older ones left out or not.
+    marked = [verdict_of(completed_report(f"p-{m}-{hours}", m, 20.0, pool=pool), LATER - timedelta(hours=hours))
+              for m, pool, hours in (("666", "rtx4090", 60), ("111", "rtx4090", 30), ("222", "rtx4090", 2),
+                                     ("333", "rtx-pro-4000", 23), ("444", "rtx-pro-4000", 1), ("111", "rtx4090", 1))]
+    elsewhere = replace(verdict_of(completed_report("p-555", "555", 20.0, pool="rtx4090")), pool="gone")
+    records = records_of([*marked, elsewhere])
+    read = kill_budgets(SPEC, records, LATER)
+    assert read["rtx4090"].used == ("111", "222") and read["rtx-pro-4000"].used == ("333", "444")
+    marks = records.bad_marks()
+    assert kill_budgets_of_marks(SPEC, marks, LATER) == read
+    assert kill_budgets_of_marks(SPEC, reversed(marks), LATER) == read
+    within = [(m, pool, at) for m, pool, at in marks if at >= "2026-12-01"]
+    assert len(within) < len(marks) and kill_budgets_of_marks(SPEC, within, LATER) == read
+    assert kill_budgets_of_marks(SPEC, [], LATER) == kill_budgets(SPEC, RecordSet(), LATER)

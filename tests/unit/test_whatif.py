@@ -10,9 +10,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from reconciler.domain.breaker import kill_budgets, kill_budgets_of_marks
+from reconciler.domain.capacity import CapacityEntry, apply_entries
 from reconciler.domain.judging import decide, guard_and_record
-from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult
-from reconciler.domain.records import MachineRecord, RecordSet
+from reconciler.domain.observations import BenchmarkResult, InstanceReport, ProofResult, format_time
+from reconciler.domain.records import MachineRecord, RecordSet, record_time
 from reconciler.domain.replay import (
     NOT_RENTED,
     UNKNOWN,
@@ -20,6 +22,7 @@ from reconciler.domain.replay import (
     History,
     ReplayRecords,
     SpecVersion,
+    _Guards,
     attempts,
     candidate,
     replay,
@@ -29,6 +32,7 @@ from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDG
 from reconciler.domain.whatif import what_if
 from reconciler.flows.whatif import replays_on_two_cores
 from reconciler.render.whatif import Header, render_whatif_markdown, render_whatif_text
+from tests.capacity_support import autoscaled_spec
 from tests.scenarios import (
     IMAGE_CUDA_TAIL,
     SPEC,
@@ -145,16 +149,81 @@ def test_the_replays_record_view_gives_correlation_and_guards_what_the_full_reco
         verdicts = [v for v in decide(SPEC, new, RecordSet(), set(), None, now).verdicts]
         passing = [v for v in verdicts if not v.is_failure]
         assert passing
+        # The kill budgets from the replay's own marks within reach (as `_Guards` keeps them).
+        budgets = kill_budgets_of_marks(
+            SPEC, replay_records.marks_since(now - timedelta(hours=SPEC.kill_budget.window_hours)), now)
         for chosen in (verdicts, passing):  # a pass that passes reads less
-            failing, marking = any(v.is_failure for v in chosen), any(v.marks_bad for v in chosen)
+            failing = any(v.is_failure for v in chosen)
             view = replay_records.view(
                 now, {v.machine_id for v in chosen if v.machine_id},
-                max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours) if failing else 0.0,
-                SPEC.kill_budget.window_hours if marking else 0.0)
-            got, want = guard_and_record(SPEC, view, chosen, now), guard_and_record(SPEC, records, chosen, now)
-            # The same verdicts, records and image records (the pass's kill budgets it reports only for what it read).
-            assert (got[0].verdicts, got[0].image_records, got[1], got[2]) == \
-                (want[0].verdicts, want[0].image_records, want[1], want[2]), hours
+                max(SPEC.circuit_breaker.window_hours, SPEC.retest.window_hours) if failing else 0.0)
+            got = guard_and_record(SPEC, view, chosen, now, budgets=budgets)
+            want = guard_and_record(SPEC, records, chosen, now)
+            # The same verdicts, records, image records and kill budgets.
+            assert (got[0].verdicts, got[0].image_records, got[0].kill_budgets, got[1], got[2]) == \
+                (want[0].verdicts, want[0].image_records, want[0].kill_budgets, want[1], want[2]), hours
+
+
+def test_a_failing_pass_view_gathers_the_window_only_when_the_guards_read_beyond_its_own_machines() -> None:
+    passes = [(T0 + timedelta(hours=i), [error_report(f"e{i}", f"m-e{i}", IMAGE_CUDA_TAIL, pool=POOL,
+                                                      registered_min=60 * i)]) for i in range(4)]
+    h = history_of(passes)
+    replay_records = ReplayRecords(h.machines, h.images)
+    now = T0 + timedelta(hours=4)
+    since = now - timedelta(hours=2)
+    view = replay_records.view(now, {"m-e3", "m-new"}, 2.0)
+    machines = view.machines
+    # Its own machines (and one without a record) are read without gathering the window ...
+    assert machines["m-e3"] is h.machines["m-e3"] and "m-new" not in machines and machines.get("m-new") is None
+    # ... so a change of the records after them is caught when the window is read at last.
+    replay_records.put(h.machines["m-e0"])
+    with pytest.raises(RuntimeError):
+        list(machines)
+    # Read in time, it holds the records of its own machines and of those judged within the window, by id.
+    view = replay_records.view(now, {"m-e3", "m-new"}, 2.0)
+    judged = sorted(m for m, rec in h.machines.items() if any(e.at >= "2026-12-02T20:" for e in rec.benchmarks))
+    assert dict(view.machines) == replay_records.within(since, {"m-e3"}) == {m: h.machines[m] for m in judged}
+    assert list(view.machines) == judged and len(view.machines) == len(judged) >= 2
+    assert "m-e0" not in view.machines and "m-e2" in view.machines
+
+
+def test_the_kill_budgets_the_replay_keeps_are_the_rules_at_every_pass_as_marks_leave_the_window() -> None:
+    # Marks in two pools; passes before, exactly when and after each leaves the window, and a new mark between: the
+    # budgets kept between passes (read again pool by pool) are those `breaker.kill_budgets` reads from the records.
+    h = history_of([(T0, [completed_report("s0", "m-s0", 20.0, pool=POOL)]),
+                    (T0 + timedelta(minutes=30), [completed_report("o0", "m-o0", 20.0, pool="rtx-pro-4000")]),
+                    (T0 + timedelta(hours=1), [completed_report("s1", "m-s1", 20.0, pool=POOL)])])
+    records, guards = ReplayRecords(h.machines, h.images), _Guards()
+    window = timedelta(hours=SPEC.kill_budget.window_hours)
+    left = sorted(record_time(at) for _, _, at in records.marks_since(T0 - window))
+    assert len(left) == 3 and len(records.marks_since(T0 - window, [POOL])) == 2
+    times = sorted({t + d for t in left for d in (-window, timedelta(0), window, window + timedelta(minutes=5))})
+    for at in times:
+        if at == left[0] + window:  # a new mark meanwhile (as the first leaves), on a machine in the budget before
+            records.put(records.machines["m-s0"].with_entry(replace(
+                records.machines["m-s0"].benchmarks[-1], instance_id="s0b", at=format_time(at)),
+                host_id=None, gpu_name=None))
+        applied = guards.applied(SPEC, {})
+        want = kill_budgets(applied, RecordSet(machines=dict(records.machines)), at)
+        assert dict(guards.budgets(SPEC, {}, records, at)) == want, at
+    assert want[POOL].used == ("m-s0",) and want["rtx-pro-4000"].used == ()  # the new mark stays; the others left
+
+
+def test_the_spec_the_replay_keeps_is_apply_entries_of_its_entries_after_every_change() -> None:
+    # The replay applies a pool's entry again only when it changed, and remembers the pool applied per entry read:
+    # an entry that differs only in when and why it changed, one back to an earlier count, a draining slot.
+    spec = autoscaled_spec()
+    guards = _Guards()
+    first = CapacityEntry(POOL, 3, (0, 1, 2), changed_at=T0, direction="up", reason="up")
+    steps = [first, replace(first, changed_at=T0 + timedelta(hours=1), direction="down", reason="again"),
+             CapacityEntry(POOL, 5, (0, 1, 2, 3, 4), changed_at=T0 + timedelta(hours=2), direction="up"),
+             CapacityEntry(POOL, 2, (0, 1, 2, 3, 4), (3, 4), changed_at=T0 + timedelta(hours=3), direction="down"),
+             replace(first, changed_at=T0 + timedelta(hours=4))]
+    assert guards.applied(spec, {}) == apply_entries(spec, {})
+    for entry in steps:
+        entries = {POOL: entry}
+        guards.entry_changed(POOL)
+        assert guards.applied(spec, entries) == apply_entries(spec, entries), entry
 
 
 def test_a_guard_hold_is_undone_from_what_the_judge_said_before_it() -> None:
