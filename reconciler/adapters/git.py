@@ -743,12 +743,19 @@ class GitReader:
     def window(self, ref: str, since: float, paths: list[str]) -> list[WindowCommit]:
         """The first-parent commits of `ref` committed at or after the epoch time `since` that change `paths`,
         oldest first, each with the files it changed against its first parent (a merged PR is one commit, at
-        the time it reached the branch)."""
+        the time it reached the branch). `paths`: literal paths in the repository (a file, or a directory and
+        everything under it).
+
+        git is given no pathspec: with one, it compares each commit's trees along the paths to simplify history
+        before it diffs them for the names, twice the work of the full diff (30 days of a 10,000-machine fleet:
+        ~11 s against ~4.5 s). The paths are picked from the names here."""
         if ref.startswith("-"):
             raise GitStoreError(f"ref {ref!r} is not a revision")
         out = self._run(["log", "--reverse", "--first-parent", "--diff-merges=first-parent", "--no-renames",
                          "--name-status", f"--since=@{int(since)}", f"--format={_RS}%H{_FS}%P{_FS}%ct{_FS}%an",
-                         ref, "--", *paths]).decode("utf-8", errors="replace")
+                         ref]).decode("utf-8", errors="replace")
+        files = tuple(p.rstrip("/") for p in paths)
+        under = tuple(f"{p}/" for p in files)
         commits = []
         for chunk in out.split(_RS):
             if not chunk.strip():
@@ -758,10 +765,11 @@ class GitReader:
             changes = []
             for line in rest.splitlines():
                 status, _, path = line.partition("\t")
-                if path:
+                if path and (path in files or path.startswith(under)):
                     changes.append((status[:1], path))
-            commits.append(WindowCommit(sha, parents.split()[0] if parents.split() else None, int(when), author,
-                                        tuple(changes)))
+            if changes:
+                commits.append(WindowCommit(sha, parents.split()[0] if parents.split() else None, int(when), author,
+                                            tuple(changes)))
         return commits
 
     def files_under(self, ref: str, directory: str) -> list[str]:
