@@ -165,25 +165,29 @@ def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime
             history, base_spec, sha = load_history(repo, spec_path.parent, base_ref, since, until)
         except GitStoreError as exc:
             raise WhatIfError(str(exc)) from None
-        found = attempts(history)
-        runs = replays_on_two_cores(history, base_spec, pr_spec, found)
+        found, runs = replays_on_two_cores(history, base_spec, pr_spec)
         return what_if(history, base_spec, pr_spec, found=found, runs=runs), WhatIfInputs(base_ref, sha, history,
                                                                                            base_spec)
 
 
-def replays_on_two_cores(history: History, base: FleetSpec, pr: FleetSpec, found: Sequence[Attempt], *,
-                         fork: bool | None = None) -> Runs | None:
-    """The recorded run replayed in a forked child while this process replays the base's and the PR's specs (the
-    PR's run then decides everything itself rather than take over the recorded run's decisions: the same answer).
-    None: one replay is all there is, or there is no child to run it (`what_if` replays them one after the other)."""
+def replays_on_two_cores(history: History, base: FleetSpec, pr: FleetSpec, *,
+                         fork: bool | None = None) -> tuple[list[Attempt], Runs | None]:
+    """The window's attempts, and its runs: the recorded run replayed in a forked child while this process replays
+    the base's and the PR's specs (the PR's run then decides everything itself rather than take over the recorded
+    run's decisions: the same answer). Runs None: one replay is all there is, or there is no child to run it, or
+    its answer did not fit this process's attempts (`what_if` replays them one after the other).
+
+    Each process lists the attempts itself (`attempts` is deterministic: the same list in the same order), so the
+    child starts at once; its fates come back as places in that list, checked against the instance ids here."""
     if not needs_policy_runs(history, base, pr):
-        return None
-    with ForkedCall(lambda: _sent(recorded_run(history, found), found), fork=fork) as child:
+        return attempts(history), None
+    with ForkedCall(lambda: _sent(history), fork=fork) as child:
+        found = attempts(history)
         if child.ran_here is not None:
-            return None
+            return found, None
         base_run, pr_run = policy_runs(history, base, pr, found, recorded=None)
         recorded = _received(child.result(), found)
-    return runs_of(recorded, base_run, pr_run)
+    return found, None if recorded is None else runs_of(recorded, base_run, pr_run)
 
 
 @dataclass(frozen=True)
@@ -195,17 +199,25 @@ class _SentRun:
     fates: dict[str, list[tuple[int, str, Verdict | None, str, str | None]]]
 
 
-def _sent(run: Run, found: Sequence[Attempt]) -> _SentRun:
+def _sent(history: History) -> _SentRun:
+    """The recorded run, as the child sends it."""
+    found = attempts(history)
+    run = recorded_run(history, found)
     place = {id(a): i for i, a in enumerate(found)}
     return _SentRun(replace(run, judged={}, candidates={}, decisions={}), {
         iid: [(place[id(j.attempt)], j.outcome, j.verdict, j.why, j.as_recorded) for j in fates]
         for iid, fates in run.judged.items()})
 
 
-def _received(sent: _SentRun, found: Sequence[Attempt]) -> Run:
-    return replace(sent.run, judged={iid: [Judged(found[i], outcome, verdict, why, as_recorded)
-                                           for i, outcome, verdict, why, as_recorded in fates]
-                                     for iid, fates in sent.fates.items()})
+def _received(sent: _SentRun, found: Sequence[Attempt]) -> Run | None:
+    """The child's run on this process's attempts (None: a place names another attempt here than there)."""
+    judged: dict[str, list[Judged]] = {}
+    for iid, fates in sent.fates.items():
+        if any(i >= len(found) or found[i].instance_id != iid for i, *_ in fates):
+            return None
+        judged[iid] = [Judged(found[i], outcome, verdict, why, as_recorded)
+                       for i, outcome, verdict, why, as_recorded in fates]
+    return replace(sent.run, judged=judged)
 
 
 def _spec(text: str | None, name: str, problems: list[str]) -> FleetSpec | None:

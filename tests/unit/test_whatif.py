@@ -30,7 +30,7 @@ from reconciler.domain.replay import (
 )
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET
 from reconciler.domain.whatif import what_if
-from reconciler.flows.whatif import replays_on_two_cores
+from reconciler.flows.whatif import _received, _sent, replays_on_two_cores
 from reconciler.render.whatif import Header, render_whatif_markdown, render_whatif_text
 from tests.capacity_support import autoscaled_spec
 from tests.scenarios import (
@@ -287,12 +287,21 @@ def test_the_replays_on_two_cores_answer_what_one_process_answers() -> None:
     # The recorded run in a forked child, the PR's run here deciding everything itself (no run to follow).
     h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [86.0] * 10),
                              rated("c", "m-c", [60.0] * 10)])])
-    found = attempts(h)
     raised = with_min(50)
-    runs = replays_on_two_cores(h, SPEC, raised, found)
+    found, runs = replays_on_two_cores(h, SPEC, raised)
+    assert found == attempts(h)
     assert runs is not None and runs.recorded is not runs.pr
     assert what_if(h, SPEC, raised, found=found, runs=runs) == what_if(h, SPEC, raised)
-    # The child's fates come back holding the parent's own attempts (sent as their places in the list).
+    # The child's fates come back holding this process's own attempts (sent as their places in the list).
     assert {id(j.attempt) for j in runs.recorded.fates()} <= {id(a) for a in found}
-    assert replays_on_two_cores(h, SPEC, SPEC, found) is None  # one replay is all there is
-    assert replays_on_two_cores(h, SPEC, raised, found, fork=False) is None  # no child: one process does it
+    assert replays_on_two_cores(h, SPEC, SPEC)[1] is None  # one replay is all there is
+    assert replays_on_two_cores(h, SPEC, raised, fork=False)[1] is None  # no child: one process does it
+
+
+def test_a_child_answer_naming_other_attempts_is_not_taken() -> None:
+    h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [86.0] * 10)])])
+    found = attempts(h)
+    sent = _sent(h)
+    assert _received(sent, found) is not None
+    assert _received(sent, list(reversed(found))) is None  # the places name other instances here
+    assert _received(sent, found[:1]) is None  # or none at all
