@@ -16,6 +16,7 @@ import re
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -635,6 +636,58 @@ class WindowCommit:
     changes: tuple[tuple[str, str], ...]  # (A|M|D, path)
 
 
+class PendingWindow(Closing):
+    """A `git log` of a window running in its own process (`GitReader.start_window`); its output goes to a
+    temporary file, so git never waits on a pipe nobody reads."""
+
+    def __init__(self, args: list[str], workdir: Path, paths: tuple[str, ...]) -> None:
+        self._args, self._paths = args, paths
+        self._out = tempfile.TemporaryFile(prefix="fleet-window-")  # noqa: SIM115 - closed by close()
+        self._err = tempfile.TemporaryFile(prefix="fleet-window-")  # noqa: SIM115 - closed by close()
+        self._workdir = workdir
+        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            ["git", *args], cwd=workdir, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+            env=_plain_git_env())
+
+    def result(self) -> list[WindowCommit]:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            raise GitStoreError("git log: the window was already read")
+        code = proc.wait()
+        self._err.seek(0)
+        self._out.seek(0)
+        if code != 0:
+            detail = self._err.read().decode("utf-8", errors="replace").strip()
+            raise GitStoreError(f"git {self._args[0]} failed in {self._workdir}: {detail or f'exit {code}'}")
+        out = self._out.read().decode("utf-8", errors="replace")
+        files = self._paths
+        under = tuple(f"{p}/" for p in files)
+        commits = []
+        for chunk in out.split(_RS):
+            if not chunk.strip():
+                continue
+            head, _, rest = chunk.partition("\n")
+            sha, parents, when, author = head.split(_FS, 3)
+            changes = []
+            for line in rest.splitlines():
+                status, _, path = line.partition("\t")
+                if path and (path in files or path.startswith(under)):
+                    changes.append((status[:1], path))
+            if changes:
+                commits.append(WindowCommit(sha, parents.split()[0] if parents.split() else None, int(when), author,
+                                            tuple(changes)))
+        return commits
+
+    def close(self) -> None:
+        """Stop a git still running (the block ended before its result was read) and drop its files."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        self._out.close()
+        self._err.close()
+
+
 class GitReader:
     """Read-only audit queries through plain `git` (no gitpython, no tree parsing in Python).
 
@@ -744,33 +797,22 @@ class GitReader:
         """The first-parent commits of `ref` committed at or after the epoch time `since` that change `paths`,
         oldest first, each with the files it changed against its first parent (a merged PR is one commit, at
         the time it reached the branch). `paths`: literal paths in the repository (a file, or a directory and
-        everything under it).
+        everything under it)."""
+        with self.start_window(ref, since, paths) as listing:
+            return listing.result()
+
+    def start_window(self, ref: str, since: float, paths: list[str]) -> PendingWindow:
+        """`window`, started now in a git process of its own; `result()` waits for it. No thread of ours waits on
+        it meanwhile: a fork made in this process in the meantime (the record index's) stays safe.
 
         git is given no pathspec: with one, it compares each commit's trees along the paths to simplify history
         before it diffs them for the names, twice the work of the full diff (30 days of a 10,000-machine fleet:
-        ~11 s against ~4.5 s). The paths are picked from the names here."""
+        ~9.6 s against ~3.9 s). The paths are picked from the names here."""
         if ref.startswith("-"):
             raise GitStoreError(f"ref {ref!r} is not a revision")
-        out = self._run(["log", "--reverse", "--first-parent", "--diff-merges=first-parent", "--no-renames",
-                         "--name-status", f"--since=@{int(since)}", f"--format={_RS}%H{_FS}%P{_FS}%ct{_FS}%an",
-                         ref]).decode("utf-8", errors="replace")
-        files = tuple(p.rstrip("/") for p in paths)
-        under = tuple(f"{p}/" for p in files)
-        commits = []
-        for chunk in out.split(_RS):
-            if not chunk.strip():
-                continue
-            head, _, rest = chunk.partition("\n")
-            sha, parents, when, author = head.split(_FS, 3)
-            changes = []
-            for line in rest.splitlines():
-                status, _, path = line.partition("\t")
-                if path and (path in files or path.startswith(under)):
-                    changes.append((status[:1], path))
-            if changes:
-                commits.append(WindowCommit(sha, parents.split()[0] if parents.split() else None, int(when), author,
-                                            tuple(changes)))
-        return commits
+        args = ["log", "--reverse", "--first-parent", "--diff-merges=first-parent", "--no-renames", "--name-status",
+                f"--since=@{int(since)}", f"--format={_RS}%H{_FS}%P{_FS}%ct{_FS}%an", ref]
+        return PendingWindow(args, self.workdir, tuple(p.rstrip("/") for p in paths))
 
     def files_under(self, ref: str, directory: str) -> list[str]:
         """Every file path under `directory` in the tree of `ref`."""

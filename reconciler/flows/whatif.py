@@ -16,7 +16,6 @@ back without the attempts it judged (the parent has them all: they are sent as t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -65,23 +64,22 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
 
     start = repo.commit_before(sha, since.timestamp())
 
-    # Records as the base holds them: the working tree's, and the base's version of any the PR edits.
-    records = load_indexed(spec_dir)
-    record_problems = list(records.problems)
-    machines: dict[str, MachineRecord] = {}
-    for rec in records.machines.values():
-        if any(_after(e.at, since) for e in rec.benchmarks):
-            machines[rec.machine_id] = rec
-    images: dict[str, ImageSuspectRecord] = dict(records.images)
-    edited_by_pr = repo.changed_in_worktree(sha, [machines_dir, images_dir])
-    base_texts = repo.blobs([f"{sha}:{p}" for p in edited_by_pr])
-    for path in edited_by_pr:
-        _put(path, base_texts.get(f"{sha}:{path}"), machines, images, machines_dir, record_problems, since)
+    # git lists the window's commits (seconds at fleet size: a tree diff per commit) in a process of its own while
+    # this one reads the records and the demand samples.
+    with repo.start_window(sha, since.timestamp(), [spec_file, machines_dir, images_dir]) as listing:
+        # Records as the base holds them: the working tree's, and the base's version of any the PR edits.
+        records = load_indexed(spec_dir)
+        record_problems = list(records.problems)
+        machines: dict[str, MachineRecord] = {}
+        for rec in records.machines.values():
+            if any(_after(e.at, since) for e in rec.benchmarks):
+                machines[rec.machine_id] = rec
+        images: dict[str, ImageSuspectRecord] = dict(records.images)
+        edited_by_pr = repo.changed_in_worktree(sha, [machines_dir, images_dir])
+        base_texts = repo.blobs([f"{sha}:{p}" for p in edited_by_pr])
+        for path in edited_by_pr:
+            _put(path, base_texts.get(f"{sha}:{path}"), machines, images, machines_dir, record_problems, since)
 
-    # git lists the window's commits (seconds at fleet size: a tree diff per commit) on another core while this
-    # one reads the demand samples. Started after the record load, which may fork.
-    with ThreadPoolExecutor(max_workers=1) as background:
-        listed = background.submit(repo.window, sha, since.timestamp(), [spec_file, machines_dir, images_dir])
         demand_paths = [p for p in repo.files_under(sha, f"{spec_rel}/{DEMAND_DIR}")
                         if PurePosixPath(p).stem in {d.isoformat() for d in days_between(since, until)}]
         demand_texts = repo.blobs([f"{sha}:{p}" for p in demand_paths])
@@ -92,7 +90,7 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
                 by_pool.setdefault(PurePosixPath(p).parent.name, []).append((p, text))
         demand = parse_history(by_pool, since, until)
         # Commits after `until` (a replay "as of" an earlier time) are the future: not read.
-        commits = [c for c in listed.result() if c.at <= until.timestamp()]
+        commits = [c for c in listing.result() if c.at <= until.timestamp()]
 
     first = start or (commits[0].sha if commits else sha)
     found = repo.blobs([f"{first}:{spec_file}", f"{first}:{capacity_file}", f"{sha}:{spec_file}"])
