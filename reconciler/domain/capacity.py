@@ -292,6 +292,10 @@ class PoolSignals:
     #: The slots' states counted by the caller that made the slots (None: counted here). `domain.replay` makes
     #: them from counts, so it knows them.
     counts: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
+    #: The slots that carry `heard_at`, in slot order, handed in by a caller that made the slots and so knows them
+    #: (None: looked for here). `domain.replay` sets at most one (the machine heard longest ago), so a shrink need
+    #: not look at the ~250 slots for them.
+    heard: tuple[SlotState, ...] | None = field(default=None, compare=False, repr=False)
 
     def count(self, state: str) -> int:
         return self._counts.get(state, 0)
@@ -604,9 +608,11 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
                       "way); not shrinking before it serves"), HELD_ON_THE_WAY
     back = signals.hearing.back if signals.hearing is not None else None
     due = timedelta(seconds=HEARTBEAT_GRACE * signals.heartbeat_s)
-    # Only a slot heard of can be overdue: a look at C speed first (the what-if replay's slots mostly were not).
-    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due] \
-        if any(map(attrgetter("heard_at"), signals.slots)) else []
+    # Only a slot heard of can be overdue: the caller's list of them, else a look at C speed first (the what-if
+    # replay's slots mostly were not).
+    heard = signals.heard if signals.heard is not None else \
+        signals.slots if any(map(attrgetter("heard_at"), signals.slots)) else ()
+    overdue = [s for s in heard if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due]
     if overdue:
         late = max(overdue, key=lambda s: now - (s.heard_at or now))
         return None, (f"held: {len(overdue)} serving machine(s) not heard for longer than a heartbeat allows ("

@@ -1262,13 +1262,15 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
     history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
     slots, counts = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
+    heard: tuple[SlotState, ...] = ()  # the slots carrying heard_at (PoolSignals.heard): the one set here, if any
     if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now;
         # the counts of states hold)
         first = next((k for k, slot in enumerate(slots) if slot.state == "serving"), None)
         if first is not None:
-            slots = (*slots[:first], replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),
-                     *slots[first + 1:])
-    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0, counts)
+            heard = (replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),)
+            slots = (*slots[:first], heard[0], *slots[first + 1:])
+    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0, counts,
+                       heard)
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:
