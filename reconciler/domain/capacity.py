@@ -772,15 +772,22 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         surplus = active_count - new
         by_index = signals.by_index
         drains = set(draining)
-        active = [i for i in slots if i not in drains]
-        empty = [i for i in active if (s := by_index.get(i)) is None or s.state in GONE]
-        let_go = sorted(empty, reverse=True)[:surplus]
+        active = [i for i in slots if i not in drains] if drains else list(slots)
+        # The `surplus` highest empty slots, looked for from the top down (a replay's empty slots are its highest:
+        # found in as many steps as it lets go).
+        let_go: list[int] = []
+        for i in sorted(active, reverse=True):
+            if (s := by_index.get(i)) is None or s.state in GONE:
+                let_go.append(i)
+                if len(let_go) == surplus:
+                    break
         if let_go:
             released += let_go
             gone = set(let_go)
-            slots = tuple(i for i in slots if i not in gone)
-            active = [i for i in active if i not in gone]
+            slots = tuple(sorted(set(slots).difference(gone)))  # (slots are in order: see below)
             surplus -= len(let_go)
+            if surplus:
+                active = [i for i in active if i not in gone]
         # (no sort when the released slots were the whole surplus)
         worst = sorted((by_index[i] for i in active if i in by_index), key=_drain_order) if surplus else []
         for state in worst[:surplus]:
