@@ -653,8 +653,13 @@ class _Memo:
         """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
         several times (the pool's ~250 slots take longer to hash than the check that they are the ones)."""
         last = self._last.get(pool.name)
-        if last is not None and last[0] is pool and last[1] is entry:
-            return last[2]
+        if last is not None and last[0] is pool:
+            held = last[1]
+            # The same entry, or one a decision made again with the very slots and draining tuples (decide_pool
+            # keeps within_bounds' own when it moves none): within_bounds reads nothing else of it.
+            if held is entry or (held is not None and entry is not None and held.slots is entry.slots
+                                 and held.draining is entry.draining and held.desired == entry.desired):
+                return last[2]
         found = within_bounds(pool, entry)
         self._last[pool.name] = (pool, entry, found)  # held: an object's id is not reused while it lives
         return found
