@@ -510,7 +510,8 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
     unpaid = float(market.running) if market is not None and not paying else 0.0
 
     def unpaid_over(window_s: float) -> float:
-        seen = [s.unpaid for s in signals.history if now - s.at < timedelta(seconds=window_s)]
+        span = timedelta(seconds=window_s)  # (made once, not per sample)
+        seen = [s.unpaid for s in signals.history if now - s.at < span]
         return (sum(seen) + unpaid) / (len(seen) + 1)
 
     unpaid_up, unpaid_down = unpaid_over(up.window_s), unpaid_over(down.window_s)

@@ -577,9 +577,10 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
     """Machines serving in the replay beyond history's (negative: fewer): the smallest gap of desired counts over
     the last cold start (a machine rented serves once its cold start has passed; one given up is gone at once)."""
     low = None
+    since = now - cold
     for at, gap in reversed(state.gaps):
         low = gap if low is None else min(low, gap)
-        if at <= now - cold:
+        if at <= since:
             break
     return low or 0
 
@@ -1213,15 +1214,18 @@ def _waits(prun: PoolRun, state: _PoolState, s: PoolSample, at: datetime) -> Non
 
 
 def _add_waits(prun: PoolRun, state: _PoolState, first: float, last: float, start: datetime, end: datetime) -> None:
+    if not state.arrived:  # (no arrival known: no wait to add)
+        return
     n = last - first
+    span, weight = end - start, n / 3  # (the same values for each share: made once)
     for share in (0.0, 0.5, 1.0):
         index = first + share * n
         arrived = _arrival_time(state, index)
         if arrived is None:
             continue
-        left = start + (end - start) * share
+        left = start + span * share
         wait = max(0.0, (left - arrived).total_seconds())
-        prun.waits.append((wait, n / 3))
+        prun.waits.append((wait, weight))
         prun.max_wait_s = wait if prun.max_wait_s is None else max(prun.max_wait_s, wait)
 
 
