@@ -1022,6 +1022,7 @@ def demand_history(samples: Iterable[DemandSample], now: datetime, keep: timedel
     oldest first, one per time."""
     by_time = {s.at: s for s in samples if s.at <= now}
     ordered = [by_time[t] for t in sorted(by_time)]
-    old = [i for i, s in enumerate(ordered) if s.at <= now - keep]
+    start = now - keep  # (once, not per sample)
+    old = [i for i, s in enumerate(ordered) if s.at <= start]
     return tuple(ordered[old[-1]:] if old else ordered)
 
