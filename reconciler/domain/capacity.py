@@ -292,6 +292,10 @@ class PoolSignals:
     #: The slots' states counted by the caller that made the slots (None: counted here). `domain.replay` makes
     #: them from counts, so it knows them.
     counts: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
+    #: The slots that carry `heard_at`, in slot order, handed in by a caller that made the slots and so knows them
+    #: (None: looked for here). `domain.replay` sets at most one (the machine heard longest ago), so a shrink need
+    #: not look at the ~250 slots for them.
+    heard: tuple[SlotState, ...] | None = field(default=None, compare=False, repr=False)
 
     def count(self, state: str) -> int:
         return self._counts.get(state, 0)
@@ -506,7 +510,8 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
     unpaid = float(market.running) if market is not None and not paying else 0.0
 
     def unpaid_over(window_s: float) -> float:
-        seen = [s.unpaid for s in signals.history if now - s.at < timedelta(seconds=window_s)]
+        span = timedelta(seconds=window_s)  # (made once, not per sample)
+        seen = [s.unpaid for s in signals.history if now - s.at < span]
         return (sum(seen) + unpaid) / (len(seen) + 1)
 
     unpaid_up, unpaid_down = unpaid_over(up.window_s), unpaid_over(down.window_s)
@@ -604,9 +609,11 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
                       "way); not shrinking before it serves"), HELD_ON_THE_WAY
     back = signals.hearing.back if signals.hearing is not None else None
     due = timedelta(seconds=HEARTBEAT_GRACE * signals.heartbeat_s)
-    # Only a slot heard of can be overdue: a look at C speed first (the what-if replay's slots mostly were not).
-    overdue = [s for s in signals.slots if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due] \
-        if any(map(attrgetter("heard_at"), signals.slots)) else []
+    # Only a slot heard of can be overdue: the caller's list of them, else a look at C speed first (the what-if
+    # replay's slots mostly were not).
+    heard = signals.heard if signals.heard is not None else \
+        signals.slots if any(map(attrgetter("heard_at"), signals.slots)) else ()
+    overdue = [s for s in heard if s.state == "serving" and s.heard_at is not None and now - s.heard_at > due]
     if overdue:
         late = max(overdue, key=lambda s: now - (s.heard_at or now))
         return None, (f"held: {len(overdue)} serving machine(s) not heard for longer than a heartbeat allows ("
@@ -766,15 +773,22 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         surplus = active_count - new
         by_index = signals.by_index
         drains = set(draining)
-        active = [i for i in slots if i not in drains]
-        empty = [i for i in active if (s := by_index.get(i)) is None or s.state in GONE]
-        let_go = sorted(empty, reverse=True)[:surplus]
+        active = [i for i in slots if i not in drains] if drains else list(slots)
+        # The `surplus` highest empty slots, looked for from the top down (a replay's empty slots are its highest:
+        # found in as many steps as it lets go).
+        let_go: list[int] = []
+        for i in sorted(active, reverse=True):
+            if (s := by_index.get(i)) is None or s.state in GONE:
+                let_go.append(i)
+                if len(let_go) == surplus:
+                    break
         if let_go:
             released += let_go
             gone = set(let_go)
-            slots = tuple(i for i in slots if i not in gone)
-            active = [i for i in active if i not in gone]
+            slots = tuple(sorted(set(slots).difference(gone)))  # (slots are in order: see below)
             surplus -= len(let_go)
+            if surplus:
+                active = [i for i in active if i not in gone]
         # (no sort when the released slots were the whole surplus)
         worst = sorted((by_index[i] for i in active if i in by_index), key=_drain_order) if surplus else []
         for state in worst[:surplus]:
@@ -1008,6 +1022,7 @@ def demand_history(samples: Iterable[DemandSample], now: datetime, keep: timedel
     oldest first, one per time."""
     by_time = {s.at: s for s in samples if s.at <= now}
     ordered = [by_time[t] for t in sorted(by_time)]
-    old = [i for i, s in enumerate(ordered) if s.at <= now - keep]
+    start = now - keep  # (once, not per sample)
+    old = [i for i, s in enumerate(ordered) if s.at <= start]
     return tuple(ordered[old[-1]:] if old else ordered)
 

@@ -577,9 +577,10 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
     """Machines serving in the replay beyond history's (negative: fewer): the smallest gap of desired counts over
     the last cold start (a machine rented serves once its cold start has passed; one given up is gone at once)."""
     low = None
+    since = now - cold
     for at, gap in reversed(state.gaps):
         low = gap if low is None else min(low, gap)
-        if at <= now - cold:
+        if at <= since:
             break
     return low or 0
 
@@ -653,8 +654,13 @@ class _Memo:
         """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
         several times (the pool's ~250 slots take longer to hash than the check that they are the ones)."""
         last = self._last.get(pool.name)
-        if last is not None and last[0] is pool and last[1] is entry:
-            return last[2]
+        if last is not None and last[0] is pool:
+            held = last[1]
+            # The same entry, or one a decision made again with the very slots and draining tuples (decide_pool
+            # keeps within_bounds' own when it moves none): within_bounds reads nothing else of it.
+            if held is entry or (held is not None and entry is not None and held.slots is entry.slots
+                                 and held.draining is entry.draining and held.desired == entry.desired):
+                return last[2]
         found = within_bounds(pool, entry)
         self._last[pool.name] = (pool, entry, found)  # held: an object's id is not reused while it lives
         return found
@@ -1141,54 +1147,57 @@ def _account(prun: PoolRun, state: _PoolState, pool: PoolSpec, s: PoolSample, se
     More machines serving take waiting tasks (never more than were waiting); fewer leave the work that did not
     fit on the others waiting (a pool without a queue: unserved), done later in their idle time. Work is timed at
     the pool's own recent proofs per busy machine-second. With no gap and no backlog the tile is history's, exactly."""
-    span = s.span_s
-    if s.busy_s > 0 and s.proofs > 0:
-        measured = s.proofs / s.busy_s
+    span, busy_s, proofs = s.span_s, s.busy_s, s.proofs  # (read once each: the same values, locals)
+    if busy_s > 0 and proofs > 0:
+        measured = proofs / busy_s
         state.rate = measured if state.rate is None else 0.8 * state.rate + 0.2 * measured
-    per_task_s = 1.0 / state.rate if state.rate else 3600.0 / max(pool.min_rate_proofs_per_hour, 1e-9)
+    rate, backlog = state.rate, state.backlog
+    per_task_s = 1.0 / rate if rate else 3600.0 / max(pool.min_rate_proofs_per_hour, 1e-9)
     waiting = s.total_waiting
     active = max(0, s.serving - s.draining_serving)
     done = 0.0  # tasks the replay finished beyond history's in this tile
     if serving_gap > 0:
-        done = min(serving_gap * span / per_task_s, max(0.0, waiting + state.backlog))
+        done = min(serving_gap * span / per_task_s, max(0.0, waiting + backlog))
     elif serving_gap < 0:
         room = max(0, active + serving_gap) * span
-        overflow = max(0.0, s.busy_s - room)
+        overflow = max(0.0, busy_s - room)
         done = -overflow / per_task_s
         if s.waiting is None:
             prun.unserved_busy_s += overflow
-        if state.backlog > 0:
-            done += min(max(0.0, room - s.busy_s) / per_task_s, state.backlog)
-    elif state.backlog > 0:
-        done = min(max(0.0, active * span - s.busy_s) / per_task_s, state.backlog)
-    state.backlog = max(state.backlog - done, -float(waiting))
-    busy = max(0.0, s.busy_s + done * per_task_s)
+        if backlog > 0:
+            done += min(max(0.0, room - busy_s) / per_task_s, backlog)
+    elif backlog > 0:
+        done = min(max(0.0, active * span - busy_s) / per_task_s, backlog)
+    state.backlog = max(backlog - done, -float(waiting))
+    busy = max(0.0, busy_s + done * per_task_s)
     wall = max(busy, s.wall_s + serving_gap * span)
     state.ends.append(at)
-    last = state.cum[-1] if state.cum else (0.0, 0.0)
-    state.cum.append((last[0] + busy, last[1] + wall))
-    rented = max(0, s.rented + rented_gap)
-    per_instance = s.usd_per_hour / s.rented if s.rented else pool.max_price_usd_per_hour
+    cum = state.cum
+    last = cum[-1] if cum else (0.0, 0.0)
+    cum.append((last[0] + busy, last[1] + wall))
+    billed, usd, gpus = s.rented, s.usd_per_hour, pool.gpus_per_instance  # (rented: a sum, made once)
+    rented = max(0, billed + rented_gap)
+    per_instance = usd / billed if billed else pool.max_price_usd_per_hour
     prun.samples += 1
     prun.seconds += span
     prun.rented_seconds += rented * span
-    prun.gpu_hours += rented * pool.gpus_per_instance * span / 3600
-    prun.busy_gpu_hours += busy * pool.gpus_per_instance / 3600
-    prun.spend_usd += max(0.0, s.usd_per_hour + rented_gap * per_instance) * span / 3600
+    prun.gpu_hours += rented * gpus * span / 3600
+    prun.busy_gpu_hours += busy * gpus / 3600
+    prun.spend_usd += max(0.0, usd + rented_gap * per_instance) * span / 3600
     prun.unpriced_hours += s.unpriced * span / 3600
-    prun.proofs += max(0.0, s.proofs + done)
+    prun.proofs += max(0.0, proofs + done)
     prun.count_min = rented if prun.count_min is None else min(prun.count_min, rented)
     prun.count_max = rented if prun.count_max is None else max(prun.count_max, rented)
     if s.waiting is not None:
         prun.queue = True
-        _waits(prun, state, s, at)
+        _waits(prun, state, s, at, waiting)
 
 
-def _waits(prun: PoolRun, state: _PoolState, s: PoolSample, at: datetime) -> None:
+def _waits(prun: PoolRun, state: _PoolState, s: PoolSample, at: datetime, waiting: int) -> None:
     """Task waits, first in first out: tasks arrive as history's did (done + the queue's growth) and leave in
     the replay when its queue (history's + the backlog) no longer holds them. Departures are spread evenly over
     the tile; each tile adds the waits of its first, middle and last departing task."""
-    waiting = s.total_waiting
+    # `waiting`: s.total_waiting (the caller has it)
     if not state.arrived:  # the tasks waiting at the first sample arrived before the window: not counted
         state.arrival_at.append(at - timedelta(seconds=s.span_s))
         state.arrived.append(0.0)
@@ -1208,15 +1217,18 @@ def _waits(prun: PoolRun, state: _PoolState, s: PoolSample, at: datetime) -> Non
 
 
 def _add_waits(prun: PoolRun, state: _PoolState, first: float, last: float, start: datetime, end: datetime) -> None:
+    if not state.arrived:  # (no arrival known: no wait to add)
+        return
     n = last - first
+    span, weight = end - start, n / 3  # (the same values for each share: made once)
     for share in (0.0, 0.5, 1.0):
         index = first + share * n
         arrived = _arrival_time(state, index)
         if arrived is None:
             continue
-        left = start + (end - start) * share
+        left = start + span * share
         wait = max(0.0, (left - arrived).total_seconds())
-        prun.waits.append((wait, n / 3))
+        prun.waits.append((wait, weight))
         prun.max_wait_s = wait if prun.max_wait_s is None else max(prun.max_wait_s, wait)
 
 
@@ -1262,13 +1274,15 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
     history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
     slots, counts = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
+    heard: tuple[SlotState, ...] = ()  # the slots carrying heard_at (PoolSignals.heard): the one set here, if any
     if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now;
         # the counts of states hold)
         first = next((k for k, slot in enumerate(slots) if slot.state == "serving"), None)
         if first is not None:
-            slots = (*slots[:first], replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),
-                     *slots[first + 1:])
-    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0, counts)
+            heard = (replace(slots[first], heard_at=at - timedelta(seconds=s.quiet_s)),)
+            slots = (*slots[:first], heard[0], *slots[first + 1:])
+    return PoolSignals(up, down, queue, slots, hearing, market, history, serving.heartbeat_minutes * 60.0, counts,
+                       heard)
 
 
 def _spread(waiting: dict[str, int], total: int, pool: PoolSpec) -> dict[str, int]:

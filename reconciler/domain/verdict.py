@@ -117,13 +117,14 @@ class Verdict:
         return replace(self, marks_bad=False, held_by=by, blame=blame,
                        evidence={**self.evidence, "unguarded": unguarded})
 
-    def to_entry(self) -> BenchmarkEntry:
+    def to_entry(self, stage: str | None = None) -> BenchmarkEntry:
+        """The record entry of this verdict; `stage`: the entry's stage (None: not said, as older records)."""
         return BenchmarkEntry(
             instance_id=self.instance_id, at=format_time(self.at), verdict=self.verdict, blame=self.blame,
             marks_bad=self.marks_bad, reason=self.reason, contract_id=self.contract_id, pool=self.pool,
             image_digest=self.image_digest, signature=self.signature, proofs_per_hour=self.proofs_per_hour,
             seconds_per_proof=self.seconds_per_proof, min_rate_proofs_per_hour=self.min_rate_proofs_per_hour,
-            held_by=self.held_by, evidence=self.evidence)
+            held_by=self.held_by, evidence=self.evidence, stage=stage)
 
 
 def root_cause_text(reason: str, blame: str, held_by: str | None = None, setting: str | None = None) -> str:

@@ -554,6 +554,33 @@ def test_slot_counts_handed_in_decide_as_those_counted_from_the_slots() -> None:
             assert a.signals.to_json(now) == b.signals.to_json(now)
 
 
+def test_heard_slots_handed_in_decide_as_those_looked_for_in_the_slots() -> None:
+    # The replay knows which of its slots carry heard_at and hands them in (PoolSignals.heard): a shrink reads them
+    # as it reads the slots themselves (none heard, all heard as reported, one heard too long ago).
+    from reconciler.domain.capacity import decide_pool, signals_for
+    from reconciler.domain.serving import FleetHearing
+
+    pool = apply_entries(SPEC, entry(4)).pool("rtx4090")
+    now = at(57)
+    reports = [serving(f"i-{i}", f"rtx4090-{i}", IDLE_HOUR) for i in range(4)]  # shrinks
+    counted = signals_for(pool, reports, NO_QUEUE["rtx4090"], SPEC.serving, {}, now,
+                          hearing=FleetHearing(now, timedelta(minutes=20)))
+    none_heard = tuple(replace(s, heard_at=None) for s in counted.slots)
+    late = (*none_heard[:1], replace(none_heard[1], heard_at=now - timedelta(hours=1)), *none_heard[2:])
+    notes = set()
+    for slots in (counted.slots, none_heard, late):
+        looked = replace(counted, slots=slots)
+        handed = replace(looked, heard=tuple(s for s in slots if s.heard_at is not None))
+        for stored in (entry(4)["rtx4090"], None):
+            a = decide_pool(pool, stored, looked, now)
+            b = decide_pool(pool, stored, handed, now)
+            assert (a.entry, a.changed, a.held_by, a.note, a.released, a.drain, a.sample) == \
+                (b.entry, b.changed, b.held_by, b.note, b.released, b.drain, b.sample)
+            notes.add(a.note)
+    assert any("not heard for longer than a heartbeat allows" in n for n in notes)
+    assert any(n == "" for n in notes)  # the others shrink
+
+
 def test_the_replays_slot_states_come_with_their_counts() -> None:
     # The replay makes a pool's slot states from counts and hands those counts to the decision (PoolSignals.counts):
     # they are what counting the states gives, and the slots are those of the entry, in index order.
