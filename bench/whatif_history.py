@@ -26,6 +26,7 @@ from reconciler.adapters.demand_files import day_path, render_day
 from reconciler.adapters.git import BOT_EMAIL, BOT_NAME
 from reconciler.adapters.record_files import render_image_record, render_machine_record
 from reconciler.adapters.spec_files import check_spec_text
+from reconciler.domain.breaker import kill_budgets_of_marks
 from reconciler.domain.capacity import (
     CapacityEntry,
     PoolSignals,
@@ -142,11 +143,12 @@ def _verdict_passes(spec: FleetSpec, rng: random.Random, since: datetime) -> tup
             verdicts = [v for r in pending.pop(at) if (v := judge(r, spec.pool(r.pool or ""), at)) is not None]
             attempts += len(verdicts)
             view = records.view(at, {v.machine_id for v in verdicts if v.machine_id},
-                                max(spec.circuit_breaker.window_hours, spec.retest.window_hours),
-                                spec.kill_budget.window_hours)
+                                max(spec.circuit_breaker.window_hours, spec.retest.window_hours))
+            window = timedelta(hours=spec.kill_budget.window_hours)
+            budgets = kill_budgets_of_marks(spec, records.marks_since(at - window), at)
             guarded, changed, _ = guard_and_record(spec, view, verdicts, at, prices={
                 v.instance_id: round(spec.pool(v.pool or "").max_price_usd_per_hour * rng.uniform(0.6, 1.0), 3)
-                for v in verdicts})
+                for v in verdicts}, budgets=budgets)
             for rec in changed.values():
                 records.put(rec)
             records.images.update(guarded.image_records)
