@@ -33,7 +33,8 @@ class ForkedCall(Closing, Generic[T]):
 
     def __init__(self, fn: Callable[[], T], *, fork: bool | None = None) -> None:
         """`fork`: False runs `fn` here in `result()`; None forks when this process runs one thread (a lock another
-        thread holds at the fork would stay locked in the child forever)."""
+        thread holds at the fork would stay locked in the child forever); True forks whatever runs beside (the
+        caller knows `fn` takes no lock another thread may hold)."""
         self._fn = fn
         self._pid: int | None = None
         self._file: IO[bytes] | None = None
@@ -105,7 +106,7 @@ def _why_not_fork(fork: bool | None) -> str | None:
     if not hasattr(os, "fork"):
         return "this platform has no fork"
     threading = sys.modules.get("threading")
-    if threading is not None and threading.active_count() > 1:
+    if fork is None and threading is not None and threading.active_count() > 1:
         return "another thread runs in this process"
     return None
 
