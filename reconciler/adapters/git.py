@@ -636,6 +636,12 @@ class WindowCommit:
     changes: tuple[tuple[str, str], ...]  # (A|M|D, path)
 
 
+def _failed(args: list[str], workdir: Path, code: int, stderr: bytes) -> GitStoreError:
+    """The error of a plain `git` run that exited `code`: git's own words, else its exit status."""
+    detail = stderr.decode("utf-8", errors="replace").strip()
+    return GitStoreError(f"git {args[0]} failed in {workdir}: {detail or f'exit {code}'}")
+
+
 class PendingWindow(Closing):
     """A `git log` of a window running in its own process (`GitReader.start_window`); its output goes to a
     temporary file, so git never waits on a pipe nobody reads."""
@@ -657,8 +663,7 @@ class PendingWindow(Closing):
         self._err.seek(0)
         self._out.seek(0)
         if code != 0:
-            detail = self._err.read().decode("utf-8", errors="replace").strip()
-            raise GitStoreError(f"git {self._args[0]} failed in {self._workdir}: {detail or f'exit {code}'}")
+            raise _failed(self._args, self._workdir, code, self._err.read())
         out = self._out.read().decode("utf-8", errors="replace")
         files = self._paths
         under = tuple(f"{p}/" for p in files)
@@ -719,8 +724,7 @@ class GitReader:
         proc = subprocess.run(["git", *args], cwd=self.workdir, input=stdin, capture_output=True, check=False,
                               env=_plain_git_env())
         if proc.returncode != 0:
-            detail = proc.stderr.decode("utf-8", errors="replace").strip()
-            raise GitStoreError(f"git {args[0]} failed in {self.workdir}: {detail or f'exit {proc.returncode}'}")
+            raise _failed(args, self.workdir, proc.returncode, proc.stderr)
         return proc.stdout
 
     def machine_trail(self, machine_id: str, *, ref: str = "HEAD", spec_dir: str = "fleet-spec") -> MachineTrail:
