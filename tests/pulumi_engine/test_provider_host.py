@@ -118,7 +118,7 @@ pools:
     min_rate_proofs_per_hour: 40
     max_price_usd_per_hour: 0.60
     min_reliability: 0.98
-    benchmark: {{proofs: 2, concurrency: 2, timeout_minutes: 3, after: exit}}
+    benchmark: {{proofs: 2, concurrency: 2, timeout_minutes: 3, after: serve}}
 """
 
 
@@ -248,6 +248,9 @@ def test_local_backend_full_lifecycle_through_the_real_host(local_fleet: LocalFl
 
         read_id, fresh = engine.read(slot, id_, state, checked)
         assert read_id == id_ and fresh["instance_id"] == id_
+        # `after: serve`: the worker stays up after its benchmark (with `exit` a slow machine could read the
+        # instance already `exited`, which the status table rightly replaces at once)
+        assert fresh["status"] == "running", fresh
 
         # unchanged spec: no change
         same = engine.diff(slot, id_, fresh, news, checked)
