@@ -248,8 +248,11 @@ def test_signing_in_leaves_no_token_in_the_browser_history(chromium: str, live: 
     sign_in(chromium, tmp_path, url, READ_TOKEN)
     shown = run_chromium(chromium, tmp_path, "--dump-dom", f"{url}/")
     assert shown.returncode == 0 and 'id="pools"' in shown.stdout, shown.stdout[:500]
-    linked = run_chromium(chromium, tmp_path, "--dump-dom", f"{url}/?token={READ_TOKEN}")
+    # The link's answer is 204: the browser stays where it was and commits no navigation, so a headless
+    # `--dump-dom` (Chromium 150) would wait for a page load forever; `--timeout` stops it and dumps the blank tab.
+    linked = run_chromium(chromium, tmp_path, "--timeout=5000", "--dump-dom", f"{url}/?token={READ_TOKEN}")
     assert linked.returncode == 0, linked.stderr[-2000:]
+    assert 'id="pools"' not in linked.stdout, linked.stdout[:500]  # the old link does not show the page
     history = profile_history(tmp_path)
     assert f"{url}/" in history and f"{url}/login" in history, history
     assert not any(READ_TOKEN in visited for visited in history), history
