@@ -46,7 +46,7 @@ import sys
 import time
 import weakref
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar, cast
@@ -991,6 +991,16 @@ def _entry_of(row: tuple[Any, ...] | None, source: _EvidenceSource) -> Benchmark
         return None
     blob, index, values = row
     return BenchmarkEntry.from_field_values(values, StoredEvidence(source, blob, index))
+
+
+def read_evidence(records: Iterable[MachineRecord]) -> None:
+    """Reads now the evidence the entries of `records` would read from their files on first use (`StoredEvidence`):
+    a caller that will read all of it reads it at a moment that suits it (the what-if, while git lists the window's
+    commits, and once, before it forks). Each record file is read and checked once."""
+    for rec in records:
+        for entry in rec.benchmarks:
+            if isinstance(entry.evidence, StoredEvidence):
+                entry.evidence._get()
 
 
 def load_indexed(spec_dir: str | Path, index: RecordIndex | None = None) -> RecordSet:

@@ -26,7 +26,7 @@ from reconciler.adapters.demand_files import DEMAND_DIR, days_between, parse_his
 from reconciler.adapters.forked import ForkedCall
 from reconciler.adapters.git import BOT_NAME, GitReader, GitStoreError
 from reconciler.adapters.record_files import parse_image_record, parse_machine_record
-from reconciler.adapters.record_index import load_indexed
+from reconciler.adapters.record_index import load_indexed, read_evidence
 from reconciler.adapters.spec_files import check_spec_text
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.records import IMAGES_DIR, MACHINES_DIR, ImageSuspectRecord, MachineRecord, RecordError
@@ -89,6 +89,9 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
             if text is not None:
                 by_pool.setdefault(PurePosixPath(p).parent.name, []).append((p, text))
         demand = parse_history(by_pool, since, until)
+        # The window's entries' evidence (the attempts' phases, the rates the judge reads again) is read from the
+        # record files on first use: read here, while git still lists, and once for both replays' processes.
+        read_evidence(machines.values())
         # Commits after `until` (a replay "as of" an earlier time) are the future: not read.
         commits = [c for c in listing.result() if c.at <= until.timestamp()]
 

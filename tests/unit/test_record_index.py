@@ -26,7 +26,7 @@ from reconciler.adapters.record_files import (
     render_image_record,
     render_machine_record,
 )
-from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id
+from reconciler.adapters.record_index import RecordIndex, default_index_path, git_blob_id, read_evidence
 from reconciler.domain.forecast import _known, known_machines
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordError, RecordSet
 from tests.gitrepos import git
@@ -194,6 +194,17 @@ def test_evidence_is_read_from_the_file_it_was_indexed_from(repo: Path) -> None:
     write_record(spec, rated_record("111", 45.0, 41.0, 30.0))  # changed after the load, before the evidence was read
     with pytest.raises(RecordError, match="changed while it was being read"):
         dict(later.machines["111"].benchmarks[0].evidence)
+
+
+def test_read_evidence_reads_it_now_not_on_first_use(repo: Path) -> None:
+    spec = repo / "fleet-spec"
+    records, unread = _index(repo).load(spec), _index(repo).load(spec)
+    read_evidence(records.machines.values())
+    write_record(spec, rated_record("111", 45.0, 41.0, 30.0))  # changed after the evidence was read
+    assert records.machines["111"].benchmarks[1].evidence == {"log_tail": ["throughput:    0.683 proofs/min"],
+                                                             "exit_code": 0}
+    with pytest.raises(RecordError, match="changed while it was being read"):  # read on first use: too late
+        dict(unread.machines["111"].benchmarks[1].evidence)
 
 
 def test_a_cold_build_split_with_a_forked_child_gives_the_same_records(tmp_path: Path) -> None:
