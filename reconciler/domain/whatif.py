@@ -265,20 +265,20 @@ def fate(j: Judged | None) -> str:
 def _flips(base: Run, pr: Run, found: Sequence[Attempt], base_spec: FleetSpec, pr_spec: FleetSpec) -> list[Flip]:
     out = []
     seen: set[tuple[str, bool]] = set()
+    in_base, in_pr = _first_fates(base), _first_fates(pr)
     for a in found:
         key = (a.instance_id, a.serving)
         if key in seen:
             continue
         seen.add(key)
-        b, p = _fate_of(base, a), _fate_of(pr, a)
-        fb, fp = fate(b), fate(p)
+        b, p = in_base.get(key), in_pr.get(key)
         if _kind(b) == _kind(p):
             continue  # the same verdict (a guard holding it or not is a difference of the guards: `_holds`)
         e = a.entry
         verdict = p.verdict if p is not None and p.verdict is not None else None
         reason = verdict.root_cause() if verdict is not None else (p.why if p is not None else "")
         out.append(Flip(
-            a.instance_id, a.machine_id, e.pool, a.at, "serving" if a.serving else "admission", fb, fp,
+            a.instance_id, a.machine_id, e.pool, a.at, "serving" if a.serving else "admission", fate(b), fate(p),
             e.proofs_per_hour, e.price_usd_per_hour, _min(base_spec, e.pool), _min(pr_spec, e.pool), reason))
     return out
 
@@ -287,8 +287,13 @@ def _kind(j: Judged | None) -> str:
     return j.verdict.verdict if j is not None and j.outcome == JUDGED and j.verdict is not None else fate(j)
 
 
-def _fate_of(run: Run, a: Attempt) -> Judged | None:
-    return next((j for j in run.judged.get(a.instance_id, ()) if j.attempt.serving == a.serving), None)
+def _first_fates(run: Run) -> dict[tuple[str, bool], Judged]:
+    """(instance id, serving) -> the instance's first fate at that stage in the run."""
+    out: dict[tuple[str, bool], Judged] = {}
+    for iid, fates in run.judged.items():
+        for j in fates:
+            out.setdefault((iid, j.attempt.serving), j)
+    return out
 
 
 def _min(spec: FleetSpec, pool: str | None) -> float | None:
@@ -356,12 +361,13 @@ def _trip_lines(run: Run, other: Run) -> tuple[Trip, ...]:
 
 def _holds(run: Run, other: Run) -> tuple[Hold, ...]:
     out = []
+    theirs: dict[tuple[str, bool], Judged] | None = None  # (made at the first hold)
     for j in run.fates():
         v = j.verdict
         if v is None or v.held_by is None:
             continue
-        o = next((x for x in other.judged.get(j.attempt.instance_id, ())
-                  if x.attempt.serving == j.attempt.serving), None)
+        theirs = _first_fates(other) if theirs is None else theirs
+        o = theirs.get((j.attempt.instance_id, j.attempt.serving))
         if o is None or o.verdict is None or o.verdict.held_by != v.held_by:
             out.append(Hold(v.instance_id, j.attempt.machine_id, v.pool, v.at, v.held_by, v.verdict))
     return tuple(sorted(out, key=lambda h: h.at))
