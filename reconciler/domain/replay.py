@@ -641,14 +641,11 @@ class _Memo:
     def __init__(self) -> None:
         #: Per pool: the pool and entry last asked of, and their bounds.
         self._last: dict[str, tuple[PoolSpec, CapacityEntry | None, tuple[tuple[int, ...], tuple[int, ...], int]]] = {}
-        self._slots: dict[tuple[object, ...], tuple[tuple[SlotState, ...], dict[str, int]]] = {}
+        #: (pool, id of its bounds, counts) -> (those bounds, the slot states, their counts)
+        self._slots: dict[tuple[object, ...], tuple[tuple[tuple[int, ...], tuple[int, ...], int],
+                                                    tuple[SlotState, ...], dict[str, int]]] = {}
         self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
-
-    @staticmethod
-    def _key(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[object, ...]:
-        return (pool.name, pool.bounds) if entry is None else \
-            (pool.name, pool.bounds, entry.desired, entry.slots, entry.draining)
 
     def bounds(self, pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
@@ -679,15 +676,19 @@ class _Memo:
 
     def slots(self, pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
               draining_serving: int) -> tuple[tuple[SlotState, ...], dict[str, int]]:
-        key = (*self._key(pool, entry), serving, on_the_way, draining_serving)
+        bounds = self.bounds(pool, entry)  # all _synth_slots reads of the entry
+        # Keyed on the very bounds object (`bounds` hands the same one while the entry's slots stay, and the cache
+        # of within_bounds for the same values): hashing the pool's ~250 slots at every step cost more. The value
+        # holds the object, so its id is not reused while the key is here.
+        key = (pool.name, id(bounds), serving, on_the_way, draining_serving)
         found = self._slots.get(key)
-        if found is None:
+        if found is None or found[0] is not bounds:
             if len(self._slots) > 20_000:  # a fleet of 40 autoscaled pools cycles through ~10,000 of them
                 self._slots.clear()
             values = self._values.get(pool.name) or self._values.setdefault(pool.name, _SlotValues(pool.name))
-            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, values,
-                                                    self.bounds(pool, entry))
-        return found
+            found = self._slots[key] = (bounds, *_synth_slots(pool, entry, serving, on_the_way, draining_serving,
+                                                              values, bounds))
+        return found[1], found[2]
 
 
 def _window(state: _PoolState, now: datetime, window_s: float) -> tuple[float, float]:
@@ -1056,6 +1057,8 @@ class _Guards:
         self._until: datetime | None = None  # the first of those
         self._used: dict[str, tuple[str, ...]] = {}
         self._budgets: dict[str, KillBudget] | None = None
+        self._exhausted_of: Mapping[str, KillBudget] | None = None  # the budgets `_exhausted` was read from
+        self._exhausted: frozenset[str] = frozenset()
 
     def entry_changed(self, pool: str) -> None:
         """Called by whoever changes a pool's capacity entry."""
@@ -1130,7 +1133,10 @@ class _Guards:
 
     def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                   at: datetime) -> frozenset[str]:
-        return frozenset(name for name, b in self.budgets(spec, entries, records, at).items() if b.exhausted)
+        budgets = self.budgets(spec, entries, records, at)
+        if budgets is not self._exhausted_of:  # (a new mapping whenever a budget changed: read once per mapping)
+            self._exhausted_of, self._exhausted = budgets, frozenset(n for n, b in budgets.items() if b.exhausted)
+        return self._exhausted
 
 
 def _digest(records: ReplayRecords, sample: PoolSample) -> str | None:
@@ -1272,7 +1278,7 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
         market = market_of(s.market, at, settings.usd_per_fil, settings.min_margin)
     # The demand the leader remembered: the replay's own samples, as far back as the leader's memory reached.
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
-    history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
+    history = tuple(h for h in state.history if at - h.at <= reach) if reach is not None else ()
     slots, counts = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
     heard: tuple[SlotState, ...] = ()  # the slots carrying heard_at (PoolSignals.heard): the one set here, if any
     if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now;
