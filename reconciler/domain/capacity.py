@@ -41,6 +41,7 @@ scale_down_after apart, down -> up at least cooldown + scale_up_after apart; so 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -485,7 +486,9 @@ def _machines(n: int) -> str:
     return f"{n} machine" if n == 1 else f"{n} machines"
 
 
-@dataclass(frozen=True)
+# (_Demand and _Ruling are not frozen: each is made at every decision, a replay's ~100,000 of them, and a frozen
+# dataclass sets each field through object.__setattr__, about four times as slow; neither leaves decide_pool.)
+@dataclass(slots=True)
 class _Demand:
     """One pass's demand for one pool, measured (the numbers the sentences name)."""
 
@@ -549,7 +552,7 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
                    busy_down, forecast, sample)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Ruling:
     new: int
     direction: str | None = None  # set when the count moves
@@ -1034,8 +1037,7 @@ def demand_history(samples: Iterable[DemandSample], now: datetime, keep: timedel
     """The samples worth keeping at `now` (the longest window back, plus one older sample that starts it),
     oldest first, one per time."""
     by_time = {s.at: s for s in samples if s.at <= now}
-    ordered = [by_time[t] for t in sorted(by_time)]
-    start = now - keep  # (once, not per sample)
-    old = [i for i, s in enumerate(ordered) if s.at <= start]
-    return tuple(ordered[old[-1]:] if old else ordered)
+    times = sorted(by_time)
+    first = max(0, bisect.bisect_right(times, now - keep) - 1)  # the newest at or before the start, if any
+    return tuple(by_time[t] for t in times[first:])
 

@@ -646,6 +646,7 @@ class _Memo:
                                                     tuple[SlotState, ...], dict[str, int]]] = {}
         self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
+        self._hearing: tuple[tuple[object, ...], FleetHearing] | None = None  # the last one made, and of what
 
     def bounds(self, pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
@@ -661,6 +662,19 @@ class _Memo:
         found = within_bounds(pool, entry)
         self._last[pool.name] = (pool, entry, found)  # held: an object's id is not reused while it lives
         return found
+
+    def hearing(self, at: datetime, lost_after_minutes: float, heard_s: float | None, back_s: float | None,
+                silent_s: float | None) -> FleetHearing:
+        """The fleet's hearing as a sample had it (the fleet's: the pools sampled at one pass share it, so it is made
+        once per pass, not once per pool)."""
+        key = (at, lost_after_minutes, heard_s, back_s, silent_s)
+        if self._hearing is None or self._hearing[0] != key:
+            self._hearing = key, FleetHearing(
+                at, timedelta(minutes=lost_after_minutes),
+                ((at - timedelta(seconds=heard_s), ""),) if heard_s is not None else (),
+                at - timedelta(seconds=back_s) if back_s is not None else None,
+                timedelta(seconds=silent_s) if silent_s is not None else None)
+        return self._hearing[1]
 
     def desired(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
         return pool.count if pool.min_count is None else self.bounds(pool, entries.get(pool.name))[2]
@@ -1267,11 +1281,7 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
         queue = replace(queue, waiting=_spread(dict(s.waiting or {}), total, pool), oldest_waiting_at=oldest)
     on_the_way = max(0, s.on_the_way + (_gap_now(state) - serving_gap))
     # The fleet's hearing as the pass had it, judged with the replayed spec's lost_after.
-    hearing = FleetHearing(
-        at, timedelta(minutes=serving.lost_after_minutes),
-        ((at - timedelta(seconds=s.heard_s), ""),) if s.heard_s is not None else (),
-        at - timedelta(seconds=s.back_s) if s.back_s is not None else None,
-        timedelta(seconds=s.silent_s) if s.silent_s is not None else None)
+    hearing = memo.hearing(at, serving.lost_after_minutes, s.heard_s, s.back_s, s.silent_s)
     market = None
     if s.market is not None and pool.queue is not None and pool.queue.market is not None:
         settings = pool.queue.market
