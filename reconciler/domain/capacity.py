@@ -743,7 +743,7 @@ def _rule(pool: PoolSpec, stored: CapacityEntry | None, signals: PoolSignals, de
 
 def _same_in_order(stored: tuple[int, ...], ordered: tuple[int, ...]) -> bool:
     """Whether `stored` sorted is `ordered` (a stored entry is usually in order already)."""
-    return stored == ordered or tuple(sorted(stored)) == ordered
+    return stored is ordered or stored == ordered or tuple(sorted(stored)) == ordered  # (usually the very tuple)
 
 
 def _drain_order(state: SlotState) -> tuple[float, int]:
