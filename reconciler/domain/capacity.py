@@ -267,7 +267,7 @@ def lasted(samples: Sequence[DemandSample], now: datetime, window: timedelta) ->
     """The samples that cover the whole `window` before `now` (from the last one at or before its start), or
     None when they do not: none that old, or a gap longer than half the window (unobserved time is never
     evidence)."""
-    ordered = sorted((s for s in samples if s.at <= now), key=attrgetter("at"))
+    ordered = sorted([s for s in samples if s.at <= now], key=attrgetter("at"))
     begin = now - window  # (once, not per sample)
     start = [i for i, s in enumerate(ordered) if s.at <= begin]
     if not start:
