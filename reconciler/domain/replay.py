@@ -280,7 +280,7 @@ def candidate(attempt: Attempt, spec: FleetSpec, recorded: FleetSpec) -> Candida
             return Candidate(attempt, recorded_verdict(attempt), attempt.at, as_recorded="no rate recorded")
         result = report.result
         assert result is not None
-        started = _phase(e, "benchmark-started")
+        started = result.started_at  # (rated_report's _phase(e, "benchmark-started"), not parsed again)
         # Under the early-verdict settings and minimum of its time, the early verdict did not come (the loop saw
         # every proof): judged again only where they differ.
         early_may_differ = then is None or spec.early_verdict != recorded.early_verdict or \
@@ -997,7 +997,9 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 own.add(pool.name)
     if ranged:
         images = RecordSet(images=records.images)
-        paused = [name for name in ranged if pool_pause(name, images, _digest(records, samples[name]))]
+        # (no image suspect: no pool is paused, and nothing to look up for each)
+        paused = [name for name in ranged if pool_pause(name, images, _digest(records, samples[name]))] \
+            if any(img.active for img in records.images.values()) else []
         spent = guards.exhausted(spec, entries, records, at)
         exhausted = [name for name in ranged if name in spent]
         run.paused.update(paused)
