@@ -41,6 +41,7 @@ scale_down_after apart, down -> up at least cooldown + scale_up_after apart; so 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -266,8 +267,9 @@ def lasted(samples: Sequence[DemandSample], now: datetime, window: timedelta) ->
     """The samples that cover the whole `window` before `now` (from the last one at or before its start), or
     None when they do not: none that old, or a gap longer than half the window (unobserved time is never
     evidence)."""
-    ordered = sorted((s for s in samples if s.at <= now), key=lambda s: s.at)
-    start = [i for i, s in enumerate(ordered) if s.at <= now - window]
+    ordered = sorted([s for s in samples if s.at <= now], key=attrgetter("at"))
+    begin = now - window  # (once, not per sample)
+    start = [i for i, s in enumerate(ordered) if s.at <= begin]
     if not start:
         return None
     run = ordered[start[-1]:]
@@ -298,7 +300,9 @@ class PoolSignals:
     heard: tuple[SlotState, ...] | None = field(default=None, compare=False, repr=False)
 
     def count(self, state: str) -> int:
-        return self._counts.get(state, 0)
+        # The caller's counts read as they are: a cached_property costs a lock on every read (a replay asks ~100,000
+        # times).
+        return (self.counts if self.counts is not None else self._counts).get(state, 0)
 
     @cached_property
     def by_index(self) -> dict[int, SlotState]:
@@ -307,8 +311,8 @@ class PoolSignals:
 
     @cached_property
     def _counts(self) -> Mapping[str, int]:
-        # Asked for several states per decision (a replay decides tens of thousands of times): counted once.
-        return self.counts if self.counts is not None else dict(Counter(map(attrgetter("state"), self.slots)))
+        # Asked for several states per decision: counted once.
+        return dict(Counter(map(attrgetter("state"), self.slots)))
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         up, down = self.utilization_up, self.utilization_down
@@ -466,6 +470,14 @@ def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+@lru_cache(maxsize=64)
+def _window(minutes: float) -> tuple[timedelta, str]:
+    """A scaling window of `minutes`, and its words (`_span`): a pool's windows are a few values, asked at every
+    decision."""
+    window = timedelta(minutes=minutes)
+    return window, _span(window.total_seconds())
+
+
 def _ago(delta: timedelta) -> str:
     return _span(max(0.0, delta.total_seconds()))
 
@@ -474,7 +486,9 @@ def _machines(n: int) -> str:
     return f"{n} machine" if n == 1 else f"{n} machines"
 
 
-@dataclass(frozen=True)
+# (_Demand and _Ruling are not frozen: each is made at every decision, a replay's ~100,000 of them, and a frozen
+# dataclass sets each field through object.__setattr__, about four times as slow; neither leaves decide_pool.)
+@dataclass(slots=True)
 class _Demand:
     """One pass's demand for one pool, measured (the numbers the sentences name)."""
 
@@ -498,7 +512,8 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
     per_machine = pool.min_rate_proofs_per_hour * scaling.scale_up_after_minutes / 60.0
     readable = queue is not None and queue.error is None
     waiting = queue.total_waiting if queue is not None and readable else 0
-    kinds = "/".join(k for k, n in sorted(queue.waiting.items()) if n) if queue is not None and readable else ""
+    # (read only with tasks waiting)
+    kinds = "/".join(sorted(k for k, n in queue.waiting.items() if n)) if queue is not None and waiting else ""
     oldest = now - queue.oldest_waiting_at if readable and waiting and queue is not None and \
         queue.oldest_waiting_at is not None else None
     paying = market is not None and market.paying
@@ -514,7 +529,9 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
         seen = [s.unpaid for s in signals.history if now - s.at < span]
         return (sum(seen) + unpaid) / (len(seen) + 1)
 
-    unpaid_up, unpaid_down = unpaid_over(up.window_s), unpaid_over(down.window_s)
+    # (no samples before: the average is `unpaid` itself)
+    unpaid_up, unpaid_down = (unpaid_over(up.window_s), unpaid_over(down.window_s)) if signals.history else \
+        (unpaid, unpaid)
     busy_up = max(0.0, up.busy_machines - unpaid_up)
     busy_down = max(0.0, down.busy_machines - unpaid_down)
     # Cold start: a machine rented now serves in ~cold_start minutes, so size for the demand then. The trend is
@@ -535,7 +552,7 @@ def _measure(pool: PoolSpec, signals: PoolSignals, now: datetime, active: int) -
                    busy_down, forecast, sample)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Ruling:
     new: int
     direction: str | None = None  # set when the count moves
@@ -548,9 +565,8 @@ def _growth(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
     pool has; None when no up rule holds."""
     scaling = pool.scaling or ScalingSettings()
     target = scaling.target_utilization
-    window = timedelta(minutes=scaling.scale_up_after_minutes)
+    window, w = _window(scaling.scale_up_after_minutes)
     up = signals.utilization_up
-    w = _span(window.total_seconds())
     rule = None
     queue_now = 0.0
     if demand.oldest is not None and demand.oldest >= window:
@@ -593,8 +609,7 @@ def _shrink(pool: PoolSpec, signals: PoolSignals, demand: _Demand, now: datetime
     scaling = pool.scaling or ScalingSettings()
     low, _ = pool.bounds
     target = scaling.target_utilization
-    window = timedelta(minutes=scaling.scale_down_after_minutes)
-    w = _span(window.total_seconds())
+    window, w = _window(scaling.scale_down_after_minutes)
     down, queue = signals.utilization_down, signals.queue
     serving = signals.count("serving")
     if queue is not None and queue.error is not None:
@@ -728,7 +743,7 @@ def _rule(pool: PoolSpec, stored: CapacityEntry | None, signals: PoolSignals, de
 
 def _same_in_order(stored: tuple[int, ...], ordered: tuple[int, ...]) -> bool:
     """Whether `stored` sorted is `ordered` (a stored entry is usually in order already)."""
-    return stored == ordered or tuple(sorted(stored)) == ordered
+    return stored is ordered or stored == ordered or tuple(sorted(stored)) == ordered  # (usually the very tuple)
 
 
 def _drain_order(state: SlotState) -> tuple[float, int]:
@@ -815,7 +830,8 @@ def decide_pool(pool: PoolSpec, entry: CapacityEntry | None, signals: PoolSignal
         not _same_in_order(stored.slots, slots) or not _same_in_order(stored.draining, draining)
     return CapacityDecision(pool.name, before, entry_out, file_changed, signals, ruling.held_by,
                             "" if changed_here and not ruling.held_by else ruling.sentence,
-                            tuple(f"{pool.name}-{i}" for i in sorted(released)), tuple(drain_ids), (low, high),
+                            tuple(f"{pool.name}-{i}" for i in sorted(released)) if released else (),
+                            tuple(drain_ids), (low, high),
                             demand.sample)
 
 
@@ -1021,8 +1037,7 @@ def demand_history(samples: Iterable[DemandSample], now: datetime, keep: timedel
     """The samples worth keeping at `now` (the longest window back, plus one older sample that starts it),
     oldest first, one per time."""
     by_time = {s.at: s for s in samples if s.at <= now}
-    ordered = [by_time[t] for t in sorted(by_time)]
-    start = now - keep  # (once, not per sample)
-    old = [i for i, s in enumerate(ordered) if s.at <= start]
-    return tuple(ordered[old[-1]:] if old else ordered)
+    times = sorted(by_time)
+    first = max(0, bisect.bisect_right(times, now - keep) - 1)  # the newest at or before the start, if any
+    return tuple(by_time[t] for t in times[first:])
 

@@ -280,7 +280,7 @@ def candidate(attempt: Attempt, spec: FleetSpec, recorded: FleetSpec) -> Candida
             return Candidate(attempt, recorded_verdict(attempt), attempt.at, as_recorded="no rate recorded")
         result = report.result
         assert result is not None
-        started = _phase(e, "benchmark-started")
+        started = result.started_at  # (rated_report's _phase(e, "benchmark-started"), not parsed again)
         # Under the early-verdict settings and minimum of its time, the early verdict did not come (the loop saw
         # every proof): judged again only where they differ.
         early_may_differ = then is None or spec.early_verdict != recorded.early_verdict or \
@@ -579,7 +579,8 @@ def _serving_gap(state: _PoolState, now: datetime, cold: timedelta) -> int:
     low = None
     since = now - cold
     for at, gap in reversed(state.gaps):
-        low = gap if low is None else min(low, gap)
+        if low is None or gap < low:  # (min without a call: ~7 gaps a sample, 100,000 samples a replay)
+            low = gap
         if at <= since:
             break
     return low or 0
@@ -641,14 +642,12 @@ class _Memo:
     def __init__(self) -> None:
         #: Per pool: the pool and entry last asked of, and their bounds.
         self._last: dict[str, tuple[PoolSpec, CapacityEntry | None, tuple[tuple[int, ...], tuple[int, ...], int]]] = {}
-        self._slots: dict[tuple[object, ...], tuple[tuple[SlotState, ...], dict[str, int]]] = {}
+        #: (pool, id of its bounds, counts) -> (those bounds, the slot states, their counts)
+        self._slots: dict[tuple[object, ...], tuple[tuple[tuple[int, ...], tuple[int, ...], int],
+                                                    tuple[SlotState, ...], dict[str, int]]] = {}
         self._values: dict[str, _SlotValues] = {}
         self._fixed: dict[tuple[object, ...], PoolSpec] = {}
-
-    @staticmethod
-    def _key(pool: PoolSpec, entry: CapacityEntry | None) -> tuple[object, ...]:
-        return (pool.name, pool.bounds) if entry is None else \
-            (pool.name, pool.bounds, entry.desired, entry.slots, entry.draining)
+        self._hearing: tuple[tuple[object, ...], FleetHearing] | None = None  # the last one made, and of what
 
     def bounds(self, pool: PoolSpec, entry: CapacityEntry | None) -> tuple[tuple[int, ...], tuple[int, ...], int]:
         """`within_bounds(pool, entry)`: cached on their values, and here on the very objects, which a step asks of
@@ -665,6 +664,19 @@ class _Memo:
         self._last[pool.name] = (pool, entry, found)  # held: an object's id is not reused while it lives
         return found
 
+    def hearing(self, at: datetime, lost_after_minutes: float, heard_s: float | None, back_s: float | None,
+                silent_s: float | None) -> FleetHearing:
+        """The fleet's hearing as a sample had it (the fleet's: the pools sampled at one pass share it, so it is made
+        once per pass, not once per pool)."""
+        key = (at, lost_after_minutes, heard_s, back_s, silent_s)
+        if self._hearing is None or self._hearing[0] != key:
+            self._hearing = key, FleetHearing(
+                at, timedelta(minutes=lost_after_minutes),
+                ((at - timedelta(seconds=heard_s), ""),) if heard_s is not None else (),
+                at - timedelta(seconds=back_s) if back_s is not None else None,
+                timedelta(seconds=silent_s) if silent_s is not None else None)
+        return self._hearing[1]
+
     def desired(self, pool: PoolSpec, entries: Mapping[str, CapacityEntry]) -> int:
         return pool.count if pool.min_count is None else self.bounds(pool, entries.get(pool.name))[2]
 
@@ -679,15 +691,19 @@ class _Memo:
 
     def slots(self, pool: PoolSpec, entry: CapacityEntry | None, serving: int, on_the_way: int,
               draining_serving: int) -> tuple[tuple[SlotState, ...], dict[str, int]]:
-        key = (*self._key(pool, entry), serving, on_the_way, draining_serving)
+        bounds = self.bounds(pool, entry)  # all _synth_slots reads of the entry
+        # Keyed on the very bounds object (`bounds` hands the same one while the entry's slots stay, and the cache
+        # of within_bounds for the same values): hashing the pool's ~250 slots at every step cost more. The value
+        # holds the object, so its id is not reused while the key is here.
+        key = (pool.name, id(bounds), serving, on_the_way, draining_serving)
         found = self._slots.get(key)
-        if found is None:
+        if found is None or found[0] is not bounds:
             if len(self._slots) > 20_000:  # a fleet of 40 autoscaled pools cycles through ~10,000 of them
                 self._slots.clear()
             values = self._values.get(pool.name) or self._values.setdefault(pool.name, _SlotValues(pool.name))
-            found = self._slots[key] = _synth_slots(pool, entry, serving, on_the_way, draining_serving, values,
-                                                    self.bounds(pool, entry))
-        return found
+            found = self._slots[key] = (bounds, *_synth_slots(pool, entry, serving, on_the_way, draining_serving,
+                                                              values, bounds))
+        return found[1], found[2]
 
 
 def _window(state: _PoolState, now: datetime, window_s: float) -> tuple[float, float]:
@@ -960,11 +976,13 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
     run.steps += 1
     ranged: dict[str, tuple[PoolSpec, PoolSample, _PoolState, int]] = {}  # autoscaled pools sampled now
     own: set[str] = set()  # pools deciding on history's own signals
+    sampled: list[tuple[PoolSpec, PoolSample, _PoolState]] = []  # the pools sampled now, in spec order
     for pool in spec.pools:
         sample = samples.get(pool.name)
         if sample is None:
             continue
         state = pools.get(pool.name) or pools.setdefault(pool.name, _PoolState())  # (made only when missing)
+        sampled.append((pool, sample, state))
         start = cold.get(pool.name) or timedelta(minutes=pool.scaling.cold_start_minutes if pool.scaling else 15.0)
         serving_gap = _serving_gap(state, at, start)
         # Instances billed beyond history's: the replay's slots beyond history's (each slot holds an instance
@@ -979,7 +997,9 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
                 own.add(pool.name)
     if ranged:
         images = RecordSet(images=records.images)
-        paused = [name for name in ranged if pool_pause(name, images, _digest(records, samples[name]))]
+        # (no image suspect: no pool is paused, and nothing to look up for each)
+        paused = [name for name in ranged if pool_pause(name, images, _digest(records, samples[name]))] \
+            if any(img.active for img in records.images.values()) else []
         spent = guards.exhausted(spec, entries, records, at)
         exhausted = [name for name in ranged if name in spent]
         run.paused.update(paused)
@@ -1027,10 +1047,8 @@ def _capacity_step(run: Run, records: ReplayRecords, entries: dict[str, Capacity
             if after != before:
                 run.capacity.append(CapacityChange(at, name, before, after, entry.direction or "", entry.reason))
                 run.pools[name].changes.append((at, before, after, entry.direction or ""))
-    for pool in spec.pools:
-        sample = samples.get(pool.name)
-        if sample is not None:
-            pools[pool.name].gaps.append((at, memo.desired(pool, entries) - sample.desired))
+    for pool, sample, state in sampled:
+        state.gaps.append((at, memo.desired(pool, entries) - sample.desired))
 
 
 def _entry_key(entry: CapacityEntry | None) -> tuple[object, ...] | None:
@@ -1056,6 +1074,8 @@ class _Guards:
         self._until: datetime | None = None  # the first of those
         self._used: dict[str, tuple[str, ...]] = {}
         self._budgets: dict[str, KillBudget] | None = None
+        self._exhausted_of: Mapping[str, KillBudget] | None = None  # the budgets `_exhausted` was read from
+        self._exhausted: frozenset[str] = frozenset()
 
     def entry_changed(self, pool: str) -> None:
         """Called by whoever changes a pool's capacity entry."""
@@ -1130,7 +1150,10 @@ class _Guards:
 
     def exhausted(self, spec: FleetSpec, entries: Mapping[str, CapacityEntry], records: ReplayRecords,
                   at: datetime) -> frozenset[str]:
-        return frozenset(name for name, b in self.budgets(spec, entries, records, at).items() if b.exhausted)
+        budgets = self.budgets(spec, entries, records, at)
+        if budgets is not self._exhausted_of:  # (a new mapping whenever a budget changed: read once per mapping)
+            self._exhausted_of, self._exhausted = budgets, frozenset(n for n, b in budgets.items() if b.exhausted)
+        return self._exhausted
 
 
 def _digest(records: ReplayRecords, sample: PoolSample) -> str | None:
@@ -1220,13 +1243,14 @@ def _add_waits(prun: PoolRun, state: _PoolState, first: float, last: float, star
     if not state.arrived:  # (no arrival known: no wait to add)
         return
     n = last - first
-    span, weight = end - start, n / 3  # (the same values for each share: made once)
-    for share in (0.0, 0.5, 1.0):
+    weight = n / 3
+    # When each share left: the start, the middle and the end (start + span * 0.0 and * 1.0 are start and end
+    # exactly; a timedelta times a float is not cheap, three times a sample).
+    for share, left in ((0.0, start), (0.5, start + (end - start) * 0.5), (1.0, end)):
         index = first + share * n
         arrived = _arrival_time(state, index)
         if arrived is None:
             continue
-        left = start + span * share
         wait = max(0.0, (left - arrived).total_seconds())
         prun.waits.append((wait, weight))
         prun.max_wait_s = wait if prun.max_wait_s is None else max(prun.max_wait_s, wait)
@@ -1261,18 +1285,14 @@ def _signals(pool: PoolSpec, entry: CapacityEntry | None, s: PoolSample, state: 
         queue = replace(queue, waiting=_spread(dict(s.waiting or {}), total, pool), oldest_waiting_at=oldest)
     on_the_way = max(0, s.on_the_way + (_gap_now(state) - serving_gap))
     # The fleet's hearing as the pass had it, judged with the replayed spec's lost_after.
-    hearing = FleetHearing(
-        at, timedelta(minutes=serving.lost_after_minutes),
-        ((at - timedelta(seconds=s.heard_s), ""),) if s.heard_s is not None else (),
-        at - timedelta(seconds=s.back_s) if s.back_s is not None else None,
-        timedelta(seconds=s.silent_s) if s.silent_s is not None else None)
+    hearing = memo.hearing(at, serving.lost_after_minutes, s.heard_s, s.back_s, s.silent_s)
     market = None
     if s.market is not None and pool.queue is not None and pool.queue.market is not None:
         settings = pool.queue.market
         market = market_of(s.market, at, settings.usd_per_fil, settings.min_margin)
     # The demand the leader remembered: the replay's own samples, as far back as the leader's memory reached.
     reach = timedelta(seconds=s.memory_s) if s.memory_s is not None else None
-    history = tuple(h for h in state.history if reach is not None and at - h.at <= reach)
+    history = tuple(h for h in state.history if at - h.at <= reach) if reach is not None else ()
     slots, counts = memo.slots(pool, entry, machines, on_the_way, s.draining_serving)
     heard: tuple[SlotState, ...] = ()  # the slots carrying heard_at (PoolSignals.heard): the one set here, if any
     if s.quiet_s is not None:  # the serving machine heard longest ago, as the pass saw it (the others: just now;
