@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reconciler.adapters.record_codec import yaml_library
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.spec import FleetSpec, SpecProblem
@@ -54,10 +55,10 @@ def _index_list(value: Any) -> tuple[int, ...] | None:
 def parse_capacity(text: str, file: str) -> tuple[dict[str, CapacityEntry], list[SpecProblem]]:
     """Entries by pool, and every problem (each naming the pool and field). A broken file is an error: the
     slots of autoscaled pools are unknown without it, and guessing could delete machines mid-proof."""
-    import yaml
+    yaml, loader, _ = yaml_library()
 
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         return {}, [SpecProblem(file, "$", f"not valid YAML: {getattr(exc, 'problem', None) or exc}",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.capacity_files import capacity_path, load_capacity
+from reconciler.adapters.record_codec import yaml_library
 from reconciler.domain.capacity import apply_entries
 from reconciler.domain.exposure import controller_url_warning
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
@@ -423,17 +424,15 @@ def _pool(p: dict[str, Any]) -> PoolSpec:
 
 def _first_alias(text: str) -> yaml.AliasEvent | None:
     """The first alias in the text, found by the event parser (linear: nothing is expanded)."""
-    import yaml
-
-    return next((event for event in yaml.parse(text, Loader=yaml.SafeLoader) if isinstance(event, yaml.AliasEvent)),
-                None)
+    yaml, loader, _ = yaml_library()
+    return next((event for event in yaml.parse(text, Loader=loader) if isinstance(event, yaml.AliasEvent)), None)
 
 
 def checked_yaml(text: str, file: str, validator: jsonschema.protocols.Validator, what: str,
                  ) -> tuple[dict[str, Any] | None, dict[tuple[Any, ...], int], list[SpecProblem]]:
     """Parse YAML text and check it against a JSON Schema: (document or None, line of every JSON path, problems).
     The fleet spec and the hosts inventory share it: aliases refused, every schema problem named with its line."""
-    import yaml
+    yaml, loader, _ = yaml_library()
 
     try:
         alias = _first_alias(text)
@@ -443,8 +442,8 @@ def checked_yaml(text: str, file: str, validator: jsonschema.protocols.Validator
             return None, {}, [SpecProblem(file, "$", f"YAML aliases are not allowed in a fleet spec (found "
                                           f"*{alias.anchor}); write the values out",
                                           alias.start_mark.line + 1 if alias.start_mark else None)]
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        doc = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=loader)
+        doc = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
