@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.adapters.record_codec import yaml_library
+from reconciler.adapters.yaml_library import yaml_library
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.observations import format_time, parse_time
 from reconciler.domain.spec import FleetSpec, SpecProblem

@@ -37,22 +37,10 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from functools import cache
 from operator import itemgetter
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-if TYPE_CHECKING:
-    import yaml
-
-
-@cache
-def yaml_library() -> tuple[ModuleType, type[yaml.SafeLoader], type[yaml.SafeDumper]]:
-    """PyYAML with libyaml's safe loader and dumper (the pure-Python ones for a PyYAML built without libyaml),
-    imported on first use: a command answered from the record index reads no YAML and does not import it."""
-    import yaml
-
-    return yaml, getattr(yaml, "CSafeLoader", yaml.SafeLoader), getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+from reconciler.adapters.yaml_library import yaml_library
 
 
 class _CompiledOnFirstUse:

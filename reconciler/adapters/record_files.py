@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from reconciler import SCHEMA_DIR
 from reconciler.adapters import record_codec
 from reconciler.adapters.collector import collector_paused
+from reconciler.adapters.yaml_library import yaml_library
 from reconciler.domain.records import (
     IMAGES_DIR,
     MACHINES_DIR,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 # libyaml parses and emits a 17 KB record ~8x faster than pure-Python PyYAML; the results are the same
 # documents (and, for what the reconciler writes, the same text). Pure Python stays the fallback for a PyYAML
-# built without libyaml. PyYAML is imported on first use (record_codec.yaml_library).
+# built without libyaml. PyYAML is imported on first use (adapters/yaml_library.py).
 
 
 @cache
@@ -109,7 +110,7 @@ def _load_yaml(text: str, file: Path) -> Any:
         return record_codec.parse_fast(text)
     except record_codec.NotFast:
         pass
-    yaml, loader, _ = record_codec.yaml_library()
+    yaml, loader, _ = yaml_library()
     try:
         _refuse_aliases(text, file)
         return yaml.load(text, Loader=loader)
@@ -133,7 +134,7 @@ def _refuse_aliases(text: str, file: Path) -> None:
     """
     if "*" not in text and "&" not in text:
         return
-    yaml, loader, _ = record_codec.yaml_library()
+    yaml, loader, _ = yaml_library()
     for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.AliasEvent):
             found = f"*{event.anchor}"

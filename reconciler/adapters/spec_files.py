@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 from reconciler import SCHEMA_DIR
 from reconciler.adapters.cache_files import cache_file
 from reconciler.adapters.capacity_files import capacity_path, load_capacity
-from reconciler.adapters.record_codec import yaml_library
+from reconciler.adapters.yaml_library import yaml_library
 from reconciler.domain.capacity import apply_entries
 from reconciler.domain.exposure import controller_url_warning
 from reconciler.domain.gpus import KNOWN_GPU_MODELS
