@@ -22,7 +22,7 @@ from reconciler.adapters.slot_provider import SLOT_STATE_FILE, SlotProvider, des
 from reconciler.cli._shared import instant
 from reconciler.cli.apply import add_backend_arguments, make_marketplace
 from reconciler.domain.capacity import CapacityEntry
-from reconciler.domain.forecast import fleet_forecast
+from reconciler.domain.forecast import PoolForecast, fleet_forecast
 from reconciler.domain.marketplace import MarketplaceError
 from reconciler.domain.observations import format_time
 from reconciler.domain.planner import ObservedSlot, SlotPlan, plan, pool_pause, short_digest, spend_cap_note
@@ -101,24 +101,32 @@ def run(args: argparse.Namespace) -> int:
         notes.insert(0, RECORDS_ONLY_NOTE)
     from reconciler.adapters.capacity_files import capacity_entries
 
-    rows = pool_rows(spec, records, observed, slot_plan, digest, now, capacity_entries(spec, args.spec))
-    all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
-    cap_note = spend_cap_note(spec)
-    if cap_note is not None and not any("spend cap" in n for n in all_notes):
-        all_notes.append(cap_note)
-    output = "json" if args.json else (args.format or "text")
-    forecasts = fleet_forecast(spec, records, now)
+    rows: list[dict[str, Any]] = []
+    forecasts: list[PoolForecast] = []
+
+    def plain() -> None:
+        """The plan's own rows and forecasts (with --what-if: while the what-if's child finishes its replay)."""
+        rows.extend(pool_rows(spec, records, observed, slot_plan, digest, now, capacity_entries(spec, args.spec)))
+        forecasts.extend(fleet_forecast(spec, records, now))
+
     what_if = None
     if args.what_if:
         from reconciler.flows.whatif import WhatIfError, what_if_of_repo
         from reconciler.render.whatif import Header
 
         try:
-            result, inputs = what_if_of_repo(args.spec, args.base, args.since, now)
+            result, inputs = what_if_of_repo(args.spec, args.base, args.since, now, meanwhile=plain)
         except WhatIfError as exc:
             print(f"fleet plan --what-if: {exc}", file=sys.stderr)
             return 1
         what_if = (result, Header(str(args.spec), args.base, inputs.base_sha))
+    else:
+        plain()
+    all_notes = notes + list(slot_plan.notes if slot_plan else pause_notes(spec, records, digest, now))
+    cap_note = spend_cap_note(spec)
+    if cap_note is not None and not any("spend cap" in n for n in all_notes):
+        all_notes.append(cap_note)
+    output = "json" if args.json else (args.format or "text")
     if output == "markdown":
         actions = ([{"kind": a.kind, "slot": a.slot, "reason": a.reason, "detail": a.detail}
                     for a in slot_plan.actions] if slot_plan else None)

@@ -15,7 +15,7 @@ back without the attempts it judged (the parent has them all: they are sent as t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -148,8 +148,11 @@ def load_history(repo: GitReader, spec_dir: Path, base_ref: str, since: datetime
     return history, base_spec, sha
 
 
-def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime) -> tuple[WhatIf, WhatIfInputs]:
-    """The PR's spec (the file at `spec_path`) against `base_ref`'s over the last `days` before `until`."""
+def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime, *,
+                    meanwhile: Callable[[], None] = lambda: None) -> tuple[WhatIf, WhatIfInputs]:
+    """The PR's spec (the file at `spec_path`) against `base_ref`'s over the last `days` before `until`.
+    `meanwhile`: the caller's own work, done once, while the forked child finishes its replay (where there is one;
+    this process would only wait then)."""
     problems: list[str] = []
     try:
         text = spec_path.read_text(encoding="utf-8")
@@ -166,27 +169,31 @@ def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime
             history, base_spec, sha = load_history(repo, spec_path.parent, base_ref, since, until)
         except GitStoreError as exc:
             raise WhatIfError(str(exc)) from None
-        found, runs = replays_on_two_cores(history, base_spec, pr_spec)
+        found, runs = replays_on_two_cores(history, base_spec, pr_spec, meanwhile=meanwhile)
         return what_if(history, base_spec, pr_spec, found=found, runs=runs), WhatIfInputs(base_ref, sha, history,
                                                                                            base_spec)
 
 
-def replays_on_two_cores(history: History, base: FleetSpec, pr: FleetSpec, *,
-                         fork: bool | None = None) -> tuple[list[Attempt], Runs | None]:
+def replays_on_two_cores(history: History, base: FleetSpec, pr: FleetSpec, *, fork: bool | None = None,
+                         meanwhile: Callable[[], None] = lambda: None) -> tuple[list[Attempt], Runs | None]:
     """The window's attempts, and its runs: the recorded run replayed in a forked child while this process replays
     the base's and the PR's specs (the PR's run then decides everything itself rather than take over the recorded
     run's decisions: the same answer). Runs None: one replay is all there is, or there is no child to run it, or
     its answer did not fit this process's attempts (`what_if` replays them one after the other).
 
     Each process lists the attempts itself (`attempts` is deterministic: the same list in the same order), so the
-    child starts at once; its fates come back as places in that list, checked against the instance ids here."""
+    child starts at once; its fates come back as places in that list, checked against the instance ids here.
+    `meanwhile` is called once on every path: after this process's replays, before waiting for the child's."""
     if not needs_policy_runs(history, base, pr):
+        meanwhile()
         return attempts(history), None
     with ForkedCall(lambda: _sent(history), fork=fork) as child:
         found = attempts(history)
         if child.ran_here is not None:
+            meanwhile()
             return found, None
         base_run, pr_run = policy_runs(history, base, pr, found, recorded=None)
+        meanwhile()
         recorded = _received(child.result(), found)
     return found, None if recorded is None else runs_of(recorded, base_run, pr_run)
 

@@ -288,14 +288,22 @@ def test_the_replays_on_two_cores_answer_what_one_process_answers() -> None:
     h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [86.0] * 10),
                              rated("c", "m-c", [60.0] * 10)])])
     raised = with_min(50)
-    found, runs = replays_on_two_cores(h, SPEC, raised, fork=True)  # whatever threads earlier tests left
-    assert found == attempts(h)
+    calls: list[int] = []
+
+    def meanwhile() -> None:  # the caller's own work, while the child finishes
+        calls.append(1)
+
+    found, runs = replays_on_two_cores(h, SPEC, raised, fork=True, meanwhile=meanwhile)  # (threads left running
+    # by earlier tests: forked anyway)
+    assert found == attempts(h) and calls == [1]
     assert runs is not None and runs.recorded is not runs.pr
     assert what_if(h, SPEC, raised, found=found, runs=runs) == what_if(h, SPEC, raised)
     # The child's fates come back holding this process's own attempts (sent as their places in the list).
     assert {id(j.attempt) for j in runs.recorded.fates()} <= {id(a) for a in found}
-    assert replays_on_two_cores(h, SPEC, SPEC, fork=True)[1] is None  # one replay is all there is
-    assert replays_on_two_cores(h, SPEC, raised, fork=False)[1] is None  # no child: one process does it
+    assert replays_on_two_cores(h, SPEC, SPEC, fork=True, meanwhile=meanwhile)[1] is None  # one replay is all
+    assert replays_on_two_cores(h, SPEC, raised, fork=False, meanwhile=meanwhile)[1] is None  # no child: one
+    # process does it all
+    assert calls == [1, 1, 1]  # once on every path
 
 
 def test_a_child_answer_naming_other_attempts_is_not_taken() -> None:
