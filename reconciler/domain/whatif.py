@@ -235,14 +235,15 @@ def what_if(history: History, base: FleetSpec, pr: FleetSpec, *, found: Sequence
     found = attempts(history) if found is None else found
     runs = replays(history, base, pr, found) if runs is None else runs
     recorded, base_run, pr_run = runs.recorded, runs.base, runs.pr
-    flips = _flips(base_run, pr_run, found, base, pr)
+    in_base, in_pr = _first_fates(base_run), _first_fates(pr_run)
+    flips = _flips(in_base, in_pr, found, base, pr)
     pools = _pool_deltas(history, base_run, pr_run, base, pr, flips)
     return WhatIf(
         since=history.since, until=history.until, attempts=len(found), passes=pr_run.passes,
         demand_samples=sum(len(v) for v in history.demand.values()), demand_pools=len(history.demand),
         pools=pools, flips=tuple(flips[:LISTED]), flip_count=len(flips),
         trips_base_only=_trip_lines(base_run, pr_run), trips_pr_only=_trip_lines(pr_run, base_run),
-        holds_base_only=_holds(base_run, pr_run), holds_pr_only=_holds(pr_run, base_run),
+        holds_base_only=_holds(base_run, in_pr), holds_pr_only=_holds(pr_run, in_base),
         self_check=self_check(history, recorded, found),
         limits=_limits(history, base_run, pr_run, flips, base, pr),
         spec_changed=not _same(pr, base), history_specs=len(history.specs))
@@ -262,10 +263,11 @@ def fate(j: Judged | None) -> str:
     return {NOT_RENTED: "not rented", NOT_JUDGED: "not judged"}.get(j.outcome, j.outcome)
 
 
-def _flips(base: Run, pr: Run, found: Sequence[Attempt], base_spec: FleetSpec, pr_spec: FleetSpec) -> list[Flip]:
+def _flips(in_base: Mapping[tuple[str, bool], Judged], in_pr: Mapping[tuple[str, bool], Judged],
+           found: Sequence[Attempt], base_spec: FleetSpec, pr_spec: FleetSpec) -> list[Flip]:
+    """`in_base`, `in_pr`: each run's `_first_fates`."""
     out = []
     seen: set[tuple[str, bool]] = set()
-    in_base, in_pr = _first_fates(base), _first_fates(pr)
     for a in found:
         key = (a.instance_id, a.serving)
         if key in seen:
@@ -359,14 +361,13 @@ def _trip_lines(run: Run, other: Run) -> tuple[Trip, ...]:
     return tuple(t for t in run.trips if any((t.image_digest, s) not in theirs for s in t.signature.split(", ")))
 
 
-def _holds(run: Run, other: Run) -> tuple[Hold, ...]:
+def _holds(run: Run, theirs: Mapping[tuple[str, bool], Judged]) -> tuple[Hold, ...]:
+    """The holds of `run` the other run (`theirs`: its `_first_fates`) does not have."""
     out = []
-    theirs: dict[tuple[str, bool], Judged] | None = None  # (made at the first hold)
     for j in run.fates():
         v = j.verdict
         if v is None or v.held_by is None:
             continue
-        theirs = _first_fates(other) if theirs is None else theirs
         o = theirs.get((j.attempt.instance_id, j.attempt.serving))
         if o is None or o.verdict is None or o.verdict.held_by != v.held_by:
             out.append(Hold(v.instance_id, j.attempt.machine_id, v.pool, v.at, v.held_by, v.verdict))
