@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -299,6 +300,49 @@ def test_keep_alive_serves_several_requests_on_one_connection(h: Harness) -> Non
     reply = raw_exchange(h.server.url, one * 3 + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert reply.count(b"HTTP/1.1 200 OK") == 4
     assert h.store.tail(iid, 10) == ["a", "a", "a"]
+
+
+def _read_one_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer (head and its Content-Length body) off a kept-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection without an answer (got {data!r})"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection in the middle of an answer"
+        body += chunk
+    return head
+
+
+def test_an_answer_given_before_its_body_arrived_says_the_connection_closes(h: Harness) -> None:
+    """A route that answers from the head alone (the admin's `destroyed`, a refused token) may answer before the
+    client's body is in: the connection then cannot carry another request, and the answer must say so. An
+    answer that looked kept-alive and a close after it is what a client reusing the connection meets as
+    "Server disconnected without sending a response" (CI: httpx's third POST in test_controller_client)."""
+    iid = "p-0-dddddd"
+    h.register(iid)
+    host, port = h.server.url.removeprefix("http://").split(":")
+    head = (f"POST /api/v1/instances/{iid}/destroyed HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)  # the body `{}` is not sent yet: the answer comes from the head alone
+        answer = _read_one_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        assert b"connection: close" in answer.lower(), answer
+    report = h.store.report(iid)
+    assert report is not None and report.destroyed_at is not None
+    # Head and body together: the answer keeps the connection, and the next request on it is answered.
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + b"{}")
+        answer = _read_one_answer(sock)
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"connection: close" not in answer.lower(), answer
+        sock.sendall(head + b"{}")
+        assert _read_one_answer(sock).startswith(b"HTTP/1.1 200 ")
 
 
 def test_lying_or_chunked_lengths_are_refused(h: Harness) -> None:

@@ -510,6 +510,26 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._eof and not self.pipeline and self.cycle is not None and self.cycle.response_complete:
             self._edge_transport.hard_close() if self._edge_transport is not None else None
 
+    def closing_if_body_unread(self, scope: Scope, send: Send) -> Send:
+        """`send` for the request of `scope`, adding `connection: close` to an answer that starts before the
+        request's body is all in (a route that answers from the head: the admin's `destroyed`, a refusal). The
+        unread rest ends the connection after the answer (`on_response_complete`); an answer that looked
+        kept-alive is what a client reusing the connection meets as "Server disconnected without sending a
+        response"."""
+        cycle = next((c for c in (self.cycle, *(queued for queued, _ in self.pipeline))
+                      if c is not None and c.scope is scope), None)
+        if cycle is None:
+            return send
+
+        async def answer(message: Message) -> None:
+            if message["type"] == "http.response.start" and cycle.more_body and cycle.keep_alive:
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"connection" and value.lower() == b"close" for name, value in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        return answer
+
     # --- worker reports answered inline ---
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
@@ -965,7 +985,13 @@ def build_app(api: ControllerApi, extra_routes: Sequence[BaseRoute] = (), *,
     routed.router.redirect_slashes = False
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(WORKER_PREFIX):
+        if scope["type"] != "http":
+            await routed(scope, receive, send)
+            return
+        edge: EdgeProtocol | None = scope.get("extensions", {}).get(EDGE_EXTENSION)
+        if edge is not None:
+            send = edge.closing_if_body_unread(scope, send)
+        if scope["path"].startswith(WORKER_PREFIX):
             await controller(scope, receive, send)
         else:
             await routed(scope, receive, send)
