@@ -46,6 +46,7 @@ from reconciler.adapters.spec_files import load_spec
 from reconciler.adapters.store.port import ControllerStore
 from reconciler.adapters.store.sqlite import SqliteStore
 from reconciler.domain.observations import InstanceReport
+from reconciler.domain.planner import desired_slots, pool_pause
 from reconciler.domain.records import RecordSet
 from reconciler.domain.slots import SlotOutputs
 from reconciler.domain.status import status_view
@@ -96,6 +97,8 @@ class ImageStory:
     held: list[str] = field(default_factory=list)  # machines whose failure the breaker held (not marked bad)
     paused: list[str] = field(default_factory=list)  # apply lines that held a pool back
     rented_after_trip: list[str] = field(default_factory=list)  # must stay empty: a paused pool rents nothing
+    #: Rentals after the trip in a pool the suspect record did not (yet) name: its own failure pauses it.
+    rented_unpaused: list[str] = field(default_factory=list)
     recovered: bool = False
 
 
@@ -405,7 +408,16 @@ def _image_story(settings: DemoSettings, loop: _Loop, good: Image, before: DemoO
         if "paused" in line or "hold" in line.lower():
             story.paused.append(line)
         if story.tripped and "rented machine" in line:
-            story.rented_after_trip.append(line)
+            # The suspect record pauses the pools it names (where the failure was seen); another pool goes on
+            # until its own failure grows the record. What must never happen is a rental in a paused pool: read
+            # the records apply planned from (the tree it was just synced to).
+            slot = line.split()[1]
+            pool = desired_slots(load_spec(loop.ci.workdir / SPEC_PATH)).get(slot)
+            records = load_records(loop.ci.workdir / "fleet-spec")
+            if pool is None or pool_pause(pool.name, records, broken.digest) is not None:
+                story.rented_after_trip.append(line)
+            else:
+                story.rented_unpaused.append(line)
 
     def judged_everything(result: PassResult, applied: bool) -> bool:
         for v in result.verdicts:

@@ -158,8 +158,10 @@ def check_image_story(outcome: object, workdir: Path, lines: list[str]) -> None:
         ("benchmark-error", "image", False, "daemon-connection-refused")}
     # No good machine was recorded bad: the bad ones are exactly the three machine faults of the first part.
     assert sorted(m for m, r in records.items() if r["status"] == "bad") == ["41001", "41002", "42001"]
-    # The breaker stopped provisioning: apply held the paused pools and rented nothing on the broken image after
-    # the trip; the fixed build then passed its benchmark in every slot, after the trip commit.
+    # The breaker stopped provisioning: apply held the paused pools and rented nothing in a paused pool after the
+    # trip (a pool the record did not name yet may replace a dead instance until its own failure pauses it: the
+    # record names the pools the failure was seen in); the fixed build then passed its benchmark in every slot,
+    # after the trip commit.
     for pool in ("rtx4090", "rtx-pro-4000"):
         assert any(f"pool {pool} paused: image {broken[:19]} is suspect" in line and "not creating or replacing"
                    in line for line in story.paused), story.paused
