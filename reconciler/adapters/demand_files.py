@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from operator import itemgetter
 from pathlib import Path, PurePosixPath
 
 from reconciler.domain.capacity import Utilization
@@ -108,42 +109,56 @@ def parse_day(text: str, pool: str, file: str) -> tuple[list[PoolSample], list[s
         return [], [f"{file}: no header line starting with at,span_s: not a demand file"]
     samples: list[PoolSample] = []
     problems: list[str] = []
-    extra_columns = [k for k in dict.fromkeys(header) if k not in COLUMNS]  # once per file, not per line
+    # A line reads as dict(zip(header, cells)) would: a column named twice is its last cell, a short line's missing
+    # cells are their columns' defaults, a long line's extra cells are not read. The columns' places are found once
+    # per file; a line with every header cell (the writer's) takes them in one step.
+    place = {name: i for i, name in enumerate(header)}
+    extra_places = [(k, place[k]) for k in dict.fromkeys(header) if k not in _COLUMN_SET]
+    width = len(header)
+    take = itemgetter(*(place[k] for k in COLUMNS)) if all(k in place for k in COLUMNS) else None
     for number, cells in enumerate(reader, start=2):
-        doc = dict(zip(header, cells, strict=False))
+        if take is not None and len(cells) >= width:
+            values = take(cells)
+            extra = {k: cells[i] for k, i in extra_places if cells[i]} if extra_places else {}
+        else:
+            doc = dict(zip(header, cells, strict=False))
+            values = tuple(doc.get(k, _MISSING.get(k, "")) for k in COLUMNS)
+            extra = {k: doc[k] for k, _ in extra_places if doc.get(k)}
         try:
-            samples.append(_sample(pool, doc, extra_columns))
+            samples.append(_sample(pool, values, extra))
         except (DemandFileError, ValueError, KeyError) as exc:
             problems.append(f"{file}: data line {number - 1}: {exc}")
     return samples, problems
 
 
-def _integer(doc: Mapping[str, str], key: str, default: int = 0) -> int:
-    text = doc.get(key, "")
+_COLUMN_SET = frozenset(COLUMNS)
+#: What a column the file does not have reads as (every other one: "").
+_MISSING = {"waiting": "-", "running": "-"}
+
+
+def _integer(text: str, key: str) -> int:
     if text == "":
-        return default
+        return 0
     value = int(text)
     if value < 0:
         raise DemandFileError(f"{key} {text!r} is negative")
     return value
 
 
-def _number(doc: Mapping[str, str], key: str, default: float = 0.0) -> float:
-    text = doc.get(key, "")
+def _number(text: str, key: str) -> float:
     if text == "":
-        return default
+        return 0.0
     value = float(text)
     if not value >= 0 or value == float("inf"):
         raise DemandFileError(f"{key} {text!r} is not a finite number >= 0")
     return value
 
 
-def _optional(doc: Mapping[str, str], key: str) -> float | None:
-    return _number(doc, key) if doc.get(key, "") != "" else None
+def _optional(text: str, key: str) -> float | None:
+    return _number(text, key) if text != "" else None
 
 
-def _task_counts(doc: Mapping[str, str], key: str) -> dict[str, int] | None:
-    text = doc.get(key, "-")
+def _task_counts(text: str, key: str) -> dict[str, int] | None:
     if text == "-":
         return None
     out: dict[str, int] = {}
@@ -155,8 +170,7 @@ def _task_counts(doc: Mapping[str, str], key: str) -> dict[str, int] | None:
     return out
 
 
-def _utilization(doc: Mapping[str, str], key: str) -> Utilization | None:
-    text = doc.get(key, "")
+def _utilization(text: str, key: str) -> Utilization | None:
     if not text:
         return None
     parts = text.split("/")
@@ -168,41 +182,40 @@ def _utilization(doc: Mapping[str, str], key: str) -> Utilization | None:
     return Utilization(values[0], values[1], int(values[2]), values[3])
 
 
-def _sample(pool: str, doc: Mapping[str, str], extra_columns: Iterable[str]) -> PoolSample:
-    """One line (`doc`: column -> text); `extra_columns`: the file's columns beyond COLUMNS (kept when set)."""
-    at_text = doc.get("at", "")
+def _sample(pool: str, values: tuple[str, ...], extra: Mapping[str, str]) -> PoolSample:
+    """One line: `values` are its cells of COLUMNS, in that order; `extra`: the set cells of the file's columns
+    beyond COLUMNS (kept)."""
+    (at_text, span_s, desired, slots, draining, serving, on_the_way, stopped, draining_serving, busy_s, wall_s,
+     proofs, usd_h, unpriced, waiting, running, oldest_s, queue, upcoming, up, down, paused, exhausted, image,
+     changed, heard_s, back_s, silent_s, unheard, memory_s, market_text, quiet_s, overdue) = values
     try:
         at = parse_time(at_text)
     except ValueError:
         raise DemandFileError(f"at {at_text!r} is not an RFC 3339 time") from None
     market = None
-    if doc.get("market"):
+    if market_text:
         try:
-            market = json.loads(doc["market"])
+            market = json.loads(market_text)
         except ValueError:
-            raise DemandFileError(f"market {doc['market'][:60]!r} is not JSON") from None
+            raise DemandFileError(f"market {market_text[:60]!r} is not JSON") from None
         if not isinstance(market, dict):
             raise DemandFileError("market: expected a JSON object")
-    queue = doc.get("queue", "")
     if queue not in ("", "ok", "error"):
         raise DemandFileError(f"queue {queue!r}: expected ok, error or nothing")
-    oldest = doc.get("oldest_s", "")
-    upcoming = doc.get("upcoming", "")
-    extra = {k: doc[k] for k in extra_columns if doc.get(k)}
     return PoolSample(
-        pool=pool, at=at, span_s=_number(doc, "span_s"), desired=_integer(doc, "desired"),
-        slots=_integer(doc, "slots"), draining=_integer(doc, "draining"), serving=_integer(doc, "serving"),
-        on_the_way=_integer(doc, "on_the_way"), stopped=_integer(doc, "stopped"),
-        draining_serving=_integer(doc, "draining_serving"), busy_s=_number(doc, "busy_s"),
-        wall_s=_number(doc, "wall_s"), proofs=_integer(doc, "proofs"), usd_per_hour=_number(doc, "usd_h"),
-        unpriced=_integer(doc, "unpriced"), waiting=_task_counts(doc, "waiting"),
-        running=_task_counts(doc, "running"), oldest_wait_s=_number(doc, "oldest_s") if oldest else None,
-        queue_error=queue == "error", upcoming=_integer(doc, "upcoming") if upcoming else None,
-        up=_utilization(doc, "up"), down=_utilization(doc, "down"), paused=doc.get("paused") == "1",
-        exhausted=doc.get("exhausted") == "1", image=doc.get("image", ""), changed=doc.get("changed") == "1",
-        heard_s=_optional(doc, "heard_s"), back_s=_optional(doc, "back_s"), silent_s=_optional(doc, "silent_s"),
-        unheard=doc.get("unheard") == "1", memory_s=_optional(doc, "memory_s"), market=market,
-        quiet_s=_optional(doc, "quiet_s"), overdue=doc.get("overdue") == "1", extra=extra)
+        pool=pool, at=at, span_s=_number(span_s, "span_s"), desired=_integer(desired, "desired"),
+        slots=_integer(slots, "slots"), draining=_integer(draining, "draining"), serving=_integer(serving, "serving"),
+        on_the_way=_integer(on_the_way, "on_the_way"), stopped=_integer(stopped, "stopped"),
+        draining_serving=_integer(draining_serving, "draining_serving"), busy_s=_number(busy_s, "busy_s"),
+        wall_s=_number(wall_s, "wall_s"), proofs=_integer(proofs, "proofs"), usd_per_hour=_number(usd_h, "usd_h"),
+        unpriced=_integer(unpriced, "unpriced"), waiting=_task_counts(waiting, "waiting"),
+        running=_task_counts(running, "running"), oldest_wait_s=_number(oldest_s, "oldest_s") if oldest_s else None,
+        queue_error=queue == "error", upcoming=_integer(upcoming, "upcoming") if upcoming else None,
+        up=_utilization(up, "up"), down=_utilization(down, "down"), paused=paused == "1",
+        exhausted=exhausted == "1", image=image, changed=changed == "1",
+        heard_s=_optional(heard_s, "heard_s"), back_s=_optional(back_s, "back_s"),
+        silent_s=_optional(silent_s, "silent_s"), unheard=unheard == "1", memory_s=_optional(memory_s, "memory_s"),
+        market=market, quiet_s=_optional(quiet_s, "quiet_s"), overdue=overdue == "1", extra=extra)
 
 
 def merged_day(existing: str | None, pool: str, file: str, new: Iterable[PoolSample]) -> str:

@@ -113,6 +113,36 @@ def test_an_unreadable_line_is_named_and_skipped_and_unknown_columns_are_kept() 
     assert "market_usd" in render_day(back).splitlines()[2]
 
 
+def test_a_line_reads_as_its_cells_under_the_header_whatever_the_header_holds() -> None:
+    """An older writer's file (columns missing), a short line, a column named twice: each line reads as its cells
+    zipped with the header would (a missing cell is its column's default, a column named twice is its last cell)."""
+    samples = [_sample(1, busy_s=30.5, proofs=2, waiting={"PoRep": 3}), _sample(2, busy_s=5.0, proofs=1)]
+    lines = render_day(samples).splitlines()
+    header = lines[2].split(",")
+    kept = [i for i, name in enumerate(header) if name not in ("waiting", "quiet_s", "overdue")]
+    older = [",".join(line.split(",")[i] for i in kept) for line in lines[2:]]
+    back, problems = parse_day("\n".join(older) + "\n", "rtx4090", "x.csv")
+    # (a file without a `waiting` column has no queue reading: None, not the empty one written)
+    assert problems == [] and back == [replace(s, waiting=None) for s in samples]
+
+    short = lines[2:]
+    short[1] = ",".join(short[1].split(",")[:-2])  # the first data line without its last two cells
+    back, problems = parse_day("\n".join(short) + "\n", "rtx4090", "x.csv")
+    assert problems == [] and back == samples
+
+    twice = [lines[2] + ",busy_s,note"] + [line + ",99.5," for line in lines[3:]]
+    back, problems = parse_day("\n".join(twice) + "\n", "rtx4090", "x.csv")
+    assert problems == [] and [s.busy_s for s in back] == [99.5, 99.5] and [s.extra for s in back] == [{}, {}]
+    twice[2] = twice[2].removesuffix(",99.5,")  # a line too short for the second busy_s: its first one is read
+    back, problems = parse_day("\n".join(twice) + "\n", "rtx4090", "x.csv")
+    assert problems == [] and [s.busy_s for s in back] == [99.5, 5.0]
+
+    bad = lines[2:]
+    bad[1] = bad[1].replace(",2,", ",x,", 1).replace(",60,", ",-60,", 1)  # two bad cells: the first one is named
+    back, problems = parse_day("\n".join(bad) + "\n", "rtx4090", "x.csv")
+    assert back == samples[1:] and problems == ["x.csv: data line 1: span_s '-60' is not a finite number >= 0"]
+
+
 def test_a_pool_name_that_cannot_name_a_file_is_refused() -> None:
     with pytest.raises(DemandFileError, match=re.escape("'../x'")):
         day_path("../x", at(0).date())
