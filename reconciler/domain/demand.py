@@ -24,6 +24,7 @@ from typing import Any
 
 from reconciler.domain.capacity import HEARTBEAT_GRACE, PoolSignals, QueueSnapshot, Utilization, slot_states
 from reconciler.domain.observations import InstanceReport
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.serving import FleetHearing, heartbeats
 from reconciler.domain.snark_market import MarketEconomics
 from reconciler.domain.spec import PoolSpec, ServingSettings
@@ -37,6 +38,7 @@ UTILIZATION_CHANGE = 0.02
 QUEUE_CHANGE = 0.1
 
 
+@quick_init
 @dataclass(frozen=True)
 class PoolSample:
     """One pool at one pass, and its tile: the time since the pool's previous sample."""
