@@ -180,18 +180,60 @@ class WhatIf:
 
 
 @dataclass(frozen=True)
-class Runs:
-    """The replays a what-if compares: the specs as they were (the self-check's), the base's and the PR's (the same
-    run where the specs are the same)."""
+class Fate:
+    """An attempt's first fate at one stage of one run, as the comparison reads it."""
 
-    recorded: Run
-    base: Run
-    pr: Run
+    word: str  # `fate`: the verdict (and its guard), "not rented", ...
+    kind: str  # the verdict alone (a guard holding it is a difference of the guards), else the word
+    held_by: str | None  # the guard holding its verdict (None: none, or no verdict)
+    judged: bool  # it has a verdict
+    reason: str  # its verdict's root cause, or why it has none
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the comparison reads of one run, made where the run is: a forked child sends this back, not its run
+    (a 10,000-machine run pickles to ~32 MB; this, to a few)."""
+
+    fates: dict[tuple[str, bool], Fate]  # (instance id, serving) -> its first fate at that stage
+    holds: tuple[tuple[tuple[str, bool], Hold], ...]  # every held verdict, with its attempt's key
+    trips: tuple[Trip, ...]
+    totals: dict[str, PoolTotals]  # every pool the comparison shows (`_pool_names`)
+    limits: Counter[str]
+    passes: int
+    not_rented: int  # attempts it would not have rented
+    by_pool: Counter[str | None]  # its fates, by the attempt's pool
+    unpriced: Counter[str | None]  # its admission fates without a recorded price, by pool
+
+
+@dataclass(frozen=True)
+class RecordedReplay:
+    """The specs as they were, replayed: the run's summary and the self-check against what was recorded."""
+
+    summary: RunSummary
+    self_check: SelfCheck
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The replays a what-if compares, summarized: the specs as they were (the self-check's), the base's and the
+    PR's (the same summary where the specs are the same)."""
+
+    self_check: SelfCheck
+    base: RunSummary
+    pr: RunSummary
 
 
 def recorded_run(history: History, found: Sequence[Attempt]) -> Run:
     """The specs as they were, replayed (the self-check's run; the base's too where the spec did not change)."""
     return replay(history, history.spec_at, "recorded", found=found)
+
+
+def recorded_replay(history: History, base: FleetSpec, pr: FleetSpec, found: Sequence[Attempt],
+                    run: Run | None = None) -> RecordedReplay:
+    """The recorded run (`run`, or replayed here), summarized and checked against history."""
+    run = recorded_run(history, found) if run is None else run
+    return RecordedReplay(summarize(run, history, base, pr), self_check(history, run, found))
 
 
 def needs_policy_runs(history: History, base: FleetSpec, pr: FleetSpec) -> bool:
@@ -219,13 +261,14 @@ def replays(history: History, base: FleetSpec, pr: FleetSpec, found: Sequence[At
     """Every run, one after the other, in this process."""
     recorded = recorded_run(history, found)
     base_run, pr_run = policy_runs(history, base, pr, found, recorded)
-    return runs_of(recorded, base_run, pr_run)
+    return runs_of(recorded_replay(history, base, pr, found, recorded), *(
+        None if run is None else summarize(run, history, base, pr) for run in (base_run, pr_run)))
 
 
-def runs_of(recorded: Run, base_run: Run | None, pr_run: Run | None) -> Runs:
-    """`Runs` from `policy_runs`' answer (None: the run before it)."""
-    base_of = base_run if base_run is not None else recorded
-    return Runs(recorded, base_of, pr_run if pr_run is not None else base_of)
+def runs_of(recorded: RecordedReplay, base: RunSummary | None, pr: RunSummary | None) -> Runs:
+    """`Runs` from the recorded replay and `policy_runs`' runs, summarized (None: the run before it)."""
+    base_of = base if base is not None else recorded.summary
+    return Runs(recorded.self_check, base_of, pr if pr is not None else base_of)
 
 
 def what_if(history: History, base: FleetSpec, pr: FleetSpec, *, found: Sequence[Attempt] | None = None,
@@ -234,19 +277,46 @@ def what_if(history: History, base: FleetSpec, pr: FleetSpec, *, found: Sequence
     `runs`: `attempts(history)` and its replays when the caller has them (`flows.whatif` replays on two cores)."""
     found = attempts(history) if found is None else found
     runs = replays(history, base, pr, found) if runs is None else runs
-    recorded, base_run, pr_run = runs.recorded, runs.base, runs.pr
-    in_base, in_pr = _first_fates(base_run), _first_fates(pr_run)
-    flips = _flips(in_base, in_pr, found, base, pr)
+    base_run, pr_run = runs.base, runs.pr
+    flips = _flips(base_run.fates, pr_run.fates, found, base, pr)
     pools = _pool_deltas(history, base_run, pr_run, base, pr, flips)
     return WhatIf(
         since=history.since, until=history.until, attempts=len(found), passes=pr_run.passes,
         demand_samples=sum(len(v) for v in history.demand.values()), demand_pools=len(history.demand),
         pools=pools, flips=tuple(flips[:LISTED]), flip_count=len(flips),
         trips_base_only=_trip_lines(base_run, pr_run), trips_pr_only=_trip_lines(pr_run, base_run),
-        holds_base_only=_holds(base_run, in_pr), holds_pr_only=_holds(pr_run, in_base),
-        self_check=self_check(history, recorded, found),
+        holds_base_only=_holds(base_run, pr_run.fates), holds_pr_only=_holds(pr_run, base_run.fates),
+        self_check=runs.self_check,
         limits=_limits(history, base_run, pr_run, flips, base, pr),
         spec_changed=not _same(pr, base), history_specs=len(history.specs))
+
+
+def summarize(run: Run, history: History, base: FleetSpec, pr: FleetSpec) -> RunSummary:
+    """What the comparison of `base` and `pr` over `history` reads of `run`."""
+    fates: dict[tuple[str, bool], Fate] = {}
+    holds: list[tuple[tuple[str, bool], Hold]] = []
+    by_pool: Counter[str | None] = Counter()
+    unpriced: Counter[str | None] = Counter()
+    grouped: dict[str | None, list[Judged]] = {}
+    not_rented = 0
+    for iid, judged in run.judged.items():
+        for j in judged:
+            a = j.attempt
+            key = (iid, a.serving)
+            pool = a.entry.pool
+            v = j.verdict
+            if key not in fates:
+                fates[key] = Fate(fate(j), _kind(j), v.held_by if v is not None else None, v is not None,
+                                  v.root_cause() if v is not None else j.why)
+            if v is not None and v.held_by is not None:
+                holds.append((key, Hold(v.instance_id, a.machine_id, v.pool, v.at, v.held_by, v.verdict)))
+            grouped.setdefault(pool, []).append(j)
+            by_pool[pool] += 1
+            not_rented += j.outcome == NOT_RENTED
+            unpriced[pool] += not a.serving and a.entry.price_usd_per_hour is None
+    return RunSummary(fates, tuple(holds), tuple(run.trips),
+                      {name: _totals(run, name, grouped) for name in _pool_names(history, base, pr)},
+                      Counter(run.limits), run.passes, not_rented, by_pool, unpriced)
 
 
 def _same(a: FleetSpec, b: FleetSpec) -> bool:
@@ -263,9 +333,9 @@ def fate(j: Judged | None) -> str:
     return {NOT_RENTED: "not rented", NOT_JUDGED: "not judged"}.get(j.outcome, j.outcome)
 
 
-def _flips(in_base: Mapping[tuple[str, bool], Judged], in_pr: Mapping[tuple[str, bool], Judged],
+def _flips(in_base: Mapping[tuple[str, bool], Fate], in_pr: Mapping[tuple[str, bool], Fate],
            found: Sequence[Attempt], base_spec: FleetSpec, pr_spec: FleetSpec) -> list[Flip]:
-    """`in_base`, `in_pr`: each run's `_first_fates`."""
+    """`in_base`, `in_pr`: each run's first fates."""
     out = []
     seen: set[tuple[str, bool]] = set()
     for a in found:
@@ -274,14 +344,13 @@ def _flips(in_base: Mapping[tuple[str, bool], Judged], in_pr: Mapping[tuple[str,
             continue
         seen.add(key)
         b, p = in_base.get(key), in_pr.get(key)
-        if _kind(b) == _kind(p):
+        if (b.kind if b is not None else "-") == (p.kind if p is not None else "-"):
             continue  # the same verdict (a guard holding it or not is a difference of the guards: `_holds`)
         e = a.entry
-        verdict = p.verdict if p is not None and p.verdict is not None else None
-        reason = verdict.root_cause() if verdict is not None else (p.why if p is not None else "")
         out.append(Flip(
-            a.instance_id, a.machine_id, e.pool, a.at, "serving" if a.serving else "admission", fate(b), fate(p),
-            e.proofs_per_hour, e.price_usd_per_hour, _min(base_spec, e.pool), _min(pr_spec, e.pool), reason))
+            a.instance_id, a.machine_id, e.pool, a.at, "serving" if a.serving else "admission",
+            b.word if b is not None else "-", p.word if p is not None else "-", e.proofs_per_hour,
+            e.price_usd_per_hour, _min(base_spec, e.pool), _min(pr_spec, e.pool), p.reason if p is not None else ""))
     return out
 
 
@@ -289,25 +358,9 @@ def _kind(j: Judged | None) -> str:
     return j.verdict.verdict if j is not None and j.outcome == JUDGED and j.verdict is not None else fate(j)
 
 
-def _first_fates(run: Run) -> dict[tuple[str, bool], Judged]:
-    """(instance id, serving) -> the instance's first fate at that stage in the run."""
-    out: dict[tuple[str, bool], Judged] = {}
-    for iid, fates in run.judged.items():
-        for j in fates:
-            out.setdefault((iid, j.attempt.serving), j)
-    return out
-
-
 def _min(spec: FleetSpec, pool: str | None) -> float | None:
     found = spec.find_pool(pool)
     return found.min_rate_proofs_per_hour if found else None
-
-
-def _by_pool(run: Run) -> dict[str | None, list[Judged]]:
-    out: dict[str | None, list[Judged]] = {}
-    for j in run.fates():
-        out.setdefault(j.attempt.entry.pool, []).append(j)
-    return out
 
 
 def _totals(run: Run, pool: str, fates: Mapping[str | None, Sequence[Judged]]) -> PoolTotals:
@@ -334,20 +387,22 @@ def _totals(run: Run, pool: str, fates: Mapping[str | None, Sequence[Judged]]) -
         paused_steps=run.paused.get(pool, 0), exhausted_steps=run.exhausted.get(pool, 0), queue=p.queue)
 
 
-def _pool_deltas(history: History, base: Run, pr: Run, base_spec: FleetSpec, pr_spec: FleetSpec,
-                 flips: Sequence[Flip]) -> tuple[PoolDelta, ...]:
+def _pool_names(history: History, base_spec: FleetSpec, pr_spec: FleetSpec) -> list[str]:
+    """The pools the comparison shows: the base's, the PR's new ones, then any other with demand samples."""
     names = [p.name for p in base_spec.pools] + [p.name for p in pr_spec.pools if p.name not in
                                                   {q.name for q in base_spec.pools}]
-    names += sorted({p for p in history.demand if p not in names})
+    return names + sorted({p for p in history.demand if p not in names})
+
+
+def _pool_deltas(history: History, base: RunSummary, pr: RunSummary, base_spec: FleetSpec, pr_spec: FleetSpec,
+                 flips: Sequence[Flip]) -> tuple[PoolDelta, ...]:
     out = []
-    base_fates, pr_fates = _by_pool(base), _by_pool(pr)
-    for name in names:
+    for name in _pool_names(history, base_spec, pr_spec):
         lost = [f for f in flips if f.pool == name and f.stage == "admission" and f.admitted_in_base
                 and not f.admitted_in_pr]
         gained = [f for f in flips if f.pool == name and f.stage == "admission" and f.admitted_in_pr
                   and not f.admitted_in_base]
-        out.append(PoolDelta(name, _totals(base, name, base_fates), _totals(pr, name, pr_fates), _sums(lost),
-                             _sums(gained)))
+        out.append(PoolDelta(name, base.totals[name], pr.totals[name], _sums(lost), _sums(gained)))
     return tuple(out)
 
 
@@ -356,21 +411,18 @@ def _sums(flips: Sequence[Flip]) -> tuple[int, float, float, int]:
             sum(1 for f in flips if f.price is None))
 
 
-def _trip_lines(run: Run, other: Run) -> tuple[Trip, ...]:
+def _trip_lines(run: RunSummary, other: RunSummary) -> tuple[Trip, ...]:
     theirs = {(t.image_digest, s) for t in other.trips for s in t.signature.split(", ")}
     return tuple(t for t in run.trips if any((t.image_digest, s) not in theirs for s in t.signature.split(", ")))
 
 
-def _holds(run: Run, theirs: Mapping[tuple[str, bool], Judged]) -> tuple[Hold, ...]:
-    """The holds of `run` the other run (`theirs`: its `_first_fates`) does not have."""
+def _holds(run: RunSummary, theirs: Mapping[tuple[str, bool], Fate]) -> tuple[Hold, ...]:
+    """The holds of `run` the other run (`theirs`: its first fates) does not have."""
     out = []
-    for j in run.fates():
-        v = j.verdict
-        if v is None or v.held_by is None:
-            continue
-        o = theirs.get((j.attempt.instance_id, j.attempt.serving))
-        if o is None or o.verdict is None or o.verdict.held_by != v.held_by:
-            out.append(Hold(v.instance_id, j.attempt.machine_id, v.pool, v.at, v.held_by, v.verdict))
+    for key, hold in run.holds:
+        o = theirs.get(key)
+        if o is None or not o.judged or o.held_by != hold.held_by:
+            out.append(hold)
     return tuple(sorted(out, key=lambda h: h.at))
 
 
@@ -481,7 +533,7 @@ def _capacity_check(history: History, run: Run) -> tuple[CapacityCheck, list[tup
 # --- limits ------------------------------------------------------------------------------------------------
 
 
-def _limits(history: History, base: Run, pr: Run, flips: Sequence[Flip], base_spec: FleetSpec,
+def _limits(history: History, base: RunSummary, pr: RunSummary, flips: Sequence[Flip], base_spec: FleetSpec,
             pr_spec: FleetSpec) -> tuple[Limit, ...]:
     out: list[Limit] = []
     for what, n in sorted((pr.limits + _only(base.limits, pr.limits)).items()):
@@ -512,15 +564,14 @@ def _limits(history: History, base: Run, pr: Run, flips: Sequence[Flip], base_sp
     if lost:
         out.append(Limit(lost, "machines the PR rejects: which offer would have filled their slot is not known "
                                "(the market of that time is not recorded)"))
-    dropped = sum(1 for j in pr.fates() if j.outcome == NOT_RENTED)
+    dropped = pr.not_rented
     if dropped:
         out.append(Limit(dropped, "attempts the PR would not have rented (machine excluded or pool paused): what "
                                   "would have been rented instead is not known"))
     for pool in pr_spec.pools:
         was = next((p for p in base_spec.pools if p.name == pool.name), None)
         if was is not None and pool.max_price_usd_per_hour < was.max_price_usd_per_hour:
-            unpriced_attempts = sum(1 for j in pr.fates() if not j.attempt.serving and j.attempt.entry.pool == pool.name
-                                    and j.attempt.entry.price_usd_per_hour is None)
+            unpriced_attempts = pr.unpriced[pool.name]
             if unpriced_attempts:
                 out.append(Limit(unpriced_attempts, f"machines of pool {pool.name} without a recorded price: the PR's "
                                                     "lower max price is not checked for them"))
@@ -528,7 +579,7 @@ def _limits(history: History, base: Run, pr: Run, flips: Sequence[Flip], base_sp
             out.append(Limit(0, f"pool {pool.name} is new in this PR: it has no history"))
     for pool in base_spec.pools:
         if pool.name not in {p.name for p in pr_spec.pools}:
-            out.append(Limit(sum(1 for a in pr.fates() if a.attempt.entry.pool == pool.name),
+            out.append(Limit(pr.by_pool[pool.name],
                              f"verdicts of pool {pool.name}, which this PR removes"))
     return tuple(out)
 

@@ -9,14 +9,14 @@ version), the spec in force at the window's start and each change of it, capacit
 demand day files. All from git: the PR job has the repository and no controller database.
 
 The replays take a core each for tens of seconds at fleet size: the specs as they were (the self-check's run) are
-replayed in a forked child while this process replays the PR's spec (`adapters.forked`); the child's run comes
-back without the attempts it judged (the parent has them all: they are sent as their places in the list).
+replayed in a forked child while this process replays the PR's spec (`adapters.forked`); the child sends back
+what the comparison reads of its run (`domain.whatif.RecordedReplay`: its summary and the self-check), not the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 
@@ -30,10 +30,18 @@ from reconciler.adapters.record_index import load_indexed, read_evidence
 from reconciler.adapters.spec_files import check_spec_text
 from reconciler.domain.capacity import CapacityEntry
 from reconciler.domain.records import IMAGES_DIR, MACHINES_DIR, ImageSuspectRecord, MachineRecord, RecordError
-from reconciler.domain.replay import Attempt, History, Judged, RecordEdit, Run, SpecVersion, attempts
+from reconciler.domain.replay import Attempt, History, RecordEdit, SpecVersion, attempts
 from reconciler.domain.spec import FleetSpec
-from reconciler.domain.verdict import Verdict
-from reconciler.domain.whatif import Runs, WhatIf, needs_policy_runs, policy_runs, recorded_run, runs_of, what_if
+from reconciler.domain.whatif import (
+    Runs,
+    WhatIf,
+    needs_policy_runs,
+    policy_runs,
+    recorded_replay,
+    runs_of,
+    summarize,
+    what_if,
+)
 
 
 class WhatIfError(Exception):
@@ -176,56 +184,29 @@ def what_if_of_repo(spec_path: Path, base_ref: str, days: float, until: datetime
 
 def replays_on_two_cores(history: History, base: FleetSpec, pr: FleetSpec, *, fork: bool | None = None,
                          meanwhile: Callable[[], None] = lambda: None) -> tuple[list[Attempt], Runs | None]:
-    """The window's attempts, and its runs: the recorded run replayed in a forked child while this process replays
-    the base's and the PR's specs (the PR's run then decides everything itself rather than take over the recorded
-    run's decisions: the same answer). Runs None: one replay is all there is, or there is no child to run it, or
-    its answer did not fit this process's attempts (`what_if` replays them one after the other).
+    """The window's attempts, and its runs summarized: the recorded run replayed, summarized and self-checked in a
+    forked child while this process replays the base's and the PR's specs (the PR's run then decides everything
+    itself rather than take over the recorded run's decisions: the same answer). Runs None: one replay is all
+    there is, or there is no child to run it (`what_if` replays them one after the other).
 
-    Each process lists the attempts itself (`attempts` is deterministic: the same list in the same order), so the
-    child starts at once; its fates come back as places in that list, checked against the instance ids here.
-    `meanwhile` is called once on every path: after this process's replays, before waiting for the child's."""
+    The child sends back only what the comparison reads (`RecordedReplay`: its run's fates by instance id, the
+    totals, the self-check), not its run. `meanwhile` is called once on every path: after this process's replays
+    and their summaries, before waiting for the child's."""
     if not needs_policy_runs(history, base, pr):
         meanwhile()
         return attempts(history), None
-    with ForkedCall(lambda: _sent(history), fork=fork) as child:
+    with ForkedCall(lambda: recorded_replay(history, base, pr, attempts(history)), fork=fork) as child:
         found = attempts(history)
         if child.ran_here is not None:
             meanwhile()
             return found, None
         base_run, pr_run = policy_runs(history, base, pr, found, recorded=None)
+        base_summary, pr_summary = (None if run is None else summarize(run, history, base, pr)
+                                    for run in (base_run, pr_run))
+        del base_run, pr_run  # (what the comparison reads of them is in their summaries)
         meanwhile()
-        recorded = _received(child.result(), found)
-    return found, None if recorded is None else runs_of(recorded, base_run, pr_run)
-
-
-@dataclass(frozen=True)
-class _SentRun:
-    """A run as a child sends it back: each fate's attempt as its place in `found`, and without what only a run
-    following it would reuse (its candidates and decisions)."""
-
-    run: Run
-    fates: dict[str, list[tuple[int, str, Verdict | None, str, str | None]]]
-
-
-def _sent(history: History) -> _SentRun:
-    """The recorded run, as the child sends it."""
-    found = attempts(history)
-    run = recorded_run(history, found)
-    place = {id(a): i for i, a in enumerate(found)}
-    return _SentRun(replace(run, judged={}, candidates={}, decisions={}), {
-        iid: [(place[id(j.attempt)], j.outcome, j.verdict, j.why, j.as_recorded) for j in fates]
-        for iid, fates in run.judged.items()})
-
-
-def _received(sent: _SentRun, found: Sequence[Attempt]) -> Run | None:
-    """The child's run on this process's attempts (None: a place names another attempt here than there)."""
-    judged: dict[str, list[Judged]] = {}
-    for iid, fates in sent.fates.items():
-        if any(i >= len(found) or found[i].instance_id != iid for i, *_ in fates):
-            return None
-        judged[iid] = [Judged(found[i], outcome, verdict, why, as_recorded)
-                       for i, outcome, verdict, why, as_recorded in fates]
-    return replace(sent.run, judged=judged)
+        recorded = child.result()
+    return found, runs_of(recorded, base_summary, pr_summary)
 
 
 def _spec(text: str | None, name: str, problems: list[str]) -> FleetSpec | None:

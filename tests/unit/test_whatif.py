@@ -5,6 +5,7 @@ reproduce (first), and count what it cannot replay."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -29,8 +30,8 @@ from reconciler.domain.replay import (
     unguarded,
 )
 from reconciler.domain.verdict import HELD_BY_CIRCUIT_BREAKER, HELD_BY_KILL_BUDGET
-from reconciler.domain.whatif import what_if
-from reconciler.flows.whatif import _received, _sent, replays_on_two_cores
+from reconciler.domain.whatif import fate, recorded_run, replays, summarize, what_if
+from reconciler.flows.whatif import replays_on_two_cores
 from reconciler.render.whatif import Header, render_whatif_markdown, render_whatif_text
 from tests.capacity_support import autoscaled_spec
 from tests.scenarios import (
@@ -284,7 +285,8 @@ def test_attempt_times_come_from_the_record() -> None:
 
 
 def test_the_replays_on_two_cores_answer_what_one_process_answers() -> None:
-    # The recorded run in a forked child, the PR's run here deciding everything itself (no run to follow).
+    # The recorded run in a forked child, sent back summarized; the PR's run here deciding everything itself (no
+    # run to follow).
     h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [86.0] * 10),
                              rated("c", "m-c", [60.0] * 10)])])
     raised = with_min(50)
@@ -296,20 +298,28 @@ def test_the_replays_on_two_cores_answer_what_one_process_answers() -> None:
     found, runs = replays_on_two_cores(h, SPEC, raised, fork=True, meanwhile=meanwhile)  # (threads left running
     # by earlier tests: forked anyway)
     assert found == attempts(h) and calls == [1]
-    assert runs is not None and runs.recorded is not runs.pr
+    assert runs is not None and runs == replays(h, SPEC, raised, found)  # the same summaries and self-check
+    assert runs.base != runs.pr and runs.self_check.ok
     assert what_if(h, SPEC, raised, found=found, runs=runs) == what_if(h, SPEC, raised)
-    # The child's fates come back holding this process's own attempts (sent as their places in the list).
-    assert {id(j.attempt) for j in runs.recorded.fates()} <= {id(a) for a in found}
     assert replays_on_two_cores(h, SPEC, SPEC, fork=True, meanwhile=meanwhile)[1] is None  # one replay is all
     assert replays_on_two_cores(h, SPEC, raised, fork=False, meanwhile=meanwhile)[1] is None  # no child: one
     # process does it all
     assert calls == [1, 1, 1]  # once on every path
 
 
-def test_a_child_answer_naming_other_attempts_is_not_taken() -> None:
-    h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [86.0] * 10)])])
+def test_a_run_summary_is_what_the_comparison_reads_of_the_run() -> None:
+    # Two machines, one of them below the minimum.
+    h = history_of([(LATER, [rated("a", "m-a", [80.0] * 10), rated("b", "m-b", [30.0] * 10)])])
     found = attempts(h)
-    sent = _sent(h)
-    assert _received(sent, found) is not None
-    assert _received(sent, list(reversed(found))) is None  # the places name other instances here
-    assert _received(sent, found[:1]) is None  # or none at all
+    run = recorded_run(h, found)
+    summary = summarize(run, h, SPEC, with_min(50))
+    assert set(summary.fates) == {(j.attempt.instance_id, j.attempt.serving) for j in run.fates()}
+    for j in run.fates():
+        f = summary.fates[(j.attempt.instance_id, j.attempt.serving)]
+        assert (f.word, f.judged) == (fate(j), j.verdict is not None)
+        assert f.reason == (j.verdict.root_cause() if j.verdict is not None else j.why)
+    assert summary.passes == run.passes and summary.trips == tuple(run.trips)
+    assert sum(summary.by_pool.values()) == len(list(run.fates()))
+    assert set(summary.totals) == {p.name for p in SPEC.pools}
+    # A child's summary crosses the process boundary whole.
+    assert pickle.loads(pickle.dumps(summary)) == summary  # noqa: S301 - our own bytes
