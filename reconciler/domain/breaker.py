@@ -39,6 +39,7 @@ from functools import lru_cache
 
 from reconciler.domain.correlation import RULE_IMAGE
 from reconciler.domain.observations import format_time, parse_time
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.records import (
     BenchmarkEntry,
     ImageSuspectRecord,
@@ -102,6 +103,7 @@ class Failure:
     at: datetime
 
 
+@quick_init
 @dataclass(frozen=True)
 class KillBudget:
     pool: str

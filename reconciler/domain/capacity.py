@@ -54,6 +54,7 @@ from typing import Any
 
 from reconciler.domain.json_numbers import json_number
 from reconciler.domain.observations import InstanceReport, format_time, parse_time
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.serving import (
     SILENT_LOST,
     FleetHearing,
@@ -107,6 +108,7 @@ GONE = ("empty", "stopped")
 # --- signals -------------------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class QueueSnapshot:
     """Proof tasks of the pool's types in curio's harmony_task: unclaimed rows (no owner_id) and claimed ones."""
@@ -127,6 +129,7 @@ class QueueSnapshot:
         return sum(self.waiting.values())
 
 
+@quick_init
 @dataclass(frozen=True)
 class Utilization:
     """Busy time over wall time of the serving machines' heartbeat intervals ending in a window."""
@@ -227,6 +230,7 @@ def slot_states(pool: PoolSpec, reports: Sequence[InstanceReport], serving: Serv
     return out
 
 
+@quick_init
 @dataclass(frozen=True)
 class DemandSample:
     """One pass's demand for one pool, in machine-equivalents at the pool's minimum rate over the scale-up window
@@ -279,6 +283,7 @@ def lasted(samples: Sequence[DemandSample], now: datetime, window: timedelta) ->
     return run
 
 
+@quick_init
 @dataclass(frozen=True)
 class PoolSignals:
     """What the leader measured for one pool in one pass."""
@@ -367,6 +372,7 @@ def signals_for(pool: PoolSpec, reports: Sequence[InstanceReport], queue: QueueS
 # --- the bot-owned file's entries ----------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class CapacityEntry:
     """One line of fleet-spec/capacity.yaml: the pool's slots and its last change of count (the leader's decision
@@ -434,6 +440,7 @@ def apply_entries(spec: FleetSpec, entries: Mapping[str, CapacityEntry]) -> Flee
 # --- the decision --------------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class CapacityDecision:
     """One pool after one pass: the entry to keep, and whether it changed (a commit) and why."""

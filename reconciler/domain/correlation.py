@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.domain.observations import format_time
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.records import RecordSet
 from reconciler.domain.retests import HELD_FOR_RETEST, Fact, record_facts
 from reconciler.domain.spec import FleetSpec
@@ -53,6 +54,7 @@ RULE_NONE = "none"
 SETTING_MIRROR = "params.base_url (the params source failed on several machines at once)"
 
 
+@quick_init
 @dataclass(frozen=True)
 class Correlated:
     verdicts: tuple[Verdict, ...]

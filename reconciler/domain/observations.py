@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from reconciler.domain.quick_init import quick_init
+
 PHASES = ("register", "tunnel", "params", "daemon", "warmup", "benchmark", "report", "serve")
 EVENT_STATUSES = ("started", "progress", "done", "failed")
 OUTCOMES = ("completed", "error", "timeout")
@@ -30,6 +32,7 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+@quick_init
 @dataclass(frozen=True)
 class PhaseEvent:
     phase: str
@@ -48,6 +51,7 @@ class PhaseEvent:
 PROOF_LABELS = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "UNKNOWN")
 
 
+@quick_init
 @dataclass(frozen=True)
 class ProofResult:
     """One proof of a benchmark batch: cuzk-bench's `  [i/N] LABEL — 12.3s (prove=... ms, queue=... ms)`,
@@ -59,6 +63,7 @@ class ProofResult:
     reason: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True)
 class BenchmarkResult:
     outcome: str
@@ -104,6 +109,7 @@ class InstanceSummary(NamedTuple):
     last_signal: datetime  # the newest event's arrival (registration if none)
 
 
+@quick_init
 @dataclass(frozen=True)
 class InstanceReport:
     """Everything one worker told the controller, in arrival order."""

@@ -6,11 +6,11 @@ refuses), a call per field. `quick_init` gives the class an `__init__` with the 
 factories, `init=False` fields and `__post_init__` call that stores the fields straight into the instance's
 `__dict__`: the instance is equal, and still frozen (assigning a field still raises `FrozenInstanceError`).
 
-Where: `demand.PoolSample` (36 fields), which `fleet plan --what-if` reads by the hundred thousand from the demand
-files before it can fork its replays (5.7 -> 3.1 us a sample). Not the small value types the replays make: CPython
-keeps a small instance's fields without a dict until its `__dict__` is asked for, so there the quick `__init__`
-costs a dict per instance (+64 bytes; +3% peak memory for a 10,000-machine what-if) for a gain inside the run's
-noise (measured side by side).
+Where: the value types made by the hundred thousand. `demand.PoolSample` (36 fields), read from the demand files
+before `fleet plan --what-if` can fork its replays: 5.7 -> 3.1 us a sample. The types each replay makes (slot
+signals, capacity entries and decisions, reports, verdicts, records; ~10 million fields a replay at 10,000
+machines): the what-if 0.97x side by side. The price: CPython keeps a small instance's fields without a dict until
+its `__dict__` is asked for, so these instances carry a dict (+64 bytes each; +3.5% peak for that what-if).
 
 Only for frozen dataclasses without `__slots__` and without `InitVar` fields: anything else is refused at import.
 """

@@ -16,6 +16,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from reconciler.domain import errors
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.verdicts import RATE_VERDICTS
 
 MACHINES_DIR = "machines"
@@ -67,6 +68,7 @@ def check_image_digest(digest: object) -> str:
     return digest
 
 
+@quick_init
 @dataclass(frozen=True)
 class BenchmarkEntry:
     """One judged benchmark attempt of one instance on a machine, with the evidence behind the verdict."""
@@ -148,6 +150,7 @@ class RecordedVerdict(NamedTuple):
     price_usd_per_hour: float | None
 
 
+@quick_init
 @dataclass(frozen=True)
 class MachineRecord:
     machine_id: str
@@ -217,6 +220,7 @@ class MachineRecord:
         return out
 
 
+@quick_init
 @dataclass(frozen=True)
 class Standing:
     """A machine's place at one moment: `state` ok|bad|permanent|probation|pardoned|banned."""
@@ -451,6 +455,7 @@ class ViewMemo(Protocol):
         ...
 
 
+@quick_init
 @dataclass(frozen=True)
 class RecordSet:
     """All records of a spec directory, plus the files that could not be read (never overwritten).

@@ -49,6 +49,7 @@ from reconciler.domain.json_numbers import json_number
 from reconciler.domain.judging import guard_and_record
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
 from reconciler.domain.planner import pool_pause
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.records import BenchmarkEntry, ImageSuspectRecord, MachineRecord, RecordSet, record_time
 from reconciler.domain.serving import EARLY, SERVING_VERDICTS, FleetHearing, judge_early
 from reconciler.domain.spec import FleetSpec, PoolSpec, ServingSettings
@@ -143,6 +144,7 @@ def attempts(history: History) -> list[Attempt]:
 # --- candidates: an attempt's verdict under a spec, before guards ---------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class Candidate:
     """What the judge says of one attempt under one spec: a verdict at a time, or why there is none."""
@@ -756,6 +758,7 @@ class Trip:
     machines: tuple[str, ...]
 
 
+@quick_init
 @dataclass(frozen=True)
 class CapacityChange:
     at: datetime

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from reconciler.domain.observations import parse_time
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.spec import FleetSpec
 
@@ -20,6 +21,7 @@ from reconciler.domain.spec import FleetSpec
 HELD_FOR_RETEST = "retest"
 
 
+@quick_init
 @dataclass(frozen=True)
 class Fact:
     """One judged attempt, reduced to what the correlation reads."""

@@ -34,6 +34,7 @@ from itertools import pairwise
 from typing import Any
 
 from reconciler.domain.observations import InstanceReport, format_time
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.records import BenchmarkEntry, MachineRecord, RecordSet
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.signatures import classify
@@ -545,6 +546,7 @@ def _verdict(report: InstanceReport, pool: PoolSpec, now: datetime, verdict: str
 # --- early verdict ---------------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class ProofSample:
     index: int

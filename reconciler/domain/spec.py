@@ -15,6 +15,7 @@ from typing import Any
 from reconciler.domain import errors
 from reconciler.domain.gpus import GPU_PRIOR_PROOFS_PER_HOUR
 from reconciler.domain.hosts import HostSelector, OwnedHost
+from reconciler.domain.quick_init import quick_init
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,7 @@ class NotificationSettings:
     webhooks: tuple[WebhookSettings, ...] = ()
 
 
+@quick_init
 @dataclass(frozen=True)
 class FleetSpec:
     image: ImageSettings

@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.domain.observations import BenchmarkResult, InstanceReport, PhaseEvent, ProofResult, format_time
+from reconciler.domain.quick_init import quick_init
 from reconciler.domain.records import BenchmarkEntry
 from reconciler.domain.redact import redact_line, redact_lines
 from reconciler.domain.retests import HELD_FOR_RETEST as HELD_FOR_RETEST  # re-exported: a held_by like the others
@@ -70,6 +71,7 @@ _VERDICT_PHASES = {"params": "params-failed", "daemon": "benchmark-error", "warm
 _PROOF_LINE = re.compile(r"^\s*\[(\d+)/(\d+)\]\s+(COMPLETED|FAILED|CANCELLED|TIMEOUT|UNKNOWN)\b(?:\s+\S+\s+([\d.]+)s)?")
 
 
+@quick_init
 @dataclass(frozen=True)
 class Verdict:
     """The judgement of one instance, with everything a human needs to check it."""
@@ -176,6 +178,7 @@ def judge(report: InstanceReport, pool: PoolSpec, now: datetime, *, desired_imag
     return base
 
 
+@quick_init
 @dataclass(frozen=True)
 class _Attempt:
     """What the judge knows about one attempt, gathered once."""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from dataclasses import FrozenInstanceError, InitVar, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+import reconciler.domain
 from reconciler.domain.capacity import Utilization
 from reconciler.domain.demand import PoolSample
 from reconciler.domain.quick_init import quick_init
@@ -82,6 +85,33 @@ def test_a_demand_sample_is_the_same_either_way() -> None:
                   draining_serving=0, busy_s=100.0, wall_s=120.0, proofs=3, usd_per_hour=1.2, unpriced=0)
     quick, slow = _both(PoolSample, **fewest, up=Utilization(1.0, 2.0, 2, 600.0))
     assert vars(quick) == vars(slow) and quick == slow and quick.extra == {} and quick.rented == 2
+
+
+def _quick_classes() -> list[type]:
+    found = []
+    for module in pkgutil.iter_modules(reconciler.domain.__path__):
+        for value in vars(importlib.import_module(f"reconciler.domain.{module.name}")).values():
+            if isinstance(value, type) and "__dataclass_init__" in value.__dict__ and value not in found:
+                found.append(value)
+    return found
+
+
+def test_every_quick_class_of_the_domain_builds_what_its_dataclass_init_builds() -> None:
+    classes = _quick_classes()
+    assert {c.__name__ for c in classes} >= {"PoolSample", "PoolSignals", "CapacityEntry", "Verdict", "FleetSpec"}
+    for cls in classes:
+        params = [f for f in dataclasses.fields(cls) if f.init]
+        required = {f.name: object() for f in params if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING}
+        every = {f.name: object() for f in params}
+        for kwargs in (required, every):
+            quick, slow = _both(cls, **kwargs)
+            assert vars(quick) == vars(slow), cls.__qualname__
+            assert list(vars(quick)) == list(vars(slow)), cls.__qualname__
+        positional = [f.name for f in params if not f.kw_only]
+        quick, slow = _both(cls, *(every[n] for n in positional), **{f.name: every[f.name] for f in params
+                                                                    if f.kw_only})
+        assert vars(quick) == vars(slow), cls.__qualname__
 
 
 def test_what_it_cannot_build_is_refused_at_import() -> None:
