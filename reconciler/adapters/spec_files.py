@@ -442,8 +442,14 @@ def checked_yaml(text: str, file: str, validator: jsonschema.protocols.Validator
             return None, {}, [SpecProblem(file, "$", f"YAML aliases are not allowed in a fleet spec (found "
                                           f"*{alias.anchor}); write the values out",
                                           alias.start_mark.line + 1 if alias.start_mark else None)]
-        root = yaml.compose(text, Loader=loader)
-        doc = yaml.load(text, Loader=loader)
+        # One parse for both: the node tree (for the lines) and the document built from it (what `yaml.load` does,
+        # without parsing the text a second time).
+        parser = loader(text)
+        try:
+            root = parser.get_single_node()
+            doc = parser.construct_document(root) if root is not None else None
+        finally:
+            parser.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
